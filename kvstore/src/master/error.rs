@@ -1,0 +1,142 @@
+//! The master's one error type: Mooncake Store's error names and numeric codes
+//! (`mooncake-store/include/types.h`, `ErrorCode`), each classified once into an HTTP status.
+
+/// Result of a master operation.
+pub type MasterResult<T> = Result<T, MasterError>;
+
+/// Everything a master operation can refuse or fail with. The payload says which key,
+/// segment, client or parameter was at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MasterError {
+    /// A bug or broken invariant inside the master.
+    #[error("internal error: {0}")]
+    InternalError(String),
+    /// No mounted segment has that name.
+    #[error("segment not found: {0}")]
+    SegmentNotFound(String),
+    /// A segment of that name is already mounted (by another client, or with other geometry).
+    #[error("segment already exists: {0}")]
+    SegmentAlreadyExists(String),
+    /// The master does not know that client.
+    #[error("client not found: {0}")]
+    ClientNotFound(String),
+    /// No segment has room for the object (after eviction was tried).
+    #[error("no available handle: {0}")]
+    NoAvailableHandle(String),
+    /// The key is empty, too long, or otherwise unusable.
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+    /// A parameter is out of range or malformed (sizes, counts, regex, JSON).
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    /// The client may not do this (it did not start the put, or does not own the segment).
+    #[error("illegal client: {0}")]
+    IllegalClient(String),
+    /// The write cannot change state this way (e.g. revoking a completed object).
+    #[error("invalid write: {0}")]
+    InvalidWrite(String),
+    /// The object is still being written (PROCESSING); it is not readable yet.
+    #[error("replica is not ready: {0}")]
+    ReplicaIsNotReady(String),
+    /// No object has that key.
+    #[error("object not found: {0}")]
+    ObjectNotFound(String),
+    /// An object with that key exists (or is being written).
+    #[error("object already exists: {0}")]
+    ObjectAlreadyExists(String),
+    /// A read lease on the object is live; it cannot be removed now.
+    #[error("object has lease: {0}")]
+    ObjectHasLease(String),
+}
+
+impl MasterError {
+    /// Mooncake's numeric code (`ErrorCode` in `types.h`); stable on the wire.
+    pub fn code(&self) -> i32 {
+        match self {
+            Self::InternalError(_) => -1,
+            Self::SegmentNotFound(_) => -101,
+            Self::SegmentAlreadyExists(_) => -102,
+            Self::ClientNotFound(_) => -103,
+            Self::NoAvailableHandle(_) => -200,
+            Self::InvalidKey(_) => -400,
+            Self::InvalidParams(_) => -600,
+            Self::IllegalClient(_) => -601,
+            Self::InvalidWrite(_) => -700,
+            Self::ReplicaIsNotReady(_) => -703,
+            Self::ObjectNotFound(_) => -704,
+            Self::ObjectAlreadyExists(_) => -705,
+            Self::ObjectHasLease(_) => -706,
+        }
+    }
+
+    /// Mooncake's name for the code, e.g. `OBJECT_NOT_FOUND`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::InternalError(_) => "INTERNAL_ERROR",
+            Self::SegmentNotFound(_) => "SEGMENT_NOT_FOUND",
+            Self::SegmentAlreadyExists(_) => "SEGMENT_ALREADY_EXISTS",
+            Self::ClientNotFound(_) => "CLIENT_NOT_FOUND",
+            Self::NoAvailableHandle(_) => "NO_AVAILABLE_HANDLE",
+            Self::InvalidKey(_) => "INVALID_KEY",
+            Self::InvalidParams(_) => "INVALID_PARAMS",
+            Self::IllegalClient(_) => "ILLEGAL_CLIENT",
+            Self::InvalidWrite(_) => "INVALID_WRITE",
+            Self::ReplicaIsNotReady(_) => "REPLICA_IS_NOT_READY",
+            Self::ObjectNotFound(_) => "OBJECT_NOT_FOUND",
+            Self::ObjectAlreadyExists(_) => "OBJECT_ALREADY_EXISTS",
+            Self::ObjectHasLease(_) => "OBJECT_HAS_LEASE",
+        }
+    }
+
+    /// The HTTP status this error is answered with; the one place errors are classified.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::InternalError(_) => 500,
+            Self::InvalidKey(_) | Self::InvalidParams(_) => 400,
+            Self::IllegalClient(_) => 403,
+            Self::SegmentNotFound(_) | Self::ClientNotFound(_) | Self::ObjectNotFound(_) => 404,
+            Self::SegmentAlreadyExists(_)
+            | Self::InvalidWrite(_)
+            | Self::ReplicaIsNotReady(_)
+            | Self::ObjectAlreadyExists(_)
+            | Self::ObjectHasLease(_) => 409,
+            Self::NoAvailableHandle(_) => 507,
+        }
+    }
+
+    /// Whether the same request may succeed later without change (space freed, lease over,
+    /// write finished).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::NoAvailableHandle(_) | Self::ReplicaIsNotReady(_) | Self::ObjectHasLease(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_mooncake() {
+        let all = [
+            (MasterError::InternalError(String::new()), -1, 500),
+            (MasterError::SegmentNotFound(String::new()), -101, 404),
+            (MasterError::SegmentAlreadyExists(String::new()), -102, 409),
+            (MasterError::ClientNotFound(String::new()), -103, 404),
+            (MasterError::NoAvailableHandle(String::new()), -200, 507),
+            (MasterError::InvalidKey(String::new()), -400, 400),
+            (MasterError::InvalidParams(String::new()), -600, 400),
+            (MasterError::IllegalClient(String::new()), -601, 403),
+            (MasterError::InvalidWrite(String::new()), -700, 409),
+            (MasterError::ReplicaIsNotReady(String::new()), -703, 409),
+            (MasterError::ObjectNotFound(String::new()), -704, 404),
+            (MasterError::ObjectAlreadyExists(String::new()), -705, 409),
+            (MasterError::ObjectHasLease(String::new()), -706, 409),
+        ];
+        for (e, code, status) in all {
+            assert_eq!((e.code(), e.http_status()), (code, status), "{}", e.name());
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The object lifecycle (Mooncake's PutStart / PutEnd / PutRevoke, GetReplicaList,
+//! ExistKey, Remove, RemoveAll, RemoveByRegex) and their batch forms.
+//!
+//! Every operation validates its input before it touches state, so a refused request
+//! changes nothing.
+
+use super::object::{Object, ReplicaLocation, Replicas, ReplicateConfig};
+use super::{ClientId, Discarded, Master, MasterError, MasterResult};
+
+/// Answer of `get_replicas`: where to read, and for how long the read is protected.
+#[derive(Clone, Debug)]
+pub struct ReplicaSet {
+    /// Object length in bytes.
+    pub length: u64,
+    /// Read lease granted, in ms from now.
+    pub lease_ttl_ms: u64,
+    /// Readable replicas (at least one).
+    pub replicas: Vec<ReplicaLocation>,
+}
+
+/// Most preferred segments a put may name.
+const MAX_PREFERRED: usize = 64;
+
+impl Master {
+    pub(crate) fn check_key(&self, key: &str) -> MasterResult<()> {
+        if key.is_empty() {
+            return Err(MasterError::InvalidKey("key is empty".into()));
+        }
+        if key.len() > self.config.max_key_bytes {
+            return Err(MasterError::InvalidKey(format!(
+                "key is {} bytes, the limit is {}",
+                key.len(),
+                self.config.max_key_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_put(&self, length: u64, cfg: &ReplicateConfig) -> MasterResult<()> {
+        if length == 0 || length > self.config.max_object_bytes {
+            return Err(MasterError::InvalidParams(format!(
+                "length {length} is outside 1..={}",
+                self.config.max_object_bytes
+            )));
+        }
+        if cfg.replica_num == 0 || cfg.replica_num > self.config.max_replicas {
+            return Err(MasterError::InvalidParams(format!(
+                "replica_num {} is outside 1..={}",
+                cfg.replica_num, self.config.max_replicas
+            )));
+        }
+        if cfg.preferred_segments.len() > MAX_PREFERRED {
+            return Err(MasterError::InvalidParams(format!(
+                "at most {MAX_PREFERRED} preferred segments"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_batch(&self, n: usize) -> MasterResult<()> {
+        if n > self.config.max_batch_items {
+            return Err(MasterError::InvalidParams(format!(
+                "batch of {n} items, the limit is {}",
+                self.config.max_batch_items
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a put: allocates replicas and records the object as PROCESSING (invisible to
+    /// readers). A put left unfinished past the discard timeout is taken over; its space
+    /// is released at its release timeout. If no segment has room, one eviction round runs
+    /// and the allocation is tried once more.
+    pub fn put_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        length: u64,
+        cfg: &ReplicateConfig,
+    ) -> MasterResult<Vec<ReplicaLocation>> {
+        self.check_key(key)?;
+        self.check_put(length, cfg)?;
+        let hash = self.hash(key);
+        match self.try_put_start(client, key, hash, length, cfg) {
+            Err(MasterError::NoAvailableHandle(_)) if self.evict_for_allocation() => {
+                self.try_put_start(client, key, hash, length, cfg)
+            }
+            other => other,
+        }
+    }
+
+    fn try_put_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        hash: u64,
+        length: u64,
+        cfg: &ReplicateConfig,
+    ) -> MasterResult<Vec<ReplicaLocation>> {
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let zombie = match shard.find(hash, key) {
+            Some(i) => {
+                let o = shard.get(i);
+                let discard_at = o
+                    .aux
+                    .saturating_add(self.config.put_start_discard_timeout_ms);
+                if o.is_complete() || now < discard_at {
+                    return Err(MasterError::ObjectAlreadyExists(key.to_string()));
+                }
+                Some(i)
+            }
+            None => None,
+        };
+        let units = self.units(length);
+        let replicas = self.place(hash, units, cfg)?;
+        let locations = replicas.iter().map(|r| r.location(length)).collect();
+        if let Some(i) = zombie {
+            let old = shard.remove(hash, i);
+            let release_at = old
+                .aux
+                .saturating_add(self.config.put_start_release_timeout_ms);
+            self.discarded.lock().push(Discarded {
+                release_at,
+                aligned: old.aligned,
+                replicas: old.replicas.into_vec(),
+            });
+        }
+        let obj = Object::new(
+            key,
+            Replicas::from_vec(replicas),
+            length,
+            units << self.align_shift,
+            now,
+            client,
+            cfg,
+        );
+        shard.insert(hash, obj, self);
+        Ok(locations)
+    }
+
+    /// Ends a put: the object becomes readable. Only the client that started it may end
+    /// it; ending a completed object again is a no-op.
+    pub fn put_end(&self, client: ClientId, key: &str) -> MasterResult<()> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get_mut(i);
+        if o.client != client {
+            return Err(MasterError::IllegalClient(format!(
+                "{key} was started by client {}",
+                o.client
+            )));
+        }
+        if !o.is_complete() {
+            o.complete(now, self.config.soft_pin_ttl_ms);
+            shard.processing.remove(&i);
+        }
+        Ok(())
+    }
+
+    /// Revokes an unfinished put: its space is freed at once and the key is free again.
+    pub fn put_revoke(&self, client: ClientId, key: &str) -> MasterResult<()> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get(i);
+        if o.client != client {
+            return Err(MasterError::IllegalClient(format!(
+                "{key} was started by client {}",
+                o.client
+            )));
+        }
+        if o.is_complete() {
+            return Err(MasterError::InvalidWrite(format!(
+                "{key} is complete; remove it instead"
+            )));
+        }
+        shard.remove(hash, i).release();
+        Ok(())
+    }
+
+    /// Replicas of a readable object, granting (or extending) a read lease.
+    pub fn get_replicas(&self, key: &str) -> MasterResult<ReplicaSet> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get_mut(i);
+        if !o.is_complete() {
+            return Err(MasterError::ReplicaIsNotReady(key.to_string()));
+        }
+        let replicas = o.locations();
+        if replicas.is_empty() {
+            return Err(MasterError::ObjectNotFound(format!(
+                "{key}: every replica's segment is unmounted"
+            )));
+        }
+        o.grant_lease(now, self.config.lease_ttl_ms);
+        Ok(ReplicaSet {
+            length: o.length,
+            lease_ttl_ms: self.config.lease_ttl_ms,
+            replicas,
+        })
+    }
+
+    /// Whether a readable object exists; if so, grants (or extends) a read lease.
+    pub fn exists(&self, key: &str) -> MasterResult<bool> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let Some(i) = shard.find(hash, key) else {
+            return Ok(false);
+        };
+        let o = shard.get_mut(i);
+        let readable =
+            o.is_complete() && o.replicas.as_slice().iter().any(|r| r.segment.is_mounted());
+        if readable {
+            o.grant_lease(now, self.config.lease_ttl_ms);
+        }
+        Ok(readable)
+    }
+
+    /// Removes a readable object. Refused while a read lease is live unless `force`; an
+    /// unfinished put is never removed here (it is revoked, or expires).
+    pub fn remove(&self, key: &str, force: bool) -> MasterResult<()> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get(i);
+        if !o.is_complete() {
+            return Err(MasterError::ReplicaIsNotReady(key.to_string()));
+        }
+        if !force && o.has_lease(now) {
+            return Err(MasterError::ObjectHasLease(format!(
+                "{key}: lease ends in {} ms",
+                o.lease_until - now
+            )));
+        }
+        shard.remove(hash, i).release();
+        Ok(())
+    }
+
+    /// Removes every complete object without a live lease (pinned ones included); returns
+    /// how many went.
+    pub fn remove_all(&self) -> u64 {
+        self.remove_where(|_| true)
+    }
+
+    /// Like [`Master::remove_all`], for keys the regex matches (anywhere in the key).
+    pub fn remove_by_regex(&self, pattern: &str) -> MasterResult<u64> {
+        if pattern.len() > self.config.max_name_bytes {
+            return Err(MasterError::InvalidParams(format!(
+                "regex is {} bytes, the limit is {}",
+                pattern.len(),
+                self.config.max_name_bytes
+            )));
+        }
+        let re = regex::RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| MasterError::InvalidParams(format!("invalid regex: {e}")))?;
+        Ok(self.remove_where(|k| re.is_match(k)))
+    }
+
+    fn remove_where(&self, matches: impl Fn(&str) -> bool) -> u64 {
+        let now = self.clock.now_ms();
+        let mut removed = 0;
+        for s in 0..self.shards.len() {
+            let mut shard = self.lock_shard(s);
+            let doomed: Vec<u32> = shard
+                .indices()
+                .filter(|&i| {
+                    let o = shard.get(i);
+                    o.is_complete() && !o.has_lease(now) && matches(&o.key)
+                })
+                .collect();
+            for i in doomed {
+                let hash = self.hash(&shard.get(i).key);
+                shard.remove(hash, i).release();
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// [`Master::put_start`] for many keys with one config; results in request order.
+    pub fn batch_put_start<K: AsRef<str>>(
+        &self,
+        client: ClientId,
+        items: &[(K, u64)],
+        cfg: &ReplicateConfig,
+    ) -> MasterResult<Vec<MasterResult<Vec<ReplicaLocation>>>> {
+        self.check_batch(items.len())?;
+        Ok(items
+            .iter()
+            .map(|(k, len)| self.put_start(client, k.as_ref(), *len, cfg))
+            .collect())
+    }
+
+    /// [`Master::put_end`] for many keys.
+    pub fn batch_put_end<K: AsRef<str>>(
+        &self,
+        client: ClientId,
+        keys: &[K],
+    ) -> MasterResult<Vec<MasterResult<()>>> {
+        self.check_batch(keys.len())?;
+        Ok(keys
+            .iter()
+            .map(|k| self.put_end(client, k.as_ref()))
+            .collect())
+    }
+
+    /// [`Master::put_revoke`] for many keys.
+    pub fn batch_put_revoke<K: AsRef<str>>(
+        &self,
+        client: ClientId,
+        keys: &[K],
+    ) -> MasterResult<Vec<MasterResult<()>>> {
+        self.check_batch(keys.len())?;
+        Ok(keys
+            .iter()
+            .map(|k| self.put_revoke(client, k.as_ref()))
+            .collect())
+    }
+
+    /// [`Master::get_replicas`] for many keys.
+    pub fn batch_get_replicas<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
+        self.check_batch(keys.len())?;
+        Ok(keys.iter().map(|k| self.get_replicas(k.as_ref())).collect())
+    }
+
+    /// [`Master::exists`] for many keys.
+    pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> MasterResult<Vec<MasterResult<bool>>> {
+        self.check_batch(keys.len())?;
+        Ok(keys.iter().map(|k| self.exists(k.as_ref())).collect())
+    }
+
+    /// [`Master::remove`] for many keys.
+    pub fn batch_remove<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        force: bool,
+    ) -> MasterResult<Vec<MasterResult<()>>> {
+        self.check_batch(keys.len())?;
+        Ok(keys
+            .iter()
+            .map(|k| self.remove(k.as_ref(), force))
+            .collect())
+    }
+}

@@ -1,0 +1,73 @@
+//! Replica placement: distinct segments, the caller's preferred segments first (in order),
+//! then spread over the rest starting at a position derived from the key hash, so keys
+//! land evenly without a shared cursor or a random number per put.
+
+use std::sync::Arc;
+
+use super::object::{Replica, ReplicateConfig};
+use super::{Master, MasterError, MasterResult};
+
+impl Master {
+    /// Allocates up to `cfg.replica_num` replicas of `units` units on distinct segments.
+    /// Best effort like Mooncake: succeeds with at least one replica.
+    pub(crate) fn place(
+        &self,
+        hash: u64,
+        units: u64,
+        cfg: &ReplicateConfig,
+    ) -> MasterResult<Vec<Replica>> {
+        let table = self.segments.read();
+        let want = cfg.replica_num as usize;
+        let mut out: Vec<Replica> = Vec::with_capacity(want);
+        let taken = |out: &Vec<Replica>, seg: &Arc<super::Segment>| {
+            out.iter().any(|r| Arc::ptr_eq(&r.segment, seg))
+        };
+        for name in &cfg.preferred_segments {
+            if out.len() == want {
+                break;
+            }
+            if let Some(seg) = table.get(name) {
+                if taken(&out, seg) {
+                    continue;
+                }
+                if let Some(alloc) = seg.try_alloc(units) {
+                    out.push(Replica {
+                        segment: seg.clone(),
+                        alloc,
+                    });
+                }
+            }
+        }
+        let n = table.list.len();
+        if n > 0 && out.len() < want {
+            let start = (hash % n as u64) as usize;
+            for k in 0..n {
+                if out.len() == want {
+                    break;
+                }
+                let seg = &table.list[(start + k) % n];
+                if taken(&out, seg) {
+                    continue;
+                }
+                if let Some(alloc) = seg.try_alloc(units) {
+                    out.push(Replica {
+                        segment: seg.clone(),
+                        alloc,
+                    });
+                }
+            }
+        }
+        if out.is_empty() {
+            let why = if n == 0 {
+                "no segment is mounted".to_string()
+            } else {
+                format!(
+                    "no segment has {} free bytes; consider mounting more segments",
+                    units << self.align_shift
+                )
+            };
+            return Err(MasterError::NoAvailableHandle(why));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,557 @@
+//! Scenario tests of the master core on a manual clock.
+
+use std::sync::Arc;
+
+use super::*;
+
+pub(super) const SEG: u64 = 1 << 20;
+
+pub(super) fn client(n: u128) -> ClientId {
+    ClientId::from_u128(n)
+}
+
+pub(super) fn spec(name: &str, base: u64, size: u64) -> SegmentSpec {
+    SegmentSpec {
+        name: name.into(),
+        base,
+        size,
+        endpoint: format!("node-{name}"),
+    }
+}
+
+pub(super) fn master_with(config: MasterConfig) -> (Master, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000));
+    (Master::with_clock(config, clock.clone()).unwrap(), clock)
+}
+
+pub(super) fn small_config() -> MasterConfig {
+    MasterConfig {
+        shards: 4,
+        ..MasterConfig::default()
+    }
+}
+
+fn one() -> ReplicateConfig {
+    ReplicateConfig::default()
+}
+
+/// Master with segments `s0..sN` of `SEG` bytes, owned by client 1.
+fn with_segments(n: usize) -> (Master, Arc<ManualClock>) {
+    let (m, c) = master_with(small_config());
+    for i in 0..n {
+        m.mount_segment(
+            client(1),
+            spec(&format!("s{i}"), 0x10_0000_0000 * (i as u64 + 1), SEG),
+        )
+        .unwrap();
+    }
+    (m, c)
+}
+
+fn put(m: &Master, key: &str, len: u64) {
+    m.put_start(client(7), key, len, &one()).unwrap();
+    m.put_end(client(7), key).unwrap();
+}
+
+#[test]
+fn put_is_invisible_until_put_end() {
+    let (m, _) = with_segments(1);
+    let locs = m.put_start(client(7), "k", 100, &one()).unwrap();
+    assert_eq!(locs.len(), 1);
+    assert_eq!(locs[0].segment.name(), "s0");
+    assert_eq!(locs[0].segment.endpoint(), "node-s0");
+    assert_eq!(locs[0].length, 100);
+    assert!(locs[0].address >= 0x10_0000_0000 && locs[0].address + 100 <= 0x10_0000_0000 + SEG);
+    assert!(matches!(
+        m.get_replicas("k"),
+        Err(MasterError::ReplicaIsNotReady(_))
+    ));
+    assert!(!m.exists("k").unwrap());
+    assert!(matches!(
+        m.put_end(client(8), "k"),
+        Err(MasterError::IllegalClient(_))
+    ));
+    assert!(matches!(
+        m.put_start(client(8), "k", 100, &one()),
+        Err(MasterError::ObjectAlreadyExists(_))
+    ));
+    m.put_end(client(7), "k").unwrap();
+    m.put_end(client(7), "k").unwrap();
+    let got = m.get_replicas("k").unwrap();
+    assert_eq!((got.length, got.lease_ttl_ms), (100, 10_000));
+    assert_eq!(got.replicas[0].address, locs[0].address);
+    assert!(m.exists("k").unwrap());
+    assert!(matches!(
+        m.put_revoke(client(7), "k"),
+        Err(MasterError::InvalidWrite(_))
+    ));
+    assert!(matches!(
+        m.put_start(client(7), "k", 100, &one()),
+        Err(MasterError::ObjectAlreadyExists(_))
+    ));
+}
+
+#[test]
+fn revoke_frees_space_and_the_key() {
+    let (m, _) = with_segments(1);
+    m.put_start(client(7), "k", 1000, &one()).unwrap();
+    assert_eq!(m.stats().allocated_bytes, 1024);
+    assert!(matches!(
+        m.put_revoke(client(9), "k"),
+        Err(MasterError::IllegalClient(_))
+    ));
+    m.put_revoke(client(7), "k").unwrap();
+    assert_eq!(m.stats().allocated_bytes, 0);
+    assert_eq!(m.stats().keys, 0);
+    assert!(matches!(
+        m.put_revoke(client(7), "k"),
+        Err(MasterError::ObjectNotFound(_))
+    ));
+    put(&m, "k", 10);
+}
+
+#[test]
+fn replicas_go_to_distinct_segments_preferred_first() {
+    let (m, _) = with_segments(3);
+    let cfg = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec!["nope".into(), "s2".into()],
+        ..one()
+    };
+    let locs = m.put_start(client(7), "k", 64, &cfg).unwrap();
+    assert_eq!(locs.len(), 2);
+    assert_eq!(locs[0].segment.name(), "s2");
+    assert_ne!(locs[1].segment.name(), "s2");
+    // More replicas than segments: best effort, one per segment.
+    let cfg = ReplicateConfig {
+        replica_num: 5,
+        ..one()
+    };
+    let locs = m.put_start(client(7), "k2", 64, &cfg).unwrap();
+    let mut names: Vec<_> = locs.iter().map(|l| l.segment.name().to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["s0", "s1", "s2"]);
+}
+
+#[test]
+fn keys_spread_over_segments() {
+    let (m, _) = with_segments(4);
+    for i in 0..400 {
+        put(&m, &format!("key-{i}"), 64);
+    }
+    for s in m.segments() {
+        assert!(s.allocations > 50, "{} got {}", s.name, s.allocations);
+    }
+}
+
+#[test]
+fn bad_input_changes_nothing() {
+    let (m, _) = with_segments(1);
+    put(&m, "k", 64);
+    let before = m.stats();
+    let too_long = "x".repeat(5000);
+    let cases = [
+        m.put_start(client(7), "", 64, &one()).unwrap_err(),
+        m.put_start(client(7), &too_long, 64, &one()).unwrap_err(),
+        m.put_start(client(7), "n", 0, &one()).unwrap_err(),
+        m.put_start(client(7), "n", u64::MAX, &one()).unwrap_err(),
+        m.put_start(
+            client(7),
+            "n",
+            64,
+            &ReplicateConfig {
+                replica_num: 0,
+                ..one()
+            },
+        )
+        .unwrap_err(),
+        m.put_start(
+            client(7),
+            "n",
+            64,
+            &ReplicateConfig {
+                replica_num: 99,
+                ..one()
+            },
+        )
+        .unwrap_err(),
+        m.remove_by_regex("(").unwrap_err(),
+        m.get_replicas("").unwrap_err(),
+        m.unmount_segment(client(1), "nope").unwrap_err(),
+        m.mount_segment(client(1), spec("bad/name", 0, SEG))
+            .unwrap_err(),
+        m.mount_segment(client(1), spec("tiny", 0, 1)).unwrap_err(),
+        m.mount_segment(client(1), spec("wrap", u64::MAX - 10, SEG))
+            .unwrap_err(),
+        m.list_keys("", None, Some(0)).unwrap_err(),
+    ];
+    let codes: Vec<_> = cases.iter().map(|e| e.code()).collect();
+    assert_eq!(
+        codes,
+        [
+            -400, -400, -600, -600, -600, -600, -600, -400, -101, -600, -600, -600, -600
+        ]
+    );
+    assert_eq!(m.stats(), before);
+    assert!(m.get_replicas("k").is_ok());
+}
+
+#[test]
+fn no_space_is_no_available_handle() {
+    let (m, _) = master_with(small_config());
+    assert!(matches!(
+        m.put_start(client(7), "k", 64, &one()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    m.mount_segment(client(1), spec("s0", 0, 4096)).unwrap();
+    assert!(matches!(
+        m.put_start(client(7), "k", 8192, &one()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    assert_eq!(m.stats().keys, 0);
+}
+
+#[test]
+fn leases_block_remove_until_they_end() {
+    let (m, clock) = with_segments(1);
+    put(&m, "k", 64);
+    m.remove("k", false).unwrap();
+    put(&m, "k", 64);
+    assert_eq!(m.get_replicas("k").unwrap().lease_ttl_ms, 10_000);
+    assert!(matches!(
+        m.remove("k", false),
+        Err(MasterError::ObjectHasLease(_))
+    ));
+    clock.advance(9_999);
+    assert!(m.exists("k").unwrap(), "exists extends the lease");
+    clock.advance(9_999);
+    assert!(matches!(
+        m.remove("k", false),
+        Err(MasterError::ObjectHasLease(_))
+    ));
+    assert_eq!(m.object("k").unwrap().lease_remaining_ms, 1);
+    clock.advance(1);
+    m.remove("k", false).unwrap();
+    put(&m, "k", 64);
+    m.get_replicas("k").unwrap();
+    m.remove("k", true).unwrap();
+    assert!(matches!(
+        m.remove("k", false),
+        Err(MasterError::ObjectNotFound(_))
+    ));
+}
+
+#[test]
+fn remove_all_and_regex_skip_leased_and_unfinished() {
+    let (m, _) = with_segments(1);
+    for k in ["a1", "a2", "b1", "b2"] {
+        put(&m, k, 64);
+    }
+    m.put_start(client(7), "a3", 64, &one()).unwrap();
+    m.get_replicas("a2").unwrap();
+    assert_eq!(m.remove_by_regex("^a").unwrap(), 1);
+    assert_eq!(
+        m.list_keys("", None, None).unwrap().keys,
+        ["a2", "a3", "b1", "b2"]
+    );
+    assert_eq!(m.remove_all(), 2);
+    assert_eq!(m.list_keys("", None, None).unwrap().keys, ["a2", "a3"]);
+}
+
+#[test]
+fn list_keys_pages_in_order() {
+    let (m, _) = with_segments(1);
+    for i in (0..25).rev() {
+        put(&m, &format!("p/{i:02}"), 64);
+    }
+    put(&m, "q/1", 64);
+    let mut after = None;
+    let mut all = Vec::new();
+    loop {
+        let page = m.list_keys("p/", after.as_deref(), Some(10)).unwrap();
+        all.extend(page.keys.clone());
+        match page.next_after {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let want: Vec<_> = (0..25).map(|i| format!("p/{i:02}")).collect();
+    assert_eq!(all, want);
+}
+
+#[test]
+fn zombie_put_is_taken_over_then_released() {
+    let (m, clock) = with_segments(1);
+    m.put_start(client(7), "k", 1000, &one()).unwrap();
+    clock.advance(29_999);
+    assert!(matches!(
+        m.put_start(client(8), "k", 1000, &one()),
+        Err(MasterError::ObjectAlreadyExists(_))
+    ));
+    clock.advance(2);
+    m.put_start(client(8), "k", 2000, &one()).unwrap();
+    assert_eq!(
+        m.stats().allocated_bytes,
+        1024 + 2048,
+        "old space is kept until release"
+    );
+    assert!(matches!(
+        m.put_end(client(7), "k"),
+        Err(MasterError::IllegalClient(_))
+    ));
+    clock.advance(600_000 - 30_001 - 1);
+    m.ping(client(1));
+    assert_eq!(m.tick().released_puts, 0);
+    clock.advance(1);
+    assert_eq!(m.tick().released_puts, 1);
+    assert_eq!(m.stats().allocated_bytes, 2048);
+    m.put_end(client(8), "k").unwrap();
+    assert_eq!(m.get_replicas("k").unwrap().length, 2000);
+}
+
+#[test]
+fn unfinished_put_is_released_at_release_timeout() {
+    let (m, clock) = with_segments(1);
+    m.put_start(client(7), "k", 64, &one()).unwrap();
+    clock.advance(599_999);
+    m.ping(client(1));
+    assert_eq!(m.tick().released_puts, 0);
+    clock.advance(1);
+    assert_eq!(m.tick().released_puts, 1);
+    assert_eq!(m.stats().keys, 0);
+    assert_eq!(m.stats().allocated_bytes, 0);
+}
+
+#[test]
+fn silent_client_loses_segments_and_must_remount() {
+    let (m, clock) = with_segments(2);
+    m.mount_segment(client(2), spec("other", 0x99_0000_0000, SEG))
+        .unwrap();
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        preferred_segments: vec!["s0".into()],
+        ..one()
+    };
+    m.put_start(client(7), "on-s0", 64, &cfg).unwrap();
+    m.put_end(client(7), "on-s0").unwrap();
+    let both = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec!["s1".into(), "other".into()],
+        ..one()
+    };
+    m.put_start(client(7), "two", 64, &both).unwrap();
+    m.put_end(client(7), "two").unwrap();
+    assert_eq!(m.ping(client(1)).status, ClientStatus::Ok);
+    clock.advance(10_000);
+    m.ping(client(2));
+    assert_eq!(m.tick().expired_clients, 0);
+    clock.advance(1);
+    assert_eq!(m.tick().expired_clients, 1);
+    assert_eq!(m.segments().len(), 1);
+    assert!(matches!(
+        m.get_replicas("on-s0"),
+        Err(MasterError::ObjectNotFound(_))
+    ));
+    let two = m.get_replicas("two").unwrap();
+    assert_eq!(two.replicas.len(), 1);
+    assert_eq!(two.replicas[0].segment.name(), "other");
+    let reply = m.ping(client(1));
+    assert_eq!(reply.status, ClientStatus::NeedRemount);
+    assert_eq!(reply.view_version, m.view_version());
+    let view = m
+        .remount_segments(
+            client(1),
+            vec![
+                spec("s0", 0x10_0000_0000, SEG),
+                spec("s1", 0x20_0000_0000, SEG),
+            ],
+        )
+        .unwrap();
+    assert_eq!(view.status, ClientStatus::Ok);
+    assert_eq!(m.ping(client(1)).status, ClientStatus::Ok);
+    assert_eq!(m.segments().len(), 3);
+    assert_eq!(
+        m.segment("s0").unwrap().allocated_bytes,
+        0,
+        "remounted segments start empty"
+    );
+}
+
+#[test]
+fn unknown_pinger_is_forgotten_after_ttl() {
+    let (m, clock) = master_with(small_config());
+    assert_eq!(m.ping(client(5)).status, ClientStatus::NeedRemount);
+    assert_eq!(m.clients().len(), 1);
+    clock.advance(10_001);
+    m.tick();
+    assert!(m.clients().is_empty());
+    assert!(matches!(
+        m.client(client(5)),
+        Err(MasterError::ClientNotFound(_))
+    ));
+}
+
+#[test]
+fn mount_rules() {
+    let (m, _) = with_segments(1);
+    let again = m
+        .mount_segment(client(1), spec("s0", 0x10_0000_0000, SEG))
+        .unwrap();
+    assert_eq!(again.name, "s0");
+    assert!(matches!(
+        m.mount_segment(client(2), spec("s0", 0x10_0000_0000, SEG)),
+        Err(MasterError::SegmentAlreadyExists(_))
+    ));
+    let mut overlapping = spec("x", 0x10_0000_0000 + 4096, SEG);
+    overlapping.endpoint = "node-s0".into();
+    assert!(matches!(
+        m.mount_segment(client(1), overlapping),
+        Err(MasterError::InvalidParams(_))
+    ));
+    assert!(matches!(
+        m.unmount_segment(client(2), "s0"),
+        Err(MasterError::IllegalClient(_))
+    ));
+    put(&m, "k", 64);
+    m.unmount_segment(client(1), "s0").unwrap();
+    assert!(m.segments().is_empty());
+    assert_eq!(m.stats().keys, 0, "objects without replicas vanish");
+    m.remove_client(client(1)).unwrap();
+    assert!(matches!(
+        m.remove_client(client(1)),
+        Err(MasterError::ClientNotFound(_))
+    ));
+}
+
+#[test]
+fn watermark_eviction_spares_leased_pinned_and_unfinished() {
+    let (m, clock) = master_with(small_config());
+    m.mount_segment(client(1), spec("s0", 0, 100 * 1024))
+        .unwrap();
+    let hard = ReplicateConfig {
+        hard_pin: true,
+        ..one()
+    };
+    let soft = ReplicateConfig {
+        soft_pin: true,
+        ..one()
+    };
+    for i in 0..92 {
+        let cfg = match i % 23 {
+            0 => &hard,
+            1 => &soft,
+            _ => &one(),
+        };
+        m.put_start(client(7), &format!("k{i:02}"), 1024, cfg)
+            .unwrap();
+        if i % 23 != 2 {
+            m.put_end(client(7), &format!("k{i:02}")).unwrap();
+        }
+        clock.advance(1);
+    }
+    for i in (3..92).step_by(23) {
+        m.get_replicas(&format!("k{i:02}")).unwrap();
+    }
+    let report = m.tick().eviction.expect("above the watermark");
+    assert!(report.evicted_objects >= 6, "{report:?}");
+    assert!(m.stats().allocated_bytes <= 85 * 1024 + 1024);
+    for i in 0..92 {
+        let spared = matches!(i % 23, 0..=3);
+        if spared {
+            assert!(
+                m.object(&format!("k{i:02}")).is_ok(),
+                "k{i:02} must survive"
+            );
+        }
+    }
+    // The oldest unpinned, unleased objects went first.
+    assert!(m.object("k04").is_err());
+    assert!(m.object("k91").is_ok());
+    assert_eq!(m.stats().evicted_objects, report.evicted_objects);
+}
+
+#[test]
+fn soft_pinned_objects_go_only_in_the_second_pass() {
+    let (m, _) = master_with(small_config());
+    m.mount_segment(client(1), spec("s0", 0, 10 * 1024))
+        .unwrap();
+    let soft = ReplicateConfig {
+        soft_pin: true,
+        ..one()
+    };
+    for i in 0..10 {
+        m.put_start(client(7), &format!("k{i}"), 1024, &soft)
+            .unwrap();
+        m.put_end(client(7), &format!("k{i}")).unwrap();
+    }
+    let r = m.evict(2048, 2048);
+    assert_eq!(r.evicted_objects, 2);
+    let (m2, _) = master_with(MasterConfig {
+        allow_evict_soft_pinned: false,
+        ..small_config()
+    });
+    m2.mount_segment(client(1), spec("s0", 0, 10 * 1024))
+        .unwrap();
+    m2.put_start(client(7), "k", 1024, &soft).unwrap();
+    m2.put_end(client(7), "k").unwrap();
+    assert_eq!(m2.evict(2048, 2048).evicted_objects, 0);
+}
+
+#[test]
+fn allocation_failure_triggers_eviction() {
+    let (m, _) = master_with(small_config());
+    m.mount_segment(client(1), spec("s0", 0, 8 * 1024)).unwrap();
+    for i in 0..8 {
+        put(&m, &format!("k{i}"), 1024);
+    }
+    m.put_start(client(7), "new", 1024, &one()).unwrap();
+    m.put_end(client(7), "new").unwrap();
+    assert_eq!(m.stats().evicted_objects, 1);
+    assert_eq!(m.stats().keys, 8);
+    // Nothing evictable: every object leased.
+    for k in m.list_keys("", None, None).unwrap().keys {
+        m.get_replicas(&k).unwrap();
+    }
+    assert!(matches!(
+        m.put_start(client(7), "more", 1024, &one()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    assert_eq!(m.stats().keys, 8);
+}
+
+#[test]
+fn batches_answer_per_item() {
+    let (m, _) = with_segments(1);
+    let items = [("a", 64u64), ("b", 0), ("a", 64)];
+    let r = m.batch_put_start(client(7), &items, &one()).unwrap();
+    assert!(r[0].is_ok());
+    assert!(matches!(r[1], Err(MasterError::InvalidParams(_))));
+    assert!(matches!(r[2], Err(MasterError::ObjectAlreadyExists(_))));
+    let ends = m.batch_put_end(client(7), &["a", "b"]).unwrap();
+    assert!(ends[0].is_ok() && matches!(ends[1], Err(MasterError::ObjectNotFound(_))));
+    let got = m.batch_get_replicas(&["a", "zz"]).unwrap();
+    assert!(got[0].is_ok() && got[1].is_err());
+    assert_eq!(
+        m.batch_exists(&["a", "zz"])
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>(),
+        [true, false]
+    );
+    let removed = m.batch_remove(&["a"], true).unwrap();
+    assert!(removed[0].is_ok());
+    m.put_start(client(7), "c", 64, &one()).unwrap();
+    assert!(m.batch_put_revoke(client(7), &["c"]).unwrap()[0].is_ok());
+    let too_many = vec!["k"; 4097];
+    assert!(matches!(
+        m.batch_exists(&too_many),
+        Err(MasterError::InvalidParams(_))
+    ));
+}
+
+#[test]
+fn object_metadata_is_compact() {
+    // Guards the per-key memory budget (see benches/master_memory.rs for the measurement).
+    assert!(std::mem::size_of::<Option<object::Object>>() <= 96);
+}

@@ -1,0 +1,84 @@
+//! Prometheus metrics of the master, through the `metrics` facade (the host installs the
+//! recorder and serves `/metrics`). Names are `moongate_master_*`.
+//!
+//! Counters are recorded where things happen (each REST operation, each eviction round);
+//! gauges are published from [`crate::master::Master::stats`] by [`publish`], which the
+//! background task calls every tick and a `/metrics` handler may call before rendering.
+
+use crate::master::{EvictReport, Master, MasterError};
+
+/// Gauge: bytes allocatable over mounted segments.
+pub const CAPACITY_BYTES: &str = "moongate_master_capacity_bytes";
+/// Gauge: bytes allocated to replicas.
+pub const ALLOCATED_BYTES: &str = "moongate_master_allocated_bytes";
+/// Gauge: objects (complete and unfinished).
+pub const KEYS: &str = "moongate_master_keys";
+/// Gauge: known clients, by `status` (`ok`, `need_remount`).
+pub const CLIENTS: &str = "moongate_master_clients";
+/// Gauge: mounted segments.
+pub const SEGMENTS: &str = "moongate_master_segments";
+/// Gauge: entries in the transfer-metadata store.
+pub const METADATA_ENTRIES: &str = "moongate_master_metadata_entries";
+/// Counter: requests by `op`.
+pub const REQUESTS: &str = "moongate_master_requests_total";
+/// Counter: failed requests by `op` and `error` (Mooncake name).
+pub const FAILURES: &str = "moongate_master_failures_total";
+/// Counter: evicted objects.
+pub const EVICTIONS: &str = "moongate_master_evictions_total";
+/// Counter: bytes freed by eviction.
+pub const EVICTED_BYTES: &str = "moongate_master_evicted_bytes_total";
+
+/// Registers help texts (call once after the recorder is installed).
+pub fn describe() {
+    metrics::describe_gauge!(
+        CAPACITY_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes allocatable over mounted segments"
+    );
+    metrics::describe_gauge!(
+        ALLOCATED_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes allocated to replicas"
+    );
+    metrics::describe_gauge!(KEYS, "Objects known to the master");
+    metrics::describe_gauge!(CLIENTS, "Known store clients by status");
+    metrics::describe_gauge!(SEGMENTS, "Mounted segments");
+    metrics::describe_gauge!(METADATA_ENTRIES, "Entries in the transfer-metadata store");
+    metrics::describe_counter!(REQUESTS, "Master API requests by operation");
+    metrics::describe_counter!(
+        FAILURES,
+        "Failed master API requests by operation and error"
+    );
+    metrics::describe_counter!(EVICTIONS, "Objects evicted");
+    metrics::describe_counter!(
+        EVICTED_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes freed by eviction"
+    );
+}
+
+/// Counts one request of `op`, and its failure if it failed.
+pub fn record_op(op: &'static str, error: Option<&MasterError>) {
+    metrics::counter!(REQUESTS, "op" => op).increment(1);
+    if let Some(e) = error {
+        metrics::counter!(FAILURES, "op" => op, "error" => e.name()).increment(1);
+    }
+}
+
+/// Counts one eviction round.
+pub fn record_eviction(r: &EvictReport) {
+    metrics::counter!(EVICTIONS).increment(r.evicted_objects);
+    metrics::counter!(EVICTED_BYTES).increment(r.evicted_bytes);
+}
+
+/// Sets the gauges from the master's current totals.
+pub fn publish(master: &Master) {
+    let s = master.stats();
+    metrics::gauge!(CAPACITY_BYTES).set(s.capacity_bytes as f64);
+    metrics::gauge!(ALLOCATED_BYTES).set(s.allocated_bytes as f64);
+    metrics::gauge!(KEYS).set(s.keys as f64);
+    metrics::gauge!(SEGMENTS).set(s.segments as f64);
+    metrics::gauge!(CLIENTS, "status" => "ok").set(s.clients_ok as f64);
+    metrics::gauge!(CLIENTS, "status" => "need_remount").set((s.clients - s.clients_ok) as f64);
+    metrics::gauge!(METADATA_ENTRIES).set(master.metadata().len() as f64);
+}

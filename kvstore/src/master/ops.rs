@@ -299,18 +299,26 @@ impl Master {
         removed
     }
 
-    /// [`Master::put_start`] for many keys with one config; results in request order.
+    /// Runs `op` on every item after checking the batch size; results in request order.
+    fn batch<I, T>(
+        &self,
+        items: &[I],
+        op: impl Fn(&I) -> MasterResult<T>,
+    ) -> MasterResult<Vec<MasterResult<T>>> {
+        self.check_batch(items.len())?;
+        Ok(items.iter().map(op).collect())
+    }
+
+    /// [`Master::put_start`] for many keys with one config.
     pub fn batch_put_start<K: AsRef<str>>(
         &self,
         client: ClientId,
         items: &[(K, u64)],
         cfg: &ReplicateConfig,
     ) -> MasterResult<Vec<MasterResult<Vec<ReplicaLocation>>>> {
-        self.check_batch(items.len())?;
-        Ok(items
-            .iter()
-            .map(|(k, len)| self.put_start(client, k.as_ref(), *len, cfg))
-            .collect())
+        self.batch(items, |(k, len)| {
+            self.put_start(client, k.as_ref(), *len, cfg)
+        })
     }
 
     /// [`Master::put_end`] for many keys.
@@ -319,11 +327,7 @@ impl Master {
         client: ClientId,
         keys: &[K],
     ) -> MasterResult<Vec<MasterResult<()>>> {
-        self.check_batch(keys.len())?;
-        Ok(keys
-            .iter()
-            .map(|k| self.put_end(client, k.as_ref()))
-            .collect())
+        self.batch(keys, |k| self.put_end(client, k.as_ref()))
     }
 
     /// [`Master::put_revoke`] for many keys.
@@ -332,11 +336,7 @@ impl Master {
         client: ClientId,
         keys: &[K],
     ) -> MasterResult<Vec<MasterResult<()>>> {
-        self.check_batch(keys.len())?;
-        Ok(keys
-            .iter()
-            .map(|k| self.put_revoke(client, k.as_ref()))
-            .collect())
+        self.batch(keys, |k| self.put_revoke(client, k.as_ref()))
     }
 
     /// [`Master::get_replicas`] for many keys.
@@ -344,14 +344,12 @@ impl Master {
         &self,
         keys: &[K],
     ) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
-        self.check_batch(keys.len())?;
-        Ok(keys.iter().map(|k| self.get_replicas(k.as_ref())).collect())
+        self.batch(keys, |k| self.get_replicas(k.as_ref()))
     }
 
     /// [`Master::exists`] for many keys.
     pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> MasterResult<Vec<MasterResult<bool>>> {
-        self.check_batch(keys.len())?;
-        Ok(keys.iter().map(|k| self.exists(k.as_ref())).collect())
+        self.batch(keys, |k| self.exists(k.as_ref()))
     }
 
     /// [`Master::remove`] for many keys.
@@ -360,10 +358,6 @@ impl Master {
         keys: &[K],
         force: bool,
     ) -> MasterResult<Vec<MasterResult<()>>> {
-        self.check_batch(keys.len())?;
-        Ok(keys
-            .iter()
-            .map(|k| self.remove(k.as_ref(), force))
-            .collect())
+        self.batch(keys, |k| self.remove(k.as_ref(), force))
     }
 }

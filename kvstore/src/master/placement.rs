@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::object::{Replica, ReplicateConfig};
+use super::segment::Segment;
 use super::{Master, MasterError, MasterResult};
 
 impl Master {
@@ -19,23 +20,20 @@ impl Master {
         let table = self.segments.read();
         let want = cfg.replica_num as usize;
         let mut out: Vec<Replica> = Vec::with_capacity(want);
-        let taken = |out: &Vec<Replica>, seg: &Arc<super::Segment>| {
-            out.iter().any(|r| Arc::ptr_eq(&r.segment, seg))
-        };
-        for name in &cfg.preferred_segments {
-            if out.len() == want {
-                break;
-            }
-            if let Some(seg) = table.get(name) {
-                if taken(&out, seg) {
-                    continue;
-                }
+        // Takes a replica on `seg` unless it already holds one of this object.
+        let try_take = |out: &mut Vec<Replica>, seg: &Arc<Segment>| {
+            if out.len() < want && !out.iter().any(|r| Arc::ptr_eq(&r.segment, seg)) {
                 if let Some(alloc) = seg.try_alloc(units) {
                     out.push(Replica {
                         segment: seg.clone(),
                         alloc,
                     });
                 }
+            }
+        };
+        for name in &cfg.preferred_segments {
+            if let Some(seg) = table.get(name) {
+                try_take(&mut out, seg);
             }
         }
         let n = table.list.len();
@@ -45,16 +43,7 @@ impl Master {
                 if out.len() == want {
                     break;
                 }
-                let seg = &table.list[(start + k) % n];
-                if taken(&out, seg) {
-                    continue;
-                }
-                if let Some(alloc) = seg.try_alloc(units) {
-                    out.push(Replica {
-                        segment: seg.clone(),
-                        alloc,
-                    });
-                }
+                try_take(&mut out, &table.list[(start + k) % n]);
             }
         }
         if out.is_empty() {

@@ -22,13 +22,14 @@ impl Master {
         let mut out: Vec<Replica> = Vec::with_capacity(want);
         // Takes a replica on `seg` unless it already holds one of this object.
         let try_take = |out: &mut Vec<Replica>, seg: &Arc<Segment>| {
-            if out.len() < want && !out.iter().any(|r| Arc::ptr_eq(&r.segment, seg)) {
-                if let Some(alloc) = seg.try_alloc(units) {
-                    out.push(Replica {
-                        segment: seg.clone(),
-                        alloc,
-                    });
-                }
+            if out.len() < want
+                && !out.iter().any(|r| Arc::ptr_eq(&r.segment, seg))
+                && let Some(alloc) = seg.try_alloc(units)
+            {
+                out.push(Replica {
+                    segment: seg.clone(),
+                    alloc,
+                });
             }
         };
         for name in &cfg.preferred_segments {

@@ -1,5 +1,31 @@
 //! Moongate gateway: the OpenAI-compatible front door in front of SGLang workers.
 //!
+//! A request goes through the modules in this order: [`server`] (routes, middleware) ->
+//! [`proxy::inspect`] (body, `model`) -> [`select`] (worker by policy) -> [`proxy::dispatch`]
+//! (pooled client) -> [`proxy::respond`] (streamed relay, load released at body end).
+//!
 //! # Layout
-//! Modules arrive with the gateway front-door issue (config, worker registry, health,
-//! policies, proxy, simulated workers, demo).
+//! - [`config`]: `moongate serve` settings: defaults, TOML file, `MOONGATE_*` env, flags; validation.
+//! - [`server`]: the axum application: state, route table + OpenAPI, middleware, handlers.
+//! - [`proxy`]: the request path (inspect, dispatch, respond) and the regular-mode router.
+//! - [`select`]: load-balancing policies over the available workers.
+//! - [`workers`]: worker records, the swappable registry, health checks, model discovery,
+//!   the worker control plane.
+//! - [`client`]: the pooled upstream HTTP client.
+//! - [`error`]: the one error type, mapped once to status + OpenAI error envelope.
+//! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
+//! - [`request_id`]: `x-request-id` kept or minted.
+//! - [`logging`]: tracing subscriber setup.
+//! - [`serve`]: `moongate serve`: listener, static workers, graceful shutdown.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod logging;
+pub mod metrics;
+pub mod proxy;
+pub mod request_id;
+pub mod select;
+pub mod serve;
+pub mod server;
+pub mod workers;

@@ -1,13 +1,58 @@
 //! `moongate`: the Moongate command-line entry point.
 
-use clap::Parser;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use gateway::config::{self, ServeConfig};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Moongate: an OpenAI-compatible gateway for SGLang workers with a KV-cache master.
 #[derive(Parser, Debug)]
 #[command(name = "moongate", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the gateway (sglang-router's flags are accepted).
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// TOML file with settings (keys are the long flag names with `_`); env and flags win over it.
+    #[arg(long, env = config::env::CONFIG)]
+    config: Option<PathBuf>,
+    /// Print the merged, validated configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    serve: ServeConfig,
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
+    match cli.command {
+        Command::Serve(args) => {
+            let sub = matches.subcommand_matches("serve").expect("serve matched");
+            let cfg = ServeConfig::resolve(&args.serve, args.config.as_deref(), sub)?;
+            if args.print_config {
+                print!("{}", cfg.to_toml());
+                return Ok(());
+            }
+            gateway::logging::init(cfg.log_level);
+            runtime()?.block_on(gateway::serve::run(cfg))
+        }
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }

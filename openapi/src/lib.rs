@@ -5,5 +5,9 @@
 //! gateway and the KV master both depend on this crate; it depends on nothing of theirs.
 //!
 //! # Layout
-//! Modules are added by the issues that introduce each API (OpenAI, SGLang, worker admin,
-//! KV master).
+//! - [`error`]: the OpenAI error envelope `{"error":{"message","type","code"}}` every HTTP
+//!   error is answered with.
+//! - [`workers`]: the gateway's worker admin API (`/workers`).
+
+pub mod error;
+pub mod workers;

@@ -1,5 +1,231 @@
 //! Moongate integration tests and the in-process cluster harness.
 //!
+//! Everything listens on `127.0.0.1:0` and is driven over real sockets.
+//!
 //! # Layout
-//! The harness (start gateways, workers, masters and storage nodes on 127.0.0.1:0) grows
-//! with the issues; the tests themselves live in `tests/tests/*.rs`.
+//! - [`start_gateway`]: a real `moongate serve` (the library behind it) on a free port.
+//! - [`Backend`]: a scripted SGLang-shaped HTTP backend that records what reaches it
+//!   byte for byte and can be made slow, unhealthy or dead (for the fault tests that a
+//!   well-behaved simulated worker cannot play).
+//! - [`fast_config`]: a gateway configuration with short health intervals for tests.
+//!
+//! The tests themselves live in `tests/tests/*.rs`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use gateway::config::ServeConfig;
+use gateway::serve::Gateway;
+use http::{HeaderMap, StatusCode};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A gateway configuration suited to tests: loopback, port 0, fast health checks.
+pub fn fast_config() -> ServeConfig {
+    ServeConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        health_check_interval_secs: 1,
+        health_check_pending_interval_ms: 50,
+        health_check_timeout_secs: 1,
+        health_failure_threshold: 2,
+        health_success_threshold: 1,
+        shutdown_grace_period_secs: 2,
+        ..ServeConfig::default()
+    }
+}
+
+/// Starts a gateway on `127.0.0.1:0`.
+pub async fn start_gateway(cfg: ServeConfig) -> Gateway {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind gateway");
+    gateway::serve::spawn(cfg, listener)
+        .await
+        .expect("start gateway")
+}
+
+/// Polls `cond` every 20 ms for up to 5 s.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..250 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// A request as the backend received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Path and query.
+    pub path: String,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+/// What a [`Backend`] does; change it any time through [`Backend::knobs`].
+#[derive(Debug)]
+pub struct Knobs {
+    /// `/health` answers 200 (else 503).
+    pub healthy: AtomicBool,
+    /// SSE chunks per streamed answer.
+    pub chunks: AtomicUsize,
+    /// Milliseconds between SSE chunks.
+    pub chunk_delay_ms: AtomicUsize,
+    /// Milliseconds before the response head.
+    pub head_delay_ms: AtomicUsize,
+}
+
+struct Shared {
+    name: String,
+    model: String,
+    knobs: Knobs,
+    seen: Mutex<Vec<Seen>>,
+}
+
+/// A scripted backend on a real socket (see the crate doc).
+pub struct Backend {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+impl Backend {
+    /// Starts a backend named `name` serving `model`.
+    pub async fn start(name: &str, model: &str) -> Self {
+        let shared = Arc::new(Shared {
+            name: name.into(),
+            model: model.into(),
+            knobs: Knobs {
+                healthy: AtomicBool::new(true),
+                chunks: AtomicUsize::new(4),
+                chunk_delay_ms: AtomicUsize::new(0),
+                head_delay_ms: AtomicUsize::new(0),
+            },
+            seen: Mutex::new(Vec::new()),
+        });
+        let app = Router::new()
+            .route("/health", get(health))
+            .route("/v1/models", get(models))
+            .route("/v1/chat/completions", post(infer))
+            .route("/v1/completions", post(infer))
+            .route("/generate", post(infer))
+            .with_state(shared.clone());
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(s.cancelled_owned())
+                .await;
+        });
+        Self { addr, shared, stop }
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The behaviour knobs.
+    pub fn knobs(&self) -> &Knobs {
+        &self.shared.knobs
+    }
+
+    /// Inference requests received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.shared.seen.lock().clone()
+    }
+
+    /// Number of inference requests received.
+    pub fn hits(&self) -> usize {
+        self.shared.seen.lock().len()
+    }
+
+    /// Stops listening (idle connections close; new connections are refused).
+    pub fn kill(&self) {
+        self.stop.cancel();
+    }
+}
+
+async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
+    if s.knobs.healthy.load(Ordering::Relaxed) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({"object": "list", "data": [{"id": s.model, "object": "model"}]}))
+        .into_response()
+}
+
+async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let stream = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
+        .unwrap_or(false);
+    s.seen.lock().push(Seen {
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        headers: parts.headers,
+        body: body.clone(),
+    });
+    let head_delay = s.knobs.head_delay_ms.load(Ordering::Relaxed);
+    if head_delay > 0 {
+        tokio::time::sleep(Duration::from_millis(head_delay as u64)).await;
+    }
+    if !stream {
+        let v = serde_json::json!({"worker": s.name, "model": s.model, "body_len": body.len()});
+        return axum::Json(v).into_response();
+    }
+    let n = s.knobs.chunks.load(Ordering::Relaxed);
+    let delay = Duration::from_millis(s.knobs.chunk_delay_ms.load(Ordering::Relaxed) as u64);
+    let name = s.name.clone();
+    let frames = futures::stream::unfold(0usize, move |i| {
+        let name = name.clone();
+        async move {
+            if i > n {
+                return None;
+            }
+            if i > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let line = if i == n {
+                "data: [DONE]\n\n".to_string()
+            } else {
+                format!("data: {{\"worker\":\"{name}\",\"i\":{i}}}\n\n")
+            };
+            Some((Ok::<_, std::io::Error>(Bytes::from(line)), i + 1))
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(frames))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

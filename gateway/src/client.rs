@@ -1,0 +1,91 @@
+//! The upstream HTTP client: one pooled, keep-alive HTTP/1.1 client (TCP_NODELAY) shared by
+//! the proxy, the health checker and model discovery.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::{Client, ResponseFuture, connect::HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// Largest control-plane response read (health, model discovery).
+const SMALL_BODY_LIMIT: usize = 1024 * 1024;
+
+/// The shared client (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct HttpClient {
+    inner: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for HttpClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HttpClient {
+    /// A client with keep-alive pooling, no Nagle, and connect timeout.
+    pub fn new() -> Self {
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        conn.set_keepalive(Some(Duration::from_secs(60)));
+        conn.set_connect_timeout(Some(Duration::from_secs(5)));
+        conn.enforce_http(true);
+        let inner = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(conn);
+        Self { inner }
+    }
+
+    /// Sends a request (the proxy path).
+    #[inline]
+    pub fn request(&self, req: Request<Full<Bytes>>) -> ResponseFuture {
+        self.inner.request(req)
+    }
+
+    /// `GET uri` with an optional bearer, bounded by `timeout`; reads at most 1 MiB of body.
+    /// For control-plane calls; errors are rendered as text for the admin API.
+    pub async fn get_small(
+        &self,
+        uri: Uri,
+        bearer: Option<&HeaderValue>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let mut req = Request::get(uri)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        if let Some(b) = bearer {
+            req.headers_mut().insert(header::AUTHORIZATION, b.clone());
+        }
+        let work = async {
+            let resp = self.inner.request(req).await.map_err(|e| describe(&e))?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), SMALL_BODY_LIMIT)
+                .collect()
+                .await
+                .map_err(|e| format!("reading body: {e}"))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {}s", timeout.as_secs_f32())))
+    }
+}
+
+/// A one-line description of a client error including its cause chain.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,507 @@
+//! `moongate serve` configuration: one struct, [`ServeConfig`], whose [`Default`] is the only
+//! place a default is written down. CLI help (`[default: ...]`), the TOML file format and
+//! the docs all read it from there.
+//!
+//! Sources, lowest to highest precedence: the defaults, a TOML file (`--config`, keys are the
+//! field names below), `MOONGATE_*` environment variables, command-line flags. The merged
+//! value is [`ServeConfig::validate`]d before anything starts.
+//!
+//! Flags and their meaning follow sglang-router's `launch_router` where the two share a
+//! feature (`--host --port --worker-urls --policy --api-key --max-payload-size
+//! --request-timeout-secs --log-level --health-*`), so an sglang-router command line keeps
+//! working.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use clap::{ArgMatches, parser::ValueSource};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// Environment variable names, one per setting (`MOONGATE_` + the field name in capitals).
+pub mod env {
+    /// `--config`.
+    pub const CONFIG: &str = "MOONGATE_CONFIG";
+    /// `--host`.
+    pub const HOST: &str = "MOONGATE_HOST";
+    /// `--port`.
+    pub const PORT: &str = "MOONGATE_PORT";
+    /// `--worker-urls` (comma-separated in the environment).
+    pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
+    /// `--policy`.
+    pub const POLICY: &str = "MOONGATE_POLICY";
+    /// `--api-key`.
+    pub const API_KEY: &str = "MOONGATE_API_KEY";
+    /// `--max-payload-size`.
+    pub const MAX_PAYLOAD_SIZE: &str = "MOONGATE_MAX_PAYLOAD_SIZE";
+    /// `--request-timeout-secs`.
+    pub const REQUEST_TIMEOUT_SECS: &str = "MOONGATE_REQUEST_TIMEOUT_SECS";
+    /// `--log-level`.
+    pub const LOG_LEVEL: &str = "MOONGATE_LOG_LEVEL";
+    /// `--health-check-interval-secs`.
+    pub const HEALTH_CHECK_INTERVAL_SECS: &str = "MOONGATE_HEALTH_CHECK_INTERVAL_SECS";
+    /// `--health-check-timeout-secs`.
+    pub const HEALTH_CHECK_TIMEOUT_SECS: &str = "MOONGATE_HEALTH_CHECK_TIMEOUT_SECS";
+    /// `--health-failure-threshold`.
+    pub const HEALTH_FAILURE_THRESHOLD: &str = "MOONGATE_HEALTH_FAILURE_THRESHOLD";
+    /// `--health-success-threshold`.
+    pub const HEALTH_SUCCESS_THRESHOLD: &str = "MOONGATE_HEALTH_SUCCESS_THRESHOLD";
+    /// `--health-check-endpoint`.
+    pub const HEALTH_CHECK_ENDPOINT: &str = "MOONGATE_HEALTH_CHECK_ENDPOINT";
+    /// `--disable-health-check`.
+    pub const DISABLE_HEALTH_CHECK: &str = "MOONGATE_DISABLE_HEALTH_CHECK";
+    /// `--health-check-pending-interval-ms`.
+    pub const HEALTH_CHECK_PENDING_INTERVAL_MS: &str = "MOONGATE_HEALTH_CHECK_PENDING_INTERVAL_MS";
+    /// `--retry-max-retries`.
+    pub const RETRY_MAX_RETRIES: &str = "MOONGATE_RETRY_MAX_RETRIES";
+    /// `--disable-retries`.
+    pub const DISABLE_RETRIES: &str = "MOONGATE_DISABLE_RETRIES";
+    /// `--shutdown-grace-period-secs`.
+    pub const SHUTDOWN_GRACE_PERIOD_SECS: &str = "MOONGATE_SHUTDOWN_GRACE_PERIOD_SECS";
+    /// `--prometheus-host`.
+    pub const PROMETHEUS_HOST: &str = "MOONGATE_PROMETHEUS_HOST";
+    /// `--prometheus-port`.
+    pub const PROMETHEUS_PORT: &str = "MOONGATE_PROMETHEUS_PORT";
+}
+
+/// Load-balancing policy over the ready workers that serve the requested model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[clap(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Uniformly random.
+    Random,
+    /// Each worker in turn.
+    RoundRobin,
+    /// Two random workers, the one with fewer requests in flight.
+    PowerOfTwo,
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Random => "random",
+            Self::RoundRobin => "round_robin",
+            Self::PowerOfTwo => "power_of_two",
+        })
+    }
+}
+
+/// Log verbosity (`RUST_LOG`, when set, wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    /// Everything, including per-request traces.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Problems only.
+    Warn,
+    /// Failures only.
+    Error,
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        })
+    }
+}
+
+/// Everything `moongate serve` can be told. Field names are the TOML keys; flags are the
+/// field names in kebab case; environment variables are in [`env`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Address to bind (IPv4, IPv6 or a host name).
+    #[arg(long, env = env::HOST, default_value_t = ServeConfig::default().host)]
+    pub host: String,
+    /// Port to bind (0: any free port).
+    #[arg(long, env = env::PORT, default_value_t = ServeConfig::default().port)]
+    pub port: u16,
+    /// Static workers (regular), e.g. `--worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002`.
+    #[arg(long, env = env::WORKER_URLS, num_args = 0.., value_delimiter = ',')]
+    pub worker_urls: Vec<String>,
+    /// Load-balancing policy.
+    #[arg(long, env = env::POLICY, value_enum, default_value_t = ServeConfig::default().policy)]
+    pub policy: PolicyKind,
+    /// API key sent to workers as `Authorization: Bearer` (a worker's own key wins).
+    #[arg(long, env = env::API_KEY, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in bytes (bodies are read whole, up to this size, to
+    /// route by model; larger ones get 413).
+    #[arg(long, env = env::MAX_PAYLOAD_SIZE, default_value_t = ServeConfig::default().max_payload_size)]
+    pub max_payload_size: usize,
+    /// Upper bound on one proxied request, in seconds: no response head in that time is a
+    /// 504; a body still streaming then is cut.
+    #[arg(long, env = env::REQUEST_TIMEOUT_SECS, default_value_t = ServeConfig::default().request_timeout_secs)]
+    pub request_timeout_secs: u64,
+    /// Log level.
+    #[arg(long, env = env::LOG_LEVEL, value_enum, default_value_t = ServeConfig::default().log_level)]
+    pub log_level: LogLevel,
+    /// Seconds between health probes of a ready or not-ready worker.
+    #[arg(long, env = env::HEALTH_CHECK_INTERVAL_SECS, default_value_t = ServeConfig::default().health_check_interval_secs)]
+    pub health_check_interval_secs: u64,
+    /// Seconds before a health probe counts as failed.
+    #[arg(long, env = env::HEALTH_CHECK_TIMEOUT_SECS, default_value_t = ServeConfig::default().health_check_timeout_secs)]
+    pub health_check_timeout_secs: u64,
+    /// Failed probes in a row that take a worker out of rotation (`not_ready`).
+    #[arg(long, env = env::HEALTH_FAILURE_THRESHOLD, default_value_t = ServeConfig::default().health_failure_threshold)]
+    pub health_failure_threshold: u32,
+    /// Successful probes in a row that bring a `not_ready` worker back.
+    #[arg(long, env = env::HEALTH_SUCCESS_THRESHOLD, default_value_t = ServeConfig::default().health_success_threshold)]
+    pub health_success_threshold: u32,
+    /// Path probed on each worker.
+    #[arg(long, env = env::HEALTH_CHECK_ENDPOINT, default_value_t = ServeConfig::default().health_check_endpoint)]
+    pub health_check_endpoint: String,
+    /// No health probes: workers are ready as soon as they are registered.
+    #[arg(long, env = env::DISABLE_HEALTH_CHECK)]
+    pub disable_health_check: bool,
+    /// Milliseconds between probes of a worker that is `pending` or has just failed a probe,
+    /// so new workers join and dead ones leave quickly.
+    #[arg(long, env = env::HEALTH_CHECK_PENDING_INTERVAL_MS, default_value_t = ServeConfig::default().health_check_pending_interval_ms)]
+    pub health_check_pending_interval_ms: u64,
+    /// How many other workers a request may be retried on when its worker cannot be reached
+    /// (only before any response byte; each retry selects again, excluding workers that failed).
+    #[arg(long, env = env::RETRY_MAX_RETRIES, default_value_t = ServeConfig::default().retry_max_retries)]
+    pub retry_max_retries: u32,
+    /// Never retry.
+    #[arg(long, env = env::DISABLE_RETRIES)]
+    pub disable_retries: bool,
+    /// Seconds to let in-flight requests finish on shutdown.
+    #[arg(long, env = env::SHUTDOWN_GRACE_PERIOD_SECS, default_value_t = ServeConfig::default().shutdown_grace_period_secs)]
+    pub shutdown_grace_period_secs: u64,
+    /// Host of the extra Prometheus listener (metrics are always at `/metrics` on the main port).
+    #[arg(long, env = env::PROMETHEUS_HOST, default_value_t = ServeConfig::default().prometheus_host)]
+    pub prometheus_host: String,
+    /// Port of an extra listener serving only `/metrics` (off when absent).
+    #[arg(long, env = env::PROMETHEUS_PORT)]
+    pub prometheus_port: Option<u16>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            host: "0.0.0.0".into(),
+            port: 30000,
+            worker_urls: Vec::new(),
+            policy: PolicyKind::PowerOfTwo,
+            api_key: None,
+            max_payload_size: 512 * 1024 * 1024,
+            request_timeout_secs: 1800,
+            log_level: LogLevel::Info,
+            health_check_interval_secs: 60,
+            health_check_timeout_secs: 5,
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            health_check_endpoint: "/health".into(),
+            disable_health_check: false,
+            health_check_pending_interval_ms: 500,
+            retry_max_retries: 5,
+            disable_retries: false,
+            shutdown_grace_period_secs: 180,
+            prometheus_host: "0.0.0.0".into(),
+            prometheus_port: None,
+        }
+    }
+}
+
+/// A configuration that cannot be used, with every problem found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The `--config` file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The `--config` file is not valid TOML for this struct.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and line).
+        message: String,
+    },
+    /// Merging flags/env over the file failed.
+    #[error("invalid setting: {0}")]
+    Merge(String),
+    /// Values that parse but make no sense together.
+    #[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+    Invalid(Vec<String>),
+}
+
+impl ServeConfig {
+    /// Checks every value; lists all problems, not just the first.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut errs = Vec::new();
+        if self.host.trim().is_empty() {
+            errs.push("host must not be empty".to_string());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for url in &self.worker_urls {
+            match crate::workers::WorkerUrl::parse(url) {
+                Ok(u) if !seen.insert(u.as_str().to_string()) => {
+                    errs.push(format!("worker url {url} is listed twice"))
+                }
+                Ok(_) => {}
+                Err(e) => errs.push(format!("worker url {url:?}: {e}")),
+            }
+        }
+        let positive = [
+            ("max_payload_size", self.max_payload_size as u64),
+            ("request_timeout_secs", self.request_timeout_secs),
+            (
+                "health_check_interval_secs",
+                self.health_check_interval_secs,
+            ),
+            ("health_check_timeout_secs", self.health_check_timeout_secs),
+            (
+                "health_failure_threshold",
+                u64::from(self.health_failure_threshold),
+            ),
+            (
+                "health_success_threshold",
+                u64::from(self.health_success_threshold),
+            ),
+            (
+                "health_check_pending_interval_ms",
+                self.health_check_pending_interval_ms,
+            ),
+            (
+                "shutdown_grace_period_secs",
+                self.shutdown_grace_period_secs,
+            ),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                errs.push(format!("{name} must be at least 1"));
+            }
+        }
+        if !self.health_check_endpoint.starts_with('/') {
+            errs.push(format!(
+                "health_check_endpoint must start with '/', got {:?}",
+                self.health_check_endpoint
+            ));
+        }
+        if self.prometheus_port.is_some()
+            && self.prometheus_port == Some(self.port)
+            && self.port != 0
+        {
+            errs.push("prometheus_port must differ from port".to_string());
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(errs))
+        }
+    }
+
+    /// Merges defaults, the TOML file at `file` (if any), then the environment variables and
+    /// flags that `matches` says were given, then validates. `cli` is `matches` parsed.
+    pub fn resolve(
+        cli: &Self,
+        file: Option<&Path>,
+        matches: &ArgMatches,
+    ) -> Result<Self, ConfigError> {
+        let base = match file {
+            Some(path) => read_toml(path)?,
+            None => Self::default(),
+        };
+        let cfg = overlay_given(base, cli, matches)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The configuration as TOML (what `--print-config` shows; a valid `--config` file).
+    pub fn to_toml(&self) -> String {
+        let mut shown = self.clone();
+        if shown.api_key.is_some() {
+            shown.api_key = Some("<hidden>".into());
+        }
+        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+/// Reads a TOML file into `T`; keys it lacks keep `T`'s defaults (`#[serde(default)]`).
+pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+/// Copies into `base` every field that was given on the command line or in the
+/// environment (per `matches`), taking the value from `given`. Field names and clap ids
+/// are the same (clap derives ids from field names), which is what makes this generic.
+pub fn overlay_given<T>(base: T, given: &T, matches: &ArgMatches) -> Result<T, ConfigError>
+where
+    T: Serialize + DeserializeOwned,
+{
+    let to_value = |v: &T| serde_json::to_value(v).map_err(|e| ConfigError::Merge(e.to_string()));
+    let mut merged = to_value(&base)?;
+    let given = to_value(given)?;
+    if let (Some(merged), Some(given)) = (merged.as_object_mut(), given.as_object()) {
+        for id in matches.ids() {
+            let explicit = matches!(
+                matches.value_source(id.as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            if let (true, Some(v)) = (explicit, given.get(id.as_str())) {
+                merged.insert(id.as_str().to_string(), v.clone());
+            }
+        }
+    }
+    serde_json::from_value(merged).map_err(|e| ConfigError::Merge(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Parser, Debug)]
+    struct Cmd {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        serve: ServeConfig,
+    }
+
+    fn resolve(args: &[&str]) -> Result<ServeConfig, ConfigError> {
+        let matches = Cmd::command()
+            .try_get_matches_from(args)
+            .expect("args parse");
+        let cmd = Cmd::from_arg_matches(&matches).expect("from matches");
+        ServeConfig::resolve(&cmd.serve, cmd.config.as_deref(), &matches)
+    }
+
+    #[test]
+    fn defaults_come_from_the_struct() {
+        assert_eq!(resolve(&["x"]).unwrap(), ServeConfig::default());
+        let help = Cmd::command().render_long_help().to_string();
+        assert!(help.contains("[default: 30000]"), "{help}");
+        assert!(help.contains("[default: power_of_two]"));
+    }
+
+    #[test]
+    fn sglang_router_command_line_is_accepted() {
+        let cfg = resolve(&[
+            "x",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "34001",
+            "--policy",
+            "round_robin",
+            "--worker-urls",
+            "http://127.0.0.1:31001",
+            "http://127.0.0.1:31002",
+            "--api-key",
+            "k",
+            "--max-payload-size",
+            "1024",
+            "--request-timeout-secs",
+            "9",
+            "--log-level",
+            "warn",
+            "--health-check-interval-secs",
+            "10",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+            "--health-check-timeout-secs",
+            "3",
+            "--health-check-endpoint",
+            "/healthz",
+        ])
+        .unwrap();
+        assert_eq!(cfg.port, 34001);
+        assert_eq!(cfg.policy, PolicyKind::RoundRobin);
+        assert_eq!(cfg.worker_urls.len(), 2);
+        assert_eq!(cfg.api_key.as_deref(), Some("k"));
+        assert_eq!((cfg.max_payload_size, cfg.request_timeout_secs), (1024, 9));
+        assert_eq!(cfg.log_level, LogLevel::Warn);
+        assert_eq!(cfg.health_check_interval_secs, 10);
+        assert_eq!(
+            (cfg.health_failure_threshold, cfg.health_success_threshold),
+            (2, 1)
+        );
+        assert_eq!(cfg.health_check_endpoint, "/healthz");
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(
+            &path,
+            "port = 4000\npolicy = \"random\"\nworker_urls = [\"http://a:1\"]\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let cfg = resolve(&["x", "--config", p]).unwrap();
+        assert_eq!(
+            (cfg.port, cfg.policy, cfg.host.as_str()),
+            (4000, PolicyKind::Random, "0.0.0.0")
+        );
+        // A flag beats the file; a flag left at its default does not.
+        let cfg = resolve(&["x", "--config", p, "--port", "5000"]).unwrap();
+        assert_eq!((cfg.port, cfg.policy), (5000, PolicyKind::Random));
+        assert_eq!(cfg.worker_urls, vec!["http://a:1".to_string()]);
+    }
+
+    #[test]
+    fn bad_file_and_bad_values_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "prot = 4000\n").unwrap();
+        let err = resolve(&["x", "--config", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.to_string().contains("prot"), "{err}");
+        let err = resolve(&["x", "--config", "/nonexistent/m.toml"]).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+
+        let err = resolve(&[
+            "x",
+            "--worker-urls",
+            "localhost:8000",
+            "http://a:1",
+            "http://a:1/",
+            "--health-failure-threshold",
+            "0",
+            "--health-check-endpoint",
+            "health",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("localhost:8000"), "{err}");
+        assert!(err.contains("listed twice"), "{err}");
+        assert!(err.contains("health_failure_threshold"), "{err}");
+        assert!(err.contains("health_check_endpoint"), "{err}");
+    }
+
+    #[test]
+    fn toml_round_trip_hides_the_key() {
+        let cfg = ServeConfig {
+            api_key: Some("secret".into()),
+            ..ServeConfig::default()
+        };
+        let text = cfg.to_toml();
+        assert!(!text.contains("secret") && text.contains("<hidden>"));
+        let back: ServeConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.port, cfg.port);
+    }
+}

@@ -1,0 +1,249 @@
+//! The gateway's one error type, classified once: each variant maps to an HTTP status,
+//! an OpenAI error envelope, and who is at fault. The inner cause is logged here; the
+//! client sees a clean message.
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use openapi::error::ErrorResponse;
+
+use crate::select::NoWorker;
+use crate::workers::manager::AddError;
+
+/// Who caused a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something wrong.
+    Client,
+    /// A worker failed or nobody can serve.
+    Upstream,
+    /// The gateway itself.
+    Internal,
+}
+
+/// Everything that can go wrong answering a request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The body is not JSON (the parser's message).
+    #[error("invalid JSON body: {0}")]
+    InvalidJson(String),
+    /// JSON, but not a request this route accepts.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// Body larger than `--max-payload-size`.
+    #[error("request body exceeds the {limit}-byte limit (--max-payload-size)")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// Reading the client's body failed.
+    #[error("could not read the request body: {0}")]
+    ClientBody(String),
+    /// No registered worker serves this model.
+    #[error("no worker serves model '{0}'")]
+    ModelNotFound(String),
+    /// Workers exist but none is ready.
+    #[error("no ready worker{}", .model.as_ref().map(|m| format!(" for model '{m}'")).unwrap_or_default())]
+    NoReadyWorker {
+        /// The model asked for.
+        model: Option<String>,
+    },
+    /// Connecting to the worker failed, or it reset the connection before answering.
+    #[error("worker unreachable")]
+    WorkerUnreachable {
+        /// Worker URL.
+        worker: String,
+        /// Cause (logged, not shown).
+        cause: String,
+    },
+    /// The worker did not answer within `--request-timeout-secs`.
+    #[error("worker did not answer within {secs}s")]
+    WorkerTimeout {
+        /// Worker URL.
+        worker: String,
+        /// The timeout.
+        secs: u64,
+    },
+    /// No such worker id.
+    #[error("no worker with id '{0}'")]
+    WorkerNotFound(String),
+    /// A worker registration that cannot be accepted.
+    #[error("{0}")]
+    InvalidWorker(String),
+    /// URL registered already.
+    #[error("{0}")]
+    DuplicateWorker(String),
+    /// No such route.
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    /// Route exists, method does not.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// A bug or resource failure in the gateway.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl GatewayError {
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            InvalidJson(_) | InvalidRequest(_) | ClientBody(_) | InvalidWorker(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            DuplicateWorker(_) => StatusCode::CONFLICT,
+            NoReadyWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            WorkerUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            WorkerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// `(type, code)` of the envelope.
+    pub fn kind_and_code(&self) -> (&'static str, &'static str) {
+        use GatewayError::*;
+        match self {
+            InvalidJson(_) => ("invalid_request_error", "invalid_json"),
+            InvalidRequest(_) => ("invalid_request_error", "invalid_request"),
+            ClientBody(_) => ("invalid_request_error", "body_read_error"),
+            PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
+            ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            NoReadyWorker { .. } => ("service_unavailable_error", "no_ready_worker"),
+            WorkerUnreachable { .. } => ("upstream_error", "worker_unreachable"),
+            WorkerTimeout { .. } => ("upstream_error", "worker_timeout"),
+            WorkerNotFound(_) => ("not_found_error", "worker_not_found"),
+            InvalidWorker(_) => ("invalid_request_error", "invalid_worker"),
+            DuplicateWorker(_) => ("conflict_error", "worker_exists"),
+            RouteNotFound(_) => ("not_found_error", "route_not_found"),
+            MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
+            Internal(_) => ("server_error", "internal_error"),
+        }
+    }
+
+    /// Who is at fault.
+    pub fn side(&self) -> Side {
+        match self.status().as_u16() {
+            500 => Side::Internal,
+            502..=504 => Side::Upstream,
+            _ => Side::Client,
+        }
+    }
+
+    /// The envelope.
+    pub fn envelope(&self) -> ErrorResponse {
+        let (kind, code) = self.kind_and_code();
+        ErrorResponse::new(self.to_string(), kind, code)
+    }
+}
+
+impl From<NoWorker> for GatewayError {
+    fn from(e: NoWorker) -> Self {
+        match e {
+            NoWorker::UnknownModel(m) => Self::ModelNotFound(m),
+            NoWorker::NoneReady => Self::NoReadyWorker { model: None },
+        }
+    }
+}
+
+impl From<AddError> for GatewayError {
+    fn from(e: AddError) -> Self {
+        match e {
+            AddError::Duplicate(d) => Self::DuplicateWorker(d.to_string()),
+            other => Self::InvalidWorker(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match &self {
+            Self::WorkerUnreachable { worker, cause } => {
+                tracing::warn!(%worker, %cause, "worker unreachable")
+            }
+            Self::WorkerTimeout { worker, secs } => tracing::warn!(%worker, secs, "worker timeout"),
+            Self::Internal(cause) => tracing::error!(%cause, "internal error"),
+            Self::ClientBody(cause) => tracing::debug!(%cause, "client body read failed"),
+            other => tracing::debug!(status = status.as_u16(), error = %other, "request refused"),
+        }
+        let body = serde_json::to_vec(&self.envelope()).unwrap_or_default();
+        let mut resp = Response::new(axum::body::Body::from(Bytes::from(body)));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_has_its_status_and_envelope() {
+        let cases = [
+            (GatewayError::InvalidJson("x".into()), 400, "invalid_json"),
+            (
+                GatewayError::PayloadTooLarge { limit: 3 },
+                413,
+                "payload_too_large",
+            ),
+            (
+                GatewayError::ModelNotFound("m".into()),
+                404,
+                "model_not_found",
+            ),
+            (
+                GatewayError::NoReadyWorker { model: None },
+                503,
+                "no_ready_worker",
+            ),
+            (
+                GatewayError::WorkerUnreachable {
+                    worker: "w".into(),
+                    cause: "secret detail".into(),
+                },
+                502,
+                "worker_unreachable",
+            ),
+            (
+                GatewayError::WorkerTimeout {
+                    worker: "w".into(),
+                    secs: 1,
+                },
+                504,
+                "worker_timeout",
+            ),
+            (
+                GatewayError::DuplicateWorker("d".into()),
+                409,
+                "worker_exists",
+            ),
+            (GatewayError::MethodNotAllowed, 405, "method_not_allowed"),
+        ];
+        for (e, status, code) in cases {
+            assert_eq!(e.status().as_u16(), status);
+            let env = e.envelope();
+            assert_eq!(env.error.code.as_deref(), Some(code));
+            assert!(
+                !env.error.message.contains("secret"),
+                "causes are not shown"
+            );
+        }
+        assert_eq!(
+            GatewayError::WorkerTimeout {
+                worker: "w".into(),
+                secs: 1
+            }
+            .side(),
+            Side::Upstream
+        );
+        assert_eq!(GatewayError::InvalidJson("x".into()).side(), Side::Client);
+    }
+}

@@ -1,0 +1,166 @@
+//! Prometheus metrics: the process-wide recorder (shared with the hosted KV master's
+//! `moongate_master_*` metrics) and the gateway's `moongate_gateway_*` series.
+//!
+//! Hot-path handles are registered once and cached (`OnceLock` per route and status), so
+//! recording a request is two atomic operations and no lookup. Per-worker gauges
+//! (in-flight, ready) are read from the registry when `/metrics` is scraped.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Counter, Histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::workers::Registry;
+
+/// Request duration buckets (seconds, to the response head).
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// Installs the global Prometheus recorder once and returns its handle (later calls return
+/// the same handle). Starts a thread that drains histogram samples every 5 s.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .expect("bucket list is not empty");
+            let handle = match builder.install_recorder() {
+                Ok(h) => h,
+                // Another recorder is installed (e.g. by an embedding program): keep ours
+                // local so `/metrics` still renders the gateway's view.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            };
+            let upkeep = handle.clone();
+            let _ = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                });
+            handle
+        })
+        .clone()
+}
+
+/// A route label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Route {
+    /// `/v1/chat/completions`.
+    ChatCompletions,
+    /// `/v1/completions`.
+    Completions,
+    /// `/generate`.
+    Generate,
+    /// `/v1/models`.
+    Models,
+    /// `/workers...`.
+    Workers,
+    /// `/health`, `/liveness`, `/readiness`.
+    Health,
+    /// `/metrics`, `/openapi.json`.
+    Ops,
+    /// Anything else.
+    Other,
+}
+
+const ROUTES: usize = 8;
+const ROUTE_LABELS: [&str; ROUTES] = [
+    "chat_completions",
+    "completions",
+    "generate",
+    "models",
+    "workers",
+    "health",
+    "ops",
+    "other",
+];
+const STATUSES: [u16; 15] = [
+    200, 201, 202, 204, 400, 404, 405, 409, 413, 422, 429, 500, 502, 503, 504,
+];
+const STATUS_LABELS: [&str; 16] = [
+    "200", "201", "202", "204", "400", "404", "405", "409", "413", "422", "429", "500", "502",
+    "503", "504", "other",
+];
+
+impl Route {
+    /// The route of a request path.
+    pub fn of(path: &str) -> Self {
+        match path {
+            "/v1/chat/completions" => Self::ChatCompletions,
+            "/v1/completions" => Self::Completions,
+            "/generate" => Self::Generate,
+            "/v1/models" => Self::Models,
+            "/health" | "/liveness" | "/readiness" => Self::Health,
+            "/metrics" | "/openapi.json" => Self::Ops,
+            p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,
+            _ => Self::Other,
+        }
+    }
+}
+
+struct Handles {
+    requests: [[OnceLock<Counter>; STATUS_LABELS.len()]; ROUTES],
+    durations: [OnceLock<Histogram>; ROUTES],
+    retries: OnceLock<Counter>,
+}
+
+static HANDLES: Handles = Handles {
+    requests: [const { [const { OnceLock::new() }; STATUS_LABELS.len()] }; ROUTES],
+    durations: [const { OnceLock::new() }; ROUTES],
+    retries: OnceLock::new(),
+};
+
+/// Records one answered request: count by route and status, duration to the response head.
+#[inline]
+pub fn request(route: Route, status: u16, elapsed: Duration) {
+    let r = route as usize;
+    let s = STATUSES
+        .iter()
+        .position(|&x| x == status)
+        .unwrap_or(STATUSES.len());
+    HANDLES.requests[r][s]
+        .get_or_init(|| {
+            metrics::counter!("moongate_gateway_requests_total",
+                "route" => ROUTE_LABELS[r], "status" => STATUS_LABELS[s])
+        })
+        .increment(1);
+    HANDLES.durations[r]
+        .get_or_init(|| metrics::histogram!("moongate_gateway_request_duration_seconds", "route" => ROUTE_LABELS[r]))
+        .record(elapsed.as_secs_f64());
+}
+
+/// Records one retry on another worker.
+pub fn retry() {
+    HANDLES
+        .retries
+        .get_or_init(|| metrics::counter!("moongate_gateway_retries_total"))
+        .increment(1);
+}
+
+/// Renders all metrics, with the per-worker gauges refreshed from `registry`.
+pub fn render(handle: &PrometheusHandle, registry: &Registry) -> String {
+    let set = registry.snapshot();
+    for w in set.iter() {
+        let labels = [
+            ("worker", w.url().as_str().to_string()),
+            ("worker_type", w.worker_type().as_str().to_string()),
+        ];
+        metrics::gauge!("moongate_gateway_worker_in_flight", &labels).set(w.load() as f64);
+        metrics::gauge!("moongate_gateway_worker_ready", &labels).set(if w.is_available() {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    let (ready, total) = registry.counts();
+    metrics::gauge!("moongate_gateway_workers", "state" => "ready").set(ready as f64);
+    metrics::gauge!("moongate_gateway_workers", "state" => "total").set(total as f64);
+    handle.render()
+}

@@ -1,0 +1,147 @@
+//! Inspect: read the request body (up to `--max-payload-size`) and pull out only what
+//! routing needs (`model`, `stream`), borrowing from the bytes. Nothing else is parsed
+//! into values: other fields are skipped by the parser (which still rejects malformed
+//! JSON with its message), and the original bytes are forwarded unchanged.
+
+use std::borrow::Cow;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Deserialize;
+
+use crate::error::GatewayError;
+
+/// The fields routing looks at.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct RoutingFields<'a> {
+    /// `model` (absent or `null`: any model).
+    #[serde(borrow, default)]
+    pub model: Option<Cow<'a, str>>,
+    /// `stream` (absent or `null`: false).
+    #[serde(default)]
+    pub stream: Option<bool>,
+}
+
+impl RoutingFields<'_> {
+    /// The model asked for; an empty string counts as none.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref().filter(|m| !m.is_empty())
+    }
+
+    /// Whether the client asked for a stream.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+}
+
+/// Reads the whole body, refusing more than `limit` bytes (413), by `Content-Length`
+/// up front when the client sends one.
+pub async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(GatewayError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::ClientBody(crate::client::describe(&*e))),
+    }
+}
+
+/// Parses the routing fields of a JSON object body.
+pub fn routing_fields(body: &[u8]) -> Result<RoutingFields<'_>, GatewayError> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(_) => {
+            // Let the parser name the problem if it is not JSON at all.
+            serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                .map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+            return Err(GatewayError::InvalidRequest(
+                "the request body must be a JSON object".into(),
+            ));
+        }
+        None => {
+            return Err(GatewayError::InvalidJson(
+                "empty body (expected a JSON object)".into(),
+            ));
+        }
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            GatewayError::InvalidRequest(format!("invalid request: {e}"))
+        } else {
+            GatewayError::InvalidJson(e.to_string())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_only_model_and_stream() {
+        let body = br#"{"messages":[{"role":"user","content":"hi \"there\""}],"model":"m\u0031","stream":true,"regex":"[a-z]+","n":{"deep":[1,2,{"x":null}]}}"#;
+        let f = routing_fields(body).unwrap();
+        assert_eq!(f.model(), Some("m1"));
+        assert!(f.is_stream());
+        let f = routing_fields(br#"{"text":"x","model":null}"#).unwrap();
+        assert_eq!((f.model(), f.is_stream()), (None, false));
+        assert_eq!(routing_fields(br#" {"model":""}"#).unwrap().model(), None);
+    }
+
+    #[test]
+    fn malformed_json_gets_the_parsers_message() {
+        for (body, code) in [
+            (&br#"{"model":"m","#[..], "invalid_json"),
+            (b"{\"model\": tru}", "invalid_json"),
+            (b"", "invalid_json"),
+            (b"not json", "invalid_json"),
+            (b"[1,2]", "invalid_request"),
+            (br#"{"model":5}"#, "invalid_request"),
+            (br#"{"stream":"yes"}"#, "invalid_request"),
+        ] {
+            let e = routing_fields(body).unwrap_err();
+            assert_eq!(
+                e.kind_and_code().1,
+                code,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            assert_eq!(e.status().as_u16(), 400);
+        }
+        let msg = routing_fields(b"{\"model\": tru}").unwrap_err().to_string();
+        assert!(msg.contains("line 1 column"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn body_limit() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            read_body(Body::from("12345"), &h, 5).await.unwrap(),
+            Bytes::from("12345")
+        );
+        let e = read_body(Body::from("123456"), &h, 5).await.unwrap_err();
+        assert_eq!(e.status().as_u16(), 413);
+        h.insert(header::CONTENT_LENGTH, "999".parse().unwrap());
+        assert_eq!(
+            read_body(Body::from("1"), &h, 5)
+                .await
+                .unwrap_err()
+                .status()
+                .as_u16(),
+            413
+        );
+    }
+}

@@ -1,0 +1,237 @@
+//! Selection: which worker gets a request.
+//!
+//! Candidates are the available (ready, not draining) workers of one [`WorkerType`] that
+//! serve the requested model, minus any that already failed this request. A [`Policy`]
+//! picks one of them without allocating: it counts the candidates, then takes the n-th.
+//! The PD router uses the same function twice (prefill, decode) with its own policies.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use openapi::workers::{WorkerStatus, WorkerType};
+
+use crate::config::PolicyKind;
+use crate::workers::{Worker, registry::WorkerSet};
+
+/// A load-balancing policy with its state (the round-robin cursor).
+#[derive(Debug)]
+pub struct Policy {
+    kind: PolicyKind,
+    cursor: AtomicUsize,
+}
+
+/// Why no worker was selected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoWorker {
+    /// No registered worker of this type serves the model.
+    UnknownModel(String),
+    /// Workers serve it (or any model was asked) but none is available.
+    NoneReady,
+}
+
+/// What a request asks of selection.
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    /// Worker role.
+    pub worker_type: WorkerType,
+    /// The request's `model`, if any.
+    pub model: Option<&'a str>,
+    /// Workers that already failed this request (retries skip them).
+    pub exclude: &'a [Arc<Worker>],
+}
+
+impl<'a> Want<'a> {
+    #[inline]
+    fn admits(&self, w: &Arc<Worker>) -> bool {
+        w.worker_type() == self.worker_type
+            && w.is_available()
+            && w.serves(self.model)
+            && !self.exclude.iter().any(|x| Arc::ptr_eq(x, w))
+    }
+}
+
+impl Policy {
+    /// A fresh policy.
+    pub fn new(kind: PolicyKind) -> Self {
+        Self {
+            kind,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// Which policy this is.
+    pub fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+
+    /// Picks a worker from `set` for `want`.
+    pub fn select(&self, set: &WorkerSet, want: &Want<'_>) -> Result<Arc<Worker>, NoWorker> {
+        let candidates = || set.iter().filter(|w| want.admits(w));
+        let n = candidates().count();
+        let pick = match n {
+            0 => None,
+            1 => candidates().next(),
+            _ => match self.kind {
+                PolicyKind::Random => candidates().nth(rand::random_range(0..n)),
+                PolicyKind::RoundRobin => {
+                    candidates().nth(self.cursor.fetch_add(1, Ordering::Relaxed) % n)
+                }
+                PolicyKind::PowerOfTwo => {
+                    let a = rand::random_range(0..n);
+                    let b = (a + 1 + rand::random_range(0..n - 1)) % n;
+                    let (wa, wb) = (candidates().nth(a), candidates().nth(b));
+                    match (wa, wb) {
+                        (Some(x), Some(y)) => Some(if y.load() < x.load() { y } else { x }),
+                        (x, y) => x.or(y),
+                    }
+                }
+            },
+        };
+        // The set can change between counting and picking; fall back to any candidate.
+        if let Some(w) = pick.or_else(|| candidates().next()) {
+            return Ok(w.clone());
+        }
+        // 503 if there is no worker of this type at all, or one is known to serve the
+        // model, or might (still pending, model not yet discovered); 404 otherwise.
+        let might_serve = |m: &str| {
+            let mut of_type = set
+                .iter()
+                .filter(|w| w.worker_type() == want.worker_type)
+                .peekable();
+            of_type.peek().is_none()
+                || of_type.any(|w| match w.model() {
+                    Some(have) => have.as_str() == m,
+                    None => w.status() == WorkerStatus::Pending,
+                })
+        };
+        match want.model {
+            Some(m) if !might_serve(m) => Err(NoWorker::UnknownModel(m.to_string())),
+            _ => Err(NoWorker::NoneReady),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::{LoadGuard, tests::spec};
+    use tokio_util::sync::CancellationToken;
+
+    fn set(n: usize) -> WorkerSet {
+        (0..n)
+            .map(|i| {
+                let w = Worker::new(
+                    spec(&format!("http://w{i}:1")),
+                    None,
+                    CancellationToken::new(),
+                );
+                w.set_status(WorkerStatus::Ready);
+                w.set_model("m".into());
+                Arc::new(w)
+            })
+            .collect()
+    }
+
+    fn want(model: Option<&str>) -> Want<'_> {
+        Want {
+            worker_type: WorkerType::Regular,
+            model,
+            exclude: &[],
+        }
+    }
+
+    #[test]
+    fn round_robin_cycles_over_available_workers() {
+        let s = set(3);
+        s[1].set_status(WorkerStatus::NotReady);
+        let p = Policy::new(PolicyKind::RoundRobin);
+        let picks: Vec<String> = (0..4)
+            .map(|_| p.select(&s, &want(Some("m"))).unwrap().id().to_string())
+            .collect();
+        assert_eq!(picks, vec![s[0].id(), s[2].id(), s[0].id(), s[2].id()]);
+    }
+
+    #[test]
+    fn power_of_two_prefers_the_less_loaded() {
+        let s = set(2);
+        let _busy: Vec<LoadGuard> = (0..5).map(|_| LoadGuard::new(s[0].clone())).collect();
+        let p = Policy::new(PolicyKind::PowerOfTwo);
+        for _ in 0..20 {
+            assert!(Arc::ptr_eq(&p.select(&s, &want(None)).unwrap(), &s[1]));
+        }
+    }
+
+    #[test]
+    fn random_spreads_and_exclude_is_honoured() {
+        let s = set(3);
+        let p = Policy::new(PolicyKind::Random);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            seen.insert(p.select(&s, &want(None)).unwrap().id().to_string());
+        }
+        assert_eq!(seen.len(), 3);
+        let exclude = [s[0].clone(), s[1].clone()];
+        let w = Want {
+            exclude: &exclude,
+            ..want(None)
+        };
+        for _ in 0..20 {
+            assert!(Arc::ptr_eq(&p.select(&s, &w).unwrap(), &s[2]));
+        }
+    }
+
+    #[test]
+    fn unknown_model_versus_none_ready() {
+        let s = set(2);
+        let p = Policy::new(PolicyKind::RoundRobin);
+        assert_eq!(
+            p.select(&s, &want(Some("other"))).unwrap_err(),
+            NoWorker::UnknownModel("other".into())
+        );
+        for w in &s {
+            w.set_status(WorkerStatus::NotReady);
+        }
+        assert_eq!(
+            p.select(&s, &want(Some("m"))).unwrap_err(),
+            NoWorker::NoneReady
+        );
+        assert_eq!(
+            p.select(&WorkerSet::new(), &want(None)).unwrap_err(),
+            NoWorker::NoneReady
+        );
+        let prefill = Want {
+            worker_type: WorkerType::Prefill,
+            ..want(Some("m"))
+        };
+        assert_eq!(
+            p.select(&s, &prefill).unwrap_err(),
+            NoWorker::NoneReady,
+            "no prefill worker at all"
+        );
+        assert_eq!(
+            p.select(&WorkerSet::new(), &want(Some("m"))).unwrap_err(),
+            NoWorker::NoneReady
+        );
+        // A worker whose model is unknown: pending might serve it (503), not_ready does not (404).
+        let unknown = Arc::new(Worker::new(
+            spec("http://u:1"),
+            None,
+            CancellationToken::new(),
+        ));
+        let s2: WorkerSet = vec![unknown.clone()];
+        assert_eq!(
+            p.select(&s2, &want(Some("x"))).unwrap_err(),
+            NoWorker::NoneReady
+        );
+        unknown.set_status(WorkerStatus::NotReady);
+        assert_eq!(
+            p.select(&s2, &want(Some("x"))).unwrap_err(),
+            NoWorker::UnknownModel("x".into())
+        );
+        unknown.set_status(WorkerStatus::Ready);
+        assert!(
+            p.select(&s2, &want(Some("x"))).is_ok(),
+            "an available worker of unknown model serves any"
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! Inference routes: read and inspect the body, hand it to the router, relay the answer.
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use openapi::error::ErrorResponse;
+use serde_json::json;
+
+use super::AppState;
+use crate::proxy::dispatch::X_REQUEST_ID;
+use crate::proxy::inspect::{read_body, routing_fields};
+use crate::proxy::{Endpoint, Inbound};
+use crate::request_id;
+
+/// Inspects and routes one inference request.
+async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match read_body(body, &parts.headers, st.config().max_payload_size).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let fields = match routing_fields(&body) {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
+    let request_id = parts
+        .headers
+        .get(&X_REQUEST_ID)
+        .cloned()
+        .unwrap_or_else(request_id::mint);
+    let inbound = Inbound {
+        endpoint,
+        parts: &parts,
+        body: body.clone(),
+        fields,
+        request_id,
+    };
+    match st.router().route(inbound).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "inference",
+    request_body(content = Object, description = "OpenAI chat completion request; fields the gateway does not know are passed through"),
+    responses(
+        (status = 200, description = "The worker's answer: JSON, or `text/event-stream` ending with `data: [DONE]`"),
+        (status = 400, description = "Malformed JSON", body = ErrorResponse),
+        (status = 404, description = "No worker serves the model", body = ErrorResponse),
+        (status = 413, description = "Body over --max-payload-size", body = ErrorResponse),
+        (status = 502, description = "Worker unreachable", body = ErrorResponse),
+        (status = 503, description = "No ready worker", body = ErrorResponse),
+        (status = 504, description = "Worker timeout", body = ErrorResponse),
+    ))]
+pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Response {
+    proxy(st, Endpoint::ChatCompletions, req).await
+}
+
+/// OpenAI text completions, proxied.
+#[utoipa::path(post, path = "/v1/completions", tag = "inference",
+    request_body(content = Object, description = "OpenAI completion request; unknown fields are passed through"),
+    responses(
+        (status = 200, description = "The worker's answer (JSON or SSE)"),
+        (status = "4XX", description = "Client error", body = ErrorResponse),
+        (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
+    ))]
+pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
+    proxy(st, Endpoint::Completions, req).await
+}
+
+/// SGLang native generation, proxied.
+#[utoipa::path(post, path = "/generate", tag = "inference",
+    request_body(content = Object, description = "SGLang /generate request (text or input_ids, single or batch)"),
+    responses(
+        (status = 200, description = "The worker's answer (JSON or SSE)"),
+        (status = "4XX", description = "Client error", body = ErrorResponse),
+        (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
+    ))]
+pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
+    proxy(st, Endpoint::Generate, req).await
+}
+
+/// The models served by ready workers (union, de-duplicated).
+#[utoipa::path(get, path = "/v1/models", tag = "inference",
+    responses((status = 200, description = "OpenAI model list", body = Object)))]
+pub async fn models(State(st): State<AppState>) -> Response {
+    let data: Vec<_> = st
+        .registry()
+        .models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "moongate"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}

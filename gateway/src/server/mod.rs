@@ -1,0 +1,199 @@
+//! The HTTP face of `moongate serve`: shared state, the route table with its OpenAPI
+//! description, and the one middleware stack.
+//!
+//! - [`inference`]: the proxied OpenAI/SGLang routes and `/v1/models`.
+//! - [`admin`]: the worker API (`/workers`).
+//! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`, `/openapi.json`.
+//!
+//! [`app`] builds the router for a state; [`app_with`] also mounts another component's
+//! routes (the KV master's REST API) under the same middleware and OpenAPI document.
+
+pub mod admin;
+pub mod inference;
+pub mod ops;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::client::HttpClient;
+use crate::config::ServeConfig;
+use crate::error::GatewayError;
+use crate::proxy::RegularRouter;
+use crate::proxy::dispatch::{Dispatcher, X_REQUEST_ID};
+use crate::select::Policy;
+use crate::workers::{Registry, WorkerManager};
+use crate::{metrics, request_id};
+
+/// Everything handlers share (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct AppState(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    config: ServeConfig,
+    manager: WorkerManager,
+    router: RegularRouter,
+    client: HttpClient,
+    prometheus: PrometheusHandle,
+    cancel: CancellationToken,
+}
+
+impl AppState {
+    /// Builds the state for `config` (must run inside a tokio runtime; registers nothing
+    /// yet: see [`AppState::add_static_workers`]).
+    pub fn new(config: ServeConfig) -> Self {
+        let prometheus = metrics::install();
+        let cancel = CancellationToken::new();
+        let client = HttpClient::new();
+        let registry = Arc::new(Registry::new());
+        let manager = WorkerManager::new(registry.clone(), client.clone(), &config, cancel.clone());
+        let retries = if config.disable_retries {
+            0
+        } else {
+            config.retry_max_retries
+        };
+        let router = RegularRouter::new(
+            registry,
+            Policy::new(config.policy),
+            Dispatcher::new(
+                client.clone(),
+                Duration::from_secs(config.request_timeout_secs),
+            ),
+            retries,
+        );
+        Self(Arc::new(Inner {
+            config,
+            manager,
+            router,
+            client,
+            prometheus,
+            cancel,
+        }))
+    }
+
+    /// Registers the configured `--worker-urls`.
+    pub fn add_static_workers(&self) -> Result<(), crate::workers::manager::AddError> {
+        self.0.manager.add_static(&self.0.config.worker_urls)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServeConfig {
+        &self.0.config
+    }
+
+    /// The worker control plane.
+    pub fn workers(&self) -> &WorkerManager {
+        &self.0.manager
+    }
+
+    /// The worker registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        self.0.manager.registry()
+    }
+
+    /// The regular-mode router.
+    pub fn router(&self) -> &RegularRouter {
+        &self.0.router
+    }
+
+    /// The pooled upstream client (for routers added beside the regular one).
+    pub fn client(&self) -> &HttpClient {
+        &self.0.client
+    }
+
+    /// The Prometheus handle.
+    pub fn prometheus(&self) -> &PrometheusHandle {
+        &self.0.prometheus
+    }
+
+    /// Cancelled at shutdown; stops every health loop.
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.0.cancel
+    }
+}
+
+/// The gateway's OpenAPI document (info and tags; paths come from the routes).
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Moongate", description = "OpenAI-compatible gateway for SGLang workers."),
+    tags(
+        (name = "inference", description = "OpenAI and SGLang inference routes, proxied to workers"),
+        (name = "workers", description = "Worker registration and status"),
+        (name = "ops", description = "Health, readiness, metrics")
+    )
+)]
+pub struct GatewayApi;
+
+/// The gateway's routes with their OpenAPI descriptions, before state is applied.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(GatewayApi::openapi())
+        .routes(routes!(inference::chat_completions))
+        .routes(routes!(inference::completions))
+        .routes(routes!(inference::generate))
+        .routes(routes!(inference::models))
+        .routes(routes!(admin::list_workers, admin::create_worker))
+        .routes(routes!(
+            admin::get_worker,
+            admin::update_worker,
+            admin::delete_worker
+        ))
+        .routes(routes!(ops::health))
+        .routes(routes!(ops::liveness))
+        .routes(routes!(ops::readiness))
+        .routes(routes!(ops::metrics))
+}
+
+/// The complete gateway application.
+pub fn app(state: AppState) -> Router {
+    app_with(state, OpenApiRouter::new())
+}
+
+/// The gateway application plus `extra` routes (e.g. the KV master's REST API), served
+/// under the same middleware and described in the same `/openapi.json`.
+pub fn app_with(state: AppState, extra: OpenApiRouter) -> Router {
+    let (router, doc) = api_routes()
+        .with_state(state)
+        .merge(extra)
+        .split_for_parts();
+    let doc = Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || ops::openapi_json(doc.clone())),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(front))
+}
+
+/// The middleware stack, one layer: request id (kept or minted, forwarded, echoed),
+/// metrics (count by route and status, time to response head), debug log line.
+async fn front(mut req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let route = metrics::Route::of(req.uri().path());
+    let id = request_id::ensure(req.headers_mut());
+    let mut resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    metrics::request(route, status, start.elapsed());
+    tracing::debug!(request_id = ?id, status, route = ?route, elapsed_us = start.elapsed().as_micros() as u64, "request");
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    resp
+}
+
+async fn not_found(req: Request) -> Response {
+    GatewayError::RouteNotFound(format!("{} {}", req.method(), req.uri().path())).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    GatewayError::MethodNotAllowed.into_response()
+}

@@ -1,0 +1,77 @@
+//! Operations routes: liveness, readiness, Prometheus metrics, the OpenAPI document.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, header};
+use openapi::error::ErrorResponse;
+use openapi::workers::HealthStatus;
+
+use super::AppState;
+use crate::error::GatewayError;
+
+fn status(st: &AppState, word: &str) -> HealthStatus {
+    let (ready, total) = st.registry().counts();
+    HealthStatus {
+        status: word.into(),
+        ready_workers: ready,
+        total_workers: total,
+    }
+}
+
+/// The process is up (sglang-router's `/health`).
+#[utoipa::path(get, path = "/health", tag = "ops",
+    responses((status = 200, description = "Alive", body = HealthStatus)))]
+pub async fn health(State(st): State<AppState>) -> Json<HealthStatus> {
+    Json(status(&st, "alive"))
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/liveness", tag = "ops",
+    responses((status = 200, description = "Alive", body = HealthStatus)))]
+pub async fn liveness(State(st): State<AppState>) -> Json<HealthStatus> {
+    Json(status(&st, "alive"))
+}
+
+/// Ready when at least one worker is ready; 503 until then.
+#[utoipa::path(get, path = "/readiness", tag = "ops",
+    responses(
+        (status = 200, description = "At least one worker is ready", body = HealthStatus),
+        (status = 503, description = "No ready worker", body = ErrorResponse),
+    ))]
+pub async fn readiness(State(st): State<AppState>) -> Response {
+    let s = status(&st, "ready");
+    if s.ready_workers == 0 {
+        return GatewayError::NoReadyWorker { model: None }.into_response();
+    }
+    Json(s).into_response()
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
+pub async fn metrics(State(st): State<AppState>) -> Response {
+    let text = crate::metrics::render(st.prometheus(), st.registry());
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The OpenAPI document of every route served.
+pub async fn openapi_json(doc: Arc<String>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        (*doc).clone(),
+    )
+        .into_response()
+}

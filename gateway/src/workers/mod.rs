@@ -1,0 +1,478 @@
+//! The worker set: who the workers are, their state, and the swappable set requests are
+//! routed over.
+//!
+//! - [`Worker`]: one backend (URL, type, model, health status, in-flight load, api key).
+//! - [`Registry`]: the current set of workers, an atomically swapped snapshot; readers on
+//!   the request path never lock.
+//! - [`health`]: the per-worker probe loop and its `pending -> ready <-> not_ready` rules.
+//! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`.
+//! - [`manager`]: the control plane tying them together (add, update, drain, remove).
+
+pub mod discovery;
+pub mod health;
+pub mod manager;
+pub mod registry;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwapOption;
+use http::HeaderValue;
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use openapi::workers::{WorkerHealth, WorkerInfo, WorkerStatus, WorkerType};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use manager::WorkerManager;
+pub use registry::Registry;
+
+/// A worker base URL: `http://host[:port][/prefix]`, normalized (no trailing slash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerUrl {
+    text: String,
+    authority: Authority,
+    prefix: String,
+}
+
+/// Why a worker URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    /// Not a URL at all.
+    #[error("not a valid URL: {0}")]
+    Syntax(String),
+    /// `host:port` without `http://`.
+    #[error("missing scheme (expected http://host:port)")]
+    NoScheme,
+    /// `https://`, `grpc://` ...
+    #[error("unsupported scheme {0:?} (workers are reached over plain http://)")]
+    Scheme(String),
+    /// `http://` with nothing after it, or `http://:80`.
+    #[error("missing host")]
+    NoHost,
+    /// `?a=b` or `#x`.
+    #[error("a worker URL cannot carry a query")]
+    Query,
+}
+
+impl WorkerUrl {
+    /// Parses and normalizes a worker URL; only `http` is accepted.
+    pub fn parse(raw: &str) -> Result<Self, UrlError> {
+        let raw = raw.trim();
+        let uri: Uri = raw
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| UrlError::Syntax(e.to_string()))?;
+        match uri.scheme_str() {
+            None => return Err(UrlError::NoScheme),
+            Some(s) if s.eq_ignore_ascii_case("http") => {}
+            Some(s) => return Err(UrlError::Scheme(s.to_string())),
+        }
+        let authority = uri.authority().cloned().ok_or(UrlError::NoHost)?;
+        if authority.host().is_empty() || authority.as_str().contains('@') {
+            return Err(UrlError::NoHost);
+        }
+        if uri.query().is_some() || raw.contains('#') {
+            return Err(UrlError::Query);
+        }
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        let text = format!(
+            "http://{}{}",
+            authority.as_str().to_ascii_lowercase(),
+            prefix
+        );
+        Ok(Self {
+            text,
+            authority,
+            prefix,
+        })
+    }
+
+    /// The normalized URL.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// `host:port`.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The URI of `path_and_query` (which starts with `/`) on this worker.
+    pub fn join(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        let pq: PathAndQuery = if self.prefix.is_empty() {
+            PathAndQuery::try_from(path_and_query)?
+        } else {
+            PathAndQuery::try_from(format!("{}{}", self.prefix, path_and_query))?
+        };
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+    }
+}
+
+/// What registering a worker needs (the admin API's `CreateWorkerRequest`, validated).
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Base URL.
+    pub url: WorkerUrl,
+    /// Role.
+    pub worker_type: WorkerType,
+    /// Prefill bootstrap port.
+    pub bootstrap_port: Option<u16>,
+    /// Known model, if given.
+    pub model_id: Option<String>,
+    /// The worker's own api key.
+    pub api_key: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Priority.
+    pub priority: u32,
+}
+
+/// Default priority of a worker registered without one.
+pub const DEFAULT_PRIORITY: u32 = 50;
+
+const PENDING: u8 = 0;
+const READY: u8 = 1;
+const NOT_READY: u8 = 2;
+
+/// One backend worker. Shared (`Arc`) by the registry, the health loop and every request
+/// routed to it; the request path touches only atomics.
+#[derive(Debug)]
+pub struct Worker {
+    id: String,
+    url: WorkerUrl,
+    worker_type: WorkerType,
+    bootstrap_port: Option<u16>,
+    model: ArcSwapOption<String>,
+    status: AtomicU8,
+    in_flight: AtomicUsize,
+    draining: AtomicBool,
+    own_key: AtomicBool,
+    bearer: ArcSwapOption<HeaderValue>,
+    admin: Mutex<AdminFields>,
+    health: Mutex<WorkerHealth>,
+    drained: Notify,
+    probe_now: Notify,
+    cancel: CancellationToken,
+}
+
+#[derive(Debug)]
+struct AdminFields {
+    labels: BTreeMap<String, String>,
+    priority: u32,
+}
+
+impl Worker {
+    /// A new worker in `pending` state. `default_key` is the gateway's `--api-key`, used
+    /// when the spec has none. `cancel` stops the worker's background tasks.
+    pub fn new(spec: WorkerSpec, default_key: Option<&str>, cancel: CancellationToken) -> Self {
+        let w = Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            url: spec.url,
+            worker_type: spec.worker_type,
+            bootstrap_port: spec.bootstrap_port,
+            model: ArcSwapOption::new(spec.model_id.map(Arc::new)),
+            status: AtomicU8::new(PENDING),
+            in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            own_key: AtomicBool::new(false),
+            bearer: ArcSwapOption::empty(),
+            admin: Mutex::new(AdminFields {
+                labels: spec.labels,
+                priority: spec.priority,
+            }),
+            health: Mutex::new(WorkerHealth::default()),
+            drained: Notify::new(),
+            probe_now: Notify::new(),
+            cancel,
+        };
+        w.set_api_key(spec.api_key.as_deref(), default_key);
+        w
+    }
+
+    /// Gateway-assigned id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Base URL.
+    pub fn url(&self) -> &WorkerUrl {
+        &self.url
+    }
+
+    /// Role.
+    pub fn worker_type(&self) -> WorkerType {
+        self.worker_type
+    }
+
+    /// Prefill bootstrap port.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap_port
+    }
+
+    /// The served model, once known.
+    pub fn model(&self) -> Option<Arc<String>> {
+        self.model.load_full()
+    }
+
+    /// Records the served model (discovery).
+    pub fn set_model(&self, model: String) {
+        self.model.store(Some(Arc::new(model)));
+    }
+
+    /// Whether this worker can serve `model` (`None`: any). A worker whose model is not
+    /// known (its discovery failed) serves any model.
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        match (model, &*self.model.load()) {
+            (Some(want), Some(have)) => want == have.as_str(),
+            _ => true,
+        }
+    }
+
+    /// Health life-cycle state.
+    pub fn status(&self) -> WorkerStatus {
+        match self.status.load(Ordering::Acquire) {
+            PENDING => WorkerStatus::Pending,
+            READY => WorkerStatus::Ready,
+            _ => WorkerStatus::NotReady,
+        }
+    }
+
+    /// Sets the health life-cycle state.
+    pub fn set_status(&self, s: WorkerStatus) {
+        let v = match s {
+            WorkerStatus::Pending => PENDING,
+            WorkerStatus::Ready => READY,
+            WorkerStatus::NotReady => NOT_READY,
+        };
+        self.status.store(v, Ordering::Release);
+    }
+
+    /// Ready and not draining: may take a new request.
+    #[inline]
+    pub fn is_available(&self) -> bool {
+        self.status.load(Ordering::Acquire) == READY && !self.draining.load(Ordering::Acquire)
+    }
+
+    /// Requests in flight.
+    #[inline]
+    pub fn load(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Being removed.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The `Authorization` header value to send, if any.
+    #[inline]
+    pub fn bearer(&self) -> Option<Arc<HeaderValue>> {
+        self.bearer.load_full()
+    }
+
+    /// Sets (rotates) the worker's own api key; `None` falls back to `default_key`.
+    pub fn set_api_key(&self, own: Option<&str>, default_key: Option<&str>) {
+        self.own_key.store(own.is_some(), Ordering::Release);
+        let header = own
+            .or(default_key)
+            .and_then(|k| HeaderValue::try_from(format!("Bearer {k}")).ok())
+            .map(|mut h| {
+                h.set_sensitive(true);
+                Arc::new(h)
+            });
+        self.bearer.store(header);
+    }
+
+    /// Replaces labels and/or priority.
+    pub fn update_admin(&self, labels: Option<BTreeMap<String, String>>, priority: Option<u32>) {
+        let mut a = self.admin.lock();
+        if let Some(l) = labels {
+            a.labels = l;
+        }
+        if let Some(p) = priority {
+            a.priority = p;
+        }
+    }
+
+    /// Health probe details (for the admin API), mutable by the health loop.
+    pub fn health(&self) -> parking_lot::MutexGuard<'_, WorkerHealth> {
+        self.health.lock()
+    }
+
+    /// Asks the health loop for a probe now (e.g. after a connection failure).
+    pub fn request_probe(&self) {
+        self.probe_now.notify_one();
+    }
+
+    /// Stops this worker's background tasks.
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    pub(crate) fn probe_requested(&self) -> &Notify {
+        &self.probe_now
+    }
+
+    /// Marks the worker draining and waits until nothing is in flight.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        while self.in_flight.load(Ordering::Acquire) > 0 {
+            let notified = self.drained.notified();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            notified.await;
+        }
+    }
+
+    /// The admin API view.
+    pub fn info(&self) -> WorkerInfo {
+        let admin = self.admin.lock();
+        WorkerInfo {
+            id: self.id.clone(),
+            url: self.url.as_str().to_string(),
+            worker_type: self.worker_type,
+            bootstrap_port: self.bootstrap_port,
+            model_id: self.model().map(|m| m.to_string()),
+            labels: admin.labels.clone(),
+            priority: admin.priority,
+            status: self.status(),
+            health: self.health.lock().clone(),
+            load: self.load() as u64,
+            draining: self.is_draining(),
+            has_api_key: self.own_key.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Counts one request in flight on a worker for as long as it lives: created when a
+/// request is dispatched, dropped when its response body ends or the client goes away.
+#[derive(Debug)]
+pub struct LoadGuard(Arc<Worker>);
+
+impl LoadGuard {
+    /// Counts one more request on `worker`.
+    #[inline]
+    pub fn new(worker: Arc<Worker>) -> Self {
+        worker.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(worker)
+    }
+
+    /// The worker this guard counts on.
+    #[inline]
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.0
+    }
+}
+
+impl Drop for LoadGuard {
+    #[inline]
+    fn drop(&mut self) {
+        let before = self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if before == 1 && self.0.draining.load(Ordering::Acquire) {
+            self.0.drained.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn spec(url: &str) -> WorkerSpec {
+        WorkerSpec {
+            url: WorkerUrl::parse(url).unwrap(),
+            worker_type: WorkerType::Regular,
+            bootstrap_port: None,
+            model_id: None,
+            api_key: None,
+            labels: BTreeMap::new(),
+            priority: DEFAULT_PRIORITY,
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_and_normalized() {
+        let u = WorkerUrl::parse("http://LocalHost:8000/").unwrap();
+        assert_eq!(u.as_str(), "http://localhost:8000");
+        assert_eq!(
+            u.join("/v1/models?x=1").unwrap().to_string(),
+            "http://LocalHost:8000/v1/models?x=1"
+        );
+        let p = WorkerUrl::parse("http://h:1/sgl/").unwrap();
+        assert_eq!(
+            p.join("/generate").unwrap().to_string(),
+            "http://h:1/sgl/generate"
+        );
+        assert_eq!(
+            WorkerUrl::parse("localhost:8000").unwrap_err(),
+            UrlError::NoScheme
+        );
+        assert_eq!(
+            WorkerUrl::parse("/just/a/path").unwrap_err(),
+            UrlError::NoScheme
+        );
+        assert!(matches!(
+            WorkerUrl::parse("https://h:1"),
+            Err(UrlError::Scheme(_))
+        ));
+        assert!(matches!(
+            WorkerUrl::parse("http://"),
+            Err(UrlError::Syntax(_) | UrlError::NoHost)
+        ));
+        assert!(matches!(WorkerUrl::parse(""), Err(UrlError::Syntax(_))));
+        assert_eq!(
+            WorkerUrl::parse("http://h:1/?a=b").unwrap_err(),
+            UrlError::Query
+        );
+        assert!(WorkerUrl::parse("http://[::1]:8000").is_ok());
+    }
+
+    #[test]
+    fn guard_counts_and_model_matching() {
+        let w = Arc::new(Worker::new(
+            spec("http://a:1"),
+            Some("gk"),
+            CancellationToken::new(),
+        ));
+        assert_eq!(w.bearer().unwrap().to_str().unwrap(), "Bearer gk");
+        assert!(!w.info().has_api_key);
+        w.set_api_key(Some("own"), Some("gk"));
+        assert_eq!(w.bearer().unwrap().to_str().unwrap(), "Bearer own");
+        assert!(w.serves(Some("anything")), "unknown model serves any");
+        w.set_model("m".into());
+        assert!(w.serves(Some("m")) && !w.serves(Some("x")) && w.serves(None));
+        let g1 = LoadGuard::new(w.clone());
+        let g2 = LoadGuard::new(w.clone());
+        assert_eq!(w.load(), 2);
+        drop(g1);
+        assert_eq!(w.load(), 1);
+        drop(g2);
+        assert_eq!(w.info().load, 0);
+        assert!(!w.is_available());
+        w.set_status(WorkerStatus::Ready);
+        assert!(w.is_available());
+    }
+
+    #[tokio::test]
+    async fn drain_waits_for_in_flight() {
+        let w = Arc::new(Worker::new(
+            spec("http://a:1"),
+            None,
+            CancellationToken::new(),
+        ));
+        w.set_status(WorkerStatus::Ready);
+        let g = LoadGuard::new(w.clone());
+        let w2 = w.clone();
+        let t = tokio::spawn(async move { w2.drain().await });
+        tokio::task::yield_now().await;
+        assert!(w.is_draining() && !w.is_available() && !t.is_finished());
+        drop(g);
+        t.await.unwrap();
+    }
+}

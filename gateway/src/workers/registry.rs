@@ -1,0 +1,148 @@
+//! The registry: the current set of workers as an immutable snapshot swapped atomically on
+//! every change. The request path loads the snapshot (no lock) and reads worker atomics;
+//! only registration and removal take the writer lock.
+
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Guard};
+use parking_lot::Mutex;
+
+use super::Worker;
+
+/// The set of workers.
+pub type WorkerSet = Vec<Arc<Worker>>;
+
+/// Registering a worker whose URL is taken.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("worker {url} is already registered (id {id})")]
+pub struct Duplicate {
+    /// The URL.
+    pub url: String,
+    /// The id of the worker that has it.
+    pub id: String,
+}
+
+/// The current set of workers (see the module doc).
+#[derive(Debug, Default)]
+pub struct Registry {
+    set: ArcSwap<WorkerSet>,
+    write: Mutex<()>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current snapshot (cheap; do not hold it across long awaits).
+    #[inline]
+    pub fn snapshot(&self) -> Guard<Arc<WorkerSet>> {
+        self.set.load()
+    }
+
+    /// The current snapshot as an owned `Arc`.
+    pub fn list(&self) -> Arc<WorkerSet> {
+        self.set.load_full()
+    }
+
+    /// Adds a worker unless its URL is registered already.
+    pub fn insert(&self, worker: Arc<Worker>) -> Result<(), Duplicate> {
+        let _w = self.write.lock();
+        let cur = self.set.load();
+        if let Some(other) = cur.iter().find(|w| w.url() == worker.url()) {
+            return Err(Duplicate {
+                url: other.url().as_str().to_string(),
+                id: other.id().to_string(),
+            });
+        }
+        let mut next = WorkerSet::with_capacity(cur.len() + 1);
+        next.extend(cur.iter().cloned());
+        next.push(worker);
+        self.set.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// The worker with this id.
+    pub fn get(&self, id: &str) -> Option<Arc<Worker>> {
+        self.set.load().iter().find(|w| w.id() == id).cloned()
+    }
+
+    /// Removes the worker with this id and returns it.
+    pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
+        let _w = self.write.lock();
+        let cur = self.set.load();
+        let gone = cur.iter().find(|w| w.id() == id).cloned()?;
+        let next: WorkerSet = cur.iter().filter(|w| w.id() != id).cloned().collect();
+        self.set.store(Arc::new(next));
+        Some(gone)
+    }
+
+    /// The sorted, de-duplicated models of the available (ready, not draining) workers.
+    pub fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self
+            .snapshot()
+            .iter()
+            .filter(|w| w.is_available())
+            .filter_map(|w| w.model().map(|m| m.to_string()))
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        models
+    }
+
+    /// `(available, total)` worker counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let s = self.snapshot();
+        (s.iter().filter(|w| w.is_available()).count(), s.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::tests::spec;
+    use openapi::workers::WorkerStatus;
+    use tokio_util::sync::CancellationToken;
+
+    fn worker(url: &str) -> Arc<Worker> {
+        Arc::new(Worker::new(spec(url), None, CancellationToken::new()))
+    }
+
+    #[test]
+    fn insert_get_remove_and_duplicates() {
+        let r = Registry::new();
+        let a = worker("http://a:1");
+        r.insert(a.clone()).unwrap();
+        r.insert(worker("http://b:1")).unwrap();
+        let dup = r.insert(worker("http://a:1/")).unwrap_err();
+        assert_eq!(dup.id, a.id());
+        assert_eq!(r.list().len(), 2);
+        assert!(Arc::ptr_eq(&r.get(a.id()).unwrap(), &a));
+        let before = r.snapshot();
+        assert!(r.remove(a.id()).is_some());
+        assert!(r.remove(a.id()).is_none());
+        assert_eq!(before.len(), 2, "an old snapshot is unchanged");
+        assert_eq!(r.list().len(), 1);
+    }
+
+    #[test]
+    fn models_are_the_union_of_available_workers() {
+        let r = Registry::new();
+        for (url, m) in [
+            ("http://a:1", "m1"),
+            ("http://b:1", "m2"),
+            ("http://c:1", "m1"),
+            ("http://d:1", "m3"),
+        ] {
+            let w = worker(url);
+            w.set_model(m.into());
+            if m != "m3" {
+                w.set_status(WorkerStatus::Ready);
+            }
+            r.insert(w).unwrap();
+        }
+        assert_eq!(r.models(), vec!["m1".to_string(), "m2".to_string()]);
+        assert_eq!(r.counts(), (3, 4));
+    }
+}

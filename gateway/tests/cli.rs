@@ -1,0 +1,103 @@
+//! The `moongate` binary as a user starts it: configuration precedence (defaults < TOML
+//! file < `MOONGATE_*` environment < flags) and validation errors.
+
+use std::process::Command;
+
+fn moongate() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moongate"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOONGATE_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+fn print_config(c: &mut Command) -> String {
+    let out = c.output().expect("run moongate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+#[test]
+fn file_env_and_flags_merge_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("moongate.toml");
+    std::fs::write(
+        &file,
+        "port = 1111\npolicy = \"random\"\nrequest_timeout_secs = 7\nlog_level = \"debug\"\n",
+    )
+    .unwrap();
+    let out = print_config(
+        moongate()
+            .args(["serve", "--print-config", "--config"])
+            .arg(&file)
+            .args(["--port", "3333"])
+            .env("MOONGATE_PORT", "2222")
+            .env("MOONGATE_POLICY", "round_robin")
+            .env("MOONGATE_WORKER_URLS", "http://a:1,http://b:2"),
+    );
+    assert!(out.contains("port = 3333"), "flag wins: {out}");
+    assert!(
+        out.contains("policy = \"round_robin\""),
+        "env beats file: {out}"
+    );
+    assert!(
+        out.contains("request_timeout_secs = 7"),
+        "file beats default: {out}"
+    );
+    assert!(out.contains("log_level = \"debug\""), "{out}");
+    assert!(
+        out.contains("worker_urls = [\"http://a:1\", \"http://b:2\"]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("health_check_interval_secs = 60"),
+        "default: {out}"
+    );
+}
+
+#[test]
+fn invalid_settings_fail_before_start_with_every_problem() {
+    let out = moongate()
+        .args([
+            "serve",
+            "--worker-urls",
+            "nohost:1",
+            "--health-success-threshold",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nohost:1") && err.contains("health_success_threshold"),
+        "{err}"
+    );
+    let out = moongate()
+        .args(["serve", "--policy", "cache_aware"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("power_of_two"));
+}
+
+#[test]
+fn help_shows_defaults_from_the_config_struct() {
+    let out = moongate().args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "[default: 30000]",
+        "[default: 1800]",
+        "[default: 536870912]",
+        "MOONGATE_PORT",
+        "--worker-urls",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}

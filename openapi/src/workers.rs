@@ -1,0 +1,226 @@
+//! Worker admin API types: `POST/GET /workers`, `GET/PATCH/DELETE /workers/{id}`.
+//!
+//! A worker is one SGLang server (or `moongate sim-worker`) behind the gateway. Its
+//! `status` follows the health checker: `pending` until the first probe succeeds, then
+//! `ready` and `not_ready` as probes cross the failure and success thresholds. Only
+//! `ready`, non-draining workers receive traffic.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
+
+/// The role a worker plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerType {
+    /// Serves whole requests (prefill and decode in one server).
+    #[default]
+    Regular,
+    /// Runs the prefill half of a disaggregated request and serves KV pages from its
+    /// bootstrap server.
+    Prefill,
+    /// Runs the decode half of a disaggregated request.
+    Decode,
+}
+
+impl WorkerType {
+    /// The wire name (`regular`, `prefill`, `decode`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Regular => "regular",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+/// Where a worker is in its health life cycle: `pending -> ready <-> not_ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerStatus {
+    /// Registered, no health probe has succeeded yet.
+    Pending,
+    /// Healthy: receives traffic.
+    Ready,
+    /// Failed `health_failure_threshold` probes in a row; back to ready after
+    /// `health_success_threshold` successes in a row.
+    NotReady,
+}
+
+impl WorkerStatus {
+    /// The wire name (`pending`, `ready`, `not_ready`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Ready => "ready",
+            Self::NotReady => "not_ready",
+        }
+    }
+}
+
+/// `POST /workers`: register a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkerRequest {
+    /// Base URL with scheme and host, e.g. `http://10.0.0.5:30001`.
+    pub url: String,
+    /// `regular` (default), `prefill` or `decode`.
+    #[serde(default)]
+    pub worker_type: WorkerType,
+    /// Prefill workers only: the port of the worker's bootstrap server (KV handoff);
+    /// `null` when the worker does not run one.
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+    /// The model this worker serves; discovered from the worker's `/v1/models` or
+    /// `/get_model_info` when absent.
+    #[serde(default)]
+    pub model_id: Option<String>,
+    /// Sent to the worker as `Authorization: Bearer <api_key>`; defaults to the gateway's
+    /// `--api-key`. Never echoed back.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// Free-form labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Priority (higher is preferred by priority-aware policies); default 50.
+    #[serde(default)]
+    pub priority: Option<u32>,
+}
+
+/// `PATCH /workers/{id}`: change a worker's labels, priority or api key. Absent fields are
+/// left as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWorkerRequest {
+    /// Replaces all labels.
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// New priority.
+    #[serde(default)]
+    pub priority: Option<u32>,
+    /// A new api key (rotation); `null` removes the worker's own key so the gateway's
+    /// `--api-key` (if any) applies again.
+    #[serde(
+        default,
+        deserialize_with = "present_or_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub api_key: Option<Option<String>>,
+}
+
+/// Distinguishes a field set to `null` (`Some(None)`) from an absent one (`None`).
+fn present_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+/// Health probe details of a worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerHealth {
+    /// Failed probes in a row.
+    pub consecutive_failures: u32,
+    /// Successful probes in a row.
+    pub consecutive_successes: u32,
+    /// Why the last failed probe failed (cleared by a success).
+    pub last_error: Option<String>,
+    /// When the last probe finished, in milliseconds since the Unix epoch.
+    pub last_checked_unix_ms: Option<u64>,
+}
+
+/// A worker as the admin API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerInfo {
+    /// The gateway-assigned id (used in `/workers/{id}`).
+    pub id: String,
+    /// Base URL.
+    pub url: String,
+    /// `regular`, `prefill` or `decode`.
+    pub worker_type: WorkerType,
+    /// Prefill workers: bootstrap server port.
+    pub bootstrap_port: Option<u16>,
+    /// The served model (given at registration or discovered); `null` until known.
+    pub model_id: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Priority.
+    pub priority: u32,
+    /// Health life-cycle state.
+    pub status: WorkerStatus,
+    /// Health probe details.
+    pub health: WorkerHealth,
+    /// Requests in flight on this worker right now (released when a response body ends
+    /// or its client goes away).
+    pub load: u64,
+    /// Being removed: gets no new requests, in-flight ones finish first.
+    pub draining: bool,
+    /// Whether an api key is sent to this worker (the key itself is never shown).
+    pub has_api_key: bool,
+}
+
+/// `GET /workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerList {
+    /// Every registered worker, in registration order.
+    pub workers: Vec<WorkerInfo>,
+    /// Number of workers.
+    pub total: usize,
+    /// Number of `ready` workers.
+    pub ready: usize,
+}
+
+/// `GET /health`, `GET /liveness` and `GET /readiness` (when ready).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HealthStatus {
+    /// `alive` (liveness) or `ready` (readiness).
+    pub status: String,
+    /// Workers that are ready and not draining.
+    pub ready_workers: usize,
+    /// All registered workers.
+    pub total_workers: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_defaults_and_rejects_unknown_fields() {
+        let r: CreateWorkerRequest = serde_json::from_str(r#"{"url":"http://w:1"}"#).unwrap();
+        assert_eq!(r.worker_type, WorkerType::Regular);
+        assert!(r.labels.is_empty() && r.priority.is_none() && r.bootstrap_port.is_none());
+        let r: CreateWorkerRequest = serde_json::from_str(
+            r#"{"url":"http://p:1","worker_type":"prefill","bootstrap_port":8998}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.worker_type, r.bootstrap_port),
+            (WorkerType::Prefill, Some(8998))
+        );
+        assert!(serde_json::from_str::<CreateWorkerRequest>(r#"{"url":"x","urll":"y"}"#).is_err());
+        assert!(
+            serde_json::from_str::<CreateWorkerRequest>(r#"{"url":"x","worker_type":"both"}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn update_tells_null_from_absent() {
+        let u: UpdateWorkerRequest = serde_json::from_str(r#"{"priority":3}"#).unwrap();
+        assert_eq!(u.api_key, None);
+        let u: UpdateWorkerRequest = serde_json::from_str(r#"{"api_key":null}"#).unwrap();
+        assert_eq!(u.api_key, Some(None));
+        let u: UpdateWorkerRequest = serde_json::from_str(r#"{"api_key":"k2"}"#).unwrap();
+        assert_eq!(u.api_key, Some(Some("k2".into())));
+    }
+
+    #[test]
+    fn status_names() {
+        assert_eq!(
+            serde_json::to_string(&WorkerStatus::NotReady).unwrap(),
+            r#""not_ready""#
+        );
+        assert_eq!(WorkerStatus::NotReady.as_str(), "not_ready");
+        assert_eq!(WorkerType::Decode.as_str(), "decode");
+    }
+}

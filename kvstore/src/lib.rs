@@ -5,10 +5,29 @@
 //! - `master`: the master core, pure logic with an injectable clock ([`Master`]).
 //! - `metadata`: the Mooncake-compatible transfer-metadata store ([`MetadataStore`]).
 //! - `metrics`: `moongate_master_*` metric names and recording helpers.
+//! - `rest`: the REST API as a self-contained `utoipa_axum` router ([`router`]).
+//! - `background`: the periodic work the host spawns ([`run_background`]).
+//!
+//! # Hosting the master
+//! ```no_run
+//! # async fn host() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! let master = Arc::new(kvstore::Master::new(kvstore::MasterConfig::default())?);
+//! let (router, _openapi) = kvstore::router(master.clone()).split_for_parts();
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! tokio::spawn(kvstore::run_background(master, async move { let _ = stopped.await; }));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! axum::serve(listener, router).await?;
+//! # drop(stop); Ok(()) }
+//! ```
 
+mod background;
 pub mod master;
 pub mod metadata;
 pub mod metrics;
+pub mod rest;
 
+pub use background::run_background;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
+pub use rest::router;

@@ -8,6 +8,8 @@
 //! - [`error`]: the OpenAI error envelope `{"error":{"message","type","code"}}` every HTTP
 //!   error is answered with.
 //! - [`workers`]: the gateway's worker admin API (`/workers`).
+//! - [`master`]: the KV-cache master's REST API (`/api/v1/...`) and `/metadata` store.
 
 pub mod error;
+pub mod master;
 pub mod workers;

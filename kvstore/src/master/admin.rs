@@ -41,26 +41,7 @@ pub struct KeyPage {
     pub next_after: Option<String>,
 }
 
-/// Totals of the master.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MasterStats {
-    /// Bytes allocatable over mounted segments.
-    pub capacity_bytes: u64,
-    /// Bytes allocated to replicas (including unfinished and taken-over puts).
-    pub allocated_bytes: u64,
-    /// Objects (complete and unfinished).
-    pub keys: u64,
-    /// Mounted segments.
-    pub segments: u64,
-    /// Known clients.
-    pub clients: u64,
-    /// Clients in status `ok`.
-    pub clients_ok: u64,
-    /// Objects evicted since start.
-    pub evicted_objects: u64,
-    /// Bytes evicted since start.
-    pub evicted_bytes: u64,
-}
+pub use openapi::master::MasterStats;
 
 impl Master {
     /// One object without granting a lease.

@@ -11,7 +11,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use super::object::Replicas;
-use super::segment::{Segment, SegmentSpec, SegmentTable, SegmentView};
+use super::segment::{Segment, SegmentSpec, SegmentTable, SegmentView, specs_collide};
 use super::{ClientId, Master, MasterError, MasterResult};
 
 /// What the master thinks of a client.
@@ -183,7 +183,7 @@ impl Master {
         for (i, spec) in specs.iter().enumerate() {
             self.check_spec(spec)?;
             for other in &specs[..i] {
-                if other.name == spec.name || other.overlaps(spec) {
+                if other.name == spec.name || specs_collide(other, spec) {
                     return Err(MasterError::InvalidParams(format!(
                         "segments {} and {} collide",
                         other.name, spec.name

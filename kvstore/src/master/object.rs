@@ -14,31 +14,7 @@ use uuid::Uuid;
 
 use super::alloc::Allocation;
 use super::segment::Segment;
-
-/// Placement options of a put (Mooncake's `ReplicateConfig`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplicateConfig {
-    /// Replicas wanted, on distinct segments (best effort: at least one is placed).
-    pub replica_num: u32,
-    /// Segment names tried first, in order; unknown or full ones are skipped.
-    pub preferred_segments: Vec<String>,
-    /// Evict only after every unpinned object (and only if allowed), until the soft pin
-    /// expires.
-    pub soft_pin: bool,
-    /// Never evict; removed only by `remove(force)`, `remove_all` or `remove_by_regex`.
-    pub hard_pin: bool,
-}
-
-impl Default for ReplicateConfig {
-    fn default() -> Self {
-        Self {
-            replica_num: 1,
-            preferred_segments: Vec::new(),
-            soft_pin: false,
-            hard_pin: false,
-        }
-    }
-}
+pub use openapi::master::ReplicateConfig;
 
 /// Where one replica lives: what a client needs to read or write it with `transfer`.
 #[derive(Clone, Debug)]

@@ -11,24 +11,11 @@ use uuid::Uuid;
 
 use super::alloc::{Allocation, OffsetAllocator};
 
-/// What a client asks to mount.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SegmentSpec {
-    /// Unique name of the segment at this master.
-    pub name: String,
-    /// Address of the first byte, in the owner's registered memory.
-    pub base: u64,
-    /// Length in bytes.
-    pub size: u64,
-    /// The owner's `transfer` segment name: where writers and readers send the bytes.
-    pub endpoint: String,
-}
+pub use openapi::master::SegmentSpec;
 
-impl SegmentSpec {
-    /// Whether both would cover some of the same bytes of the same endpoint.
-    pub fn overlaps(&self, other: &SegmentSpec) -> bool {
-        ranges_collide(&self.endpoint, self.base, self.size, other)
-    }
+/// Whether two specs would cover some of the same bytes of the same endpoint.
+pub(crate) fn specs_collide(a: &SegmentSpec, b: &SegmentSpec) -> bool {
+    ranges_collide(&a.endpoint, a.base, a.size, b)
 }
 
 fn ranges_collide(endpoint: &str, base: u64, size: u64, spec: &SegmentSpec) -> bool {

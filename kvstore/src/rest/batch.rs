@@ -1,0 +1,165 @@
+//! Batch forms of every object operation: one request, one result per item in request
+//! order. A refused item carries `error`; the others still happen.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use openapi::master as wire;
+
+use super::{ApiJson, ApiResult, MasterErrors, client_id, detail, observed, replicas};
+use crate::master::{Master, MasterResult};
+
+/// Counts each item as one `op` request and the batch as one `batch_<op>` request.
+fn items<T>(op: &'static str, results: &[MasterResult<T>]) {
+    for r in results {
+        crate::metrics::record_op(op, r.as_ref().err());
+    }
+}
+
+fn key_results(keys: Vec<String>, results: Vec<MasterResult<()>>) -> wire::BatchKeyResponse {
+    let results = keys
+        .into_iter()
+        .zip(results)
+        .map(|(key, r)| wire::BatchKeyResult {
+            key,
+            error: r.err().map(|e| detail(&e)),
+        })
+        .collect();
+    wire::BatchKeyResponse { results }
+}
+
+/// Start puts of many objects with one placement config.
+#[utoipa::path(post, path = "/api/v1/batch/put-start", tag = super::TAG,
+    request_body = wire::BatchPutStartRequest,
+    responses((status = 200, description = "Per-item replicas or errors", body = wire::BatchPutStartResponse), MasterErrors))]
+pub async fn put_start(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchPutStartRequest>,
+) -> ApiResult<Json<wire::BatchPutStartResponse>> {
+    let cfg = req.config;
+    let pairs: Vec<(String, u64)> = req.items.into_iter().map(|i| (i.key, i.length)).collect();
+    let r = client_id(&req.client_id).and_then(|c| m.batch_put_start(c, &pairs, &cfg));
+    let results = observed("batch_put_start", r)?;
+    items("put_start", &results);
+    let results = pairs
+        .into_iter()
+        .zip(results)
+        .map(|((key, _), r)| match r {
+            Ok(locs) => wire::BatchPutStartResult {
+                key,
+                replicas: Some(replicas(&locs)),
+                error: None,
+            },
+            Err(e) => wire::BatchPutStartResult {
+                key,
+                replicas: None,
+                error: Some(detail(&e)),
+            },
+        })
+        .collect();
+    Ok(Json(wire::BatchPutStartResponse { results }))
+}
+
+/// End puts of many objects.
+#[utoipa::path(post, path = "/api/v1/batch/put-end", tag = super::TAG,
+    request_body = wire::BatchClientKeysRequest,
+    responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
+pub async fn put_end(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchClientKeysRequest>,
+) -> ApiResult<Json<wire::BatchKeyResponse>> {
+    let r = client_id(&req.client_id).and_then(|c| m.batch_put_end(c, &req.keys));
+    let results = observed("batch_put_end", r)?;
+    items("put_end", &results);
+    Ok(Json(key_results(req.keys, results)))
+}
+
+/// Revoke unfinished puts of many objects.
+#[utoipa::path(post, path = "/api/v1/batch/put-revoke", tag = super::TAG,
+    request_body = wire::BatchClientKeysRequest,
+    responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
+pub async fn put_revoke(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchClientKeysRequest>,
+) -> ApiResult<Json<wire::BatchKeyResponse>> {
+    let r = client_id(&req.client_id).and_then(|c| m.batch_put_revoke(c, &req.keys));
+    let results = observed("batch_put_revoke", r)?;
+    items("put_revoke", &results);
+    Ok(Json(key_results(req.keys, results)))
+}
+
+/// Replicas of many objects, each granted a read lease.
+#[utoipa::path(post, path = "/api/v1/batch/replicas", tag = super::TAG,
+    request_body = wire::BatchKeysRequest,
+    responses((status = 200, description = "Per-key replicas or errors", body = wire::BatchReplicasResponse), MasterErrors))]
+pub async fn replicas_of(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchKeysRequest>,
+) -> ApiResult<Json<wire::BatchReplicasResponse>> {
+    let results = observed("batch_get_replicas", m.batch_get_replicas(&req.keys))?;
+    items("get_replicas", &results);
+    let results = req
+        .keys
+        .into_iter()
+        .zip(results)
+        .map(|(key, r)| match r {
+            Ok(set) => wire::BatchReplicasResult {
+                key,
+                length: Some(set.length),
+                lease_ttl_ms: Some(set.lease_ttl_ms),
+                replicas: Some(replicas(&set.replicas)),
+                error: None,
+            },
+            Err(e) => wire::BatchReplicasResult {
+                key,
+                length: None,
+                lease_ttl_ms: None,
+                replicas: None,
+                error: Some(detail(&e)),
+            },
+        })
+        .collect();
+    Ok(Json(wire::BatchReplicasResponse { results }))
+}
+
+/// Existence of many objects; each existing one is granted a read lease.
+#[utoipa::path(post, path = "/api/v1/batch/exists", tag = super::TAG,
+    request_body = wire::BatchKeysRequest,
+    responses((status = 200, description = "Per-key existence", body = wire::BatchExistsResponse), MasterErrors))]
+pub async fn exists(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchKeysRequest>,
+) -> ApiResult<Json<wire::BatchExistsResponse>> {
+    let results = observed("batch_exists", m.batch_exists(&req.keys))?;
+    items("exists", &results);
+    let ttl = m.config().lease_ttl_ms;
+    let results = req
+        .keys
+        .into_iter()
+        .zip(results)
+        .map(|(key, r)| {
+            let exists = *r.as_ref().unwrap_or(&false);
+            wire::BatchExistsResult {
+                key,
+                exists,
+                lease_ttl_ms: exists.then_some(ttl),
+                error: r.err().map(|e| detail(&e)),
+            }
+        })
+        .collect();
+    Ok(Json(wire::BatchExistsResponse { results }))
+}
+
+/// Remove many objects; leased ones are refused unless `force`.
+#[utoipa::path(post, path = "/api/v1/batch/remove", tag = super::TAG,
+    request_body = wire::BatchRemoveRequest,
+    responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
+pub async fn remove(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchRemoveRequest>,
+) -> ApiResult<Json<wire::BatchKeyResponse>> {
+    let results = observed("batch_remove", m.batch_remove(&req.keys, req.force))?;
+    items("remove", &results);
+    Ok(Json(key_results(req.keys, results)))
+}

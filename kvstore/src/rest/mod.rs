@@ -1,0 +1,257 @@
+//! The master's REST API: a self-contained, documented router the host mounts.
+//!
+//! Handlers only parse, call the [`Master`], and render. Every failure, including bad
+//! JSON, bad query strings and bad path parameters, is a [`MasterError`] rendered once
+//! here as `openapi::master::MasterErrorResponse` with the status from
+//! [`MasterError::http_status`]. Each operation is counted in `moongate_master_*` metrics.
+//!
+//! # Layout
+//! - `cluster`: clients and segments (mount, remount, unmount, ping, admin reads, stats).
+//! - `objects`: one object's lifecycle and reads, key listing, bulk removal.
+//! - `batch`: batch forms of every object operation.
+//! - `metadata`: the Mooncake-compatible transfer-metadata store at `/metadata`.
+
+mod batch;
+mod cluster;
+mod metadata;
+mod objects;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use openapi::master as wire;
+use serde::de::DeserializeOwned;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::master::{
+    ClientId, ClientStatus, ClientView, Master, MasterError, MasterResult, ReplicaLocation,
+    SegmentView,
+};
+
+/// Largest request body the master accepts.
+pub const BODY_LIMIT: usize = 8 << 20;
+
+/// OpenAPI tag of the master's operations.
+pub const TAG: &str = "kv-master";
+
+/// The master's REST API (`/api/v1/...` and `/metadata`) with its state applied, every
+/// route described for the OpenAPI document. Mount it with `Router::merge` (or
+/// `OpenApiRouter::merge` to merge the documents too).
+pub fn router(master: Arc<Master>) -> OpenApiRouter {
+    OpenApiRouter::with_openapi(MasterApiDoc::openapi())
+        .routes(routes!(cluster::mount_segment))
+        .routes(routes!(cluster::remount))
+        .routes(routes!(cluster::unmount_segment))
+        .routes(routes!(cluster::ping))
+        .routes(routes!(cluster::list_clients))
+        .routes(routes!(cluster::get_client, cluster::remove_client))
+        .routes(routes!(cluster::list_segments))
+        .routes(routes!(cluster::get_segment))
+        .routes(routes!(cluster::stats))
+        .routes(routes!(objects::put_start))
+        .routes(routes!(objects::put_end))
+        .routes(routes!(objects::put_revoke))
+        .routes(routes!(objects::get_replicas))
+        .routes(routes!(objects::exists))
+        .routes(routes!(objects::get_object, objects::remove_object))
+        .routes(routes!(objects::list_objects, objects::remove_objects))
+        .routes(routes!(batch::put_start))
+        .routes(routes!(batch::put_end))
+        .routes(routes!(batch::put_revoke))
+        .routes(routes!(batch::replicas_of))
+        .routes(routes!(batch::exists))
+        .routes(routes!(batch::remove))
+        .routes(routes!(
+            metadata::get_metadata,
+            metadata::put_metadata,
+            metadata::delete_metadata
+        ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(master)
+}
+
+/// Schemas referenced by every route's error responses.
+#[derive(utoipa::OpenApi)]
+#[openapi(components(schemas(wire::MasterErrorResponse, wire::MasterErrorDetail)))]
+struct MasterApiDoc;
+
+/// The error answers any master route may give, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum MasterErrors {
+    /// `INVALID_PARAMS` (bad JSON, query or sizes) or `INVALID_KEY`.
+    #[response(status = 400)]
+    BadRequest(wire::MasterErrorResponse),
+    /// `ILLEGAL_CLIENT`: not the client that owns the put or segment.
+    #[response(status = 403)]
+    Forbidden(wire::MasterErrorResponse),
+    /// `OBJECT_NOT_FOUND`, `SEGMENT_NOT_FOUND` or `CLIENT_NOT_FOUND`.
+    #[response(status = 404)]
+    NotFound(wire::MasterErrorResponse),
+    /// `OBJECT_ALREADY_EXISTS`, `OBJECT_HAS_LEASE`, `REPLICA_IS_NOT_READY`,
+    /// `SEGMENT_ALREADY_EXISTS` or `INVALID_WRITE`.
+    #[response(status = 409)]
+    Conflict(wire::MasterErrorResponse),
+    /// `INTERNAL_ERROR`.
+    #[response(status = 500)]
+    Internal(wire::MasterErrorResponse),
+    /// `NO_AVAILABLE_HANDLE`: no segment has room, even after eviction.
+    #[response(status = 507)]
+    NoSpace(wire::MasterErrorResponse),
+}
+
+/// A master error on its way to the client.
+#[derive(Debug)]
+pub struct ApiError(pub MasterError);
+
+impl From<MasterError> for ApiError {
+    fn from(e: MasterError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(error = %self.0, "master request failed");
+        }
+        (
+            status,
+            axum::Json(wire::MasterErrorResponse {
+                error: detail(&self.0),
+            }),
+        )
+            .into_response()
+    }
+}
+
+/// Result of a handler.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Counts `op` (and its failure) and turns the error into a response.
+fn observed<T>(op: &'static str, r: MasterResult<T>) -> ApiResult<T> {
+    crate::metrics::record_op(op, r.as_ref().err());
+    r.map_err(ApiError)
+}
+
+/// Runs a call that may scan every shard off the async workers.
+async fn blocking<T: Send + 'static>(
+    master: &Arc<Master>,
+    f: impl FnOnce(&Master) -> T + Send + 'static,
+) -> MasterResult<T> {
+    let m = master.clone();
+    tokio::task::spawn_blocking(move || f(&m))
+        .await
+        .map_err(|e| MasterError::InternalError(format!("background call failed: {e}")))
+}
+
+fn rejected(what: &str, text: String) -> ApiError {
+    let e = MasterError::InvalidParams(format!("{what}: {text}"));
+    crate::metrics::record_op("bad_request", Some(&e));
+    ApiError(e)
+}
+
+/// JSON body whose rejection is a typed `INVALID_PARAMS`.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        axum::Json::<T>::from_request(req, state)
+            .await
+            .map(|axum::Json(v)| Self(v))
+            .map_err(|e: JsonRejection| rejected("bad JSON body", e.body_text()))
+    }
+}
+
+/// Query string whose rejection is a typed `INVALID_PARAMS`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(v)| Self(v))
+            .map_err(|e: QueryRejection| rejected("bad query string", e.body_text()))
+    }
+}
+
+/// Path parameters whose rejection is a typed `INVALID_PARAMS`.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(v)| Self(v))
+            .map_err(|e: PathRejection| rejected("bad path", e.body_text()))
+    }
+}
+
+fn detail(e: &MasterError) -> wire::MasterErrorDetail {
+    wire::MasterErrorDetail {
+        message: e.to_string(),
+        kind: e.name().to_string(),
+        code: e.code(),
+    }
+}
+
+fn client_id(s: &str) -> MasterResult<ClientId> {
+    ClientId::parse_str(s)
+        .map_err(|_| MasterError::InvalidParams(format!("client_id {s:?} is not a UUID")))
+}
+
+fn replica(l: &ReplicaLocation) -> wire::Replica {
+    wire::Replica {
+        segment: l.segment.name().to_string(),
+        endpoint: l.segment.endpoint().to_string(),
+        address: l.address,
+        length: l.length,
+    }
+}
+
+fn replicas(ls: &[ReplicaLocation]) -> Vec<wire::Replica> {
+    ls.iter().map(replica).collect()
+}
+
+fn segment(v: SegmentView) -> wire::Segment {
+    wire::Segment {
+        name: v.name,
+        client_id: v.client_id.to_string(),
+        base: v.base,
+        size: v.size,
+        endpoint: v.endpoint,
+        capacity_bytes: v.capacity_bytes,
+        allocated_bytes: v.allocated_bytes,
+        allocations: v.allocations,
+    }
+}
+
+fn client_status(s: ClientStatus) -> wire::ClientStatus {
+    match s {
+        ClientStatus::Ok => wire::ClientStatus::Ok,
+        ClientStatus::NeedRemount => wire::ClientStatus::NeedRemount,
+    }
+}
+
+fn client(v: ClientView) -> wire::Client {
+    wire::Client {
+        client_id: v.client_id.to_string(),
+        status: client_status(v.status),
+        last_seen_ms_ago: v.last_seen_ms_ago,
+        segments: v.segments,
+    }
+}

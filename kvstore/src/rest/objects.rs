@@ -1,0 +1,187 @@
+//! One object's lifecycle and reads; key listing and bulk removal.
+//!
+//! Keys travel in the path, percent-encoded (a `/` in a key is `%2F`).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use openapi::master as wire;
+
+use super::{
+    ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, client_id, observed, replicas,
+};
+use crate::master::{Master, MasterError, ObjectStatus};
+
+/// Start a put: allocates replicas; the object stays invisible until put-end.
+#[utoipa::path(post, path = "/api/v1/objects/{key}/put-start", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    request_body = wire::PutStartRequest,
+    responses((status = 200, description = "Replicas to write", body = wire::PutStartResponse), MasterErrors))]
+pub async fn put_start(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(req): ApiJson<wire::PutStartRequest>,
+) -> ApiResult<Json<wire::PutStartResponse>> {
+    let cfg = req.config;
+    let r = client_id(&req.client_id).and_then(|c| m.put_start(c, &key, req.length, &cfg));
+    observed("put_start", r).map(|locs| {
+        Json(wire::PutStartResponse {
+            key,
+            replicas: replicas(&locs),
+        })
+    })
+}
+
+/// End a put: the object becomes readable.
+#[utoipa::path(post, path = "/api/v1/objects/{key}/put-end", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    request_body = wire::ClientRequest,
+    responses((status = 204, description = "Readable"), MasterErrors))]
+pub async fn put_end(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(req): ApiJson<wire::ClientRequest>,
+) -> ApiResult<StatusCode> {
+    let r = client_id(&req.client_id).and_then(|c| m.put_end(c, &key));
+    observed("put_end", r).map(|()| StatusCode::NO_CONTENT)
+}
+
+/// Revoke an unfinished put: its space is freed and the key is free again.
+#[utoipa::path(post, path = "/api/v1/objects/{key}/put-revoke", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    request_body = wire::ClientRequest,
+    responses((status = 204, description = "Revoked"), MasterErrors))]
+pub async fn put_revoke(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(req): ApiJson<wire::ClientRequest>,
+) -> ApiResult<StatusCode> {
+    let r = client_id(&req.client_id).and_then(|c| m.put_revoke(c, &key));
+    observed("put_revoke", r).map(|()| StatusCode::NO_CONTENT)
+}
+
+/// Replicas of a readable object; grants (or extends) a read lease.
+#[utoipa::path(get, path = "/api/v1/objects/{key}/replicas", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    responses((status = 200, description = "Replicas and lease", body = wire::ReplicasResponse), MasterErrors))]
+pub async fn get_replicas(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult<Json<wire::ReplicasResponse>> {
+    observed("get_replicas", m.get_replicas(&key)).map(|set| {
+        Json(wire::ReplicasResponse {
+            key,
+            length: set.length,
+            lease_ttl_ms: set.lease_ttl_ms,
+            replicas: replicas(&set.replicas),
+        })
+    })
+}
+
+/// Whether a readable object exists; grants (or extends) a read lease if it does.
+#[utoipa::path(get, path = "/api/v1/objects/{key}/exists", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    responses((status = 200, description = "Existence", body = wire::ExistsResponse), MasterErrors))]
+pub async fn exists(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult<Json<wire::ExistsResponse>> {
+    let ttl = m.config().lease_ttl_ms;
+    observed("exists", m.exists(&key)).map(|exists| {
+        Json(wire::ExistsResponse {
+            key,
+            exists,
+            lease_ttl_ms: exists.then_some(ttl),
+        })
+    })
+}
+
+/// One object with its replicas, lease and pins (admin read; grants no lease).
+#[utoipa::path(get, path = "/api/v1/objects/{key}", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    responses((status = 200, description = "Object", body = wire::ObjectInfo), MasterErrors))]
+pub async fn get_object(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult<Json<wire::ObjectInfo>> {
+    observed("get_object", m.object(&key)).map(|o| {
+        Json(wire::ObjectInfo {
+            key: o.key,
+            length: o.length,
+            status: match o.status {
+                ObjectStatus::Processing => wire::ObjectStatus::Processing,
+                ObjectStatus::Complete => wire::ObjectStatus::Complete,
+            },
+            client_id: o.client_id.to_string(),
+            replicas: replicas(&o.replicas),
+            lease_remaining_ms: o.lease_remaining_ms,
+            soft_pinned: o.soft_pinned,
+            hard_pinned: o.hard_pinned,
+            put_started_ms_ago: o.put_started_ms_ago,
+        })
+    })
+}
+
+/// Remove a readable object; refused while leased unless `force=true`.
+#[utoipa::path(delete, path = "/api/v1/objects/{key}", tag = super::TAG,
+    params(("key" = String, Path, description = "Object key (percent-encoded)"), wire::RemoveQuery),
+    responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
+pub async fn remove_object(
+    State(m): State<Arc<Master>>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<wire::RemoveQuery>,
+) -> ApiResult<Json<wire::RemovedResponse>> {
+    let r = m.remove(&key, q.force.unwrap_or(false));
+    observed("remove", r).map(|()| Json(wire::RemovedResponse { removed: 1 }))
+}
+
+/// Keys, ascending, filtered by prefix, paged with `after` (admin read).
+#[utoipa::path(get, path = "/api/v1/objects", tag = super::TAG,
+    params(wire::ListObjectsQuery),
+    responses((status = 200, description = "A page of keys", body = wire::KeyPage), MasterErrors))]
+pub async fn list_objects(
+    State(m): State<Arc<Master>>,
+    ApiQuery(q): ApiQuery<wire::ListObjectsQuery>,
+) -> ApiResult<Json<wire::KeyPage>> {
+    let r = blocking(&m, move |m| {
+        m.list_keys(
+            q.prefix.as_deref().unwrap_or(""),
+            q.after.as_deref(),
+            q.limit,
+        )
+    })
+    .await
+    .and_then(|r| r);
+    observed("list_objects", r).map(|p| {
+        Json(wire::KeyPage {
+            keys: p.keys,
+            next_after: p.next_after,
+        })
+    })
+}
+
+/// Bulk removal of complete objects without a live lease: `all=true`, or `regex=...`.
+#[utoipa::path(delete, path = "/api/v1/objects", tag = super::TAG,
+    params(wire::DeleteObjectsQuery),
+    responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
+pub async fn remove_objects(
+    State(m): State<Arc<Master>>,
+    ApiQuery(q): ApiQuery<wire::DeleteObjectsQuery>,
+) -> ApiResult<Json<wire::RemovedResponse>> {
+    let (op, r) = match (q.all, q.regex) {
+        (Some(true), None) => ("remove_all", blocking(&m, |m| Ok(m.remove_all())).await),
+        (None | Some(false), Some(re)) => (
+            "remove_by_regex",
+            blocking(&m, move |m| m.remove_by_regex(&re)).await,
+        ),
+        _ => (
+            "remove_all",
+            Err(MasterError::InvalidParams(
+                "give exactly one of all=true or regex=...".into(),
+            )),
+        ),
+    };
+    observed(op, r.and_then(|r| r)).map(|removed| Json(wire::RemovedResponse { removed }))
+}

@@ -1,0 +1,472 @@
+//! Wire types of the KV-cache master's REST API (`/api/v1/...`) and its transfer-metadata
+//! store (`/metadata`).
+//!
+//! Client ids are UUID strings. Addresses and sizes are byte counts (JSON numbers, u64).
+//! Every error answers [`MasterErrorResponse`]: `{"error": {"message", "type", "code"}}` where `type`
+//! is Mooncake's error name (e.g. `OBJECT_NOT_FOUND`) and `code` its numeric code (-704).
+//! Batch endpoints answer 200 with one result per item, in request order; an item that
+//! failed carries `error` instead of its payload.
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// Error envelope of every master error response.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MasterErrorResponse {
+    /// What went wrong.
+    pub error: MasterErrorDetail,
+}
+
+/// One error: message, Mooncake name, Mooncake code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MasterErrorDetail {
+    /// Human-readable cause.
+    pub message: String,
+    /// Mooncake error name, e.g. `OBJECT_NOT_FOUND`, `OBJECT_HAS_LEASE`.
+    #[serde(rename = "type")]
+    #[schema(example = "OBJECT_NOT_FOUND")]
+    pub kind: String,
+    /// Mooncake error code (`ErrorCode` in `types.h`), e.g. -704.
+    #[schema(example = -704)]
+    pub code: i32,
+}
+
+/// A memory region a client mounts as a segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentSpec {
+    /// Unique segment name at this master (no `/`).
+    pub name: String,
+    /// Address of the first byte in the owner's registered memory.
+    pub base: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// The owner's `transfer` segment name: where replicas on it are written and read.
+    pub endpoint: String,
+}
+
+/// Remount: every segment the client has, after a ping answered `need_remount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RemountRequest {
+    /// The client's segments.
+    pub segments: Vec<SegmentSpec>,
+}
+
+/// A mounted segment with its usage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Segment {
+    /// Segment name.
+    pub name: String,
+    /// Owning client (UUID).
+    pub client_id: String,
+    /// Base address.
+    pub base: u64,
+    /// Size in bytes as mounted.
+    pub size: u64,
+    /// Transfer endpoint of the owner.
+    pub endpoint: String,
+    /// Bytes the allocator can hand out (size rounded down to the alignment).
+    pub capacity_bytes: u64,
+    /// Bytes allocated to replicas.
+    pub allocated_bytes: u64,
+    /// Live allocations.
+    pub allocations: u64,
+}
+
+/// All mounted segments.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SegmentList {
+    /// Segments by name.
+    pub segments: Vec<Segment>,
+}
+
+/// What the master thinks of a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientStatus {
+    /// Alive; nothing to do.
+    Ok,
+    /// Unknown or expired: remount all segments (`POST .../remount`).
+    NeedRemount,
+}
+
+/// Answer to a ping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PingResponse {
+    /// The master's view version; a change means the master restarted.
+    pub view_version: u64,
+    /// Whether the client must remount.
+    pub status: ClientStatus,
+}
+
+/// A known client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Client {
+    /// Client id (UUID).
+    pub client_id: String,
+    /// Its status.
+    pub status: ClientStatus,
+    /// Milliseconds since its last ping or mount.
+    pub last_seen_ms_ago: u64,
+    /// Names of its mounted segments.
+    pub segments: Vec<String>,
+}
+
+/// All known clients.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClientList {
+    /// Clients by id.
+    pub clients: Vec<Client>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Placement options of a put (Mooncake's `ReplicateConfig`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicateConfig {
+    /// Replicas wanted on distinct segments; best effort (at least one). Default 1.
+    #[serde(default = "one")]
+    pub replica_num: u32,
+    /// Segment names tried first, in order; unknown or full ones are skipped.
+    #[serde(default)]
+    pub preferred_segments: Vec<String>,
+    /// Evicted only after all unpinned objects, until the soft pin expires.
+    #[serde(default)]
+    pub soft_pin: bool,
+    /// Never evicted.
+    #[serde(default)]
+    pub hard_pin: bool,
+}
+
+impl Default for ReplicateConfig {
+    fn default() -> Self {
+        Self {
+            replica_num: 1,
+            preferred_segments: Vec::new(),
+            soft_pin: false,
+            hard_pin: false,
+        }
+    }
+}
+
+/// Start a put of one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutStartRequest {
+    /// Writing client (UUID); only it may end or revoke the put.
+    pub client_id: String,
+    /// Object length in bytes.
+    pub length: u64,
+    /// Placement options.
+    #[serde(default)]
+    pub config: ReplicateConfig,
+}
+
+/// Where one replica lives: write or read `length` bytes at `address` of `endpoint`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Replica {
+    /// Segment name.
+    pub segment: String,
+    /// Transfer endpoint (the owner's `transfer` segment name).
+    pub endpoint: String,
+    /// Address of the first byte.
+    pub address: u64,
+    /// Object length in bytes.
+    pub length: u64,
+}
+
+/// Replicas allocated for a put.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PutStartResponse {
+    /// Object key.
+    pub key: String,
+    /// Where to write the bytes (every replica), then call put-end.
+    pub replicas: Vec<Replica>,
+}
+
+/// Body of put-end and put-revoke.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientRequest {
+    /// The client that started the put (UUID).
+    pub client_id: String,
+}
+
+/// Readable replicas of an object, under a read lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReplicasResponse {
+    /// Object key.
+    pub key: String,
+    /// Object length in bytes.
+    pub length: u64,
+    /// Read lease granted, ms from now; a read must finish before it ends.
+    pub lease_ttl_ms: u64,
+    /// Readable replicas (at least one).
+    pub replicas: Vec<Replica>,
+}
+
+/// Whether an object is readable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExistsResponse {
+    /// Object key.
+    pub key: String,
+    /// Readable (complete) object exists.
+    pub exists: bool,
+    /// Read lease granted when it exists, ms from now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+}
+
+/// How many objects a removal took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RemovedResponse {
+    /// Objects removed.
+    pub removed: u64,
+}
+
+/// Lifecycle state of an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectStatus {
+    /// put-start done, put-end not yet: invisible to readers.
+    Processing,
+    /// Readable.
+    Complete,
+}
+
+/// One object as an admin sees it (reading it grants no lease).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ObjectInfo {
+    /// Key.
+    pub key: String,
+    /// Length in bytes.
+    pub length: u64,
+    /// Lifecycle state.
+    pub status: ObjectStatus,
+    /// Client that started the put.
+    pub client_id: String,
+    /// Replicas on mounted segments.
+    pub replicas: Vec<Replica>,
+    /// Remaining read lease, ms (0: none).
+    pub lease_remaining_ms: u64,
+    /// Soft pin in force.
+    pub soft_pinned: bool,
+    /// Hard-pinned.
+    pub hard_pinned: bool,
+    /// For an unfinished put: ms since its put-start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub put_started_ms_ago: Option<u64>,
+}
+
+/// A page of keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct KeyPage {
+    /// Keys, ascending.
+    pub keys: Vec<String>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+/// Totals of the master.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MasterStats {
+    /// Bytes allocatable over mounted segments.
+    pub capacity_bytes: u64,
+    /// Bytes allocated to replicas.
+    pub allocated_bytes: u64,
+    /// Objects (complete and unfinished).
+    pub keys: u64,
+    /// Mounted segments.
+    pub segments: u64,
+    /// Known clients.
+    pub clients: u64,
+    /// Clients in status `ok`.
+    pub clients_ok: u64,
+    /// Objects evicted since start.
+    pub evicted_objects: u64,
+    /// Bytes evicted since start.
+    pub evicted_bytes: u64,
+}
+
+/// Query of `GET /api/v1/objects`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListObjectsQuery {
+    /// Only keys starting with this.
+    pub prefix: Option<String>,
+    /// Only keys after this one (the previous page's `next_after`).
+    pub after: Option<String>,
+    /// Page size (default 1000, at most 10 000).
+    pub limit: Option<usize>,
+}
+
+/// Query of `DELETE /api/v1/objects`: exactly one of `all=true` or `regex`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteObjectsQuery {
+    /// Remove every complete object without a live lease.
+    pub all: Option<bool>,
+    /// Remove complete, unleased objects whose key matches (anywhere) this regex.
+    pub regex: Option<String>,
+}
+
+/// Query of `DELETE /api/v1/objects/{key}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RemoveQuery {
+    /// Remove even while a read lease is live.
+    pub force: Option<bool>,
+}
+
+/// Query of `/metadata`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetadataQuery {
+    /// Metadata key (e.g. a transfer segment name).
+    pub key: Option<String>,
+}
+
+/// One object of a batch put-start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchPutStartItem {
+    /// Object key.
+    pub key: String,
+    /// Object length in bytes.
+    pub length: u64,
+}
+
+/// Start puts of many objects with one placement config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchPutStartRequest {
+    /// Writing client (UUID).
+    pub client_id: String,
+    /// Objects to start.
+    pub items: Vec<BatchPutStartItem>,
+    /// Placement options for all of them.
+    #[serde(default)]
+    pub config: ReplicateConfig,
+}
+
+/// Result of one batch put-start item.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchPutStartResult {
+    /// Object key.
+    pub key: String,
+    /// Where to write, on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Vec<Replica>>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<MasterErrorDetail>,
+}
+
+/// Results of a batch put-start, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchPutStartResponse {
+    /// One per item.
+    pub results: Vec<BatchPutStartResult>,
+}
+
+/// Keys, with the client that wrote them (batch put-end / put-revoke).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchClientKeysRequest {
+    /// The client that started the puts (UUID).
+    pub client_id: String,
+    /// Object keys.
+    pub keys: Vec<String>,
+}
+
+/// Keys (batch replicas / exists).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchKeysRequest {
+    /// Object keys.
+    pub keys: Vec<String>,
+}
+
+/// Keys to remove.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRemoveRequest {
+    /// Object keys.
+    pub keys: Vec<String>,
+    /// Remove even while a read lease is live.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Result of one key of a batch put-end / put-revoke / remove.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchKeyResult {
+    /// Object key.
+    pub key: String,
+    /// Why it failed; absent on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<MasterErrorDetail>,
+}
+
+/// Results of a batch put-end / put-revoke / remove, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchKeyResponse {
+    /// One per key.
+    pub results: Vec<BatchKeyResult>,
+}
+
+/// Result of one key of a batch replicas lookup.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchReplicasResult {
+    /// Object key.
+    pub key: String,
+    /// Object length, on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+    /// Read lease granted, ms from now, on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+    /// Readable replicas, on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Vec<Replica>>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<MasterErrorDetail>,
+}
+
+/// Results of a batch replicas lookup, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchReplicasResponse {
+    /// One per key.
+    pub results: Vec<BatchReplicasResult>,
+}
+
+/// Result of one key of a batch exists.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchExistsResult {
+    /// Object key.
+    pub key: String,
+    /// Readable object exists.
+    pub exists: bool,
+    /// Read lease granted when it exists, ms from now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+    /// Why the key was refused (e.g. invalid key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<MasterErrorDetail>,
+}
+
+/// Results of a batch exists, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchExistsResponse {
+    /// One per key.
+    pub results: Vec<BatchExistsResult>,
+}

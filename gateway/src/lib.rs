@@ -17,6 +17,9 @@
 //! - [`request_id`]: `x-request-id` kept or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, graceful shutdown.
+//! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
+//!   and response shapes and a deterministic stand-in for the model, for demos, tests and
+//!   benchmarks.
 
 pub mod client;
 pub mod config;
@@ -28,4 +31,5 @@ pub mod request_id;
 pub mod select;
 pub mod serve;
 pub mod server;
+pub mod sim;
 pub mod workers;

@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run the gateway (sglang-router's flags are accepted).
     Serve(ServeArgs),
+    /// Run a simulated SGLang worker (same endpoints and shapes, deterministic output).
+    SimWorker(gateway::sim::SimConfig),
 }
 
 #[derive(clap::Args, Debug)]
@@ -47,6 +49,10 @@ fn main() -> anyhow::Result<()> {
             }
             gateway::logging::init(cfg.log_level);
             runtime()?.block_on(gateway::serve::run(cfg))
+        }
+        Command::SimWorker(cfg) => {
+            gateway::logging::init(config::LogLevel::Info);
+            runtime()?.block_on(gateway::sim::run(cfg))
         }
     }
 }

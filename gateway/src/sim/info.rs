@@ -1,0 +1,130 @@
+//! The control endpoints of an SGLang server: health, server and model info, the models
+//! list, load, cache flush.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use openapi::openai::{Extra, ModelCard, ModelList};
+use openapi::sglang::server::{ErrorResponse, LoadReport, ModelInfo, ServerInfo};
+use serde_json::{Value, json};
+
+use super::error::json;
+use super::state::{SimState, unix_now};
+
+/// `GET /health`, `GET /health_generate`: 200 with an empty body.
+pub async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /get_model_info`, `GET /model_info`.
+pub async fn model_info(State(st): State<Arc<SimState>>) -> Response {
+    let path = st.cfg.model_path().to_owned();
+    let info = ModelInfo {
+        tokenizer_path: Some(path.clone()),
+        model_path: path,
+        is_generation: true,
+        preferred_sampling_params: None,
+        weight_version: Some("default".to_owned()),
+        has_image_understanding: false,
+        has_audio_understanding: false,
+        model_type: Some("llama".to_owned()),
+        architectures: Some(vec!["LlamaForCausalLM".to_owned()]),
+        extra: Extra::new(),
+    };
+    json(StatusCode::OK, &info)
+}
+
+/// `GET /get_server_info`, `GET /server_info`.
+pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
+    let cfg = &st.cfg;
+    let extra = json!({
+        "pp_size": 1,
+        "page_size": 1,
+        "chunked_prefill_size": 8192,
+        "skip_tokenizer_init": false,
+        "is_embedding": false,
+        "enable_metrics": false,
+        "load_balance_method": "round_robin",
+        "sim": {"output_tokens": cfg.output_tokens, "ttft": cfg.ttft.as_secs_f64(),
+                "tpot": cfg.tpot.as_secs_f64()},
+    });
+    let info = ServerInfo {
+        model_path: Some(cfg.model_path().to_owned()),
+        tokenizer_path: Some(cfg.model_path().to_owned()),
+        served_model_name: Some(cfg.model.clone()),
+        host: Some(cfg.host.clone()),
+        port: Some(cfg.port),
+        tp_size: Some(1),
+        dp_size: Some(1),
+        context_length: Some(u64::from(cfg.context_length)),
+        disaggregation_mode: Some(cfg.mode.disaggregation_mode().to_owned()),
+        disaggregation_transfer_backend: Some("mooncake".to_owned()),
+        disaggregation_bootstrap_port: Some(cfg.bootstrap_port),
+        max_total_num_tokens: Some(1 << 20),
+        max_req_input_len: Some(u64::from(cfg.context_length) - 1),
+        max_running_requests: Some(4096),
+        version: Some(format!("moongate-sim {}", env!("CARGO_PKG_VERSION"))),
+        internal_states: Some(vec![
+            json!({"last_gen_throughput": 0.0, "load": st.in_flight()}),
+        ]),
+        extra: match extra {
+            Value::Object(m) => m,
+            _ => Extra::new(),
+        },
+    };
+    json(StatusCode::OK, &info)
+}
+
+fn card(st: &SimState) -> ModelCard {
+    ModelCard {
+        id: st.cfg.model.clone(),
+        object: "model".to_owned(),
+        created: unix_now(),
+        owned_by: "sglang".to_owned(),
+        root: Some(st.cfg.model_path().to_owned()),
+        parent: None,
+        max_model_len: Some(u64::from(st.cfg.context_length)),
+        extra: Extra::new(),
+    }
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<SimState>>) -> Response {
+    json(StatusCode::OK, &ModelList::new(vec![card(&st)]))
+}
+
+/// `GET /v1/models/{model}`.
+pub async fn model(State(st): State<Arc<SimState>>, Path(model): Path<String>) -> Response {
+    if model == st.cfg.model {
+        return json(StatusCode::OK, &card(&st));
+    }
+    let mut err = ErrorResponse::bad_request(format!("The model `{model}` does not exist."));
+    err.kind = "NotFoundError".to_owned();
+    err.code = 404;
+    json(StatusCode::NOT_FOUND, &err)
+}
+
+/// `GET|POST /flush_cache`: SGLang's plain-text answer.
+pub async fn flush_cache() -> Response {
+    (
+        StatusCode::OK,
+        "Cache flushed.\nPlease check backend logs for more details. (When there are running or \
+         waiting requests, the operation will not be performed.)\n",
+    )
+        .into_response()
+}
+
+/// `GET /get_load`: one entry per data-parallel rank (the simulator has one).
+pub async fn get_load(State(st): State<Arc<SimState>>) -> Response {
+    let n = st.in_flight();
+    let load = LoadReport {
+        dp_rank: 0,
+        num_reqs: n,
+        num_waiting_reqs: 0,
+        num_tokens: n * u64::from(st.cfg.output_tokens),
+        extra: Extra::new(),
+    };
+    json(StatusCode::OK, &[load])
+}

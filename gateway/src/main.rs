@@ -5,9 +5,6 @@ use std::path::PathBuf;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use gateway::config::{self, ServeConfig};
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Moongate: an OpenAI-compatible gateway for SGLang workers with a KV-cache master.
 #[derive(Parser, Debug)]
 #[command(name = "moongate", version, about)]

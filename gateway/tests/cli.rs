@@ -101,3 +101,53 @@ fn help_shows_defaults_from_the_config_struct() {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }
 }
+
+#[test]
+fn serve_runs_as_a_process_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = moongate()
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-level",
+            "info",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn moongate serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines.next().expect("a log line").expect("utf-8 log");
+        if let Some(rest) = line
+            .split("addr=")
+            .nth(1)
+            .filter(|_| line.contains("listening"))
+        {
+            break rest.split_whitespace().next().expect("address").to_string();
+        }
+    };
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    s.write_all(b"GET /liveness HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("\"status\":\"alive\""), "{resp}");
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    for _ in 0..100 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("moongate serve did not exit within 5 s of SIGTERM");
+}

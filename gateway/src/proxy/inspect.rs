@@ -125,6 +125,32 @@ mod tests {
         assert!(msg.contains("line 1 column"), "{msg}");
     }
 
+    proptest::proptest! {
+        /// Any bytes at all: an answer (fields or a 400), never a panic.
+        #[test]
+        fn never_panics_on_arbitrary_bytes(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            if let Err(e) = routing_fields(&body) {
+                proptest::prop_assert_eq!(e.status().as_u16(), 400);
+            }
+        }
+
+        /// Any JSON object with a string model: the model is found, whatever else is there.
+        #[test]
+        fn finds_the_model_among_arbitrary_fields(
+            model in "[a-zA-Z0-9/._\\-]{1,40}",
+            extra in proptest::collection::btree_map("[a-z_]{1,8}", "[ -~]{0,20}", 0..6),
+        ) {
+            let mut v = serde_json::Map::new();
+            for (k, x) in &extra {
+                v.insert(k.clone(), serde_json::Value::String(x.clone()));
+            }
+            v.insert("model".into(), serde_json::Value::String(model.clone()));
+            let body = serde_json::to_vec(&v).unwrap();
+            let f = routing_fields(&body).unwrap();
+            proptest::prop_assert_eq!(f.model(), Some(model.as_str()));
+        }
+    }
+
     #[tokio::test]
     async fn body_limit() {
         let mut h = HeaderMap::new();

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Gateway overhead benchmark: the same load sent straight to a simulated worker and through
+# `moongate serve`, alternating within one run, so machine drift hits both alike.
+#
+#   bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
+#   DURATION=5 ROUNDS=1 bench/gateway_bench.sh   # quick look
+#
+# Layout on 2 cores: the server under test (the gateway, or the direct sim worker) is pinned
+# alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
+# Load: wrk -t1 -c$CONC (64), POST /v1/chat/completions with a ~1 KiB prompt, 16 output
+# tokens; scenario `chat` (JSON) and `chat_stream` (SSE, 16 chunks + [DONE]).
+# Reported per target: req/s, p50/p99 latency, CPU microseconds per request of the server
+# under test (utime+stime from /proc, all threads), peak RSS.
+# Installs wrk with apt-get when it is missing. Ports: 43100-43110 (override with BASE_PORT).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}; ROUNDS=${ROUNDS:-3}; CONC=${CONC:-64}
+SCENARIOS=${SCENARIOS:-"chat chat_stream"}
+CPU_SUT=${CPU_SUT:-1}; CPU_AUX=${CPU_AUX:-0}
+BASE_PORT=${BASE_PORT:-43100}
+GW_PORT=$BASE_PORT; W1=$((BASE_PORT + 1)); W2=$((BASE_PORT + 2)); DIRECT=$((BASE_PORT + 10))
+TOKENS=${TOKENS:-16}
+BIN=${MOONGATE_BIN:-target/release/moongate}
+
+if ! command -v wrk >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q wrk
+fi
+if [ -z "${MOONGATE_BIN:-}" ]; then cargo build --release -q -p gateway; fi
+
+TMP=$(mktemp -d); PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
+trap cleanup EXIT
+start() { # start NAME CPU CMD...
+  local name=$1 cpu=$2; shift 2
+  taskset -c "$cpu" "$@" > "$TMP/$name.log" 2>&1 &
+  PIDS+=($!); echo $! > "$TMP/$name.pid"
+}
+pid() { cat "$TMP/$1.pid"; }
+wait_ok() { # wait_ok URL
+  for _ in $(seq 1 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
+  echo "timeout waiting for $1" >&2; exit 1
+}
+cpu_ticks() { awk '{print $14+$15}' "/proc/$(pid "$1")/stat"; }
+hwm_mib() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$(pid "$1")/status"; }
+
+SIM=(sim-worker --host 127.0.0.1 --output-tokens "$TOKENS")
+start w1 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W1"
+start w2 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W2"
+start direct "$CPU_SUT" "$BIN" "${SIM[@]}" --port "$DIRECT"
+for p in $W1 $W2 $DIRECT; do wait_ok "http://127.0.0.1:$p/health"; done
+start gateway "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GW_PORT" --policy round_robin \
+  --log-level warn --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+wait_ok "http://127.0.0.1:$GW_PORT/readiness"
+
+TARGETS="direct:$DIRECT gateway:$GW_PORT"
+TCK=$(getconf CLK_TCK)
+run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
+  STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
+    "http://127.0.0.1:$1" 2>&1 | awk '/^RESULT/{print $2, $3, $4, $5, $6}'
+}
+echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers cpu $CPU_AUX; wrk -t1 -c$CONC; ${DURATION}s x $ROUNDS rounds; $TOKENS tokens"
+RES="$TMP/results"; : > "$RES"
+for sc in $SCENARIOS; do
+  st=0; [ "$sc" = chat_stream ] && st=1
+  for t in $TARGETS; do run_wrk "${t#*:}" $st 2 > /dev/null; done # warm-up
+  for r in $(seq 1 "$ROUNDS"); do
+    for t in $TARGETS; do
+      name=${t%%:*}; port=${t#*:}
+      c0=$(cpu_ticks "$name")
+      read -r n rps p50 p99 errs <<<"$(run_wrk "$port" $st "$DURATION")"
+      c1=$(cpu_ticks "$name")
+      us=$(awk -v c=$((c1 - c0)) -v t="$TCK" -v n="$n" 'BEGIN{printf "%.1f", c / t * 1e6 / (n > 0 ? n : 1)}')
+      printf '%-12s r%d %-8s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms  cpu %6.1f us/req  rss %3s MiB  errors %s\n' \
+        "$sc" "$r" "$name" "$rps" "$p50" "$p99" "$us" "$(hwm_mib "$name")" "$errs"
+      echo "$sc $name $rps $p50 $p99 $us $(hwm_mib "$name") $errs" >> "$RES"
+    done
+  done
+done
+echo
+echo "median over rounds:"
+printf '| %-11s | %-8s | %9s | %8s | %8s | %10s | %8s |\n' scenario target "req/s" "p50 ms" "p99 ms" "CPU us/req" "RSS MiB"
+printf '|%s|\n' "-------------|----------|-----------|----------|----------|------------|----------"
+for sc in $SCENARIOS; do for t in $TARGETS; do name=${t%%:*}
+  awk -v sc="$sc" -v n="$name" '$1==sc && $2==n' "$RES" | sort -k3 -n | awk -v sc="$sc" -v n="$name" '
+    {rps[NR]=$3; p50[NR]=$4; p99[NR]=$5; us[NR]=$6; rss=$7}
+    END{m=int((NR+1)/2); printf "| %-11s | %-8s | %9.0f | %8.2f | %8.2f | %10.1f | %8s |\n", sc, n, rps[m], p50[m], p99[m], us[m], rss}'
+done; done

@@ -1,0 +1,21 @@
+-- wrk script: POST /v1/chat/completions with a ~1 KiB user prompt.
+-- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim).
+local stream = os.getenv("STREAM") == "1"
+local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
+local model = os.getenv("MODEL") or "moongate-sim"
+local prompt = string.rep("The quick brown fox jumps over the lazy dog. ", 23) -- 1035 bytes
+wrk.method = "POST"
+wrk.path = "/v1/chat/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. prompt ..
+  '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
+
+-- One machine-readable line at the end (latencies in ms).
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'RESULT %d %.1f %.3f %.3f %d\n',
+    summary.requests, summary.requests / (summary.duration / 1e6),
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    e.connect + e.read + e.write + e.status + e.timeout))
+end

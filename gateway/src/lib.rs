@@ -17,12 +17,14 @@
 //! - [`request_id`]: `x-request-id` kept or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, graceful shutdown.
+//! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl examples.
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks.
 
 pub mod client;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod logging;
 pub mod metrics;

@@ -17,6 +17,8 @@ struct Cli {
 enum Command {
     /// Run the gateway (sglang-router's flags are accepted).
     Serve(ServeArgs),
+    /// Run a gateway with two simulated workers on 127.0.0.1:30000 and print what to try.
+    Demo(gateway::demo::DemoConfig),
     /// Run a simulated SGLang worker (same endpoints and shapes, deterministic output).
     SimWorker(gateway::sim::SimConfig),
 }
@@ -46,6 +48,10 @@ fn main() -> anyhow::Result<()> {
             }
             gateway::logging::init(cfg.log_level);
             runtime()?.block_on(gateway::serve::run(cfg))
+        }
+        Command::Demo(cfg) => {
+            gateway::logging::init(config::LogLevel::Warn);
+            runtime()?.block_on(gateway::demo::run(cfg))
         }
         Command::SimWorker(cfg) => {
             gateway::logging::init(config::LogLevel::Info);

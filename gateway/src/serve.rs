@@ -100,25 +100,35 @@ pub async fn spawn_with(
     })
 }
 
-/// Resolves when the process is asked to stop (Ctrl-C, or SIGTERM on Unix).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// A future that resolves when the process is asked to stop (Ctrl-C / SIGINT, or SIGTERM on
+/// Unix). The handlers are installed when this is called, not when the future is first
+/// polled, so call it before announcing readiness. Needs a tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        let int = signal(SignalKind::interrupt()).ok();
+        let term = signal(SignalKind::terminate()).ok();
+        let recv = |s: Option<Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        async move {
+            tokio::select! {
+                _ = recv(int) => {}
+                _ = recv(term) => {}
+            }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    {
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -127,9 +137,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
+    let stop = shutdown_signal();
     let gw = spawn(cfg, listener).await?;
     tracing::info!(addr = %gw.addr, workers = gw.state().registry().list().len(), "moongate gateway listening");
-    shutdown_signal().await;
+    stop.await;
     tracing::info!("shutting down");
     gw.shutdown().await;
     Ok(())

@@ -23,6 +23,38 @@ fn print_config(c: &mut Command) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
+/// `GET path` over a fresh connection to `addr`; the raw response.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) and expects a clean exit within 5 s.
+fn signal_and_expect_clean_exit(child: &mut std::process::Child, signal: &str) {
+    let sent = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    for _ in 0..100 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("moongate did not exit within 5 s of {signal}");
+}
+
 #[test]
 fn file_env_and_flags_merge_in_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,7 +136,7 @@ fn help_shows_defaults_from_the_config_struct() {
 
 #[test]
 fn serve_runs_as_a_process_and_stops_cleanly_on_sigterm() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufRead, BufReader};
     let mut child = moongate()
         .args([
             "serve",
@@ -129,25 +161,30 @@ fn serve_runs_as_a_process_and_stops_cleanly_on_sigterm() {
             break rest.split_whitespace().next().expect("address").to_string();
         }
     };
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-    s.write_all(b"GET /liveness HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    let resp = http_get(&addr, "/liveness");
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.contains("\"status\":\"alive\""), "{resp}");
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    for _ in 0..100 {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "exit status {status}");
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    panic!("moongate serve did not exit within 5 s of SIGTERM");
+    signal_and_expect_clean_exit(&mut child, "-TERM");
+}
+
+#[test]
+fn demo_prints_examples_serves_them_and_exits_on_ctrl_c() {
+    use std::io::{BufRead, BufReader};
+    let mut child = moongate()
+        .args(["demo", "--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn moongate demo");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("utf-8");
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("gateway url")
+        .to_string();
+    let printed: Vec<String> = lines.by_ref().take(12).map(|l| l.unwrap()).collect();
+    assert!(printed.iter().any(|l| l.starts_with("curl")), "{printed:?}");
+    let resp = http_get(url.trim_start_matches("http://"), "/readiness");
+    assert!(resp.contains("\"ready_workers\":2"), "{resp}");
+    signal_and_expect_clean_exit(&mut child, "-INT");
 }

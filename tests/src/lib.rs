@@ -229,3 +229,30 @@ async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .body(Body::from_stream(frames))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
+
+/// `GET url`, the body as JSON (panics on a transport error or non-JSON body).
+pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
+    c.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON body")
+}
+
+/// `POST url` with a JSON body, the answer as JSON (panics on a transport error or non-JSON body).
+pub async fn post_json(
+    c: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    c.post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("POST")
+        .json()
+        .await
+        .expect("JSON body")
+}

@@ -4,7 +4,10 @@ use axum::Json;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use openapi::error::ErrorResponse;
-use serde_json::json;
+use openapi::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
+use openapi::openai::completions::{CompletionRequest, CompletionResponse};
+use openapi::openai::{ModelCard, ModelList};
+use openapi::sglang::GenerateRequest;
 
 use super::AppState;
 use crate::proxy::dispatch::X_REQUEST_ID;
@@ -43,9 +46,9 @@ async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
 
 /// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "inference",
-    request_body(content = Object, description = "OpenAI chat completion request; fields the gateway does not know are passed through"),
+    request_body(content = ChatCompletionRequest, description = "OpenAI chat completion request; fields the gateway does not know are passed through unchanged"),
     responses(
-        (status = 200, description = "The worker's answer: JSON, or `text/event-stream` ending with `data: [DONE]`"),
+        (status = 200, description = "The worker's answer: JSON, or `text/event-stream` of `ChatCompletionChunk`s ending with `data: [DONE]`", body = ChatCompletionResponse),
         (status = 400, description = "Malformed JSON", body = ErrorResponse),
         (status = 404, description = "No worker serves the model", body = ErrorResponse),
         (status = 413, description = "Body over --max-payload-size", body = ErrorResponse),
@@ -59,9 +62,9 @@ pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Respo
 
 /// OpenAI text completions, proxied.
 #[utoipa::path(post, path = "/v1/completions", tag = "inference",
-    request_body(content = Object, description = "OpenAI completion request; unknown fields are passed through"),
+    request_body(content = CompletionRequest, description = "OpenAI completion request; unknown fields are passed through unchanged"),
     responses(
-        (status = 200, description = "The worker's answer (JSON or SSE)"),
+        (status = 200, description = "The worker's answer (JSON or SSE)", body = CompletionResponse),
         (status = "4XX", description = "Client error", body = ErrorResponse),
         (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
     ))]
@@ -71,7 +74,7 @@ pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
 
 /// SGLang native generation, proxied.
 #[utoipa::path(post, path = "/generate", tag = "inference",
-    request_body(content = Object, description = "SGLang /generate request (text or input_ids, single or batch)"),
+    request_body(content = GenerateRequest, description = "SGLang /generate request (text or input_ids, single or batch); unknown fields are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer (JSON or SSE)"),
         (status = "4XX", description = "Client error", body = ErrorResponse),
@@ -83,13 +86,22 @@ pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
 
 /// The models served by ready workers (union, de-duplicated).
 #[utoipa::path(get, path = "/v1/models", tag = "inference",
-    responses((status = 200, description = "OpenAI model list", body = Object)))]
-pub async fn models(State(st): State<AppState>) -> Response {
-    let data: Vec<_> = st
+    responses((status = 200, description = "OpenAI model list", body = ModelList)))]
+pub async fn models(State(st): State<AppState>) -> Json<ModelList> {
+    let data = st
         .registry()
         .models()
         .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "moongate"}))
+        .map(|id| ModelCard {
+            root: Some(id.clone()),
+            id,
+            object: "model".into(),
+            created: 0,
+            owned_by: "moongate".into(),
+            parent: None,
+            max_model_len: None,
+            extra: Default::default(),
+        })
         .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    Json(ModelList::new(data))
 }

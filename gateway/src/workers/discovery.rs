@@ -1,32 +1,15 @@
 //! Model discovery: what model a worker serves, asked of the worker itself.
 //!
-//! `GET /v1/models` first (its first `data[].id` is the name clients send); if that fails,
-//! `GET /get_model_info` (`served_model_name`, else `model_path`).
+//! `GET /v1/models` first (its first `data[].id` is the served name clients send); if that
+//! fails, `GET /get_model_info` (`model_path`).
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use openapi::openai::ModelList;
+use openapi::sglang::server::ModelInfo;
 
 use super::Worker;
 use crate::client::HttpClient;
-
-#[derive(Deserialize)]
-struct ModelList {
-    data: Vec<ModelEntry>,
-}
-
-#[derive(Deserialize)]
-struct ModelEntry {
-    id: String,
-}
-
-#[derive(Deserialize)]
-struct ModelInfo {
-    #[serde(default)]
-    served_model_name: Option<String>,
-    #[serde(default)]
-    model_path: Option<String>,
-}
 
 /// Asks `worker` which model it serves. Errors name both attempts.
 pub async fn discover(
@@ -59,10 +42,8 @@ pub async fn discover(
     };
     let second = match get("/get_model_info").await {
         Ok(body) => match serde_json::from_slice::<ModelInfo>(&body) {
-            Ok(info) => match info.served_model_name.or(info.model_path) {
-                Some(m) => return Ok(m),
-                None => "/get_model_info names no model".to_string(),
-            },
+            Ok(info) if !info.model_path.is_empty() => return Ok(info.model_path),
+            Ok(_) => "/get_model_info names no model".to_string(),
             Err(e) => format!("/get_model_info: {e}"),
         },
         Err(e) => e,

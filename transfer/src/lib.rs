@@ -1,7 +1,50 @@
 //! Moongate transfer engine: moves bytes between registered memory of different processes
 //! and hosts (KV pages from prefill to decode, values between store clients and storage
-//! nodes). It knows nothing about keys, models or HTTP routes.
+//! nodes) over TCP, shared memory and RDMA. It knows nothing about keys, models or HTTP
+//! routes.
+//!
+//! A node builds a [`TransferEngine`], registers memory ([`TransferEngine::alloc`],
+//! [`TransferEngine::register`]) and is addressed by peers through its **segment** (named
+//! `host:port`), whose [`SegmentDescriptor`] lists its endpoints and regions. An initiator
+//! opens a peer's segment, submits a batch of [`TransferRequest`]s (read or write, local
+//! range, remote address) and waits for the [`Batch`] or polls each request. Every remote
+//! access is checked by the target against its registered regions and their access
+//! tokens; failures are typed ([`TransferError`]) and name the peer and range.
 //!
 //! # Layout
-//! Modules arrive with the transfer-engine issue (registered memory, segments, metadata,
-//! TCP / shared-memory / RDMA transports).
+//! - [`error`]: the crate's error type (`TransferError`, `RemoteRange`).
+//! - [`memory`]: memory regions (anonymous, shared-memory, hugepage, caller-owned), RAII.
+//! - `registry`: the engine's registration table and the [`RegisteredBuffer`] handle.
+//! - [`segment`]: segment descriptors (serde, versioned) and the host id.
+//! - [`metadata`]: publishing and fetching descriptors: peer-to-peer, HTTP (Mooncake's
+//!   interface), in-memory.
+//! - `engine`: the engine (config, builder, registration, segments, batches and their
+//!   completion, routing, notifications, shutdown).
+//! - [`tcp`]: TCP transport: `frame` (pure wire codec), raw socket I/O, target server,
+//!   initiator pool with lanes and slicing.
+//! - `shm`: shared-memory transport (same-host peers) and local copies.
+//! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing,
+//!   and the verbs data path.
+//! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
+
+pub mod error;
+pub mod memory;
+pub mod metadata;
+pub mod rdma;
+pub mod segment;
+pub mod tcp;
+
+mod engine;
+mod registry;
+mod shm;
+
+pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
+pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode};
+pub use engine::notify::{Notification, Notifications};
+pub use engine::segments::Segment;
+pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats};
+pub use error::{RemoteRange, Result, TransferError};
+pub use memory::{AllocOptions, MemoryRegion};
+pub use metadata::{HttpMetadata, InMemoryMetadata, Metadata, P2pMetadata};
+pub use registry::RegisteredBuffer;
+pub use segment::{RegionDescriptor, SegmentDescriptor};

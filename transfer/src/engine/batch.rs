@@ -1,0 +1,367 @@
+//! Requests, batches and their completion tracking.
+//!
+//! A batch holds its requests (and so their local buffers and segments) until the last
+//! slice of the last request is done. Each request completes exactly once: the first error
+//! of any of its slices, or success when every slice succeeded, or cancellation, or its
+//! timeout. A slice that is dropped without completing (its connection died, its queue was
+//! closed) fails its request: nothing can wait forever.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::engine::segments::Segment;
+use crate::error::{RemoteRange, Result, TransferError};
+use crate::registry::RegisteredBuffer;
+
+/// Direction of a transfer, seen from the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Copy from the peer's memory into the local buffer.
+    Read,
+    /// Copy from the local buffer into the peer's memory.
+    Write,
+}
+
+/// One transfer: `len` bytes between `local[local_offset..]` and the peer's `remote_addr`.
+#[derive(Debug, Clone)]
+pub struct TransferRequest {
+    /// Direction.
+    pub op: Op,
+    /// Local buffer (registered with the submitting engine).
+    pub local: RegisteredBuffer,
+    /// Offset of the first byte in `local`.
+    pub local_offset: usize,
+    /// The peer (see `TransferEngine::open_segment`).
+    pub segment: Segment,
+    /// Peer address of the first byte (inside one of its registered regions).
+    pub remote_addr: u64,
+    /// Bytes to move (0 completes at once).
+    pub len: usize,
+}
+
+impl TransferRequest {
+    /// A write of `local[local_offset..+len]` to `remote_addr` on `segment`.
+    pub fn write(
+        local: &RegisteredBuffer,
+        local_offset: usize,
+        segment: &Segment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Self {
+        Self {
+            op: Op::Write,
+            local: local.clone(),
+            local_offset,
+            segment: segment.clone(),
+            remote_addr,
+            len,
+        }
+    }
+
+    /// A read of `len` bytes at `remote_addr` on `segment` into `local[local_offset..]`.
+    pub fn read(
+        local: &RegisteredBuffer,
+        local_offset: usize,
+        segment: &Segment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Self {
+        Self {
+            op: Op::Read,
+            local: local.clone(),
+            local_offset,
+            segment: segment.clone(),
+            remote_addr,
+            len,
+        }
+    }
+
+    /// The remote range, as errors name it.
+    pub fn remote_range(&self) -> RemoteRange {
+        RemoteRange::new(self.remote_addr, self.len as u64)
+    }
+
+    /// Pointer to the first local byte (bounds checked at submit).
+    pub(crate) fn local_ptr(&self) -> *mut u8 {
+        self.local.region().as_ptr().wrapping_add(self.local_offset)
+    }
+}
+
+/// Where a request stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Still moving.
+    Pending,
+    /// All bytes are where they were asked to go (a write: in the peer's memory).
+    Completed,
+    /// Failed, cancelled or timed out (the error says which).
+    Failed(TransferError),
+}
+
+struct Slot {
+    done: AtomicBool,
+    slices_left: AtomicU32,
+    result: Mutex<Option<Result<()>>>,
+}
+
+/// Shared state of a submitted batch.
+pub(crate) struct BatchState {
+    pub(crate) requests: Vec<TransferRequest>,
+    slots: Box<[Slot]>,
+    remaining: AtomicUsize,
+    notify: Notify,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+}
+
+impl BatchState {
+    pub(crate) fn new(requests: Vec<TransferRequest>, timeout: Duration) -> Arc<Self> {
+        let slots = requests
+            .iter()
+            .map(|_| Slot {
+                done: AtomicBool::new(false),
+                slices_left: AtomicU32::new(1),
+                result: Mutex::new(None),
+            })
+            .collect();
+        Arc::new(Self {
+            remaining: AtomicUsize::new(requests.len()),
+            requests,
+            slots,
+            notify: Notify::new(),
+            deadline: Instant::now() + timeout,
+            timeout,
+        })
+    }
+
+    /// Sets how many slices request `idx` was cut into (before any is dispatched).
+    pub(crate) fn set_slices(&self, idx: usize, n: u32) {
+        self.slots[idx]
+            .slices_left
+            .store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether request `idx` is still pending (its slices should still run).
+    pub(crate) fn is_live(&self, idx: usize) -> bool {
+        !self.slots[idx].done.load(Ordering::Acquire)
+    }
+
+    /// Completes request `idx` unless it already completed; returns whether this call did.
+    pub(crate) fn finish(&self, idx: usize, r: Result<()>) -> bool {
+        let slot = &self.slots[idx];
+        {
+            let mut res = slot.result.lock();
+            if res.is_some() {
+                return false;
+            }
+            if let Err(e) = &r
+                && e.invalidates_descriptor()
+            {
+                self.requests[idx].segment.mark_stale();
+            }
+            *res = Some(r);
+            slot.done.store(true, Ordering::Release);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.notify.notify_waiters();
+        }
+        true
+    }
+
+    /// Records one slice's outcome: the first error fails the request, the last success
+    /// completes it.
+    pub(crate) fn slice_done(&self, idx: usize, r: Result<()>) {
+        match r {
+            Err(e) => {
+                self.finish(idx, Err(e));
+            }
+            Ok(()) => {
+                if self.slots[idx].slices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.finish(idx, Ok(()));
+                }
+            }
+        }
+    }
+
+    /// A completion token for one slice of request `idx`.
+    pub(crate) fn completion(self: &Arc<Self>, idx: usize) -> Completion {
+        Completion {
+            batch: self.clone(),
+            idx,
+            done: false,
+        }
+    }
+
+    fn expire(&self) {
+        for (i, req) in self.requests.iter().enumerate() {
+            if self.is_live(i) {
+                self.finish(
+                    i,
+                    Err(TransferError::TimedOut {
+                        segment: req.segment.name().to_owned(),
+                        range: req.remote_range(),
+                        timeout: self.timeout,
+                    }),
+                );
+            }
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+
+    async fn wait_done(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.all_done() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Completes one slice of one request exactly once; dropping it uncompleted fails the
+/// request as "peer unreachable" (its connection or queue went away).
+pub(crate) struct Completion {
+    batch: Arc<BatchState>,
+    idx: usize,
+    done: bool,
+}
+
+impl Completion {
+    /// Whether the request still wants this slice.
+    pub(crate) fn is_live(&self) -> bool {
+        self.batch.is_live(self.idx)
+    }
+
+    /// The request this slice belongs to.
+    pub(crate) fn request(&self) -> &TransferRequest {
+        &self.batch.requests[self.idx]
+    }
+
+    /// The batch (keeps the request's buffers alive).
+    pub(crate) fn batch(&self) -> Arc<BatchState> {
+        self.batch.clone()
+    }
+
+    /// Reports the slice's outcome.
+    pub(crate) fn complete(mut self, r: Result<()>) {
+        self.done = true;
+        self.batch.slice_done(self.idx, r);
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.done {
+            let seg = self.request().segment.name().to_owned();
+            self.batch.slice_done(
+                self.idx,
+                Err(TransferError::unreachable(
+                    &seg,
+                    "connection closed before the request completed",
+                )),
+            );
+        }
+    }
+}
+
+/// A submitted batch: wait for it, poll each request, or cancel it.
+///
+/// Dropping the handle does not cancel anything: the transfers run to completion.
+pub struct Batch {
+    pub(crate) state: Arc<BatchState>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("len", &self.len())
+            .field("complete", &self.is_complete())
+            .finish()
+    }
+}
+
+impl Batch {
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.state.requests.len()
+    }
+
+    /// Whether the batch has no requests.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Status of request `i` (a pending request past its deadline reports `TimedOut`).
+    ///
+    /// # Panics
+    /// If `i >= self.len()`.
+    pub fn status(&self, i: usize) -> RequestStatus {
+        if self.state.is_live(i) && Instant::now() >= self.state.deadline {
+            self.state.expire();
+        }
+        match &*self.state.slots[i].result.lock() {
+            None => RequestStatus::Pending,
+            Some(Ok(())) => RequestStatus::Completed,
+            Some(Err(e)) => RequestStatus::Failed(e.clone()),
+        }
+    }
+
+    /// Whether every request has completed (successfully or not).
+    pub fn is_complete(&self) -> bool {
+        self.state.all_done()
+    }
+
+    /// Waits until every request completed or the batch deadline passed (pending requests
+    /// then fail with `TimedOut`); returns the first failed request's error, by index.
+    pub async fn wait(&self) -> Result<()> {
+        self.wait_all().await.into_iter().collect()
+    }
+
+    /// Like [`Batch::wait`], but returns every request's outcome, in request order.
+    pub async fn wait_all(&self) -> Vec<Result<()>> {
+        if tokio::time::timeout_at(self.state.deadline, self.state.wait_done())
+            .await
+            .is_err()
+        {
+            self.state.expire();
+        }
+        self.state
+            .slots
+            .iter()
+            .map(|s| s.result.lock().clone().expect("every request completed"))
+            .collect()
+    }
+
+    /// Cancels every pending request: slices not yet sent are dropped, their requests fail
+    /// with `Cancelled`. Bytes already handed to the network may still land (a cancelled
+    /// write may have reached the peer; a cancelled read's local range is unspecified).
+    pub fn cancel(&self) {
+        for (i, req) in self.state.requests.iter().enumerate() {
+            if self.state.is_live(i) {
+                self.state.finish(
+                    i,
+                    Err(TransferError::Cancelled {
+                        segment: req.segment.name().to_owned(),
+                        range: req.remote_range(),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Total bytes the batch moves.
+    pub fn bytes(&self) -> u64 {
+        self.state.requests.iter().map(|r| r.len as u64).sum()
+    }
+}

@@ -1,0 +1,271 @@
+//! Engine configuration: every default of the transfer engine lives here (the bench CLI,
+//! the docs and the crates embedding the engine read them from [`EngineConfig::default`]).
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TransferError};
+use crate::tcp::frame::MAX_DATA_LEN;
+
+/// Whether to use RDMA.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RdmaMode {
+    /// Never (TCP and shared memory only).
+    #[default]
+    Off,
+    /// Required: building the engine fails when no RDMA device is usable.
+    On,
+    /// When a device is usable; otherwise fall back to TCP (logged).
+    Auto,
+}
+
+impl FromStr for RdmaMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" | "false" | "no" => Ok(RdmaMode::Off),
+            "on" | "true" | "yes" => Ok(RdmaMode::On),
+            "auto" => Ok(RdmaMode::Auto),
+            other => Err(format!("unknown RDMA mode {other:?} (off, on, auto)")),
+        }
+    }
+}
+
+/// Where descriptors are published and fetched.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum MetadataConfig {
+    /// Ask each peer over its TCP port; no central service (the default).
+    #[default]
+    P2p,
+    /// Mooncake's HTTP metadata interface at `url` (e.g. `http://master:8080/metadata`).
+    Http {
+        /// Base URL.
+        url: String,
+    },
+}
+
+impl FromStr for MetadataConfig {
+    type Err = String;
+    /// `p2p` (or Mooncake's `P2PHANDSHAKE`), or an `http://` URL.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s.eq_ignore_ascii_case("p2p") || s == "P2PHANDSHAKE" {
+            Ok(MetadataConfig::P2p)
+        } else if s.starts_with("http://") {
+            Ok(MetadataConfig::Http { url: s.to_owned() })
+        } else {
+            Err(format!(
+                "metadata must be `p2p` or an http:// URL, not {s:?}"
+            ))
+        }
+    }
+}
+
+/// Configuration of a `TransferEngine`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// TCP listen address (data, control and peer-to-peer metadata).
+    pub listen: SocketAddr,
+    /// Host peers should connect to; default: the listen IP, or this host's primary IP when
+    /// listening on the unspecified address.
+    pub advertise_host: Option<String>,
+    /// Segment name; default `advertise_host:port`.
+    pub segment_name: Option<String>,
+    /// Descriptor publication and lookup.
+    pub metadata: MetadataConfig,
+    /// TCP connections per peer.
+    pub lanes_per_peer: usize,
+    /// Requests larger than this are cut into slices of this size, spread over lanes.
+    pub slice_size: usize,
+    /// Frames in flight per lane before submitters wait (backpressure).
+    pub max_inflight_per_lane: usize,
+    /// Time a request may take from submission to completion.
+    #[serde(with = "duration_text")]
+    pub request_timeout: Duration,
+    /// Time to establish a TCP connection.
+    #[serde(with = "duration_text")]
+    pub connect_timeout: Duration,
+    /// A connection with requests outstanding and no progress this long is declared dead.
+    #[serde(with = "duration_text")]
+    pub io_timeout: Duration,
+    /// Use the shared-memory transport with same-host peers, and allocate `alloc`ed buffers
+    /// as shared memory so same-host peers can use it on them.
+    pub shm: bool,
+    /// RDMA use.
+    pub rdma: RdmaMode,
+    /// RDMA devices to use (empty: all).
+    pub rdma_devices: Vec<String>,
+    /// GID index used on RoCE ports (ignored on InfiniBand, which routes by LID).
+    pub rdma_gid_index: u8,
+    /// Slice size of RDMA requests (slices are spread over device pairs).
+    pub rdma_slice_size: usize,
+    /// How long a fetched descriptor is trusted without a failure.
+    #[serde(with = "duration_text")]
+    pub descriptor_ttl: Duration,
+    /// Capacity of the incoming notification queue.
+    pub notification_queue: usize,
+    /// How long `shutdown` waits for in-flight requests.
+    #[serde(with = "duration_text")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            advertise_host: None,
+            segment_name: None,
+            metadata: MetadataConfig::P2p,
+            lanes_per_peer: 2,
+            slice_size: 1 << 20,
+            max_inflight_per_lane: 256,
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
+            shm: true,
+            rdma: RdmaMode::Off,
+            rdma_devices: Vec::new(),
+            rdma_gid_index: 3,
+            rdma_slice_size: 64 << 10,
+            descriptor_ttl: Duration::from_secs(300),
+            notification_queue: 4096,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// A default configuration listening on `listen` (tests use `127.0.0.1:0`).
+    pub fn listening_on(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            ..Self::default()
+        }
+    }
+
+    /// Checks values before use.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(TransferError::invalid(format!("engine config: {what}")));
+        if self.lanes_per_peer == 0 || self.lanes_per_peer > 64 {
+            return bad(format!(
+                "lanes_per_peer must be 1..=64, not {}",
+                self.lanes_per_peer
+            ));
+        }
+        if self.slice_size == 0 || self.slice_size as u64 > MAX_DATA_LEN {
+            return bad(format!(
+                "slice_size must be 1..={MAX_DATA_LEN}, not {}",
+                self.slice_size
+            ));
+        }
+        if self.rdma_slice_size == 0 || self.rdma_slice_size > 1 << 30 {
+            return bad(format!(
+                "rdma_slice_size must be 1..=1 GiB, not {}",
+                self.rdma_slice_size
+            ));
+        }
+        if self.max_inflight_per_lane == 0 {
+            return bad("max_inflight_per_lane must be at least 1".into());
+        }
+        if self.notification_queue == 0 {
+            return bad("notification_queue must be at least 1".into());
+        }
+        for (name, d) in [
+            ("request_timeout", self.request_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("io_timeout", self.io_timeout),
+        ] {
+            if d.is_zero() {
+                return bad(format!("{name} must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Durations as human-readable text in config files (`"30s"`, `"250ms"`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_through_json() {
+        let c = EngineConfig::default();
+        c.validate().unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains("\"request_timeout\":\"30s\""), "{json}");
+        let back: EngineConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        let partial: EngineConfig = serde_json::from_str(
+            r#"{"lanes_per_peer":4,"metadata":{"kind":"http","url":"http://m:8080/metadata"}}"#,
+        )
+        .unwrap();
+        assert_eq!(partial.lanes_per_peer, 4);
+        assert_eq!(
+            partial.metadata,
+            MetadataConfig::Http {
+                url: "http://m:8080/metadata".into()
+            }
+        );
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"lanes":4}"#).is_err());
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        for c in [
+            EngineConfig {
+                lanes_per_peer: 0,
+                ..Default::default()
+            },
+            EngineConfig {
+                slice_size: 0,
+                ..Default::default()
+            },
+            EngineConfig {
+                slice_size: (MAX_DATA_LEN + 1) as usize,
+                ..Default::default()
+            },
+            EngineConfig {
+                io_timeout: Duration::ZERO,
+                ..Default::default()
+            },
+        ] {
+            assert!(c.validate().is_err());
+        }
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("auto".parse::<RdmaMode>().unwrap(), RdmaMode::Auto);
+        assert!("maybe".parse::<RdmaMode>().is_err());
+        assert_eq!(
+            "P2PHANDSHAKE".parse::<MetadataConfig>().unwrap(),
+            MetadataConfig::P2p
+        );
+        assert!(matches!(
+            "http://h:1/metadata".parse::<MetadataConfig>().unwrap(),
+            MetadataConfig::Http { .. }
+        ));
+        assert!("etcd://h".parse::<MetadataConfig>().is_err());
+    }
+}

@@ -1,0 +1,867 @@
+//! The engine: registration, segments, batch submission and routing, notifications,
+//! graceful shutdown.
+//!
+//! ```no_run
+//! # async fn demo() -> transfer::Result<()> {
+//! use transfer::{EngineConfig, TransferEngine, TransferRequest};
+//! let engine = TransferEngine::new(EngineConfig::listening_on("127.0.0.1:0".parse().unwrap())).await?;
+//! let local = engine.alloc(1 << 20)?;                 // registered, page aligned
+//! local.write_at(0, b"hello")?;
+//! let peer = engine.open_segment("10.0.0.2:7000").await?;  // fetch the peer's descriptor
+//! let region = peer.regions()[0].clone();
+//! let batch = engine.submit(vec![TransferRequest::write(&local, 0, &peer, region.addr, 5)]).await?;
+//! batch.wait().await?;                                // acknowledged: in the peer's memory
+//! engine.notify(&peer, b"5 bytes at region 0").await?;
+//! # Ok(()) }
+//! ```
+
+pub(crate) mod batch;
+pub(crate) mod config;
+pub(crate) mod notify;
+pub(crate) mod segments;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::error::{RemoteRange, Result, TransferError};
+use crate::memory::{AllocOptions, MemoryRegion};
+use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
+use crate::rdma::{RdmaPath, paths_for};
+use crate::registry::{LocalEntry, LocalRegions, RegisteredBuffer};
+use crate::segment::{
+    DESCRIPTOR_VERSION, Endpoints, RegionDescriptor, SegmentDescriptor, ShmRegion, host_id,
+};
+use crate::shm::{CopyJob, CopyTarget};
+use crate::tcp::client::{ClientConfig, TcpClient, status_error};
+use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status, encode_notify};
+use crate::tcp::server::{ServerCtx, accept_loop};
+
+use batch::{Batch, BatchState, TransferRequest};
+use config::{EngineConfig, MetadataConfig};
+use notify::{Notification, Notifications};
+use segments::{DescribeFn, Segment};
+
+/// Which transports an engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveTransports {
+    /// Always on (data path to remote hosts, control path, peer-to-peer metadata).
+    pub tcp: bool,
+    /// Shared memory with same-host peers.
+    pub shm: bool,
+    /// RDMA (needs the `rdma` feature and a usable device).
+    pub rdma: bool,
+}
+
+/// Requests and bytes this engine routed to each transport (as initiator), since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Requests submitted.
+    pub requests: u64,
+    /// Bytes sent or fetched over TCP.
+    pub tcp_bytes: u64,
+    /// Bytes copied through shared memory with same-host peers.
+    pub shm_bytes: u64,
+    /// Bytes copied within this engine's own segment.
+    pub local_bytes: u64,
+    /// Bytes moved over RDMA.
+    pub rdma_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    tcp: AtomicU64,
+    shm: AtomicU64,
+    local: AtomicU64,
+    rdma: AtomicU64,
+}
+
+/// How one request travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Route {
+    Shm(ShmRegion),
+    Rdma(Vec<RdmaPath>),
+    Tcp,
+}
+
+/// Picks the transport for a request into `region` of a peer: shared memory when both run
+/// on one host and the region is shared, else RDMA when both have a device with a key for
+/// the region, else TCP.
+pub(crate) fn route(
+    shm_enabled: bool,
+    same_host: bool,
+    region: &RegionDescriptor,
+    local_rdma: &[String],
+    peer: &SegmentDescriptor,
+) -> Route {
+    if shm_enabled
+        && same_host
+        && let Some(shm) = &region.shm
+    {
+        return Route::Shm(shm.clone());
+    }
+    let paths = paths_for(local_rdma, &peer.endpoints.rdma, region);
+    if !paths.is_empty() {
+        return Route::Rdma(paths);
+    }
+    Route::Tcp
+}
+
+struct Inner {
+    config: EngineConfig,
+    name: String,
+    host_id: String,
+    engine_id: u64,
+    local_addr: SocketAddr,
+    regions: Arc<LocalRegions>,
+    metadata: Arc<dyn Metadata>,
+    tcp: Arc<TcpClient>,
+    segments: moka::future::Cache<String, Segment>,
+    local_segment: Segment,
+    notify_tx: mpsc::Sender<Notification>,
+    notifications: Notifications,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    closing: AtomicBool,
+    rdma: Option<Arc<crate::rdma::Transport>>,
+    rdma_devices: Vec<String>,
+    counters: Counters,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.tcp.close_all();
+    }
+}
+
+/// Moves bytes between registered memory of this process and of peers. Cheap to clone
+/// (clones share the engine); dropping the last clone stops it (use
+/// [`TransferEngine::shutdown`] to drain first).
+#[derive(Clone)]
+pub struct TransferEngine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("segment", &self.inner.name)
+            .field("listen", &self.inner.local_addr)
+            .field("transports", &self.transports())
+            .finish()
+    }
+}
+
+/// Builds a [`TransferEngine`].
+#[derive(Default)]
+pub struct EngineBuilder {
+    config: EngineConfig,
+    metadata: Option<Arc<dyn Metadata>>,
+}
+
+impl EngineBuilder {
+    /// Uses `config` (replacing everything set so far).
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Listens on `addr`.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.config.listen = addr;
+        self
+    }
+
+    /// Uses this metadata service instead of the one `config.metadata` names (e.g. an
+    /// `InMemoryMetadata` shared by engines of one process).
+    pub fn metadata(mut self, metadata: Arc<dyn Metadata>) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// Validates the configuration, opens the transports, starts serving and publishes the
+    /// descriptor. Must run inside a tokio runtime (the engine's tasks run on it).
+    pub async fn build(self) -> Result<TransferEngine> {
+        let config = self.config;
+        config.validate()?;
+        let rdma = crate::rdma::start(&config)?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| TransferError::io(format!("bind {}", config.listen), &e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| TransferError::io("listener address", &e))?;
+        let host = config
+            .advertise_host
+            .clone()
+            .unwrap_or_else(|| advertise_ip(local_addr.ip()).to_string());
+        let tcp_endpoint = join_host_port(&host, local_addr.port());
+        let name = config
+            .segment_name
+            .clone()
+            .unwrap_or_else(|| tcp_endpoint.clone());
+        let engine_id = rand::random::<u64>() | 1;
+        let host_id = host_id();
+        let regions = LocalRegions::new(engine_id);
+        let tcp = Arc::new(TcpClient::new(ClientConfig {
+            lanes: config.lanes_per_peer,
+            slice_size: config.slice_size as u64,
+            max_inflight: config.max_inflight_per_lane,
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+        }));
+        let metadata: Arc<dyn Metadata> = match (self.metadata, &config.metadata) {
+            (Some(m), _) => m,
+            (None, MetadataConfig::P2p) => {
+                Arc::new(P2pMetadata::new(tcp.clone(), config.request_timeout))
+            }
+            (None, MetadataConfig::Http { url }) => {
+                Arc::new(HttpMetadata::new(url, config.request_timeout)?)
+            }
+        };
+        let rdma_devices = rdma.as_ref().map(|t| t.device_names()).unwrap_or_default();
+        let describe: DescribeFn = {
+            let (name, host_id, regions) = (name.clone(), host_id.clone(), regions.clone());
+            let rdma_endpoints = rdma.as_ref().map(|t| t.endpoints()).unwrap_or_default();
+            Arc::new(move || SegmentDescriptor {
+                version: DESCRIPTOR_VERSION,
+                name: name.clone(),
+                host_id: host_id.clone(),
+                engine_id,
+                generation: regions.generation(),
+                endpoints: Endpoints {
+                    tcp: Some(tcp_endpoint.clone()),
+                    rdma: rdma_endpoints.clone(),
+                },
+                regions: regions.describe(),
+            })
+        };
+        let (notify_tx, notify_rx) = mpsc::channel(config.notification_queue);
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let ctx = Arc::new(ServerCtx {
+            regions: regions.clone(),
+            describe: {
+                let d = describe.clone();
+                Box::new(move || d().to_json())
+            },
+            notifications: notify_tx.clone(),
+            rdma: rdma.as_ref().map(|t| t.acceptor()),
+            shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
+            io_timeout: config.io_timeout,
+        });
+        tokio::spawn(accept_loop(listener, ctx));
+        metadata.publish(&describe()).await?;
+        if metadata.kind() != "p2p" {
+            tokio::spawn(publish_loop(
+                regions.clone(),
+                metadata.clone(),
+                describe.clone(),
+                shutdown.clone(),
+            ));
+        }
+        tracing::info!(segment = %name, listen = %local_addr, metadata = metadata.kind(), rdma = rdma.is_some(), "transfer engine started");
+        let segments = moka::future::Cache::builder()
+            .time_to_live(config.descriptor_ttl)
+            .max_capacity(65_536)
+            .build();
+        Ok(TransferEngine {
+            inner: Arc::new(Inner {
+                name,
+                host_id,
+                engine_id,
+                local_addr,
+                regions,
+                metadata,
+                tcp,
+                segments,
+                local_segment: Segment::local(describe),
+                notify_tx,
+                notifications: Notifications::new(notify_rx),
+                shutdown,
+                tracker,
+                closing: AtomicBool::new(false),
+                rdma,
+                rdma_devices,
+                counters: Counters::default(),
+                config,
+            }),
+        })
+    }
+}
+
+/// Republishes the descriptor whenever registrations change (retrying failures each second).
+async fn publish_loop(
+    regions: Arc<LocalRegions>,
+    metadata: Arc<dyn Metadata>,
+    describe: DescribeFn,
+    shutdown: CancellationToken,
+) {
+    let mut changes = regions.subscribe();
+    let mut dirty = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            r = changes.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if dirty => {}
+        }
+        dirty = match metadata.publish(&describe()).await {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing the segment descriptor failed; retrying");
+                true
+            }
+        };
+    }
+}
+
+/// The address to advertise for a listener bound to `ip`: itself, or for the unspecified
+/// address this host's primary IP (found without sending anything), else loopback.
+fn advertise_ip(ip: IpAddr) -> IpAddr {
+    if !ip.is_unspecified() {
+        return ip;
+    }
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").and_then(|_| s.local_addr()))
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+impl TransferEngine {
+    /// A builder (default configuration, peer-to-peer metadata).
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// Builds an engine from `config`.
+    pub async fn new(config: EngineConfig) -> Result<Self> {
+        Self::builder().config(config).build().await
+    }
+
+    /// This engine's segment name (what peers pass to `open_segment`).
+    pub fn segment_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The bound TCP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// The transports this engine runs.
+    pub fn transports(&self) -> ActiveTransports {
+        ActiveTransports {
+            tcp: true,
+            shm: self.inner.config.shm,
+            rdma: self.inner.rdma.is_some(),
+        }
+    }
+
+    /// Requests and bytes routed per transport so far.
+    pub fn stats(&self) -> TransferStats {
+        let c = &self.inner.counters;
+        TransferStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            tcp_bytes: c.tcp.load(Ordering::Relaxed),
+            shm_bytes: c.shm.load(Ordering::Relaxed),
+            local_bytes: c.local.load(Ordering::Relaxed),
+            rdma_bytes: c.rdma.load(Ordering::Relaxed),
+        }
+    }
+
+    /// This engine's current descriptor.
+    pub fn descriptor(&self) -> SegmentDescriptor {
+        (*self.inner.local_segment.descriptor()).clone()
+    }
+
+    /// Host identity used to decide when shared memory can be used.
+    pub fn host_id(&self) -> &str {
+        &self.inner.host_id
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            Err(TransferError::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Registers `region`: peers can address it from now on, and it can be the local side
+    /// of requests. Dropping every clone of the returned handle unregisters it.
+    ///
+    /// With peer-to-peer metadata peers see the region at once (they ask this engine).
+    /// With a metadata service the descriptor is republished in the background; call
+    /// [`TransferEngine::publish`] to know it is out before telling peers about the region.
+    pub fn register(&self, region: MemoryRegion) -> Result<RegisteredBuffer> {
+        self.check_open()?;
+        let (rdma_keys, rdma_mrs) = match &self.inner.rdma {
+            Some(t) => t.register(&region)?,
+            None => (Vec::new(), Vec::new()),
+        };
+        let entry = LocalEntry {
+            id: self.inner.regions.next_id(),
+            token: rand::random::<u64>() | 1,
+            region: Arc::new(region),
+            rdma_keys,
+            rdma_mrs,
+        };
+        self.inner.regions.insert(entry)
+    }
+
+    /// Allocates and registers `len` zeroed, page-aligned bytes (shared memory when the
+    /// shared-memory transport is enabled, so same-host peers can use it).
+    pub fn alloc(&self, len: usize) -> Result<RegisteredBuffer> {
+        self.alloc_with(
+            len,
+            AllocOptions {
+                shared: self.inner.config.shm,
+                ..AllocOptions::default()
+            },
+        )
+    }
+
+    /// Allocates (as `opts` says) and registers `len` bytes.
+    pub fn alloc_with(&self, len: usize, opts: AllocOptions) -> Result<RegisteredBuffer> {
+        self.register(MemoryRegion::alloc_with(len, opts)?)
+    }
+
+    /// Registers memory the caller manages; see [`MemoryRegion::from_raw_parts`].
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes until `keep_alive` is dropped (after
+    /// the registration and every transfer using it ended), and must not be accessed through
+    /// Rust references while transfers may touch it.
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        keep_alive: impl std::any::Any + Send + Sync,
+    ) -> Result<RegisteredBuffer> {
+        // SAFETY: forwarded caller contract.
+        let region = unsafe { MemoryRegion::from_raw_parts(ptr, len, keep_alive)? };
+        self.register(region)
+    }
+
+    /// Publishes the current descriptor to the metadata service now (a no-op with
+    /// peer-to-peer metadata, where peers always get the live descriptor).
+    pub async fn publish(&self) -> Result<()> {
+        self.check_open()?;
+        self.inner.metadata.publish(&self.descriptor()).await
+    }
+
+    /// Number of regions currently registered.
+    pub fn registered_regions(&self) -> usize {
+        self.inner.regions.count()
+    }
+
+    /// Opens segment `name`: this engine's own, a cached descriptor, or one fetched from
+    /// the metadata service (from the peer itself with peer-to-peer metadata).
+    pub async fn open_segment(&self, name: &str) -> Result<Segment> {
+        self.check_open()?;
+        if name == self.inner.name {
+            return Ok(self.inner.local_segment.clone());
+        }
+        if let Some(seg) = self.inner.segments.get(name).await {
+            if !seg.is_stale() {
+                return Ok(seg);
+            }
+            return match self.refresh(&seg).await {
+                Ok(()) => Ok(seg),
+                Err(e) => {
+                    self.inner.segments.invalidate(name).await;
+                    Err(e)
+                }
+            };
+        }
+        let seg = Segment::remote(name, self.fetch(name).await?, &self.inner.host_id);
+        self.inner
+            .segments
+            .insert(name.to_owned(), seg.clone())
+            .await;
+        Ok(seg)
+    }
+
+    /// Forgets the cached descriptor of `name` (the next `open_segment` fetches it again).
+    pub async fn close_segment(&self, name: &str) {
+        self.inner.segments.invalidate(name).await;
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        self.inner
+            .metadata
+            .fetch(name)
+            .await?
+            .ok_or_else(|| TransferError::UnknownSegment {
+                segment: name.to_owned(),
+                reason: format!(
+                    "no descriptor published ({} metadata)",
+                    self.inner.metadata.kind()
+                ),
+            })
+    }
+
+    async fn refresh(&self, seg: &Segment) -> Result<()> {
+        let _guard = seg.state().refresh.lock().await;
+        if !seg.is_stale() {
+            return Ok(());
+        }
+        let desc = self.fetch(seg.name()).await?;
+        seg.update(desc);
+        Ok(())
+    }
+
+    fn check_local(&self, req: &TransferRequest) -> Result<()> {
+        if req.local.engine_id() != Some(self.inner.engine_id) {
+            return Err(TransferError::invalid(format!(
+                "local buffer {} is not registered with this engine",
+                req.local.id()
+            )));
+        }
+        if req
+            .local_offset
+            .checked_add(req.len)
+            .is_none_or(|end| end > req.local.len())
+        {
+            return Err(TransferError::invalid(format!(
+                "local range [{}, +{}) is outside the {}-byte buffer",
+                req.local_offset,
+                req.len,
+                req.local.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Submits a batch with the configured request timeout; see
+    /// [`TransferEngine::submit_with_timeout`].
+    pub async fn submit(&self, requests: Vec<TransferRequest>) -> Result<Batch> {
+        self.submit_with_timeout(requests, self.inner.config.request_timeout)
+            .await
+    }
+
+    /// Submits a batch: every request is checked (local range inside its buffer, buffer
+    /// registered here; an error there rejects the whole batch), resolved against its
+    /// segment's descriptor (refreshed once if the range is not in it) and handed to its
+    /// transport. Returns once every request is queued (waiting for in-flight room when the
+    /// lanes are full); each request then completes, fails or times out after `timeout`.
+    pub async fn submit_with_timeout(
+        &self,
+        requests: Vec<TransferRequest>,
+        timeout: Duration,
+    ) -> Result<Batch> {
+        self.check_open()?;
+        for r in &requests {
+            self.check_local(r)?;
+        }
+        self.inner
+            .counters
+            .requests
+            .fetch_add(requests.len() as u64, Ordering::Relaxed);
+        let state = BatchState::new(requests, timeout);
+        let mut copies = Vec::new();
+        for idx in 0..state.requests.len() {
+            if let Some(job) = self.dispatch(&state, idx).await {
+                copies.push(job);
+            }
+        }
+        crate::shm::run(&state, copies);
+        Ok(Batch { state })
+    }
+
+    /// Routes request `idx`: returns a copy job for shared-memory and local requests, sends
+    /// the others, completes it at once with an error if it cannot be resolved.
+    async fn dispatch(&self, state: &Arc<BatchState>, idx: usize) -> Option<CopyJob> {
+        let req = &state.requests[idx];
+        if req.len == 0 {
+            state.finish(idx, Ok(()));
+            return None;
+        }
+        let seg = &req.segment;
+        let len = req.len as u64;
+        let c = &self.inner.counters;
+        if seg.same(&self.inner.local_segment) {
+            return match crate::shm::local_target(
+                &self.inner.regions,
+                seg.name(),
+                req.remote_addr,
+                len,
+            ) {
+                Ok(target) => {
+                    c.local.fetch_add(len, Ordering::Relaxed);
+                    Some(CopyJob { idx, target })
+                }
+                Err(e) => {
+                    state.finish(idx, Err(e));
+                    None
+                }
+            };
+        }
+        if seg.is_stale()
+            && let Err(e) = self.refresh(seg).await
+        {
+            state.finish(idx, Err(e));
+            return None;
+        }
+        let mut desc = seg.descriptor();
+        let region = match desc.find_region(req.remote_addr, len) {
+            Ok(r) => r.clone(),
+            Err(first) => {
+                // The descriptor may predate the peer's registration of this range.
+                seg.mark_stale();
+                let found = match self.refresh(seg).await {
+                    Ok(()) => {
+                        desc = seg.descriptor();
+                        desc.find_region(req.remote_addr, len)
+                            .cloned()
+                            .map_err(|_| first)
+                    }
+                    Err(e) => Err(e),
+                };
+                match found {
+                    Ok(r) => r,
+                    Err(e) => {
+                        state.finish(idx, Err(e));
+                        return None;
+                    }
+                }
+            }
+        };
+        match route(
+            self.inner.config.shm,
+            seg.is_same_host(),
+            &region,
+            &self.inner.rdma_devices,
+            &desc,
+        ) {
+            Route::Shm(shm) => match seg.state().shm.get(seg.name(), &region, &shm) {
+                Ok(mapping) => {
+                    c.shm.fetch_add(len, Ordering::Relaxed);
+                    return Some(CopyJob {
+                        idx,
+                        target: CopyTarget::Peer(mapping),
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(segment = seg.name(), error = %e, "shared memory unusable; using TCP");
+                }
+            },
+            Route::Rdma(paths) => {
+                if let (Some(t), Ok(addr)) = (&self.inner.rdma, desc.tcp_addr()) {
+                    let control = self.inner.tcp.peer(addr, seg.name());
+                    c.rdma.fetch_add(len, Ordering::Relaxed);
+                    t.submit(state, idx, paths, &desc, control).await;
+                    return None;
+                }
+            }
+            Route::Tcp => {}
+        }
+        match desc.tcp_addr() {
+            Ok(addr) => {
+                c.tcp.fetch_add(len, Ordering::Relaxed);
+                self.inner
+                    .tcp
+                    .peer(addr, seg.name())
+                    .send_request(state, idx, region.token)
+                    .await
+            }
+            Err(e) => {
+                state.finish(idx, Err(e));
+            }
+        }
+        None
+    }
+
+    /// Submits one request and waits for it.
+    pub async fn transfer(&self, request: TransferRequest) -> Result<()> {
+        self.submit(vec![request]).await?.wait().await
+    }
+
+    /// Sends `message` to `segment`'s notification queue. Call it after the writes it
+    /// announces completed: the peer then sees the message only once the bytes are in its
+    /// memory. `Busy` when the peer's queue is full.
+    pub async fn notify(&self, segment: &Segment, message: &[u8]) -> Result<()> {
+        self.check_open()?;
+        let payload = encode_notify(&self.inner.name, message);
+        if payload.len() as u64 > MAX_CONTROL_LEN {
+            return Err(TransferError::invalid(format!(
+                "notification of {} bytes exceeds the {MAX_CONTROL_LEN}-byte limit",
+                message.len()
+            )));
+        }
+        if segment.same(&self.inner.local_segment) {
+            let n = Notification {
+                from: self.inner.name.clone(),
+                message: message.to_vec(),
+            };
+            return self
+                .inner
+                .notify_tx
+                .try_send(n)
+                .map_err(|_| TransferError::Busy {
+                    segment: self.inner.name.clone(),
+                    reason: "notification queue is full".into(),
+                });
+        }
+        let addr = segment.descriptor().tcp_addr()?;
+        let peer = self.inner.tcp.peer(addr, segment.name());
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let (status, answer) = peer.call(Opcode::Notify, payload, deadline).await?;
+        if status == Status::Ok {
+            Ok(())
+        } else {
+            Err(status_error(
+                status,
+                segment.name(),
+                RemoteRange::new(0, 0),
+                &String::from_utf8_lossy(&answer),
+            ))
+        }
+    }
+
+    /// Notifications peers sent to this engine.
+    pub fn notifications(&self) -> Notifications {
+        self.inner.notifications.clone()
+    }
+
+    /// Graceful shutdown: refuses new work, waits (up to the drain timeout) for this
+    /// engine's in-flight requests, stops accepting, lets the connections finish the
+    /// requests they already received, closes everything and unpublishes the descriptor.
+    pub async fn shutdown(&self) {
+        if self.inner.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let drain = self.inner.config.drain_timeout;
+        self.inner.tcp.drain(drain).await;
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        if tokio::time::timeout(drain, self.inner.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(segment = %self.inner.name, "connections still busy after the drain timeout");
+        }
+        self.inner.tcp.close_all();
+        if let Err(e) = self.inner.metadata.remove(&self.inner.name).await {
+            tracing::warn!(error = %e, "unpublishing the segment descriptor failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::{RdmaDeviceEndpoint, RdmaKey};
+
+    fn region(shm: bool, keys: bool) -> RegionDescriptor {
+        RegionDescriptor {
+            id: 1,
+            addr: 4096,
+            len: 4096,
+            token: 9,
+            shm: shm.then(|| ShmRegion {
+                pid: 1,
+                fd: 3,
+                name: "m".into(),
+                data_offset: 4096,
+            }),
+            rdma: if keys {
+                vec![RdmaKey {
+                    device: "mlx5_0".into(),
+                    rkey: 5,
+                }]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn peer(rdma: bool) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: DESCRIPTOR_VERSION,
+            name: "p:1".into(),
+            host_id: "h".into(),
+            engine_id: 1,
+            generation: 1,
+            endpoints: Endpoints {
+                tcp: Some("127.0.0.1:1".into()),
+                rdma: if rdma {
+                    vec![RdmaDeviceEndpoint {
+                        device: "mlx5_0".into(),
+                        lid: 1,
+                        gid: None,
+                    }]
+                } else {
+                    vec![]
+                },
+            },
+            regions: vec![],
+        }
+    }
+
+    #[test]
+    fn routing_prefers_shm_then_rdma_then_tcp() {
+        let local = vec!["mlx5_0".to_string()];
+        assert!(matches!(
+            route(true, true, &region(true, true), &local, &peer(true)),
+            Route::Shm(_)
+        ));
+        assert!(matches!(
+            route(false, true, &region(true, true), &local, &peer(true)),
+            Route::Rdma(_)
+        ));
+        assert!(matches!(
+            route(true, false, &region(true, true), &local, &peer(true)),
+            Route::Rdma(_)
+        ));
+        assert_eq!(
+            route(true, false, &region(true, true), &[], &peer(true)),
+            Route::Tcp
+        );
+        assert_eq!(
+            route(true, false, &region(true, false), &local, &peer(true)),
+            Route::Tcp
+        );
+        assert_eq!(
+            route(true, true, &region(false, false), &local, &peer(false)),
+            Route::Tcp
+        );
+    }
+
+    #[test]
+    fn host_port_formatting() {
+        assert_eq!(join_host_port("10.0.0.1", 7), "10.0.0.1:7");
+        assert_eq!(join_host_port("::1", 7), "[::1]:7");
+        assert_eq!(
+            advertise_ip(IpAddr::from([127, 0, 0, 1])),
+            IpAddr::from([127, 0, 0, 1])
+        );
+        assert!(!advertise_ip(IpAddr::from([0, 0, 0, 0])).is_unspecified());
+    }
+}

@@ -1,0 +1,132 @@
+//! Opened peer segments: a handle on a peer's descriptor that the engine refreshes when it
+//! goes stale (a request was refused as out of bounds or with a bad token, or the peer
+//! became unreachable).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::segment::{RegionDescriptor, SegmentDescriptor};
+use crate::shm::ShmMaps;
+
+/// Builds the live descriptor of the engine's own segment.
+pub(crate) type DescribeFn = Arc<dyn Fn() -> SegmentDescriptor + Send + Sync>;
+
+pub(crate) struct SegmentState {
+    name: String,
+    desc: ArcSwap<SegmentDescriptor>,
+    stale: AtomicBool,
+    /// The engine's own segment: requests are served by local copies.
+    local: Option<DescribeFn>,
+    /// Same host as this engine: shared regions can be mapped.
+    same_host: bool,
+    pub(crate) shm: ShmMaps,
+    pub(crate) refresh: tokio::sync::Mutex<()>,
+}
+
+/// A peer's segment, as returned by `TransferEngine::open_segment`; requests name it as
+/// their remote side. Cheap to clone.
+#[derive(Clone)]
+pub struct Segment {
+    inner: Arc<SegmentState>,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("name", &self.name())
+            .field("local", &self.is_local())
+            .finish()
+    }
+}
+
+impl Segment {
+    pub(crate) fn remote(name: &str, desc: SegmentDescriptor, local_host: &str) -> Self {
+        let same_host = desc.host_id == local_host;
+        Self {
+            inner: Arc::new(SegmentState {
+                name: name.to_owned(),
+                desc: ArcSwap::from_pointee(desc),
+                stale: AtomicBool::new(false),
+                local: None,
+                same_host,
+                shm: ShmMaps::default(),
+                refresh: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    pub(crate) fn local(describe: DescribeFn) -> Self {
+        let desc = describe();
+        Self {
+            inner: Arc::new(SegmentState {
+                name: desc.name.clone(),
+                desc: ArcSwap::from_pointee(desc),
+                stale: AtomicBool::new(false),
+                local: Some(describe),
+                same_host: true,
+                shm: ShmMaps::default(),
+                refresh: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The segment name it was opened with.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The peer's descriptor as last fetched (live for the engine's own segment).
+    pub fn descriptor(&self) -> Arc<SegmentDescriptor> {
+        match &self.inner.local {
+            Some(describe) => Arc::new(describe()),
+            None => self.inner.desc.load_full(),
+        }
+    }
+
+    /// The peer's registered regions (address, length, token...).
+    pub fn regions(&self) -> Vec<RegionDescriptor> {
+        self.descriptor().regions.clone()
+    }
+
+    /// Whether this is the engine's own segment.
+    pub fn is_local(&self) -> bool {
+        self.inner.local.is_some()
+    }
+
+    /// Whether the peer runs on this host (shared memory may be used with it).
+    pub fn is_same_host(&self) -> bool {
+        self.inner.same_host
+    }
+
+    pub(crate) fn state(&self) -> &SegmentState {
+        &self.inner
+    }
+
+    /// Flags the descriptor as possibly outdated: the next use refetches it.
+    pub(crate) fn mark_stale(&self) {
+        if self.inner.local.is_none() {
+            self.inner.stale.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn is_stale(&self) -> bool {
+        self.inner.stale.load(Ordering::Acquire)
+    }
+
+    /// Installs a freshly fetched descriptor; a restarted or re-registered peer drops the
+    /// old shared-memory mappings.
+    pub(crate) fn update(&self, desc: SegmentDescriptor) {
+        let old = self.inner.desc.load();
+        if old.engine_id != desc.engine_id {
+            self.inner.shm.clear();
+        }
+        self.inner.desc.store(Arc::new(desc));
+        self.inner.stale.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn same(&self, other: &Segment) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}

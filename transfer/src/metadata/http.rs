@@ -1,0 +1,186 @@
+//! Client of Mooncake's HTTP metadata interface, as served by Mooncake's metadata server
+//! (`mooncake_http_metadata_server`, `mooncake_master --enable_http_metadata_server`) and by
+//! Moongate's KV master:
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /metadata?key=K` | 200 with exactly the bytes last PUT; 404 when absent |
+//! | `PUT /metadata?key=K` (body) | 200, stores the body |
+//! | `DELETE /metadata?key=K` | 200 when removed; 404 when absent |
+//! | missing `key` | 400 |
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::error::{Result, TransferError};
+use crate::metadata::{BoxFuture, Metadata, segment_key};
+use crate::segment::SegmentDescriptor;
+
+/// Largest metadata value accepted from the server.
+const MAX_VALUE: usize = 16 << 20;
+
+/// HTTP metadata client for a base URL such as `http://10.0.0.1:8080/metadata`.
+#[derive(Debug, Clone)]
+pub struct HttpMetadata {
+    base: url::Url,
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl HttpMetadata {
+    /// A client for `base` (`http://host:port/path`; `https` is not supported, to keep TLS
+    /// out of the transfer crate). Each call is bounded by `timeout`.
+    pub fn new(base: &str, timeout: Duration) -> Result<Self> {
+        let bad = |reason: String| TransferError::Metadata {
+            operation: "configure",
+            key: base.to_owned(),
+            reason,
+        };
+        let url = url::Url::parse(base).map_err(|e| bad(format!("invalid URL: {e}")))?;
+        if url.scheme() != "http" {
+            return Err(bad(format!(
+                "scheme {:?} is not supported (use http://)",
+                url.scheme()
+            )));
+        }
+        if url.host_str().is_none() {
+            return Err(bad("URL has no host".into()));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Self {
+            base: url,
+            client,
+            timeout,
+        })
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> &str {
+        self.base.as_str()
+    }
+
+    fn uri(&self, key: &str) -> Uri {
+        let mut u = self.base.clone();
+        u.query_pairs_mut().clear().append_pair("key", key);
+        u.as_str().parse().expect("a valid URL is a valid URI")
+    }
+
+    async fn call(
+        &self,
+        op: &'static str,
+        method: Method,
+        key: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Vec<u8>)> {
+        let err = |reason: String| TransferError::Metadata {
+            operation: op,
+            key: key.to_owned(),
+            reason,
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(self.uri(key))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| err(e.to_string()))?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| err(format!("{} unreachable: {e}", self.base)))?;
+            let status = resp.status();
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_VALUE)
+                .collect()
+                .await
+                .map_err(|e| err(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok((status, body.to_vec()))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| {
+                err(format!(
+                    "no answer from {} within {:?}",
+                    self.base, self.timeout
+                ))
+            })?
+    }
+
+    fn unexpected(op: &'static str, key: &str, status: StatusCode, body: &[u8]) -> TransferError {
+        let text = String::from_utf8_lossy(&body[..body.len().min(256)]).into_owned();
+        TransferError::Metadata {
+            operation: op,
+            key: key.to_owned(),
+            reason: format!("HTTP {status}: {text}"),
+        }
+    }
+
+    /// `GET`: the value under `key`, `None` on 404.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let (status, body) = self.call("fetch", Method::GET, key, Vec::new()).await?;
+        match status {
+            StatusCode::OK => Ok(Some(body)),
+            StatusCode::NOT_FOUND => Ok(None),
+            s => Err(Self::unexpected("fetch", key, s, &body)),
+        }
+    }
+
+    /// `PUT`: stores `value` under `key`.
+    pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        let (status, body) = self.call("publish", Method::PUT, key, value).await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(Self::unexpected("publish", key, status, &body))
+        }
+    }
+
+    /// `DELETE`: removes `key`; `false` if it was absent (404).
+    pub async fn delete(&self, key: &str) -> Result<bool> {
+        let (status, body) = self.call("remove", Method::DELETE, key, Vec::new()).await?;
+        match status {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            s => Err(Self::unexpected("remove", key, s, &body)),
+        }
+    }
+}
+
+impl Metadata for HttpMetadata {
+    fn publish<'a>(&'a self, desc: &'a SegmentDescriptor) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.put_descriptor(desc))
+    }
+
+    fn fetch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<SegmentDescriptor>>> {
+        Box::pin(async move {
+            match self.get(&segment_key(name)).await? {
+                Some(bytes) => SegmentDescriptor::from_json(&bytes).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { self.delete(&segment_key(name)).await.map(|_| ()) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "http"
+    }
+}
+
+impl HttpMetadata {
+    async fn put_descriptor(&self, desc: &SegmentDescriptor) -> Result<()> {
+        self.put(&segment_key(&desc.name), desc.to_json()).await
+    }
+}

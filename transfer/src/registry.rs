@@ -1,0 +1,356 @@
+//! The engine's table of registered regions, and the RAII handle callers hold.
+//!
+//! Registration gives a region an id and a random access token and publishes it in the
+//! segment descriptor. Dropping the last [`RegisteredBuffer`] clone unregisters it: peers
+//! get "unknown region" from then on, and a shared region's control page is marked retired.
+//! The memory itself lives on while any transfer still holds it (see `memory`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::RwLock;
+use tokio::sync::watch;
+
+use crate::error::{Result, TransferError};
+use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED};
+use crate::segment::{RdmaKey, RegionDescriptor, ShmRegion};
+use crate::tcp::frame::Status;
+
+/// One registered region.
+pub(crate) struct LocalEntry {
+    pub(crate) id: u64,
+    pub(crate) token: u64,
+    pub(crate) region: Arc<MemoryRegion>,
+    /// Remote keys published for RDMA (empty without RDMA).
+    pub(crate) rdma_keys: Vec<RdmaKey>,
+    /// Memory-region registrations with each RDMA device (deregistered on drop).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) rdma_mrs: Vec<crate::rdma::MrHandle>,
+}
+
+/// The registration table of one engine.
+pub(crate) struct LocalRegions {
+    pub(crate) engine_id: u64,
+    table: RwLock<BTreeMap<u64, Arc<LocalEntry>>>,
+    next_id: AtomicU64,
+    generation: watch::Sender<u64>,
+}
+
+impl LocalRegions {
+    pub(crate) fn new(engine_id: u64) -> Arc<Self> {
+        Arc::new(Self {
+            engine_id,
+            table: RwLock::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            generation: watch::Sender::new(1),
+        })
+    }
+
+    /// Current registration generation (bumped on every change).
+    pub(crate) fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// Watches generation changes (used by the metadata publisher).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Inserts a prepared entry; refuses overlap with an existing registration.
+    pub(crate) fn insert(self: &Arc<Self>, entry: LocalEntry) -> Result<RegisteredBuffer> {
+        let entry = Arc::new(entry);
+        let (addr, len) = (entry.region.addr(), entry.region.len() as u64);
+        {
+            let mut table = self.table.write();
+            let below = table.range(..addr.saturating_add(len)).next_back();
+            if let Some((_, e)) = below
+                && e.region.addr() + e.region.len() as u64 > addr
+            {
+                return Err(TransferError::invalid(format!(
+                    "region [{addr:#x}, +{len}) overlaps registered region {} at {:#x}",
+                    e.id,
+                    e.region.addr()
+                )));
+            }
+            if let Some(ctl) = entry.region.shm_control() {
+                ctl.region_id.store(entry.id, Ordering::Release);
+                ctl.token.store(entry.token, Ordering::Release);
+                ctl.state.store(SHM_STATE_REGISTERED, Ordering::Release);
+            }
+            table.insert(addr, entry.clone());
+        }
+        self.generation.send_modify(|g| *g += 1);
+        Ok(RegisteredBuffer {
+            inner: Arc::new(Registration {
+                entry,
+                table: Arc::downgrade(self),
+            }),
+        })
+    }
+
+    fn remove(&self, entry: &LocalEntry) {
+        let removed = {
+            let mut table = self.table.write();
+            match table.get(&entry.region.addr()) {
+                Some(e) if e.id == entry.id => table.remove(&entry.region.addr()).is_some(),
+                _ => false,
+            }
+        };
+        if let Some(ctl) = entry.region.shm_control() {
+            ctl.state.store(SHM_STATE_RETIRED, Ordering::Release);
+        }
+        if removed {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Target-side check of an incoming request: the region containing
+    /// `[addr, addr + len)` if the token matches.
+    pub(crate) fn lookup(
+        &self,
+        addr: u64,
+        len: u64,
+        token: u64,
+    ) -> std::result::Result<Arc<MemoryRegion>, Status> {
+        let table = self.table.read();
+        let Some((_, e)) = table.range(..=addr).next_back() else {
+            return Err(Status::UnknownRegion);
+        };
+        let start = e.region.addr();
+        let end = start + e.region.len() as u64;
+        if addr >= end {
+            return Err(Status::UnknownRegion);
+        }
+        if addr.checked_add(len).is_none_or(|req_end| req_end > end) {
+            return Err(Status::OutOfBounds);
+        }
+        if e.token != token {
+            return Err(Status::BadToken);
+        }
+        Ok(e.region.clone())
+    }
+
+    /// Like [`LocalRegions::lookup`] but returns the entry (for local copies and RDMA keys).
+    pub(crate) fn entry_for(&self, addr: u64, len: u64) -> Option<Arc<LocalEntry>> {
+        let table = self.table.read();
+        let (_, e) = table.range(..=addr).next_back()?;
+        let end = e.region.addr() + e.region.len() as u64;
+        (addr.checked_add(len).is_some_and(|req_end| req_end <= end)).then(|| e.clone())
+    }
+
+    /// Descriptor entries for every registered region, sorted by address.
+    pub(crate) fn describe(&self) -> Vec<RegionDescriptor> {
+        self.table
+            .read()
+            .values()
+            .map(|e| RegionDescriptor {
+                id: e.id,
+                addr: e.region.addr(),
+                len: e.region.len() as u64,
+                token: e.token,
+                shm: e.region.shm_location().map(|l| ShmRegion {
+                    pid: l.pid,
+                    fd: l.fd,
+                    name: l.name,
+                    data_offset: l.data_offset,
+                }),
+                rdma: e.rdma_keys.clone(),
+            })
+            .collect()
+    }
+
+    /// Number of registered regions.
+    pub(crate) fn count(&self) -> usize {
+        self.table.read().len()
+    }
+}
+
+struct Registration {
+    entry: Arc<LocalEntry>,
+    table: Weak<LocalRegions>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(t) = self.table.upgrade() {
+            t.remove(&self.entry);
+        } else if let Some(ctl) = self.entry.region.shm_control() {
+            ctl.state.store(SHM_STATE_RETIRED, Ordering::Release);
+        }
+    }
+}
+
+/// A region registered with a `TransferEngine`: what requests use as their local side, and
+/// what peers address as the remote side (by [`RegisteredBuffer::addr`]).
+///
+/// Cheap to clone; the registration ends when the last clone (including those held by
+/// in-flight requests) is dropped.
+#[derive(Clone)]
+pub struct RegisteredBuffer {
+    inner: Arc<Registration>,
+}
+
+impl std::fmt::Debug for RegisteredBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredBuffer")
+            .field("id", &self.id())
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl RegisteredBuffer {
+    /// The memory.
+    pub fn region(&self) -> &MemoryRegion {
+        &self.inner.entry.region
+    }
+
+    /// Address of the first byte (what a peer puts in `remote_addr`).
+    pub fn addr(&self) -> u64 {
+        self.inner.entry.region.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.entry.region.len()
+    }
+
+    /// Always false (regions are never empty).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The access token peers must present (published in the descriptor).
+    pub fn token(&self) -> u64 {
+        self.inner.entry.token
+    }
+
+    /// Region id within the engine.
+    pub fn id(&self) -> u64 {
+        self.inner.entry.id
+    }
+
+    /// Copies `src` into the buffer at `offset` (bounds-checked).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.region().write_at(offset, src)
+    }
+
+    /// Copies bytes at `offset` into `dst` (bounds-checked).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.region().read_at(offset, dst)
+    }
+
+    /// Copies `len` bytes at `offset` into a new `Vec`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        self.region().to_vec(offset, len)
+    }
+
+    pub(crate) fn engine_id(&self) -> Option<u64> {
+        self.inner.table.upgrade().map(|t| t.engine_id)
+    }
+
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn entry(&self) -> &Arc<LocalEntry> {
+        &self.inner.entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(regions: &LocalRegions, region: MemoryRegion, token: u64) -> LocalEntry {
+        LocalEntry {
+            id: regions.next_id(),
+            token,
+            region: Arc::new(region),
+            rdma_keys: vec![],
+            rdma_mrs: vec![],
+        }
+    }
+
+    #[test]
+    fn lookup_checks_region_bounds_and_token_and_drop_unregisters() {
+        let regions = LocalRegions::new(1);
+        let g0 = regions.generation();
+        let buf = regions
+            .insert(entry(&regions, MemoryRegion::alloc(8192).unwrap(), 77))
+            .unwrap();
+        assert!(regions.generation() > g0);
+        let a = buf.addr();
+        assert!(regions.lookup(a, 8192, 77).is_ok());
+        assert!(regions.lookup(a + 8191, 1, 77).is_ok());
+        assert_eq!(
+            regions.lookup(a + 8191, 2, 77).unwrap_err(),
+            Status::OutOfBounds
+        );
+        assert_eq!(
+            regions.lookup(a + 8192, 1, 77).unwrap_err(),
+            Status::UnknownRegion
+        );
+        assert_eq!(
+            regions.lookup(a - 1, 1, 77).unwrap_err(),
+            Status::UnknownRegion
+        );
+        assert_eq!(regions.lookup(a, 1, 78).unwrap_err(), Status::BadToken);
+        assert_eq!(
+            regions.lookup(a, u64::MAX, 77).unwrap_err(),
+            Status::OutOfBounds
+        );
+        assert_eq!(regions.describe().len(), 1);
+        let clone = buf.clone();
+        drop(buf);
+        assert!(
+            regions.lookup(a, 1, 77).is_ok(),
+            "a clone keeps the registration"
+        );
+        let g1 = regions.generation();
+        drop(clone);
+        assert_eq!(regions.lookup(a, 1, 77).unwrap_err(), Status::UnknownRegion);
+        assert!(regions.generation() > g1);
+        assert_eq!(regions.count(), 0);
+    }
+
+    #[test]
+    fn overlapping_registration_is_refused() {
+        let regions = LocalRegions::new(1);
+        let mut backing = vec![0u8; 4096];
+        let p = backing.as_mut_ptr();
+        // SAFETY: `backing` outlives both regions (dropped at the end of the test).
+        let r1 = unsafe { MemoryRegion::from_raw_parts(p, 2048, ()) }.unwrap();
+        // SAFETY: as above; the overlap is the point of the test.
+        let r2 = unsafe { MemoryRegion::from_raw_parts(p.wrapping_add(1024), 2048, ()) }.unwrap();
+        let _b1 = regions.insert(entry(&regions, r1, 1)).unwrap();
+        assert!(matches!(
+            regions.insert(entry(&regions, r2, 2)),
+            Err(TransferError::InvalidRequest { .. })
+        ));
+        drop(_b1);
+        drop(backing);
+    }
+
+    #[test]
+    fn shared_region_control_page_follows_registration() {
+        let regions = LocalRegions::new(1);
+        let buf = regions
+            .insert(entry(
+                &regions,
+                MemoryRegion::alloc_shared(4096).unwrap(),
+                5,
+            ))
+            .unwrap();
+        let region = buf.entry().region.clone();
+        let ctl = region.shm_control().unwrap();
+        assert_eq!(ctl.state.load(Ordering::Acquire), SHM_STATE_REGISTERED);
+        assert_eq!(ctl.token.load(Ordering::Acquire), 5);
+        assert!(regions.describe()[0].shm.is_some());
+        drop(buf);
+        assert_eq!(ctl.state.load(Ordering::Acquire), SHM_STATE_RETIRED);
+    }
+}

@@ -1,0 +1,79 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{RngCore, SeedableRng};
+
+use transfer::{EngineConfig, Metadata, RegisteredBuffer, TransferEngine};
+
+/// A loopback engine; `shm` turns the shared-memory transport on or off.
+pub async fn engine(shm: bool) -> TransferEngine {
+    TransferEngine::new(config(shm))
+        .await
+        .expect("engine starts")
+}
+
+pub fn config(shm: bool) -> EngineConfig {
+    EngineConfig {
+        shm,
+        ..EngineConfig::listening_on("127.0.0.1:0".parse().unwrap())
+    }
+}
+
+/// A loopback engine using `metadata`.
+pub async fn engine_with(metadata: Arc<dyn Metadata>, cfg: EngineConfig) -> TransferEngine {
+    TransferEngine::builder()
+        .config(cfg)
+        .metadata(metadata)
+        .build()
+        .await
+        .expect("engine starts")
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// Fills a whole registered buffer with pseudo-random bytes (xorshift words: cheap even in
+/// debug builds).
+pub fn fill(buf: &RegisteredBuffer, seed: u64) {
+    const WORDS: usize = 1 << 17;
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut chunk = vec![0u64; WORDS];
+    let mut off = 0;
+    while off < buf.len() {
+        for w in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *w = x;
+        }
+        // SAFETY: reinterpreting initialised u64s as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), WORDS * 8) };
+        let n = bytes.len().min(buf.len() - off);
+        buf.write_at(off, &bytes[..n]).unwrap();
+        off += n;
+    }
+}
+
+/// Whether `a[ao..ao+len] == b[bo..bo+len]`.
+pub fn same_bytes(
+    a: &RegisteredBuffer,
+    ao: usize,
+    b: &RegisteredBuffer,
+    bo: usize,
+    len: usize,
+) -> bool {
+    // SAFETY: called only when no transfer is in flight on either buffer.
+    let x = unsafe { a.region().as_slice() };
+    // SAFETY: as above.
+    let y = unsafe { b.region().as_slice() };
+    x[ao..ao + len] == y[bo..bo + len]
+}
+
+pub const SHORT: Duration = Duration::from_millis(300);

@@ -1,0 +1,127 @@
+//! Shared-memory transport between engines on one host (in one process here; the
+//! cross-process cases, including a dead owner, are in `process.rs`).
+
+mod common;
+
+use common::*;
+use transfer::{MemoryRegion, TransferError, TransferRequest};
+
+#[tokio::test]
+async fn same_host_peers_copy_through_shared_memory() {
+    let target = engine(true).await;
+    let initiator = engine(true).await;
+    let remote = target.alloc(40 << 20).unwrap();
+    assert!(remote.region().is_shared());
+    let local = initiator.alloc(40 << 20).unwrap();
+    fill(&local, 21);
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    assert!(seg.is_same_host());
+    for (lo, ro, len) in [
+        (0usize, 0usize, 1usize),
+        (3, 4093, 4099),
+        (1, 7, 100_000),
+        (5, 11, 33 << 20),
+    ] {
+        initiator
+            .transfer(TransferRequest::write(
+                &local,
+                lo,
+                &seg,
+                remote.addr() + ro as u64,
+                len,
+            ))
+            .await
+            .unwrap();
+        assert!(same_bytes(&local, lo, &remote, ro, len), "write {len}");
+    }
+    let back = initiator.alloc(40 << 20).unwrap();
+    initiator
+        .transfer(TransferRequest::read(
+            &back,
+            9,
+            &seg,
+            remote.addr() + 11,
+            33 << 20,
+        ))
+        .await
+        .unwrap();
+    assert!(same_bytes(&back, 9, &remote, 11, 33 << 20));
+    let s = initiator.stats();
+    assert_eq!(s.tcp_bytes, 0, "nothing went over TCP");
+    assert!(s.shm_bytes >= 66 << 20);
+}
+
+#[tokio::test]
+async fn shm_checks_bounds_and_falls_back_to_tcp_for_private_regions() {
+    let target = engine(true).await;
+    let initiator = engine(true).await;
+    let shared = target.alloc(1 << 20).unwrap();
+    let private = target
+        .register(MemoryRegion::alloc(1 << 20).unwrap())
+        .unwrap();
+    let local = initiator.alloc(1 << 20).unwrap();
+    fill(&local, 22);
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    let err = initiator
+        .transfer(TransferRequest::write(
+            &local,
+            0,
+            &seg,
+            shared.addr() + (1 << 20) - 10,
+            20,
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransferError::OutOfBounds { .. }), "{err}");
+    initiator
+        .transfer(TransferRequest::write(
+            &local,
+            0,
+            &seg,
+            private.addr(),
+            1 << 20,
+        ))
+        .await
+        .unwrap();
+    assert!(same_bytes(&local, 0, &private, 0, 1 << 20));
+    assert_eq!(
+        initiator.stats().tcp_bytes,
+        1 << 20,
+        "a private region is reached over TCP"
+    );
+
+    // An unregistered shared region is refused even though its mapping is still cached.
+    initiator
+        .transfer(TransferRequest::write(&local, 0, &seg, shared.addr(), 4096))
+        .await
+        .unwrap();
+    let addr = shared.addr();
+    drop(shared);
+    let err = initiator
+        .transfer(TransferRequest::write(&local, 0, &seg, addr, 4096))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransferError::OutOfBounds { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn shm_disabled_on_the_initiator_means_tcp() {
+    let target = engine(true).await;
+    let initiator = engine(false).await;
+    let remote = target.alloc(1 << 20).unwrap();
+    let local = initiator.alloc(1 << 20).unwrap();
+    fill(&local, 23);
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    initiator
+        .transfer(TransferRequest::write(
+            &local,
+            0,
+            &seg,
+            remote.addr(),
+            1 << 20,
+        ))
+        .await
+        .unwrap();
+    assert!(same_bytes(&local, 0, &remote, 0, 1 << 20));
+    assert_eq!(initiator.stats().shm_bytes, 0);
+}

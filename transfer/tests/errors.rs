@@ -50,17 +50,7 @@ async fn target_still_serves(
     let seg = initiator.open_segment(target.segment_name()).await.unwrap();
     let local = initiator.alloc(8192).unwrap();
     fill(&local, 99);
-    initiator
-        .transfer(TransferRequest::write(
-            &local,
-            0,
-            &seg,
-            remote.addr() + 4096,
-            8192,
-        ))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, remote, 4096, 8192));
+    write_checked(initiator, &local, 0, &seg, remote, 4096, 8192).await;
     assert_eq!(target.registered_regions(), 1);
 }
 

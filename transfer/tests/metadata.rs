@@ -15,9 +15,7 @@ use axum::routing::any;
 use common::*;
 use parking_lot::Mutex;
 use transfer::metadata::segment_key;
-use transfer::{
-    EngineConfig, HttpMetadata, MetadataConfig, TransferEngine, TransferError, TransferRequest,
-};
+use transfer::{EngineConfig, HttpMetadata, MetadataConfig, TransferEngine, TransferError};
 
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
@@ -132,17 +130,7 @@ async fn engines_find_each_other_through_http_metadata_and_unpublish_on_shutdown
     let local = initiator.alloc(1 << 16).unwrap();
     fill(&local, 11);
     let seg = initiator.open_segment(target.segment_name()).await.unwrap();
-    initiator
-        .transfer(TransferRequest::write(
-            &local,
-            0,
-            &seg,
-            remote.addr(),
-            1 << 16,
-        ))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &remote, 0, 1 << 16));
+    write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 16).await;
 
     // A region registered later is found after the background republish (the initiator
     // refreshes the descriptor once when a range is not in it).
@@ -157,11 +145,7 @@ async fn engines_find_each_other_through_http_metadata_and_unpublish_on_shutdown
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    initiator
-        .transfer(TransferRequest::write(&local, 0, &seg, later.addr(), 4096))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &later, 0, 4096));
+    write_checked(&initiator, &local, 0, &seg, &later, 0, 4096).await;
 
     target.shutdown().await;
     assert!(!store.lock().contains_key(&key), "removed on shutdown");

@@ -199,16 +199,6 @@ async fn an_initiator_killed_mid_transfer_leaves_the_target_serving() {
     let seg = other.open_segment(target.segment_name()).await.unwrap();
     let local = other.alloc(64 << 20).unwrap();
     fill(&local, 43);
-    other
-        .transfer(TransferRequest::write(
-            &local,
-            0,
-            &seg,
-            remote.addr(),
-            64 << 20,
-        ))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &remote, 0, 64 << 20));
+    write_checked(&other, &local, 0, &seg, &remote, 0, 64 << 20).await;
     assert_eq!(target.registered_regions(), 1);
 }

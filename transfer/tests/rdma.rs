@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use transfer::{EngineConfig, RdmaMode, TransferEngine, TransferError, TransferRequest};
+use transfer::{EngineConfig, RdmaMode, TransferEngine, TransferError};
 
 #[tokio::test]
 async fn rdma_on_without_a_device_fails_naming_tcp_and_auto_falls_back() {
@@ -43,10 +43,7 @@ async fn rdma_on_without_a_device_fails_naming_tcp_and_auto_falls_back() {
     let local = auto.alloc(4096).unwrap();
     fill(&local, 31);
     let seg = auto.open_segment(target.segment_name()).await.unwrap();
-    auto.transfer(TransferRequest::write(&local, 0, &seg, remote.addr(), 4096))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &remote, 0, 4096));
+    write_checked(&auto, &local, 0, &seg, &remote, 0, 4096).await;
     assert_eq!(auto.stats().tcp_bytes, 4096);
 }
 

@@ -22,17 +22,7 @@ async fn same_host_peers_copy_through_shared_memory() {
         (1, 7, 100_000),
         (5, 11, 33 << 20),
     ] {
-        initiator
-            .transfer(TransferRequest::write(
-                &local,
-                lo,
-                &seg,
-                remote.addr() + ro as u64,
-                len,
-            ))
-            .await
-            .unwrap();
-        assert!(same_bytes(&local, lo, &remote, ro, len), "write {len}");
+        write_checked(&initiator, &local, lo, &seg, &remote, ro, len).await;
     }
     let back = initiator.alloc(40 << 20).unwrap();
     initiator
@@ -73,17 +63,7 @@ async fn shm_checks_bounds_and_falls_back_to_tcp_for_private_regions() {
         .await
         .unwrap_err();
     assert!(matches!(err, TransferError::OutOfBounds { .. }), "{err}");
-    initiator
-        .transfer(TransferRequest::write(
-            &local,
-            0,
-            &seg,
-            private.addr(),
-            1 << 20,
-        ))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &private, 0, 1 << 20));
+    write_checked(&initiator, &local, 0, &seg, &private, 0, 1 << 20).await;
     assert_eq!(
         initiator.stats().tcp_bytes,
         1 << 20,
@@ -112,16 +92,6 @@ async fn shm_disabled_on_the_initiator_means_tcp() {
     let local = initiator.alloc(1 << 20).unwrap();
     fill(&local, 23);
     let seg = initiator.open_segment(target.segment_name()).await.unwrap();
-    initiator
-        .transfer(TransferRequest::write(
-            &local,
-            0,
-            &seg,
-            remote.addr(),
-            1 << 20,
-        ))
-        .await
-        .unwrap();
-    assert!(same_bytes(&local, 0, &remote, 0, 1 << 20));
+    write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20).await;
     assert_eq!(initiator.stats().shm_bytes, 0);
 }

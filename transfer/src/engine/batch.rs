@@ -45,6 +45,25 @@ pub struct TransferRequest {
 }
 
 impl TransferRequest {
+    /// A request of direction `op`.
+    pub fn new(
+        op: Op,
+        local: &RegisteredBuffer,
+        local_offset: usize,
+        segment: &Segment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Self {
+        Self {
+            op,
+            local: local.clone(),
+            local_offset,
+            segment: segment.clone(),
+            remote_addr,
+            len,
+        }
+    }
+
     /// A write of `local[local_offset..+len]` to `remote_addr` on `segment`.
     pub fn write(
         local: &RegisteredBuffer,
@@ -53,14 +72,7 @@ impl TransferRequest {
         remote_addr: u64,
         len: usize,
     ) -> Self {
-        Self {
-            op: Op::Write,
-            local: local.clone(),
-            local_offset,
-            segment: segment.clone(),
-            remote_addr,
-            len,
-        }
+        Self::new(Op::Write, local, local_offset, segment, remote_addr, len)
     }
 
     /// A read of `len` bytes at `remote_addr` on `segment` into `local[local_offset..]`.
@@ -71,14 +83,7 @@ impl TransferRequest {
         remote_addr: u64,
         len: usize,
     ) -> Self {
-        Self {
-            op: Op::Read,
-            local: local.clone(),
-            local_offset,
-            segment: segment.clone(),
-            remote_addr,
-            len,
-        }
+        Self::new(Op::Read, local, local_offset, segment, remote_addr, len)
     }
 
     /// The remote range, as errors name it.

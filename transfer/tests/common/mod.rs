@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use rand::{RngCore, SeedableRng};
 
-use transfer::{EngineConfig, Metadata, RegisteredBuffer, TransferEngine};
+use transfer::{
+    EngineConfig, Metadata, RegisteredBuffer, Segment, TransferEngine, TransferRequest,
+};
 
 /// A loopback engine; `shm` turns the shared-memory transport on or off.
 pub async fn engine(shm: bool) -> TransferEngine {
@@ -74,6 +76,25 @@ pub fn same_bytes(
     // SAFETY: as above.
     let y = unsafe { b.region().as_slice() };
     x[ao..ao + len] == y[bo..bo + len]
+}
+
+/// Writes `len` bytes from `local[lo..]` into `remote[ro..]` (a buffer of the peer `seg`
+/// names) through `initiator`, and checks they landed.
+pub async fn write_checked(
+    initiator: &TransferEngine,
+    local: &RegisteredBuffer,
+    lo: usize,
+    seg: &Segment,
+    remote: &RegisteredBuffer,
+    ro: usize,
+    len: usize,
+) {
+    let req = TransferRequest::write(local, lo, seg, remote.addr() + ro as u64, len);
+    initiator.transfer(req).await.unwrap();
+    assert!(
+        same_bytes(local, lo, remote, ro, len),
+        "{len} bytes at offset {ro} landed wrong"
+    );
 }
 
 pub const SHORT: Duration = Duration::from_millis(300);

@@ -2,8 +2,9 @@
 //! store (`/metadata`).
 //!
 //! Client ids are UUID strings. Addresses and sizes are byte counts (JSON numbers, u64).
-//! Every error answers [`MasterErrorResponse`]: `{"error": {"message", "type", "code"}}` where `type`
-//! is Mooncake's error name (e.g. `OBJECT_NOT_FOUND`) and `code` its numeric code (-704).
+//! Every error answers [`MasterErrorResponse`]: `{"error": {"message", "type", "code"}}`
+//! (the OpenAI envelope's shape) where `type` is Mooncake's error name (e.g.
+//! `OBJECT_NOT_FOUND`) and `code` its numeric code (-704).
 //! Batch endpoints answer 200 with one result per item, in request order; an item that
 //! failed carries `error` instead of its payload.
 

@@ -88,7 +88,7 @@ impl Master {
         for s in 0..self.shards.len() {
             let shard = self.lock_shard(s);
             for i in shard.indices() {
-                let key = &*shard.get(i).key;
+                let key = shard.get(i).key.as_str();
                 if !key.starts_with(prefix) || after.is_some_and(|a| key <= a) {
                     continue;
                 }

@@ -347,7 +347,7 @@ impl Master {
                     .filter(|r| r.segment.is_mounted())
                     .collect();
                 if kept.is_empty() {
-                    let hash = self.hash(&shard.get(i).key);
+                    let hash = self.hash_bytes(shard.get(i).key.as_bytes());
                     shard.remove(hash, i);
                 } else {
                     shard.get_mut(i).replicas = Replicas::from_vec(kept);

@@ -138,7 +138,7 @@ impl Master {
                 .filter(|&i| now >= shard.get(i).aux.saturating_add(timeout))
                 .collect();
             for i in stale {
-                let hash = self.hash(&shard.get(i).key);
+                let hash = self.hash_bytes(shard.get(i).key.as_bytes());
                 let obj = shard.remove(hash, i);
                 bytes += obj.footprint();
                 obj.release();
@@ -219,7 +219,7 @@ impl Master {
                 if got >= want {
                     break;
                 }
-                let hash = self.hash(&shard.get(i).key);
+                let hash = self.hash_bytes(shard.get(i).key.as_bytes());
                 let obj = shard.remove(hash, i);
                 got += obj.footprint();
                 report.evicted_objects += 1;

@@ -161,6 +161,10 @@ impl Master {
     }
 
     fn hash(&self, key: &str) -> u64 {
+        self.hash_bytes(key.as_bytes())
+    }
+
+    fn hash_bytes(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
 
@@ -191,7 +195,7 @@ struct ShardGuard<'a> {
 
 impl ShardGuard<'_> {
     fn insert(&mut self, hash: u64, obj: Object, master: &Master) -> u32 {
-        let idx = self.inner.insert(hash, obj, |k| master.hash(k));
+        let idx = self.inner.insert(hash, obj, |k| master.hash_bytes(k));
         self.len.store(self.inner.len(), Ordering::Relaxed);
         idx
     }

@@ -88,6 +88,47 @@ impl Replicas {
     }
 }
 
+/// Keys up to this many bytes live inside the object (no extra allocation, and the key
+/// compare of a lookup touches the object's own cache lines, not a separate heap block).
+const INLINE_KEY: usize = 64;
+
+/// An object's key: inline when short (SGLang page keys are 64 hex characters).
+#[derive(Debug)]
+pub(crate) enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<str>),
+}
+
+impl Key {
+    pub(crate) fn new(key: &str) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key.as_bytes());
+            Self::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(key.into())
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..*len as usize],
+            Self::Heap(s) => s.as_bytes(),
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // Built from a &str, so always UTF-8.
+            Self::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Self::Heap(s) => s,
+        }
+    }
+}
+
 const COMPLETE: u8 = 1;
 const SOFT_PIN: u8 = 2;
 const HARD_PIN: u8 = 4;
@@ -95,7 +136,7 @@ const HARD_PIN: u8 = 4;
 /// Metadata of one object.
 #[derive(Debug)]
 pub(crate) struct Object {
-    pub(crate) key: Box<str>,
+    pub(crate) key: Key,
     pub(crate) replicas: Replicas,
     pub(crate) length: u64,
     /// Bytes one replica occupies (length rounded up to the alignment).
@@ -126,7 +167,7 @@ impl Object {
             flags |= HARD_PIN;
         }
         Self {
-            key: key.into(),
+            key: Key::new(key),
             replicas,
             length,
             aligned,
@@ -221,7 +262,9 @@ impl ShardInner {
         let slots = &self.slots;
         self.table
             .find(hash, |&i| {
-                slots[i as usize].as_ref().is_some_and(|o| &*o.key == key)
+                slots[i as usize]
+                    .as_ref()
+                    .is_some_and(|o| o.key.as_bytes() == key.as_bytes())
             })
             .copied()
     }
@@ -235,7 +278,7 @@ impl ShardInner {
     }
 
     /// Inserts an object whose key is not present; `hash_of` rehashes keys on growth.
-    pub(crate) fn insert(&mut self, hash: u64, obj: Object, hash_of: impl Fn(&str) -> u64) -> u32 {
+    pub(crate) fn insert(&mut self, hash: u64, obj: Object, hash_of: impl Fn(&[u8]) -> u64) -> u32 {
         let processing = !obj.is_complete();
         let idx = match self.spare.pop() {
             Some(i) => {
@@ -254,7 +297,13 @@ impl ShardInner {
         };
         let slots = &self.slots;
         self.table.insert_unique(hash, idx, |&i| {
-            hash_of(&slots[i as usize].as_ref().expect("live slot").key)
+            hash_of(
+                slots[i as usize]
+                    .as_ref()
+                    .expect("live slot")
+                    .key
+                    .as_bytes(),
+            )
         });
         if processing {
             self.processing.insert(idx);

@@ -287,11 +287,11 @@ impl Master {
                 .indices()
                 .filter(|&i| {
                     let o = shard.get(i);
-                    o.is_complete() && !o.has_lease(now) && matches(&o.key)
+                    o.is_complete() && !o.has_lease(now) && matches(o.key.as_str())
                 })
                 .collect();
             for i in doomed {
-                let hash = self.hash(&shard.get(i).key);
+                let hash = self.hash_bytes(shard.get(i).key.as_bytes());
                 shard.remove(hash, i).release();
                 removed += 1;
             }

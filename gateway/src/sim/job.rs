@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::engine::{self, Limits, Sequence};
 use super::error::SimError;
-use super::model::{self, FNV_OFFSET, Generator};
+use super::model::{self, FNV_OFFSET, Generator, hash_bytes};
 
 /// Most sequences (prompts × samples) one request may ask for.
 pub const MAX_SEQUENCES: usize = 1024;
@@ -38,7 +38,7 @@ impl PromptInfo {
     pub fn text(text: &str) -> Self {
         PromptInfo {
             tokens: 1 + model::count_pieces(text),
-            hash: model::fnv1a(FNV_OFFSET, text.as_bytes()),
+            hash: hash_bytes(FNV_OFFSET, text.as_bytes()),
         }
     }
 
@@ -46,7 +46,7 @@ impl PromptInfo {
     pub fn ids(ids: &[u32]) -> Self {
         let hash = ids
             .iter()
-            .fold(FNV_OFFSET, |h, id| model::fnv1a(h, &id.to_le_bytes()));
+            .fold(FNV_OFFSET, |h, id| hash_bytes(h, &id.to_le_bytes()));
         PromptInfo {
             tokens: ids.len() as u64,
             hash,
@@ -71,11 +71,11 @@ impl PromptInfo {
                 )));
             }
             tokens += model::MESSAGE_OVERHEAD;
-            hash = model::fnv1a(model::fnv1a(hash, m.role.as_bytes()), &[0]);
+            hash = hash_bytes(hash, m.role.as_bytes());
             if let Some(content) = &m.content {
                 content.for_each_text(|t| {
                     tokens += model::count_pieces(t);
-                    hash = model::fnv1a(hash, t.as_bytes());
+                    hash = hash_bytes(hash, t.as_bytes());
                 });
             }
         }

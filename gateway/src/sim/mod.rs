@@ -4,10 +4,10 @@
 //!
 //! Endpoints: `/health`, `/health_generate`, `/get_server_info` (`/server_info`),
 //! `/get_model_info` (`/model_info`), `/v1/models`, `/v1/models/{model}`, `/generate`,
-//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`. Streaming and
-//! not, usage counts, finish reasons (`length` at the token limit, `stop` at a stop string,
-//! stop token or the model's end-of-sequence after `output_tokens` words), `n > 1`, batch
-//! `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
+//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`.
+//! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
+//! a stop string, stop token or the model's end-of-sequence after `output_tokens` words),
+//! `n > 1`, batch `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
 //! (see [`model`]); the first token comes after `ttft` and each further one `tpot` later.
 //! Bad input answers 400 in SGLang's error shapes, never a panic.
 //!
@@ -76,6 +76,7 @@ pub fn router(cfg: SimConfig) -> Router {
             get(info::flush_cache).post(info::flush_cache),
         )
         .route("/get_load", get(info::get_load))
+        .route("/v1/loads", get(info::loads))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

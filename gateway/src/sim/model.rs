@@ -98,22 +98,50 @@ pub fn pieces(text: &str) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     })
 }
 
-/// Number of pieces of `text` (no BOS).
+/// Number of pieces of `text` (no BOS): every word start (a non-whitespace byte at the
+/// start or after whitespace), plus one for trailing whitespace. Long prompts are counted
+/// on every request, so this is written for the vectorizer: branch-free, in blocks of 128
+/// byte pairs with a byte-sized counter (at most 64 word starts fit in a block).
 pub fn count_pieces(text: &str) -> u64 {
-    let mut n = 0u64;
-    let mut in_word = false;
-    let mut pending_space = false;
-    for &b in text.as_bytes() {
-        if b.is_ascii_whitespace() {
-            in_word = false;
-            pending_space = true;
-        } else if !in_word {
-            in_word = true;
-            pending_space = false;
-            n += 1;
+    let b = text.as_bytes();
+    let (Some(&first), Some(&last)) = (b.first(), b.last()) else {
+        return 0;
+    };
+    let (before, after) = (&b[..b.len() - 1], &b[1..]);
+    let mut starts = 0u64;
+    for (x, y) in before.chunks(128).zip(after.chunks(128)) {
+        let mut n = 0u8;
+        for (&p, &c) in x.iter().zip(y) {
+            n += u8::from(is_space(p) & !is_space(c));
         }
+        starts += u64::from(n);
     }
-    n + u64::from(pending_space)
+    starts + u64::from(!is_space(first)) + u64::from(is_space(last))
+}
+
+/// `u8::is_ascii_whitespace` without branches.
+#[inline]
+fn is_space(b: u8) -> bool {
+    (b == b' ') | (b == b'\t') | (b == b'\n') | (b == 0x0c) | (b == b'\r')
+}
+
+/// Continues hash `h` over `bytes`, eight bytes at a time (the seed of a prompt's words;
+/// not FNV-1a, which is byte-serial and too slow for long prompts).
+pub fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ (rest.len() as u64) << 59).wrapping_mul(K);
+    }
+    h
 }
 
 /// Token ids of a text prompt: BOS, then one id per piece.
@@ -288,9 +316,39 @@ mod tests {
         assert_eq!(count_pieces(""), 0);
         assert_eq!(count_pieces("   "), 1);
         assert_eq!(count_pieces("héllo wörld"), 2);
-        for s in ["a b c", " a", "a\n\nb  ", "x"] {
+        for s in [
+            "a b c",
+            " a",
+            "a\n\nb  ",
+            "x",
+            "\t",
+            "a\x0bb",
+            "\r\n x\x0c",
+            "ü ü",
+            "  a  b  ",
+        ] {
             assert_eq!(count_pieces(s), pieces(s).count() as u64, "{s:?}");
         }
+        // Every short string over a small alphabet, including multi-byte characters.
+        let alphabet = ["a", " ", "\n", "é", "\t"];
+        for n in 0..6u32 {
+            for mut code in 0..alphabet.len().pow(n) {
+                let mut s = String::new();
+                for _ in 0..n {
+                    s.push_str(alphabet[code % alphabet.len()]);
+                    code /= alphabet.len();
+                }
+                assert_eq!(count_pieces(&s), pieces(&s).count() as u64, "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn hash_bytes_sees_every_byte() {
+        let a = hash_bytes(0, b"0123456789abcdef-x");
+        assert_ne!(a, hash_bytes(0, b"0123456789abcdef-y"));
+        assert_ne!(hash_bytes(0, b"ab"), hash_bytes(0, b"ab\0"));
+        assert_eq!(a, hash_bytes(0, b"0123456789abcdef-x"));
     }
 
     #[test]

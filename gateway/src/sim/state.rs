@@ -48,15 +48,16 @@ impl SimState {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let hi = model::mix(self.id_base ^ n);
         let lo = model::mix(hi ^ n.rotate_left(32));
-        let hex = format!("{hi:016x}{lo:016x}");
-        format!(
-            "{}-{}-{}-{}-{}",
-            &hex[0..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..32]
-        )
+        let v = u128::from(hi) << 64 | u128::from(lo);
+        let mut id = String::with_capacity(36);
+        for (i, shift) in (0..32).rev().map(|d| d * 4).enumerate() {
+            if matches!(i, 8 | 12 | 16 | 20) {
+                id.push('-');
+            }
+            let digit = ((v >> shift) & 0xf) as u32;
+            id.push(char::from_digit(digit, 16).unwrap_or('0'));
+        }
+        id
     }
 
     /// A fresh 32-hex-digit id (SGLang's `/generate` request id form).

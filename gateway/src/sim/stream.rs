@@ -96,10 +96,11 @@ pub async fn respond<A: Answer>(
         return sse_response(answer, clock, guard);
     }
     tokio::time::sleep_until(clock.done_at(answer.steps())).await;
-    let body = serde_json::to_vec(&answer.whole());
+    let mut bytes = Vec::with_capacity(1024);
+    let written = serde_json::to_writer(&mut bytes, &answer.whole());
     drop(guard);
-    match body {
-        Ok(bytes) => json_bytes(StatusCode::OK, bytes),
+    match written {
+        Ok(()) => json_bytes(StatusCode::OK, bytes),
         Err(e) => error(e.into()),
     }
 }

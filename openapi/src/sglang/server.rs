@@ -1,5 +1,5 @@
 //! Bodies of an SGLang server's control endpoints: `/get_model_info`, `/get_server_info`,
-//! `/get_load`, and the two error shapes (OpenAI routes and `/generate`).
+//! `/get_load`, `/v1/loads`, and the two error shapes (OpenAI routes and `/generate`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -125,6 +125,80 @@ pub struct LoadReport {
     pub extra: Extra,
 }
 
+/// `GET /v1/loads`: detailed per-rank scheduler load (newer SGLang; smg polls it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Loads {
+    /// When the loads were read (RFC 3339).
+    #[serde(default)]
+    pub timestamp: String,
+    /// Server version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Number of data-parallel ranks reported.
+    #[serde(default)]
+    pub dp_rank_count: u32,
+    /// One entry per data-parallel rank.
+    #[serde(default)]
+    pub loads: Vec<RankLoad>,
+    /// Totals and averages over the ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<LoadAggregate>,
+    /// Fields this type does not name.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub extra: Extra,
+}
+
+/// The load of one data-parallel rank in [`Loads`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct RankLoad {
+    /// Data-parallel rank.
+    pub dp_rank: u32,
+    /// Requests being decoded.
+    pub num_running_reqs: u64,
+    /// Requests queued.
+    pub num_waiting_reqs: u64,
+    /// `num_running_reqs + num_waiting_reqs`.
+    pub num_total_reqs: u64,
+    /// KV tokens in use.
+    pub num_used_tokens: u64,
+    /// KV cache capacity in tokens.
+    pub max_total_num_tokens: u64,
+    /// `num_used_tokens / max_total_num_tokens`.
+    pub token_usage: f64,
+    /// Recent generation throughput, tokens per second.
+    pub gen_throughput: f64,
+    /// Prefix cache hit rate.
+    pub cache_hit_rate: f64,
+    /// Running requests over the running-request cap.
+    pub utilization: f64,
+    /// Running-request cap.
+    pub max_running_requests: u64,
+    /// Fields this type does not name (`memory`, `speculative`, `disaggregation`, ...).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub extra: Extra,
+}
+
+/// Totals and averages of [`Loads`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct LoadAggregate {
+    /// Running requests over all ranks.
+    pub total_running_reqs: u64,
+    /// Waiting requests over all ranks.
+    pub total_waiting_reqs: u64,
+    /// Running plus waiting.
+    pub total_reqs: u64,
+    /// Mean token usage.
+    pub avg_token_usage: f64,
+    /// Mean generation throughput.
+    pub avg_throughput: f64,
+    /// Mean utilization.
+    pub avg_utilization: f64,
+}
+
 /// The error body of SGLang's OpenAI routes:
 /// `{"object": "error", "message", "type", "param", "code"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -208,6 +282,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(load[0].num_reqs, 3);
+
+        let loads = json!({"timestamp": "2026-01-01T00:00:00Z", "version": "0.5", "dp_rank_count": 1,
+            "loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1, "num_total_reqs": 3,
+                "num_used_tokens": 10, "max_total_num_tokens": 100, "token_usage": 0.1,
+                "gen_throughput": 5.0, "cache_hit_rate": 0.0, "utilization": 0.5,
+                "max_running_requests": 4, "memory": {"weight_gb": 1.0}}],
+            "aggregate": {"total_running_reqs": 2, "total_waiting_reqs": 1, "total_reqs": 3,
+                "avg_token_usage": 0.1, "avg_throughput": 5.0, "avg_utilization": 0.5}});
+        let l: Loads = serde_json::from_value(loads.clone()).unwrap();
+        assert_eq!(l.loads[0].num_total_reqs, 3);
+        assert_eq!(serde_json::to_value(&l).unwrap(), loads);
     }
 
     #[test]

@@ -326,6 +326,30 @@ async fn completions_stream_echo_and_logprobs() {
     assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
     assert_eq!(events[3]["usage"]["completion_tokens"], 3);
     assert_eq!(events[3]["choices"], json!([]));
+
+    // SGLang's continuous_usage_stats: running usage on every content chunk.
+    let body = json!({"prompt": "Say it", "max_tokens": 2, "stream": true,
+        "stream_options": {"continuous_usage_stats": true}});
+    let (_, events) = stream(&url, &body).await;
+    let running: Vec<u64> = events
+        .iter()
+        .map(|e| e["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(running, [1, 2]);
+    let chat = format!("{}/v1/chat/completions", w.url());
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": true,
+        "stream_options": {"continuous_usage_stats": true}});
+    let (_, events) = stream(&chat, &body).await;
+    let running: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .map(|e| e["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(running, [1, 2]);
     w.shutdown().await;
 }
 

@@ -25,3 +25,72 @@ pub mod openai;
 pub mod sglang;
 pub mod shapes;
 pub mod workers;
+
+#[cfg(test)]
+mod tests {
+    use utoipa::ToSchema;
+    use utoipa::openapi::{ComponentsBuilder, RefOr, schema::Schema};
+
+    use crate::openai::ModelList;
+    use crate::openai::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
+    use crate::openai::completions::{CompletionRequest, CompletionResponse};
+    use crate::sglang::server::{ErrorResponse, GenerateError, Loads, ModelInfo, ServerInfo};
+    use crate::sglang::{GenerateRequest, GenerateResponse};
+
+    /// The OpenAI and SGLang schemas render (generic and hand-deserialized types included)
+    /// and name the fields clients send.
+    #[test]
+    fn generation_schemas_render() {
+        let mut all = Vec::new();
+        collect::<ChatCompletionRequest>(&mut all);
+        collect::<ChatCompletionResponse>(&mut all);
+        collect::<ChatCompletionChunk>(&mut all);
+        collect::<CompletionRequest>(&mut all);
+        collect::<CompletionResponse>(&mut all);
+        collect::<ModelList>(&mut all);
+        collect::<GenerateRequest>(&mut all);
+        collect::<GenerateResponse>(&mut all);
+        collect::<ServerInfo>(&mut all);
+        collect::<ModelInfo>(&mut all);
+        collect::<Loads>(&mut all);
+        collect::<ErrorResponse>(&mut all);
+        collect::<GenerateError>(&mut all);
+        let components = ComponentsBuilder::new().schemas_from_iter(all).build();
+        let json = serde_json::to_value(&components).unwrap();
+        let chat = &json["schemas"]["ChatCompletionRequest"];
+        assert!(chat.to_string().contains("max_completion_tokens"), "{chat}");
+        let generate = json["schemas"]["GenerateRequest"].to_string();
+        assert!(
+            generate.contains("sampling_params")
+                && generate.contains("#/components/schemas/Routing"),
+            "{generate}"
+        );
+        let routing = json["schemas"]["Routing"].to_string();
+        assert!(routing.contains("bootstrap_room"), "{routing}");
+        let refs = regex_refs(&json.to_string());
+        for r in refs {
+            assert!(json["schemas"].get(&r).is_some(), "dangling $ref to {r}");
+        }
+        assert!(
+            !json["schemas"]["CompletionRequest"]
+                .to_string()
+                .contains("\"extra\"")
+        );
+    }
+
+    type Schemas = Vec<(String, RefOr<Schema>)>;
+
+    /// `T`'s schema and every schema it refers to.
+    fn collect<T: ToSchema>(all: &mut Schemas) {
+        all.push((T::name().into_owned(), T::schema()));
+        T::schemas(all);
+    }
+
+    /// Names of every `#/components/schemas/...` reference in `doc`.
+    fn regex_refs(doc: &str) -> Vec<String> {
+        doc.split("#/components/schemas/")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+}

@@ -3,7 +3,8 @@
 //! Streamed: per choice, a first chunk with `role: "assistant"` and empty content (with its
 //! first token), one chunk per token that adds text, then, after every choice is done, one
 //! chunk per choice with an empty delta and its `finish_reason`, then the usage chunk
-//! (`stream_options.include_usage`), then `data: [DONE]`.
+//! (`stream_options.include_usage`), then `data: [DONE]`. With SGLang's
+//! `stream_options.continuous_usage_stats`, content chunks carry the choice's running usage.
 
 use std::sync::Arc;
 
@@ -23,7 +24,9 @@ use super::error::SimError;
 use super::job::{self, Extensions, Job, PromptInfo};
 use super::model::Token;
 use super::state::{SimState, unix_now};
-use super::stream::{Answer, Steps, advance, longest, push_done, push_event, respond};
+use super::stream::{
+    Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
+};
 
 /// The handler.
 pub async fn chat_completions(State(st): State<Arc<SimState>>, body: Bytes) -> Response {
@@ -37,6 +40,7 @@ struct Chat {
     model: String,
     stream: bool,
     include_usage: bool,
+    continuous_usage: bool,
     top_logprobs: Option<usize>,
     prompt_tokens: u64,
     seqs: Vec<Sequence>,
@@ -71,6 +75,7 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         created: unix_now(),
         stream: req.is_stream(),
         include_usage: req.include_usage(),
+        continuous_usage: continuous_usage(req.stream_options.as_ref()),
         top_logprobs: req
             .logprobs
             .unwrap_or(false)
@@ -228,7 +233,10 @@ impl Steps for Chat {
                 },
             );
             c.logprobs = self.top_logprobs.map(|top| logprobs(&[token], top));
-            self.push_choice(out, c);
+            let usage = self
+                .continuous_usage
+                .then(|| Usage::new(self.prompt_tokens, k as u64 + 1));
+            push_event(out, &self.chunk(vec![c], usage));
         }
     }
 

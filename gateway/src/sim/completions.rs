@@ -2,7 +2,8 @@
 //!
 //! Streamed: one chunk per token per choice (the choice's last chunk carries its
 //! `finish_reason`), then the usage chunk (`stream_options.include_usage`), then
-//! `data: [DONE]`. Choices are numbered prompt-major: `index = prompt * n + sample`.
+//! `data: [DONE]`; with `stream_options.continuous_usage_stats` every chunk carries its
+//! choice's running usage. Choices are numbered prompt-major: `index = prompt * n + sample`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +23,9 @@ use super::error::SimError;
 use super::job::{self, Extensions, Job, PromptInfo};
 use super::model::{self, Token};
 use super::state::{SimState, unix_now};
-use super::stream::{Answer, Steps, advance, longest, push_done, push_event, respond};
+use super::stream::{
+    Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
+};
 
 /// OpenAI's (and SGLang's) default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -45,6 +48,7 @@ struct Completion {
     model: String,
     stream: bool,
     include_usage: bool,
+    continuous_usage: bool,
     top_logprobs: Option<usize>,
     n: usize,
     prompts: Vec<PromptEntry>,
@@ -148,6 +152,7 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         model: req.model.clone().unwrap_or_else(|| cfg.model.clone()),
         stream: req.is_stream(),
         include_usage: req.include_usage(),
+        continuous_usage: continuous_usage(req.stream_options.as_ref()),
         top_logprobs: req.logprobs.map(|k| k as usize),
         n: n as usize,
         offsets: vec![0; seqs.len()],
@@ -298,7 +303,11 @@ impl Steps for Completion {
                 matched_stop: if last { matched } else { None },
                 extra: Extra::new(),
             };
-            push_event(out, &self.response(vec![choice], None, Extra::new()));
+            let prompt_tokens = self.prompts[i / self.n].info.tokens;
+            let usage = self
+                .continuous_usage
+                .then(|| Usage::new(prompt_tokens, k as u64 + 1));
+            push_event(out, &self.response(vec![choice], usage, Extra::new()));
         }
     }
 

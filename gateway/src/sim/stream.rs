@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 
 use axum::http::StatusCode;
+use openapi::openai::StreamOptions;
 
 use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
@@ -103,6 +104,11 @@ pub async fn respond<A: Answer>(
         Ok(()) => json_bytes(StatusCode::OK, bytes),
         Err(e) => error(e.into()),
     }
+}
+
+/// SGLang's `stream_options.continuous_usage_stats`: usage on every content chunk.
+pub fn continuous_usage(opts: Option<&StreamOptions>) -> bool {
+    opts.and_then(|o| o.continuous_usage_stats).unwrap_or(false)
 }
 
 /// Tokens of the longest sequence: the number of steps of a response.

@@ -4,6 +4,7 @@
 #
 #   bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
 #   DURATION=5 ROUNDS=1 bench/gateway_bench.sh   # quick look
+#   COMPARE_BIN=/tmp/old/moongate bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
 #
 # Layout on 2 cores: the server under test (the gateway, or the direct sim worker) is pinned
 # alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
@@ -52,8 +53,14 @@ for p in $W1 $W2 $DIRECT; do wait_ok "http://127.0.0.1:$p/health"; done
 start gateway "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GW_PORT" --policy round_robin \
   --log-level warn --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
 wait_ok "http://127.0.0.1:$GW_PORT/readiness"
-
 TARGETS="direct:$DIRECT gateway:$GW_PORT"
+if [ -n "${COMPARE_BIN:-}" ]; then
+  GWB_PORT=$((BASE_PORT + 3))
+  start gateway_b "$CPU_SUT" "$COMPARE_BIN" serve --host 127.0.0.1 --port "$GWB_PORT" --policy round_robin \
+    --log-level warn --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+  wait_ok "http://127.0.0.1:$GWB_PORT/readiness"
+  TARGETS="$TARGETS gateway_b:$GWB_PORT"
+fi
 TCK=$(getconf CLK_TCK)
 run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
   STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \

@@ -61,6 +61,8 @@ pub mod env {
     pub const PROMETHEUS_HOST: &str = "MOONGATE_PROMETHEUS_HOST";
     /// `--prometheus-port`.
     pub const PROMETHEUS_PORT: &str = "MOONGATE_PROMETHEUS_PORT";
+    /// `--worker-threads`.
+    pub const WORKER_THREADS: &str = "MOONGATE_WORKER_THREADS";
 }
 
 /// Load-balancing policy over the ready workers that serve the requested model.
@@ -183,6 +185,10 @@ pub struct ServeConfig {
     /// Port of an extra listener serving only `/metrics` (off when absent).
     #[arg(long, env = env::PROMETHEUS_PORT)]
     pub prometheus_port: Option<u16>,
+    /// Runtime threads: 0 = one per CPU the process may run on; 1 = a single-threaded
+    /// runtime (what a process pinned to one core gets with 0, too).
+    #[arg(long, env = env::WORKER_THREADS, default_value_t = ServeConfig::default().worker_threads)]
+    pub worker_threads: usize,
 }
 
 impl Default for ServeConfig {
@@ -208,6 +214,7 @@ impl Default for ServeConfig {
             shutdown_grace_period_secs: 180,
             prometheus_host: "0.0.0.0".into(),
             prometheus_port: None,
+            worker_threads: 0,
         }
     }
 }
@@ -319,6 +326,14 @@ impl ServeConfig {
         let cfg = overlay_given(base, cli, matches)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The number of runtime threads to start (`worker_threads`, or the CPUs available).
+    pub fn runtime_threads(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
     }
 
     /// The configuration as TOML (what `--print-config` shows; a valid `--config` file).

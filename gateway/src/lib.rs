@@ -1,12 +1,14 @@
 //! Moongate gateway: the OpenAI-compatible front door in front of SGLang workers.
 //!
-//! A request goes through the modules in this order: [`server`] (routes, middleware) ->
+//! A request goes through the modules in this order: [`server::front`] (request id,
+//! metrics) ->
 //! [`proxy::inspect`] (body, `model`) -> [`select`] (worker by policy) -> [`proxy::dispatch`]
 //! (pooled client) -> [`proxy::respond`] (streamed relay, load released at body end).
 //!
 //! # Layout
 //! - [`config`]: `moongate serve` settings: defaults, TOML file, `MOONGATE_*` env, flags; validation.
-//! - [`server`]: the axum application: state, route table + OpenAPI, middleware, handlers.
+//! - [`server`]: the HTTP application: state, the front door (the one middleware stack and
+//!   the inference fast path), route table + OpenAPI, handlers.
 //! - [`proxy`]: the request path (inspect, dispatch, respond) and the regular-mode router.
 //! - [`select`]: load-balancing policies over the available workers.
 //! - [`workers`]: worker records, the swappable registry, health checks, model discovery,

@@ -47,21 +47,30 @@ fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             gateway::logging::init(cfg.log_level);
-            runtime()?.block_on(gateway::serve::run(cfg))
+            runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg))
         }
         Command::Demo(cfg) => {
             gateway::logging::init(config::LogLevel::Warn);
-            runtime()?.block_on(gateway::demo::run(cfg))
+            runtime(0)?.block_on(gateway::demo::run(cfg))
         }
         Command::SimWorker(cfg) => {
             gateway::logging::init(config::LogLevel::Info);
-            runtime()?.block_on(gateway::sim::run(cfg))
+            runtime(0)?.block_on(gateway::sim::run(cfg))
         }
     }
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+/// A tokio runtime: the single-threaded scheduler for `threads == 1` (no work stealing or
+/// cross-thread wake-ups to pay for), else the multi-threaded one (`0`: tokio's default size).
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads == 1 {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+    }
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if threads > 1 {
+        b.worker_threads(threads);
+    }
+    b.enable_all().build()
 }

@@ -5,12 +5,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::config::ServeConfig;
-use crate::server::{self, AppState};
+use crate::server::{self, AppState, Front};
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]
@@ -51,32 +56,24 @@ impl Gateway {
 /// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`) with the
 /// static workers registered. Needs a tokio runtime.
 pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Gateway> {
-    let grace = Duration::from_secs(cfg.shutdown_grace_period_secs);
     let state = AppState::new(cfg);
     state
         .add_static_workers()
         .context("registering --worker-urls")?;
-    spawn_with(state, listener, grace).await
+    spawn_with(state, OpenApiRouter::new(), listener).await
 }
 
-/// Serves an already-built state (for callers that mount extra routes themselves, use
-/// [`server::app_with`] and their own listener instead).
+/// Serves an already-built state plus `extra` routes (e.g. the KV master's REST API, mounted
+/// behind the same front door and in the same `/openapi.json`).
 pub async fn spawn_with(
     state: AppState,
+    extra: OpenApiRouter,
     listener: TcpListener,
-    grace: Duration,
 ) -> anyhow::Result<Gateway> {
+    let grace = Duration::from_secs(state.config().shutdown_grace_period_secs);
     let addr = listener.local_addr()?;
-    let app = server::app(state.clone());
-    let stop = state.cancel_token().clone();
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let app = server::app_with(state.clone(), extra);
+    let task = tokio::spawn(accept_loop(listener, app, state.cancel_token().clone()));
     if let Some(port) = state.config().prometheus_port {
         let host = state.config().prometheus_host.clone();
         let metrics_listener = TcpListener::bind((host.as_str(), port))
@@ -98,6 +95,45 @@ pub async fn spawn_with(
         task,
         grace,
     })
+}
+
+/// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
+/// TCP_NODELAY on every connection) until `stop` fires; then stops accepting and waits for
+/// open connections to finish their current requests (the caller bounds that wait).
+pub async fn accept_loop(
+    listener: TcpListener,
+    svc: Front,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let conn = builder
+            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc.clone()))
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// A future that resolves when the process is asked to stop (Ctrl-C / SIGINT, or SIGTERM on

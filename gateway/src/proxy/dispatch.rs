@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -48,12 +49,12 @@ pub enum DispatchError {
 }
 
 /// One request to send: the client's method, path, headers and (possibly rewritten) body.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outgoing<'a> {
     /// Method.
     pub method: &'a Method,
     /// Path and query (starting with `/`), appended to the worker's base URL.
-    pub path_and_query: &'a str,
+    pub path_and_query: PathAndQuery,
     /// The client's headers (filtered on the way out).
     pub headers: &'a HeaderMap,
     /// Set as `x-request-id`.
@@ -94,7 +95,7 @@ impl Dispatcher {
     ) -> Result<Response<Incoming>, DispatchError> {
         let uri = worker
             .url()
-            .join(out.path_and_query)
+            .join_pq(out.path_and_query.clone())
             .map_err(|e| DispatchError::Build(e.to_string()))?;
         let mut req = Request::new(Full::new(out.body.clone()));
         *req.method_mut() = out.method.clone();

@@ -5,10 +5,9 @@
 
 use std::borrow::Cow;
 
-use axum::body::Body;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, header};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 
 use crate::error::GatewayError;
@@ -16,12 +15,39 @@ use crate::error::GatewayError;
 /// The fields routing looks at.
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct RoutingFields<'a> {
-    /// `model` (absent or `null`: any model).
-    #[serde(borrow, default)]
+    /// `model` (absent or `null`: any model). Borrowed from the body unless it has escapes.
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
     pub model: Option<Cow<'a, str>>,
     /// `stream` (absent or `null`: false).
     #[serde(default)]
     pub stream: Option<bool>,
+}
+
+/// `Option<Cow<str>>` that borrows when it can (serde's own `Cow` impl always copies).
+fn borrowed_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(v)))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v.to_owned())))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    d.deserialize_option(V)
 }
 
 impl RoutingFields<'_> {
@@ -38,11 +64,11 @@ impl RoutingFields<'_> {
 
 /// Reads the whole body, refusing more than `limit` bytes (413), by `Content-Length`
 /// up front when the client sends one.
-pub async fn read_body(
-    body: Body,
-    headers: &HeaderMap,
-    limit: usize,
-) -> Result<Bytes, GatewayError> {
+pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -50,13 +76,38 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(GatewayError::PayloadTooLarge { limit })
+    // Most bodies arrive in one frame: keep it as is (no copy); join several only if needed.
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame =
+            frame.map_err(|e| GatewayError::ClientBody(crate::client::describe(&*e.into())))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len += data.len();
+        if len > limit {
+            return Err(GatewayError::PayloadTooLarge { limit });
         }
-        Err(e) => Err(GatewayError::ClientBody(crate::client::describe(&*e))),
+        match (&mut first, &mut more) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let mut joined =
+                    BytesMut::with_capacity(declared.map_or(len, |n| n as usize).max(len));
+                joined.extend_from_slice(f);
+                joined.extend_from_slice(&data);
+                more = Some(joined);
+            }
+            (Some(_), Some(m)) => m.extend_from_slice(&data),
+        }
     }
+    Ok(match (more, first) {
+        (Some(m), _) => m.freeze(),
+        (None, Some(f)) => f,
+        (None, None) => Bytes::new(),
+    })
 }
 
 /// Parses the routing fields of a JSON object body.
@@ -89,6 +140,7 @@ pub fn routing_fields(body: &[u8]) -> Result<RoutingFields<'_>, GatewayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
 
     #[test]
     fn reads_only_model_and_stream() {
@@ -99,6 +151,9 @@ mod tests {
         let f = routing_fields(br#"{"text":"x","model":null}"#).unwrap();
         assert_eq!((f.model(), f.is_stream()), (None, false));
         assert_eq!(routing_fields(br#" {"model":""}"#).unwrap().model(), None);
+        // No copy unless the string has escapes.
+        let plain = routing_fields(br#"{"model":"abc"}"#).unwrap();
+        assert!(matches!(plain.model, Some(Cow::Borrowed("abc"))));
     }
 
     #[test]
@@ -149,6 +204,24 @@ mod tests {
             let f = routing_fields(&body).unwrap();
             proptest::prop_assert_eq!(f.model(), Some(model.as_str()));
         }
+    }
+
+    #[tokio::test]
+    async fn bodies_in_many_frames_are_joined_and_limited() {
+        let chunks = || {
+            futures::stream::iter(
+                ["{\"mo", "del\":", "\"m\"}"].map(|c| Ok::<_, std::io::Error>(Bytes::from(c))),
+            )
+        };
+        let h = HeaderMap::new();
+        let b = read_body(Body::from_stream(chunks()), &h, 100)
+            .await
+            .unwrap();
+        assert_eq!(b, Bytes::from(r#"{"model":"m"}"#));
+        let e = read_body(Body::from_stream(chunks()), &h, 10)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().as_u16(), 413);
     }
 
     #[tokio::test]

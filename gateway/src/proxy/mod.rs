@@ -18,6 +18,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::HeaderValue;
 use http::request::Parts;
+use http::uri::PathAndQuery;
 use openapi::workers::WorkerType;
 
 use crate::error::GatewayError;
@@ -101,7 +102,8 @@ impl RegularRouter {
                 .parts
                 .uri
                 .path_and_query()
-                .map_or(req.endpoint.path(), |pq| pq.as_str()),
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static(req.endpoint.path())),
             headers: &req.parts.headers,
             request_id: &req.request_id,
             body: &req.body,

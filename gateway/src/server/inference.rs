@@ -3,6 +3,9 @@
 use axum::Json;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::HeaderValue;
+use http::request::Parts;
 use openapi::error::ErrorResponse;
 use openapi::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
 use openapi::openai::completions::{CompletionRequest, CompletionResponse};
@@ -15,9 +18,18 @@ use crate::proxy::inspect::{read_body, routing_fields};
 use crate::proxy::{Endpoint, Inbound};
 use crate::request_id;
 
-/// Inspects and routes one inference request.
-async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
+/// Inspects and routes one inference request (the fast path from [`super::front`]).
+pub(crate) async fn proxy<B>(
+    st: &AppState,
+    endpoint: Endpoint,
+    parts: Parts,
+    body: B,
+    request_id: HeaderValue,
+) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let body = match read_body(body, &parts.headers, st.config().max_payload_size).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -26,11 +38,6 @@ async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
         Ok(f) => f,
         Err(e) => return e.into_response(),
     };
-    let request_id = parts
-        .headers
-        .get(&X_REQUEST_ID)
-        .cloned()
-        .unwrap_or_else(request_id::mint);
     let inbound = Inbound {
         endpoint,
         parts: &parts,
@@ -42,6 +49,17 @@ async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
+}
+
+/// The same, for the axum route (used when the router is driven directly).
+async fn routed(st: AppState, endpoint: Endpoint, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let id = parts
+        .headers
+        .get(&X_REQUEST_ID)
+        .cloned()
+        .unwrap_or_else(request_id::mint);
+    proxy(&st, endpoint, parts, body, id).await
 }
 
 /// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
@@ -57,7 +75,7 @@ async fn proxy(st: AppState, endpoint: Endpoint, req: Request) -> Response {
         (status = 504, description = "Worker timeout", body = ErrorResponse),
     ))]
 pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Response {
-    proxy(st, Endpoint::ChatCompletions, req).await
+    routed(st, Endpoint::ChatCompletions, req).await
 }
 
 /// OpenAI text completions, proxied.
@@ -69,7 +87,7 @@ pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Respo
         (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
     ))]
 pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
-    proxy(st, Endpoint::Completions, req).await
+    routed(st, Endpoint::Completions, req).await
 }
 
 /// SGLang native generation, proxied.
@@ -81,7 +99,7 @@ pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
         (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
     ))]
 pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
-    proxy(st, Endpoint::Generate, req).await
+    routed(st, Endpoint::Generate, req).await
 }
 
 /// The models served by ready workers (union, de-duplicated).

@@ -1,23 +1,24 @@
 //! The HTTP face of `moongate serve`: shared state, the route table with its OpenAPI
-//! description, and the one middleware stack.
+//! description, and the front door.
 //!
+//! - [`front`]: the one middleware stack (request id, metrics) and the inference fast path.
 //! - [`inference`]: the proxied OpenAI/SGLang routes and `/v1/models`.
 //! - [`admin`]: the worker API (`/workers`).
 //! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`, `/openapi.json`.
 //!
-//! [`app`] builds the router for a state; [`app_with`] also mounts another component's
-//! routes (the KV master's REST API) under the same middleware and OpenAPI document.
+//! [`app`] builds the service for a state; [`app_with`] also mounts another component's
+//! routes (the KV master's REST API) under the same front door and OpenAPI document.
 
 pub mod admin;
+pub mod front;
 pub mod inference;
 pub mod ops;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
@@ -28,11 +29,12 @@ use utoipa_axum::routes;
 use crate::client::HttpClient;
 use crate::config::ServeConfig;
 use crate::error::GatewayError;
+use crate::metrics;
 use crate::proxy::RegularRouter;
-use crate::proxy::dispatch::{Dispatcher, X_REQUEST_ID};
+use crate::proxy::dispatch::Dispatcher;
 use crate::select::Policy;
 use crate::workers::{Registry, WorkerManager};
-use crate::{metrics, request_id};
+pub use front::Front;
 
 /// Everything handlers share (cheap to clone).
 #[derive(Clone, Debug)]
@@ -153,14 +155,20 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::metrics))
 }
 
-/// The complete gateway application.
-pub fn app(state: AppState) -> Router {
+/// The complete gateway service.
+pub fn app(state: AppState) -> Front {
     app_with(state, OpenApiRouter::new())
 }
 
-/// The gateway application plus `extra` routes (e.g. the KV master's REST API), served
-/// under the same middleware and described in the same `/openapi.json`.
-pub fn app_with(state: AppState, extra: OpenApiRouter) -> Router {
+/// The gateway service plus `extra` routes (e.g. the KV master's REST API), served behind
+/// the same front door and described in the same `/openapi.json`.
+pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
+    Front::new(state.clone(), router(state, extra))
+}
+
+/// The route table (every route, `/openapi.json`, JSON 404/405 fallbacks), without the front
+/// door.
+pub fn router(state: AppState, extra: OpenApiRouter) -> Router {
     let (router, doc) = api_routes()
         .with_state(state)
         .merge(extra)
@@ -173,21 +181,6 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Router {
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn(front))
-}
-
-/// The middleware stack, one layer: request id (kept or minted, forwarded, echoed),
-/// metrics (count by route and status, time to response head), debug log line.
-async fn front(mut req: Request, next: Next) -> Response {
-    let start = Instant::now();
-    let route = metrics::Route::of(req.uri().path());
-    let id = request_id::ensure(req.headers_mut());
-    let mut resp = next.run(req).await;
-    let status = resp.status().as_u16();
-    metrics::request(route, status, start.elapsed());
-    tracing::debug!(request_id = ?id, status, route = ?route, elapsed_us = start.elapsed().as_micros() as u64, "request");
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
-    resp
 }
 
 async fn not_found(req: Request) -> Response {

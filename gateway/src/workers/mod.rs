@@ -100,10 +100,15 @@ impl WorkerUrl {
 
     /// The URI of `path_and_query` (which starts with `/`) on this worker.
     pub fn join(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        let pq: PathAndQuery = if self.prefix.is_empty() {
-            PathAndQuery::try_from(path_and_query)?
+        self.join_pq(PathAndQuery::try_from(path_and_query)?)
+    }
+
+    /// [`WorkerUrl::join`] for an already parsed path (no copy when the URL has no prefix).
+    pub fn join_pq(&self, pq: PathAndQuery) -> Result<Uri, http::Error> {
+        let pq = if self.prefix.is_empty() {
+            pq
         } else {
-            PathAndQuery::try_from(format!("{}{}", self.prefix, path_and_query))?
+            PathAndQuery::try_from(format!("{}{}", self.prefix, pq.as_str()))?
         };
         Uri::builder()
             .scheme(Scheme::HTTP)

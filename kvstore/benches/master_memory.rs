@@ -6,7 +6,8 @@
 
 use std::alloc::System;
 
-use kvstore::master::{ClientId, ReplicateConfig, SegmentSpec};
+mod common;
+
 use kvstore::{Master, MasterConfig};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -29,40 +30,13 @@ fn rss_kib() -> u64 {
 
 fn main() {
     // Criterion-style flags from `cargo bench` are ignored.
-    let keys: Vec<String> = (0..KEYS)
-        .map(|i| {
-            format!(
-                "{:016x}{:016x}{:016x}{:016x}",
-                i,
-                i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                !i,
-                i ^ 0x5555
-            )
-        })
-        .collect();
-    let owner = ClientId::from_u128(1);
-    let writer = ClientId::from_u128(7);
-    let cfg = ReplicateConfig::default();
+    let keys: Vec<String> = (0..KEYS).map(common::key).collect();
     let rss0 = rss_kib();
     let region = Region::new(GLOBAL);
     let m = Master::new(MasterConfig::default()).unwrap();
-    for s in 0..16u64 {
-        m.mount_segment(
-            owner,
-            SegmentSpec {
-                name: format!("node-{s}"),
-                base: (s + 1) << 40,
-                size: 4 << 30,
-                endpoint: format!("te-{s}"),
-            },
-        )
-        .unwrap();
-    }
+    common::mount(&m, 16, 4 << 30);
     let empty = region.change();
-    for k in &keys {
-        m.put_start(writer, k, 4096, &cfg).unwrap();
-        m.put_end(writer, k).unwrap();
-    }
+    common::fill(&m, &keys);
     let full = region.change();
     let rss1 = rss_kib();
     // stats_alloc counts realloc growth in bytes_allocated already.

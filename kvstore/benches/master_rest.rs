@@ -16,47 +16,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 
-use kvstore::master::{ClientId, ReplicateConfig, SegmentSpec};
-use kvstore::{Master, MasterConfig};
+mod common;
+
+use common::key;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn key(i: u64) -> String {
-    format!(
-        "{:016x}{:016x}{:016x}{:016x}",
-        i,
-        i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        !i,
-        i ^ 0x5555
-    )
-}
-
-fn populated(n: u64) -> Arc<Master> {
-    let m = Arc::new(Master::new(MasterConfig::default()).unwrap());
-    for s in 0..4u64 {
-        m.mount_segment(
-            ClientId::from_u128(1),
-            SegmentSpec {
-                name: format!("node-{s}"),
-                base: (s + 1) << 40,
-                size: 16 << 30,
-                endpoint: format!("te-{s}"),
-            },
-        )
-        .unwrap();
-    }
-    let writer = ClientId::from_u128(7);
-    for i in 0..n {
-        m.put_start(writer, &key(i), 4096, &ReplicateConfig::default())
-            .unwrap();
-        m.put_end(writer, &key(i)).unwrap();
-    }
-    m
 }
 
 /// Sends the requests `make(n)` builds back to back on `conn` for `secs`; every answer
@@ -91,7 +59,7 @@ fn main() {
     let rounds = env("MG_BENCH_ROUNDS", 3);
     let keys = env("MG_BENCH_KEYS", 100_000);
     let port = env("MG_BENCH_PORT", 0) as u16;
-    let master = populated(keys);
+    let master = Arc::new(common::populated(keys, 4, 16 << 30).0);
 
     // The server: one worker thread, like a master on one core.
     let server = tokio::runtime::Builder::new_multi_thread()

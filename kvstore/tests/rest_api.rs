@@ -373,9 +373,15 @@ async fn openapi_document_describes_every_route() {
         ("/metadata", "delete"),
     ];
     let mut count = 0;
+    let mut ids = std::collections::HashSet::new();
     for (path, ops) in paths {
         count += ops.as_object().unwrap().len();
         for (_, op) in ops.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap();
+            assert!(
+                id.starts_with("master_") && ids.insert(id.to_string()),
+                "operationId {id}"
+            );
             assert_eq!(op["tags"][0], "kv-master", "{path}");
             assert!(
                 op["responses"]["404"].is_object(),
@@ -415,6 +421,10 @@ async fn openapi_document_describes_every_route() {
             "dangling {r}"
         );
     }
+    assert_eq!(
+        json["components"]["schemas"]["MetadataValue"]["format"],
+        "binary"
+    );
     for schema in [
         "MasterErrorResponse",
         "PutStartRequest",

@@ -335,6 +335,11 @@ pub struct MetadataQuery {
     pub key: Option<String>,
 }
 
+/// Opaque bytes of the transfer-metadata store (stored and returned unchanged).
+#[derive(Clone, Debug, Default, PartialEq, Eq, ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct MetadataValue(pub Vec<u8>);
+
 /// One object of a batch put-start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -30,7 +30,7 @@ fn key_results(keys: Vec<String>, results: Vec<MasterResult<()>>) -> wire::Batch
 }
 
 /// Start puts of many objects with one placement config.
-#[utoipa::path(post, path = "/api/v1/batch/put-start", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_put_start", path = "/api/v1/batch/put-start", tag = super::TAG,
     request_body = wire::BatchPutStartRequest,
     responses((status = 200, description = "Per-item replicas or errors", body = wire::BatchPutStartResponse), MasterErrors))]
 pub async fn put_start(
@@ -62,7 +62,7 @@ pub async fn put_start(
 }
 
 /// End puts of many objects.
-#[utoipa::path(post, path = "/api/v1/batch/put-end", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_put_end", path = "/api/v1/batch/put-end", tag = super::TAG,
     request_body = wire::BatchClientKeysRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn put_end(
@@ -76,7 +76,7 @@ pub async fn put_end(
 }
 
 /// Revoke unfinished puts of many objects.
-#[utoipa::path(post, path = "/api/v1/batch/put-revoke", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_put_revoke", path = "/api/v1/batch/put-revoke", tag = super::TAG,
     request_body = wire::BatchClientKeysRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn put_revoke(
@@ -90,7 +90,7 @@ pub async fn put_revoke(
 }
 
 /// Replicas of many objects, each granted a read lease.
-#[utoipa::path(post, path = "/api/v1/batch/replicas", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_get_replicas", path = "/api/v1/batch/replicas", tag = super::TAG,
     request_body = wire::BatchKeysRequest,
     responses((status = 200, description = "Per-key replicas or errors", body = wire::BatchReplicasResponse), MasterErrors))]
 pub async fn replicas_of(
@@ -124,7 +124,7 @@ pub async fn replicas_of(
 }
 
 /// Existence of many objects; each existing one is granted a read lease.
-#[utoipa::path(post, path = "/api/v1/batch/exists", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_exists", path = "/api/v1/batch/exists", tag = super::TAG,
     request_body = wire::BatchKeysRequest,
     responses((status = 200, description = "Per-key existence", body = wire::BatchExistsResponse), MasterErrors))]
 pub async fn exists(
@@ -152,7 +152,7 @@ pub async fn exists(
 }
 
 /// Remove many objects; leased ones are refused unless `force`.
-#[utoipa::path(post, path = "/api/v1/batch/remove", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_batch_remove", path = "/api/v1/batch/remove", tag = super::TAG,
     request_body = wire::BatchRemoveRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn remove(

@@ -14,7 +14,7 @@ use super::{
 use crate::master::Master;
 
 /// Mount one segment for a client (idempotent for the same geometry).
-#[utoipa::path(post, path = "/api/v1/clients/{client_id}/segments", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_mount_segment", path = "/api/v1/clients/{client_id}/segments", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID")),
     request_body = wire::SegmentSpec,
     responses((status = 200, description = "Mounted", body = wire::Segment), MasterErrors))]
@@ -28,7 +28,7 @@ pub async fn mount_segment(
 }
 
 /// Remount every segment of a client after `need_remount`; the client is `ok` afterwards.
-#[utoipa::path(post, path = "/api/v1/clients/{client_id}/remount", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_remount", path = "/api/v1/clients/{client_id}/remount", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID")),
     request_body = wire::RemountRequest,
     responses((status = 200, description = "Remounted", body = wire::Client), MasterErrors))]
@@ -43,7 +43,7 @@ pub async fn remount(
 }
 
 /// Unmount one of the client's segments; replicas on it are dropped.
-#[utoipa::path(delete, path = "/api/v1/clients/{client_id}/segments/{name}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = "master_unmount_segment", path = "/api/v1/clients/{client_id}/segments/{name}", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID"),
            ("name" = String, Path, description = "Segment name")),
     responses((status = 204, description = "Unmounted"), MasterErrors))]
@@ -61,7 +61,7 @@ pub async fn unmount_segment(
 }
 
 /// Heartbeat (every second); answers whether the client must remount.
-#[utoipa::path(post, path = "/api/v1/clients/{client_id}/ping", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_ping", path = "/api/v1/clients/{client_id}/ping", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID")),
     responses((status = 200, description = "Alive", body = wire::PingResponse), MasterErrors))]
 pub async fn ping(
@@ -78,7 +78,7 @@ pub async fn ping(
 }
 
 /// Every known client.
-#[utoipa::path(get, path = "/api/v1/clients", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_list_clients", path = "/api/v1/clients", tag = super::TAG,
     responses((status = 200, description = "Clients", body = wire::ClientList), MasterErrors))]
 pub async fn list_clients(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::ClientList>> {
     let clients = m.clients().into_iter().map(client).collect();
@@ -86,7 +86,7 @@ pub async fn list_clients(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::
 }
 
 /// One client.
-#[utoipa::path(get, path = "/api/v1/clients/{client_id}", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_get_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID")),
     responses((status = 200, description = "Client", body = wire::Client), MasterErrors))]
 pub async fn get_client(
@@ -98,7 +98,7 @@ pub async fn get_client(
 }
 
 /// Forget a client and unmount all its segments (graceful shutdown of a store node).
-#[utoipa::path(delete, path = "/api/v1/clients/{client_id}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = "master_remove_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
     params(("client_id" = String, Path, description = "Client UUID")),
     responses((status = 204, description = "Removed"), MasterErrors))]
 pub async fn remove_client(
@@ -115,7 +115,7 @@ pub async fn remove_client(
 }
 
 /// Every mounted segment with capacity and usage.
-#[utoipa::path(get, path = "/api/v1/segments", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_list_segments", path = "/api/v1/segments", tag = super::TAG,
     responses((status = 200, description = "Segments", body = wire::SegmentList), MasterErrors))]
 pub async fn list_segments(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::SegmentList>> {
     let segments = m.segments().into_iter().map(segment).collect();
@@ -123,7 +123,7 @@ pub async fn list_segments(State(m): State<Arc<Master>>) -> ApiResult<Json<wire:
 }
 
 /// One segment.
-#[utoipa::path(get, path = "/api/v1/segments/{name}", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_get_segment", path = "/api/v1/segments/{name}", tag = super::TAG,
     params(("name" = String, Path, description = "Segment name")),
     responses((status = 200, description = "Segment", body = wire::Segment), MasterErrors))]
 pub async fn get_segment(
@@ -134,7 +134,7 @@ pub async fn get_segment(
 }
 
 /// Totals: capacity, usage, keys, segments, clients, evictions.
-#[utoipa::path(get, path = "/api/v1/stats", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_stats", path = "/api/v1/stats", tag = super::TAG,
     responses((status = 200, description = "Totals", body = wire::MasterStats), MasterErrors))]
 pub async fn stats(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::MasterStats>> {
     observed("stats", Ok(Json(m.stats())))

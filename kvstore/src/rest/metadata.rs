@@ -19,8 +19,8 @@ fn key(q: &wire::MetadataQuery) -> &str {
 }
 
 /// The bytes stored under `key`.
-#[utoipa::path(get, path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
-    responses((status = 200, description = "The stored bytes, unchanged", body = Vec<u8>,
+#[utoipa::path(get, operation_id = "master_get_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+    responses((status = 200, description = "The stored bytes, unchanged", body = wire::MetadataValue,
                content_type = "application/json"), MasterErrors))]
 pub async fn get_metadata(
     State(m): State<Arc<Master>>,
@@ -31,8 +31,8 @@ pub async fn get_metadata(
 }
 
 /// Store the request body under `key` (replacing any previous value).
-#[utoipa::path(put, path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+#[utoipa::path(put, operation_id = "master_put_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+    request_body(content = wire::MetadataValue, content_type = "application/octet-stream"),
     responses((status = 200, description = "Stored", body = String, content_type = "text/plain"), MasterErrors))]
 pub async fn put_metadata(
     State(m): State<Arc<Master>>,
@@ -43,7 +43,7 @@ pub async fn put_metadata(
 }
 
 /// Remove `key`.
-#[utoipa::path(delete, path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+#[utoipa::path(delete, operation_id = "master_delete_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
     responses((status = 200, description = "Removed", body = String, content_type = "text/plain"), MasterErrors))]
 pub async fn delete_metadata(
     State(m): State<Arc<Master>>,

@@ -15,7 +15,7 @@ use super::{
 use crate::master::{Master, MasterError, ObjectStatus};
 
 /// Start a put: allocates replicas; the object stays invisible until put-end.
-#[utoipa::path(post, path = "/api/v1/objects/{key}/put-start", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_put_start", path = "/api/v1/objects/{key}/put-start", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::PutStartRequest,
     responses((status = 200, description = "Replicas to write", body = wire::PutStartResponse), MasterErrors))]
@@ -35,7 +35,7 @@ pub async fn put_start(
 }
 
 /// End a put: the object becomes readable.
-#[utoipa::path(post, path = "/api/v1/objects/{key}/put-end", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_put_end", path = "/api/v1/objects/{key}/put-end", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::ClientRequest,
     responses((status = 204, description = "Readable"), MasterErrors))]
@@ -49,7 +49,7 @@ pub async fn put_end(
 }
 
 /// Revoke an unfinished put: its space is freed and the key is free again.
-#[utoipa::path(post, path = "/api/v1/objects/{key}/put-revoke", tag = super::TAG,
+#[utoipa::path(post, operation_id = "master_put_revoke", path = "/api/v1/objects/{key}/put-revoke", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::ClientRequest,
     responses((status = 204, description = "Revoked"), MasterErrors))]
@@ -63,7 +63,7 @@ pub async fn put_revoke(
 }
 
 /// Replicas of a readable object; grants (or extends) a read lease.
-#[utoipa::path(get, path = "/api/v1/objects/{key}/replicas", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_get_replicas", path = "/api/v1/objects/{key}/replicas", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Replicas and lease", body = wire::ReplicasResponse), MasterErrors))]
 pub async fn get_replicas(
@@ -81,7 +81,7 @@ pub async fn get_replicas(
 }
 
 /// Whether a readable object exists; grants (or extends) a read lease if it does.
-#[utoipa::path(get, path = "/api/v1/objects/{key}/exists", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_exists", path = "/api/v1/objects/{key}/exists", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Existence", body = wire::ExistsResponse), MasterErrors))]
 pub async fn exists(
@@ -99,7 +99,7 @@ pub async fn exists(
 }
 
 /// One object with its replicas, lease and pins (admin read; grants no lease).
-#[utoipa::path(get, path = "/api/v1/objects/{key}", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_get_object", path = "/api/v1/objects/{key}", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Object", body = wire::ObjectInfo), MasterErrors))]
 pub async fn get_object(
@@ -125,7 +125,7 @@ pub async fn get_object(
 }
 
 /// Remove a readable object; refused while leased unless `force=true`.
-#[utoipa::path(delete, path = "/api/v1/objects/{key}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = "master_remove", path = "/api/v1/objects/{key}", tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)"), wire::RemoveQuery),
     responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
 pub async fn remove_object(
@@ -138,7 +138,7 @@ pub async fn remove_object(
 }
 
 /// Keys, ascending, filtered by prefix, paged with `after` (admin read).
-#[utoipa::path(get, path = "/api/v1/objects", tag = super::TAG,
+#[utoipa::path(get, operation_id = "master_list_objects", path = "/api/v1/objects", tag = super::TAG,
     params(wire::ListObjectsQuery),
     responses((status = 200, description = "A page of keys", body = wire::KeyPage), MasterErrors))]
 pub async fn list_objects(
@@ -163,7 +163,7 @@ pub async fn list_objects(
 }
 
 /// Bulk removal of complete objects without a live lease: `all=true`, or `regex=...`.
-#[utoipa::path(delete, path = "/api/v1/objects", tag = super::TAG,
+#[utoipa::path(delete, operation_id = "master_remove_objects", path = "/api/v1/objects", tag = super::TAG,
     params(wire::DeleteObjectsQuery),
     responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
 pub async fn remove_objects(

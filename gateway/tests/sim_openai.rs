@@ -412,6 +412,12 @@ async fn bad_input_gets_sglang_errors() {
             "out of vocabulary",
         ),
         (
+            &chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":4294967295}"#.into(),
+            "top_logprobs must be at most",
+        ),
+        (&cmpl, r#"{"prompt":"x","logprobs":65}"#.into(), "logprobs must be at most"),
+        (
             &cmpl,
             format!(r#"{{"prompt":"{}"}}"#, "w ".repeat(100)),
             "longer than the model's context length",

@@ -176,6 +176,11 @@ async fn generate_errors_in_sglang_shape() {
         (r#"{"text":5}"#, "expected a string"),
         (r#"{"text":[]}"#, "no prompts"),
         (r#"{"input_ids":[]}"#, "input_ids cannot be empty"),
+        (r#"{"input_ids":[[1],[32000]]}"#, "out of vocabulary"),
+        (
+            r#"{"text":"a","return_logprob":true,"top_logprobs_num":100000}"#,
+            "top_logprobs_num must be at most",
+        ),
         (r#"{"text":["a","b"],"rid":["x"]}"#, "rid has 1 entries"),
         (
             r#"{"text":["a","b"],"sampling_params":[{"n":1},{"n":2}]}"#,

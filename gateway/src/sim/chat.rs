@@ -76,10 +76,10 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         stream: req.is_stream(),
         include_usage: req.include_usage(),
         continuous_usage: continuous_usage(req.stream_options.as_ref()),
-        top_logprobs: req
-            .logprobs
-            .unwrap_or(false)
-            .then(|| req.top_logprobs.unwrap_or(0) as usize),
+        top_logprobs: match req.logprobs {
+            Some(true) => Some(job::check_top(req.top_logprobs, "top_logprobs")?),
+            _ => None,
+        },
         model: req.model.unwrap_or_else(|| cfg.model.clone()),
         prompt_tokens: prompt.tokens,
         offsets: vec![0; seqs.len()],

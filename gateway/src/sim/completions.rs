@@ -56,21 +56,6 @@ struct Completion {
     offsets: Vec<usize>,
 }
 
-fn check_ids(ids: &[u32]) -> Result<(), SimError> {
-    if ids.is_empty() {
-        return Err(SimError::BadRequest(
-            "prompt token ids must not be empty.".to_owned(),
-        ));
-    }
-    match ids.iter().find(|&&id| id >= model::VOCAB_SIZE) {
-        Some(id) => Err(SimError::BadRequest(format!(
-            "token id {id} is out of vocabulary (size {}).",
-            model::VOCAB_SIZE
-        ))),
-        None => Ok(()),
-    }
-}
-
 fn text_entry(text: &str, echo: bool) -> PromptEntry {
     let echo = echo.then(|| {
         let pieces = model::pieces(text)
@@ -90,7 +75,7 @@ fn text_entry(text: &str, echo: bool) -> PromptEntry {
 }
 
 fn ids_entry(ids: &[u32], echo: bool) -> Result<PromptEntry, SimError> {
-    check_ids(ids)?;
+    job::check_ids(ids, "prompt")?;
     let echo = echo.then(|| {
         let tokens: Vec<(u32, String)> =
             ids.iter().map(|&id| (id, model::token_text(id))).collect();
@@ -153,7 +138,10 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         stream: req.is_stream(),
         include_usage: req.include_usage(),
         continuous_usage: continuous_usage(req.stream_options.as_ref()),
-        top_logprobs: req.logprobs.map(|k| k as usize),
+        top_logprobs: req
+            .logprobs
+            .map(|k| job::check_top(Some(k), "logprobs"))
+            .transpose()?,
         n: n as usize,
         offsets: vec![0; seqs.len()],
         prompts,

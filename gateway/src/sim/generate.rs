@@ -77,12 +77,8 @@ fn prompts(req: &GenerateRequest) -> Result<(Vec<PromptEntry>, bool), SimError> 
         logprobs: None,
     };
     let text_entry = |t: &String| entry(PromptInfo::text(t), Vec::new());
-    let ids_entry = |ids: &Vec<u32>| {
-        if ids.is_empty() {
-            return Err(SimError::BadRequest(
-                "input_ids cannot be empty.".to_owned(),
-            ));
-        }
+    let ids_entry = |ids: &Vec<u32>| -> Result<PromptEntry, SimError> {
+        job::check_ids(ids, "input_ids")?;
         Ok(entry(PromptInfo::ids(ids), ids.clone()))
     };
     let (entries, batch) = match (&req.text, &req.input_ids) {
@@ -197,7 +193,7 @@ fn logprob_ask(
             )));
         }
     };
-    let top = item(&req.top_logprobs_num, i).copied().unwrap_or(0) as usize;
+    let top = job::check_top(item(&req.top_logprobs_num, i).copied(), "top_logprobs_num")?;
     Ok(LogprobAsk { start, top })
 }
 

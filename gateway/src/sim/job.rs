@@ -133,6 +133,34 @@ fn field<T: DeserializeOwned>(extra: &Extra, key: &str) -> Result<Option<T>, Sim
     }
 }
 
+/// Most alternatives per position a request may ask for (`top_logprobs`, `logprobs`,
+/// `top_logprobs_num`): the simulator's vocabulary of words.
+pub const MAX_TOP_LOGPROBS: u32 = model::WORDS.len() as u32;
+
+/// Checks how many alternatives per position were asked for (`name` is the field).
+pub fn check_top(k: Option<u32>, name: &str) -> Result<usize, SimError> {
+    match k.unwrap_or(0) {
+        k if k > MAX_TOP_LOGPROBS => Err(SimError::BadRequest(format!(
+            "{name} must be at most {MAX_TOP_LOGPROBS} on the simulator (got {k})."
+        ))),
+        k => Ok(k as usize),
+    }
+}
+
+/// Checks prompt token ids: not empty, inside the vocabulary.
+pub fn check_ids(ids: &[u32], name: &str) -> Result<(), SimError> {
+    if ids.is_empty() {
+        return Err(SimError::BadRequest(format!("{name} cannot be empty.")));
+    }
+    match ids.iter().find(|&&id| id >= model::VOCAB_SIZE) {
+        Some(id) => Err(SimError::BadRequest(format!(
+            "token id {id} in {name} is out of vocabulary (size {}).",
+            model::VOCAB_SIZE
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Checks the number of samples per prompt.
 pub fn check_n(n: Option<u32>) -> Result<u32, SimError> {
     match n.unwrap_or(1) {

@@ -38,10 +38,13 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// When token `step` (0-based) is ready.
+    /// When token `step` (0-based) is ready (a century away if that overflows).
     pub fn at(&self, step: usize) -> Instant {
         let later = u32::try_from(step).unwrap_or(u32::MAX);
-        self.start + self.ttft + self.tpot.saturating_mul(later)
+        let wait = self.ttft.saturating_add(self.tpot.saturating_mul(later));
+        self.start
+            .checked_add(wait)
+            .unwrap_or_else(|| self.start + Duration::from_secs(100 * 365 * 86_400))
     }
 
     /// When a response of `steps` tokens is complete (the first token's time for none).

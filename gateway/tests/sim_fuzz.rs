@@ -14,14 +14,18 @@ const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate
 
 fn base(route: &str) -> Value {
     match route {
-        "/v1/chat/completions" => json!({"model": "m", "messages": [{"role": "user", "content": "hi there"}],
+        "/v1/chat/completions" => {
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi there"}],
             "max_tokens": 4, "n": 2, "stop": ["x"], "logprobs": true, "top_logprobs": 2, "stream": false,
-            "stream_options": {"include_usage": true}, "rid": "r"}),
+            "stream_options": {"include_usage": true}, "rid": "r"})
+        }
         "/v1/completions" => json!({"model": "m", "prompt": ["a b", "c"], "max_tokens": 4, "n": 1,
             "echo": true, "logprobs": 1, "stop": "q", "stream": false}),
-        _ => json!({"text": ["a", "b"], "sampling_params": {"max_new_tokens": 3, "stop": ["z"], "n": 1},
+        _ => {
+            json!({"text": ["a", "b"], "sampling_params": {"max_new_tokens": 3, "stop": ["z"], "n": 1},
             "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": 1, "rid": ["x", "y"],
-            "stream": false}),
+            "stream": false})
+        }
     }
 }
 
@@ -45,24 +49,53 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 fn field_names() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
-        "messages", "prompt", "text", "input_ids", "max_tokens", "max_completion_tokens", "n",
-        "stop", "logprobs", "top_logprobs", "stream", "stream_options", "rid", "sampling_params",
-        "return_logprob", "logprob_start_len", "top_logprobs_num", "temperature", "top_p",
-        "echo", "seed", "min_tokens", "stop_token_ids", "ignore_eos", "bootstrap_room",
+        "messages",
+        "prompt",
+        "text",
+        "input_ids",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "stop",
+        "logprobs",
+        "top_logprobs",
+        "stream",
+        "stream_options",
+        "rid",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "temperature",
+        "top_p",
+        "echo",
+        "seed",
+        "min_tokens",
+        "stop_token_ids",
+        "ignore_eos",
+        "bootstrap_room",
     ])
 }
 
 async fn status_of(app: &Router, route: &str, body: Vec<u8>) -> u16 {
-    let req = Request::post(route).header("content-type", "application/json").body(Body::from(body)).unwrap();
+    let req = Request::post(route)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
     // Drain the body too: streams are rendered while it is read.
-    axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
     status
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 proptest! {

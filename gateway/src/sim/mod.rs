@@ -144,31 +144,11 @@ pub async fn run(cfg: SimConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}:{}", bind.0, bind.1))?;
     let (model, mode) = (cfg.model.clone(), cfg.mode);
     let handle = spawn(cfg, listener).await?;
+    let stop = crate::serve::shutdown_signal();
     tracing::info!(url = %handle.url(), %model, ?mode, "simulated SGLang worker ready");
-    shutdown_signal().await;
+    stop.await;
     tracing::info!("shutting down");
     handle.shutdown().await;
+    tracing::info!("stopped");
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }

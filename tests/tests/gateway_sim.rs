@@ -243,3 +243,67 @@ async fn the_demo_serves_what_it_prints() {
     assert_eq!(r.status(), 200);
     demo.shutdown().await;
 }
+
+#[tokio::test]
+async fn concurrent_load_completes_and_every_guard_is_released() {
+    let workers = sims(2, SimConfig::default()).await;
+    let gw = start_gateway(gateway::config::ServeConfig {
+        worker_urls: workers.iter().map(SimHandle::url).collect(),
+        ..fast_config()
+    })
+    .await;
+    eventually("both ready", || gw.state().registry().counts().0 == 2).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let model = SimConfig::default().model;
+    // 32 clients x 8 requests, half of them streamed.
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (c, url, model) = (c.clone(), url.clone(), model.clone());
+            tokio::spawn(async move {
+                for j in 0..8 {
+                    let stream = (i + j) % 2 == 0;
+                    let r = c
+                        .post(&url)
+                        .json(&json!({"model": model, "messages": [{"role": "user", "content": format!("q{i}-{j}")}],
+                            "max_tokens": 8, "stream": stream}))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    let text = r.text().await.unwrap();
+                    assert_eq!(stream, text.ends_with("data: [DONE]\n\n"));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let metrics = c
+        .get(format!("{}/metrics", gw.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let served: f64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                r#"moongate_gateway_requests_total{route="chat_completions",status="200"}"#,
+            )
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(served >= 256.0, "{served}");
+    for w in gw.state().registry().list().iter() {
+        assert_eq!(w.load(), 0, "guard released on {}", w.url().as_str());
+    }
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}

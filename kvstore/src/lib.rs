@@ -3,10 +3,14 @@
 //!
 //! # Layout
 //! - `master`: the master core, pure logic with an injectable clock ([`Master`]).
+//! - `client`: the store client ([`StoreClient`]): put / get and their zero-copy and batch
+//!   forms over the master's REST API and `transfer`.
+//! - `hicache`: SGLang HiCache page keys (chained SHA-256) and object names.
 //! - `metadata`: the Mooncake-compatible transfer-metadata store ([`MetadataStore`]).
 //! - `metrics`: `moongate_master_*` metric names and recording helpers.
 //! - `rest`: the REST API as a self-contained `utoipa_axum` router ([`router`]).
 //! - `background`: the periodic work the host spawns ([`run_background`]).
+//! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
 //!
 //! # Hosting the master
 //! ```no_run
@@ -22,12 +26,17 @@
 //! ```
 
 mod background;
+pub mod client;
+pub mod hicache;
+mod hosting;
 pub mod master;
 pub mod metadata;
 pub mod metrics;
 pub mod rest;
 
 pub use background::run_background;
+pub use client::{BufRange, ClientConfig, StoreClient, StoreError, StoreResult};
+pub use hosting::MasterServer;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;

@@ -1,10 +1,12 @@
-//! Prometheus metrics of the master, through the `metrics` facade (the host installs the
-//! recorder and serves `/metrics`). Names are `moongate_master_*`.
+//! Prometheus metrics of the master and of store clients, through the `metrics` facade
+//! (the host installs the recorder and serves `/metrics`). Names are `moongate_master_*`
+//! for the master and `moongate_store_*` for clients and storage nodes.
 //!
 //! Counters are recorded where things happen (each REST operation, each eviction round);
 //! gauges are published from [`crate::master::Master::stats`] by [`publish`], which the
 //! background task calls every tick and a `/metrics` handler may call before rendering.
 
+use crate::client::StoreError;
 use crate::master::{EvictReport, Master, MasterError};
 
 /// Gauge: bytes allocatable over mounted segments.
@@ -81,4 +83,50 @@ pub fn publish(master: &Master) {
     metrics::gauge!(CLIENTS, "status" => "ok").set(s.clients_ok as f64);
     metrics::gauge!(CLIENTS, "status" => "need_remount").set((s.clients - s.clients_ok) as f64);
     metrics::gauge!(METADATA_ENTRIES).set(master.metadata().len() as f64);
+}
+
+/// Counter: store client operations by `op` (a batch counts each item).
+pub const CLIENT_OPS: &str = "moongate_store_client_ops_total";
+/// Counter: failed store client operations by `op` and `error` (Mooncake name).
+pub const CLIENT_FAILURES: &str = "moongate_store_client_failures_total";
+/// Counter: heartbeats by `result` (`ok`, `failed`).
+pub const HEARTBEATS: &str = "moongate_store_heartbeats_total";
+/// Counter: remounts after the master asked for one.
+pub const REMOUNTS: &str = "moongate_store_remounts_total";
+
+/// Registers the help texts of the client metrics.
+pub fn describe_client() {
+    metrics::describe_counter!(CLIENT_OPS, "Store client operations by operation");
+    metrics::describe_counter!(
+        CLIENT_FAILURES,
+        "Failed store client operations by operation and error"
+    );
+    metrics::describe_counter!(HEARTBEATS, "Heartbeats to the master by result");
+    metrics::describe_counter!(REMOUNTS, "Segment remounts the master asked for");
+}
+
+/// Counts one client operation, and its failure.
+pub fn record_client_op(op: &'static str, error: Option<&StoreError>) {
+    metrics::counter!(CLIENT_OPS, "op" => op).increment(1);
+    if let Some(e) = error {
+        metrics::counter!(CLIENT_FAILURES, "op" => op, "error" => e.name()).increment(1);
+    }
+}
+
+/// Counts every item of a client batch.
+pub fn record_client_batch<T>(op: &'static str, results: &[Result<T, StoreError>]) {
+    metrics::counter!(CLIENT_OPS, "op" => op).increment(results.len() as u64);
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        metrics::counter!(CLIENT_FAILURES, "op" => op, "error" => e.name()).increment(1);
+    }
+}
+
+/// Counts one heartbeat.
+pub fn record_heartbeat(ok: bool) {
+    metrics::counter!(HEARTBEATS, "result" => if ok { "ok" } else { "failed" }).increment(1);
+}
+
+/// Counts one remount.
+pub fn record_remount() {
+    metrics::counter!(REMOUNTS).increment(1);
 }

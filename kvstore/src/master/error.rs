@@ -104,6 +104,31 @@ impl MasterError {
         }
     }
 
+    /// Rebuilds the error a master answered with (`type` and `message` of the wire
+    /// envelope): the inverse of [`MasterError::name`] and `Display`. An unknown name (a
+    /// newer master) becomes `InternalError` naming it.
+    pub fn from_wire(kind: &str, message: &str) -> Self {
+        let make: fn(String) -> Self = match kind {
+            "INTERNAL_ERROR" => Self::InternalError,
+            "SEGMENT_NOT_FOUND" => Self::SegmentNotFound,
+            "SEGMENT_ALREADY_EXISTS" => Self::SegmentAlreadyExists,
+            "CLIENT_NOT_FOUND" => Self::ClientNotFound,
+            "NO_AVAILABLE_HANDLE" => Self::NoAvailableHandle,
+            "INVALID_KEY" => Self::InvalidKey,
+            "INVALID_PARAMS" => Self::InvalidParams,
+            "ILLEGAL_CLIENT" => Self::IllegalClient,
+            "INVALID_WRITE" => Self::InvalidWrite,
+            "REPLICA_IS_NOT_READY" => Self::ReplicaIsNotReady,
+            "OBJECT_NOT_FOUND" => Self::ObjectNotFound,
+            "OBJECT_ALREADY_EXISTS" => Self::ObjectAlreadyExists,
+            "OBJECT_HAS_LEASE" => Self::ObjectHasLease,
+            other => return Self::InternalError(format!("{other}: {message}")),
+        };
+        // The wire message is this type's `Display`: drop the prefix it adds again.
+        let prefix = make(String::new()).to_string();
+        make(message.strip_prefix(&prefix).unwrap_or(message).to_owned())
+    }
+
     /// Whether the same request may succeed later without change (space freed, lease over,
     /// write finished).
     pub fn is_retryable(&self) -> bool {
@@ -117,6 +142,36 @@ impl MasterError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wire_form_round_trips() {
+        let all = [
+            MasterError::InternalError("x".into()),
+            MasterError::SegmentNotFound("seg-1".into()),
+            MasterError::SegmentAlreadyExists("s".into()),
+            MasterError::ClientNotFound("c".into()),
+            MasterError::NoAvailableHandle("full".into()),
+            MasterError::InvalidKey("k".into()),
+            MasterError::InvalidParams("p".into()),
+            MasterError::IllegalClient("i".into()),
+            MasterError::InvalidWrite("w".into()),
+            MasterError::ReplicaIsNotReady("r".into()),
+            MasterError::ObjectNotFound("key: a b".into()),
+            MasterError::ObjectAlreadyExists("e".into()),
+            MasterError::ObjectHasLease("l".into()),
+        ];
+        for e in all {
+            assert_eq!(MasterError::from_wire(e.name(), &e.to_string()), e);
+        }
+        assert_eq!(
+            MasterError::from_wire("NEW_THING", "m"),
+            MasterError::InternalError("NEW_THING: m".into())
+        );
+        assert_eq!(
+            MasterError::from_wire("OBJECT_NOT_FOUND", "bare"),
+            MasterError::ObjectNotFound("bare".into())
+        );
+    }
 
     #[test]
     fn codes_match_mooncake() {

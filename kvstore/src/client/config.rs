@@ -1,0 +1,270 @@
+//! [`ClientConfig`]: every setting of a store client, each default written once here (the
+//! CLI of `moongate store`, `Default`, serde and the docs all read these constants).
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use transfer::{EngineConfig, MetadataConfig, RdmaMode};
+
+use super::error::{StoreError, StoreResult};
+
+/// Environment variables, one per setting (`MOONGATE_STORE_` + the field name in capitals).
+pub mod env {
+    /// `--master`.
+    pub const MASTER: &str = "MOONGATE_STORE_MASTER";
+    /// `--segment-size`.
+    pub const SEGMENT_SIZE: &str = "MOONGATE_STORE_SEGMENT_SIZE";
+    /// `--local-buffer-size`.
+    pub const LOCAL_BUFFER_SIZE: &str = "MOONGATE_STORE_LOCAL_BUFFER_SIZE";
+    /// `--hugepages`.
+    pub const HUGEPAGES: &str = "MOONGATE_STORE_HUGEPAGES";
+    /// `--listen`.
+    pub const LISTEN: &str = "MOONGATE_STORE_LISTEN";
+    /// `--advertise-host`.
+    pub const ADVERTISE_HOST: &str = "MOONGATE_STORE_ADVERTISE_HOST";
+    /// `--protocol`.
+    pub const PROTOCOL: &str = "MOONGATE_STORE_PROTOCOL";
+    /// `--metadata`.
+    pub const METADATA: &str = "MOONGATE_STORE_METADATA";
+    /// `--replica-num`.
+    pub const REPLICA_NUM: &str = "MOONGATE_STORE_REPLICA_NUM";
+    /// `--heartbeat-interval-ms`.
+    pub const HEARTBEAT_INTERVAL_MS: &str = "MOONGATE_STORE_HEARTBEAT_INTERVAL_MS";
+    /// `--rpc-timeout-ms`.
+    pub const RPC_TIMEOUT_MS: &str = "MOONGATE_STORE_RPC_TIMEOUT_MS";
+    /// `--http-listen` (storage node).
+    pub const HTTP_LISTEN: &str = "MOONGATE_STORE_HTTP_LISTEN";
+}
+
+/// Default master URL: the gateway's default address, which hosts the master.
+pub const DEFAULT_MASTER: &str = "http://127.0.0.1:30000";
+/// Default segment contributed to the store (SGLang's Mooncake default, 4 GiB).
+pub const DEFAULT_SEGMENT_SIZE: &str = "4G";
+/// Default registered copy buffer for `put` / `get` (the zero-copy forms need none).
+pub const DEFAULT_LOCAL_BUFFER_SIZE: &str = "64M";
+/// Default transfer listen address (any interface, any port; the port is published).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:0";
+/// Default replicas per put.
+pub const DEFAULT_REPLICA_NUM: u32 = 1;
+/// Default heartbeat period (Mooncake pings every second).
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1000;
+/// Default time a master request may take.
+pub const DEFAULT_RPC_TIMEOUT_MS: u64 = 10_000;
+
+/// How the client moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Shared memory with same-host peers, RDMA when a device is usable, TCP otherwise.
+    #[default]
+    Auto,
+    /// TCP only (no shared memory, no RDMA), Mooncake's `tcp` protocol.
+    Tcp,
+    /// RDMA required (shared memory still used on one host); fails without a device.
+    Rdma,
+}
+
+/// A byte count written with an optional binary suffix: `4096`, `64K`, `16M`, `4G`, `1T`
+/// (`KiB`, `MiB`... and lowercase are accepted too).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("bad size unit {other:?} in {s:?} (K, M, G, T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn size(s: &str) -> u64 {
+    parse_size(s).expect("default sizes parse")
+}
+
+/// Settings of a store client (and of the storage node, which is a client with a segment).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// Base URL of the KV master (`moongate serve` hosts it).
+    #[arg(long = "master", env = env::MASTER, default_value = DEFAULT_MASTER)]
+    pub master: String,
+    /// Bytes of memory this node contributes to the store as its segment (0: a pure
+    /// client that only reads and writes others' segments). Suffixes K, M, G, T.
+    #[arg(long, env = env::SEGMENT_SIZE, default_value = DEFAULT_SEGMENT_SIZE, value_parser = parse_size)]
+    pub segment_size: u64,
+    /// Registered copy buffer used by `put` and `get` (values that do not fit get a
+    /// temporary buffer). Suffixes K, M, G.
+    #[arg(long, env = env::LOCAL_BUFFER_SIZE, default_value = DEFAULT_LOCAL_BUFFER_SIZE, value_parser = parse_size)]
+    pub local_buffer_size: u64,
+    /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
+    #[arg(long, env = env::HUGEPAGES)]
+    pub hugepages: bool,
+    /// Transfer engine listen address (data from and to peers).
+    #[arg(long, env = env::LISTEN, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Host peers should connect to (default: the listen IP, or this host's primary IP).
+    #[arg(long, env = env::ADVERTISE_HOST)]
+    pub advertise_host: Option<String>,
+    /// Transport: auto (shared memory on one host, RDMA if present, else TCP), tcp, rdma.
+    #[arg(long, env = env::PROTOCOL, value_enum, default_value_t = Protocol::Auto)]
+    pub protocol: Protocol,
+    /// Where transfer descriptors are found: `p2p` (asked of each peer) or Mooncake's
+    /// HTTP metadata URL (the master serves one at `{master}/metadata`).
+    #[arg(long, env = env::METADATA, default_value = "p2p")]
+    pub metadata: String,
+    /// Replicas per put, on distinct segments (best effort).
+    #[arg(long, env = env::REPLICA_NUM, default_value_t = DEFAULT_REPLICA_NUM)]
+    pub replica_num: u32,
+    /// Heartbeat period, ms.
+    #[arg(long, env = env::HEARTBEAT_INTERVAL_MS, default_value_t = DEFAULT_HEARTBEAT_INTERVAL_MS)]
+    pub heartbeat_interval_ms: u64,
+    /// Longest a master request may take, ms.
+    #[arg(long, env = env::RPC_TIMEOUT_MS, default_value_t = DEFAULT_RPC_TIMEOUT_MS)]
+    pub rpc_timeout_ms: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            master: DEFAULT_MASTER.to_owned(),
+            segment_size: size(DEFAULT_SEGMENT_SIZE),
+            local_buffer_size: size(DEFAULT_LOCAL_BUFFER_SIZE),
+            hugepages: false,
+            listen: DEFAULT_LISTEN.parse().expect("default listen parses"),
+            advertise_host: None,
+            protocol: Protocol::Auto,
+            metadata: "p2p".to_owned(),
+            replica_num: DEFAULT_REPLICA_NUM,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            rpc_timeout_ms: DEFAULT_RPC_TIMEOUT_MS,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// A default client of the master at `master`, listening on loopback (tests, benches).
+    pub fn local(master: &str, segment_size: u64) -> Self {
+        Self {
+            master: master.to_owned(),
+            segment_size,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..Self::default()
+        }
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> StoreResult<()> {
+        let bad = |m: String| Err(StoreError::InvalidArgument(m));
+        if self.local_buffer_size < 4096 || self.local_buffer_size > 1 << 40 {
+            return bad(format!(
+                "local_buffer_size must be within 4 KiB..=1 TiB, not {}",
+                self.local_buffer_size
+            ));
+        }
+        if self.segment_size > 1 << 50 {
+            return bad(format!("segment_size {} is too large", self.segment_size));
+        }
+        if self.replica_num == 0 {
+            return bad("replica_num must be at least 1".into());
+        }
+        if self.heartbeat_interval_ms == 0 || self.rpc_timeout_ms == 0 {
+            return bad("heartbeat_interval_ms and rpc_timeout_ms must be positive".into());
+        }
+        MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
+        Ok(())
+    }
+
+    /// Heartbeat period.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+
+    /// Master request timeout.
+    pub fn rpc_timeout(&self) -> Duration {
+        Duration::from_millis(self.rpc_timeout_ms)
+    }
+
+    /// The transfer engine configuration these settings imply.
+    pub fn engine_config(&self) -> StoreResult<EngineConfig> {
+        let metadata =
+            MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
+        Ok(EngineConfig {
+            listen: self.listen,
+            advertise_host: self.advertise_host.clone(),
+            metadata,
+            shm: self.protocol != Protocol::Tcp,
+            rdma: match self.protocol {
+                Protocol::Auto => RdmaMode::Auto,
+                Protocol::Tcp => RdmaMode::Off,
+                Protocol::Rdma => RdmaMode::On,
+            },
+            ..EngineConfig::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        c: ClientConfig,
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size(" 4g "), Ok(4 << 30));
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn cli_defaults_equal_the_struct_defaults() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.c, ClientConfig::default());
+        ClientConfig::default().validate().unwrap();
+        let json = serde_json::to_string(&ClientConfig::default()).unwrap();
+        assert_eq!(
+            serde_json::from_str::<ClientConfig>(&json).unwrap(),
+            ClientConfig::default()
+        );
+        let cli = Cli::try_parse_from(["x", "--segment-size", "1G", "--protocol", "tcp"]).unwrap();
+        assert_eq!(cli.c.segment_size, 1 << 30);
+        assert!(!cli.c.engine_config().unwrap().shm);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for c in [
+            ClientConfig {
+                replica_num: 0,
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                local_buffer_size: 1,
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                metadata: "etcd://x".into(),
+                ..ClientConfig::default()
+            },
+        ] {
+            assert!(c.validate().is_err());
+        }
+    }
+}

@@ -1,0 +1,536 @@
+//! The put and get pipelines. Single operations are batches of one, so every form shares
+//! one path: one master request per step (the single-key route for one item, the batch
+//! route for more) and one transfer batch for all the bytes of a step.
+
+use std::time::Instant;
+
+use openapi::master as wire;
+use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
+
+use super::error::{StoreError, StoreResult};
+use super::rpc::item_error;
+use super::staging::Slot;
+use super::{BufRange, StoreClient};
+
+/// Where one object's bytes come from (put) or go to (get) on this side.
+enum Side<'a> {
+    /// Through a slot of the copy buffer.
+    Copy(Slot),
+    /// Caller-registered memory.
+    Registered(&'a RegisteredBuffer, usize),
+}
+
+impl Side<'_> {
+    fn buf_offset(&self) -> (&RegisteredBuffer, usize) {
+        match self {
+            Side::Copy(s) => (s.buf(), s.offset()),
+            Side::Registered(b, o) => (b, *o),
+        }
+    }
+
+    fn arm(&mut self) {
+        if let Side::Copy(s) = self {
+            s.arm();
+        }
+    }
+
+    /// The transfers touching this side are over (no late bytes can arrive).
+    fn settle(&mut self, r: &StoreResult<()>) {
+        let abandoned = matches!(
+            r,
+            Err(StoreError::Transfer {
+                source: TransferError::TimedOut { .. } | TransferError::Cancelled { .. },
+                ..
+            })
+        );
+        if let (Side::Copy(s), false) = (self, abandoned) {
+            s.disarm();
+        }
+    }
+}
+
+/// The same failure for each of `n` items.
+pub(super) fn fail_all<T>(n: usize, e: StoreError) -> Vec<StoreResult<T>> {
+    (0..n).map(|_| Err(e.clone())).collect()
+}
+
+/// Lines a batch answer up with its request: one result per item, in order.
+pub(super) fn align<R, T>(
+    n: usize,
+    results: Vec<R>,
+    f: impl Fn(R) -> StoreResult<T>,
+) -> Vec<StoreResult<T>> {
+    if results.len() != n {
+        let e = StoreError::Rpc {
+            url: String::new(),
+            reason: format!("batch answer has {} results for {n} items", results.len()),
+        };
+        return fail_all(n, e);
+    }
+    results.into_iter().map(f).collect()
+}
+
+/// Per-key results of a batch put-end / put-revoke / remove.
+pub(super) fn key_results(
+    n: usize,
+    r: StoreResult<wire::BatchKeyResponse>,
+) -> Vec<StoreResult<()>> {
+    match r {
+        Ok(r) => align(n, r.results, |r| {
+            r.error.map_or(Ok(()), |e| Err(item_error(e)))
+        }),
+        Err(e) => fail_all(n, e),
+    }
+}
+
+/// Replicas of an object to read, with the lease that protects the read.
+struct Lookup {
+    length: u64,
+    lease_ms: u64,
+    replicas: Vec<wire::Replica>,
+}
+
+impl StoreClient {
+    /// Opens the segments of `replicas`, nearest first (own segment, same host, remote);
+    /// a replica whose segment cannot be opened keeps its error, last.
+    async fn candidates(
+        &self,
+        replicas: &[wire::Replica],
+    ) -> Vec<Result<(Segment, u64), TransferError>> {
+        let mut out = Vec::with_capacity(replicas.len());
+        for r in replicas {
+            out.push(
+                self.inner
+                    .engine
+                    .open_segment(&r.endpoint)
+                    .await
+                    .map(|s| (s, r.address)),
+            );
+        }
+        out.sort_by_key(|c| match c {
+            Ok((s, _)) if s.is_local() => 0,
+            Ok((s, _)) if s.is_same_host() => 1,
+            Ok(_) => 2,
+            Err(_) => 3,
+        });
+        out
+    }
+
+    /// Submits `reqs` as one transfer batch; the outcome of each, in order.
+    async fn run_transfers(&self, reqs: Vec<TransferRequest>) -> Vec<Result<(), TransferError>> {
+        let n = reqs.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        match self.inner.engine.submit(reqs).await {
+            Ok(batch) => batch.wait_all().await,
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    /// Starts puts: the single-key route for one item, the batch route for more.
+    async fn put_starts(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Vec<wire::Replica>>> {
+        let rpc = &self.inner.rpc;
+        let client_id = self.inner.id.to_string();
+        if let [(key, length)] = items {
+            let body = wire::PutStartRequest {
+                client_id,
+                length: *length,
+                config: self.replicate.clone(),
+            };
+            return vec![rpc.put_start(key, &body).await.map(|r| r.replicas)];
+        }
+        let body = wire::BatchPutStartRequest {
+            client_id,
+            items: items
+                .iter()
+                .map(|(k, l)| wire::BatchPutStartItem {
+                    key: (*k).to_owned(),
+                    length: *l,
+                })
+                .collect(),
+            config: self.replicate.clone(),
+        };
+        match rpc.batch_put_start(&body).await {
+            Ok(r) => align(items.len(), r.results, |r| match (r.replicas, r.error) {
+                (_, Some(e)) => Err(item_error(e)),
+                (Some(reps), None) => Ok(reps),
+                (None, None) => Err(StoreError::Rpc {
+                    url: rpc.base().to_owned(),
+                    reason: format!(
+                        "put-start of {:?} answered neither replicas nor error",
+                        r.key
+                    ),
+                }),
+            }),
+            Err(e) => fail_all(items.len(), e),
+        }
+    }
+
+    /// Ends (`end`) or revokes puts of `keys`, one request.
+    async fn put_finish(&self, keys: &[&str], end: bool) -> Vec<StoreResult<()>> {
+        let rpc = &self.inner.rpc;
+        let client_id = self.inner.id.to_string();
+        match keys {
+            [] => Vec::new(),
+            [key] => {
+                let body = wire::ClientRequest { client_id };
+                vec![if end {
+                    rpc.put_end(key, &body).await
+                } else {
+                    rpc.put_revoke(key, &body).await
+                }]
+            }
+            _ => {
+                let body = wire::BatchClientKeysRequest {
+                    client_id,
+                    keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+                };
+                let r = if end {
+                    rpc.batch_put_end(&body).await
+                } else {
+                    rpc.batch_put_revoke(&body).await
+                };
+                key_results(keys.len(), r)
+            }
+        }
+    }
+
+    /// Looks objects up (granting read leases): single-key or batch route.
+    async fn lookups(&self, keys: &[&str]) -> Vec<StoreResult<Lookup>> {
+        let rpc = &self.inner.rpc;
+        if let [key] = keys {
+            return vec![rpc.replicas(key).await.map(|r| Lookup {
+                length: r.length,
+                lease_ms: r.lease_ttl_ms,
+                replicas: r.replicas,
+            })];
+        }
+        let body = wire::BatchKeysRequest {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        };
+        match rpc.batch_replicas(&body).await {
+            Ok(r) => align(keys.len(), r.results, |r| {
+                match (r.error, r.length, r.lease_ttl_ms, r.replicas) {
+                    (Some(e), ..) => Err(item_error(e)),
+                    (None, Some(length), Some(lease_ms), Some(replicas)) => Ok(Lookup {
+                        length,
+                        lease_ms,
+                        replicas,
+                    }),
+                    _ => Err(StoreError::Rpc {
+                        url: rpc.base().to_owned(),
+                        reason: format!(
+                            "replicas of {:?} answered without length, lease or replicas",
+                            r.key
+                        ),
+                    }),
+                }
+            }),
+            Err(e) => fail_all(keys.len(), e),
+        }
+    }
+
+    /// The put pipeline for `items` (key, length, where the bytes are).
+    async fn put_pipeline<'a>(
+        &self,
+        items: Vec<(&'a str, u64, Result<Side<'a>, StoreError>)>,
+    ) -> Vec<StoreResult<()>> {
+        let mut out: Vec<StoreResult<()>> = Vec::with_capacity(items.len());
+        let mut live = Vec::with_capacity(items.len()); // (index, key, side)
+        let mut starts = Vec::with_capacity(items.len());
+        for (i, (key, len, side)) in items.into_iter().enumerate() {
+            match side {
+                Ok(side) => {
+                    out.push(Ok(()));
+                    starts.push((key, len));
+                    live.push((i, key, len, side));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        if live.is_empty() {
+            return out;
+        }
+        let started = self.put_starts(&starts).await;
+        // Every replica of every started object, in one transfer batch.
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new(); // request -> index into `live`
+        let mut begun = vec![false; live.len()];
+        for (j, ((i, key, len, side), r)) in live.iter_mut().zip(started).enumerate() {
+            let replicas = match r {
+                Ok(reps) => reps,
+                Err(e) => {
+                    out[*i] = Err(e);
+                    continue;
+                }
+            };
+            begun[j] = true;
+            let (buf, off) = side.buf_offset();
+            let (buf, off) = (buf.clone(), off);
+            for c in self.candidates(&replicas).await {
+                match c {
+                    Ok((seg, addr)) => {
+                        reqs.push(TransferRequest::new(
+                            Op::Write,
+                            &buf,
+                            off,
+                            &seg,
+                            addr,
+                            *len as usize,
+                        ));
+                        owner.push(j);
+                    }
+                    Err(e) => out[*i] = Err(StoreError::transfer(key, e)),
+                }
+            }
+            side.arm();
+        }
+        for (r, j) in self.run_transfers(reqs).await.into_iter().zip(owner) {
+            let (i, key, ..) = &live[j];
+            if let (Err(e), Ok(())) = (r, &out[*i]) {
+                out[*i] = Err(StoreError::transfer(key, e));
+            }
+        }
+        let (mut ends, mut revokes) = (Vec::new(), Vec::new());
+        for (j, (i, key, _, side)) in live.iter_mut().enumerate() {
+            side.settle(&out[*i]);
+            if begun[j] {
+                if out[*i].is_ok() {
+                    ends.push((*i, *key))
+                } else {
+                    revokes.push(*key)
+                }
+            }
+        }
+        let end_keys: Vec<&str> = ends.iter().map(|(_, k)| *k).collect();
+        for ((i, _), r) in ends.iter().zip(self.put_finish(&end_keys, true).await) {
+            out[*i] = r;
+        }
+        for (key, r) in revokes.iter().zip(self.put_finish(&revokes, false).await) {
+            if let Err(e) = r {
+                tracing::warn!(key, error = %e, "revoking a failed put failed; the master releases it after its timeout");
+            }
+        }
+        out
+    }
+
+    /// The get pipeline: looks every key up, reads each from its nearest replica (trying
+    /// the next replica of those that fail), then checks every lease held to the end.
+    /// `dest(i, length)` says where object `i` goes once its length is known.
+    async fn get_pipeline<'a>(
+        &self,
+        keys: &[&'a str],
+        mut dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
+    ) -> Vec<StoreResult<(u64, Side<'a>)>> {
+        let granted = Instant::now();
+        let looked = self.lookups(keys).await;
+        let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
+        let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
+        for (i, r) in looked.into_iter().enumerate() {
+            let item = r.and_then(|l| {
+                let side = dest(i, l.length)?;
+                Ok((l, side))
+            });
+            match item {
+                Ok((l, mut side)) => {
+                    side.arm();
+                    out.push(Ok((l.length, side)));
+                    pending.push((i, self.candidates(&l.replicas).await, 0usize, l.lease_ms));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        // Rounds: each pending object's next candidate, all in one transfer batch.
+        let mut last_err: Vec<Option<TransferError>> = vec![None; keys.len()];
+        while !pending.is_empty() {
+            let mut reqs = Vec::new();
+            let mut round = Vec::new();
+            for (i, cands, next, _) in pending.iter_mut() {
+                while *next < cands.len() {
+                    let c = &cands[*next];
+                    *next += 1;
+                    match c {
+                        Ok((seg, addr)) => {
+                            let Ok((len, side)) = &out[*i] else { break };
+                            let (buf, off) = side.buf_offset();
+                            reqs.push(TransferRequest::new(
+                                Op::Read,
+                                buf,
+                                off,
+                                seg,
+                                *addr,
+                                *len as usize,
+                            ));
+                            round.push(*i);
+                            break;
+                        }
+                        Err(e) => last_err[*i] = Some(e.clone()),
+                    }
+                }
+            }
+            let mut done = vec![false; keys.len()];
+            for (r, i) in self.run_transfers(reqs).await.into_iter().zip(&round) {
+                match r {
+                    Ok(()) => done[*i] = true,
+                    Err(e) => last_err[*i] = Some(e),
+                }
+            }
+            pending.retain(|(i, cands, next, lease_ms)| {
+                let i = *i;
+                let r = if done[i] {
+                    let elapsed = granted.elapsed().as_millis() as u64;
+                    if elapsed < *lease_ms {
+                        Ok(())
+                    } else {
+                        Err(StoreError::LeaseExpired {
+                            key: keys[i].to_owned(),
+                            lease_ms: *lease_ms,
+                            elapsed_ms: elapsed,
+                        })
+                    }
+                } else if *next < cands.len() {
+                    return true;
+                } else {
+                    let e = last_err[i]
+                        .take()
+                        .unwrap_or_else(|| TransferError::UnknownSegment {
+                            segment: String::new(),
+                            reason: "no replica to read".into(),
+                        });
+                    Err(StoreError::transfer(keys[i], e))
+                };
+                if let Ok((_, side)) = &mut out[i] {
+                    side.settle(&r);
+                }
+                if let Err(e) = r {
+                    out[i] = Err(e);
+                }
+                false
+            });
+        }
+        out
+    }
+
+    fn copy_side(&self, len: u64) -> StoreResult<Side<'static>> {
+        let len = usize::try_from(len).map_err(|_| {
+            StoreError::InvalidArgument(format!("{len} bytes do not fit in memory"))
+        })?;
+        Ok(Side::Copy(self.inner.staging.slot(len)?))
+    }
+
+    /// Stores many values (copied through the copy buffer): one put-start request, one
+    /// transfer batch, one put-end request (and one put-revoke request for failures).
+    pub async fn batch_put<K: AsRef<str>, V: AsRef<[u8]>>(
+        &self,
+        items: &[(K, V)],
+    ) -> Vec<StoreResult<()>> {
+        let staged = items
+            .iter()
+            .map(|(k, v)| {
+                let v = v.as_ref();
+                let side = self.copy_side(v.len() as u64).and_then(|side| {
+                    if let Side::Copy(slot) = &side {
+                        slot.fill(v)?;
+                    }
+                    Ok(side)
+                });
+                (k.as_ref(), v.len() as u64, side)
+            })
+            .collect();
+        let out = self.put_pipeline(staged).await;
+        crate::metrics::record_client_batch(
+            if items.len() == 1 { "put" } else { "batch_put" },
+            &out,
+        );
+        out
+    }
+
+    /// Stores many values straight from registered memory (zero-copy).
+    pub async fn batch_put_from<K: AsRef<str>>(
+        &self,
+        items: &[(K, BufRange<'_>)],
+    ) -> Vec<StoreResult<()>> {
+        let sides = items
+            .iter()
+            .map(|(k, r)| {
+                let k = k.as_ref();
+                (
+                    k,
+                    r.len as u64,
+                    r.check(k).map(|()| Side::Registered(r.buf, r.offset)),
+                )
+            })
+            .collect();
+        let out = self.put_pipeline(sides).await;
+        crate::metrics::record_client_batch(
+            if items.len() == 1 {
+                "put_from"
+            } else {
+                "batch_put_from"
+            },
+            &out,
+        );
+        out
+    }
+
+    /// The values of many keys: one lookup request, one transfer batch (more only for
+    /// replicas that fail).
+    pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Vec<u8>>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let got = self.get_pipeline(&ks, |_, len| self.copy_side(len)).await;
+        let out: Vec<_> = got
+            .into_iter()
+            .map(|r| {
+                r.and_then(|(len, side)| match side {
+                    Side::Copy(slot) => slot.to_vec(len as usize),
+                    Side::Registered(..) => unreachable!("batch_get reads through the copy buffer"),
+                })
+            })
+            .collect();
+        crate::metrics::record_client_batch(
+            if keys.len() == 1 { "get" } else { "batch_get" },
+            &out,
+        );
+        out
+    }
+
+    /// Reads many values straight into registered memory (zero-copy); each destination
+    /// must have room for its value. Returns each value's length.
+    pub async fn batch_get_into<K: AsRef<str>>(
+        &self,
+        items: &[(K, BufRange<'_>)],
+    ) -> Vec<StoreResult<u64>> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let ks: Vec<&str> = items.iter().map(|(k, _)| k.as_ref()).collect();
+        let got = self
+            .get_pipeline(&ks, |i, len| {
+                let (key, r) = (ks[i], &items[i].1);
+                r.check(key)?;
+                if len > r.len as u64 {
+                    return Err(StoreError::BufferOverflow {
+                        key: key.to_owned(),
+                        need: len,
+                        have: r.len as u64,
+                    });
+                }
+                Ok(Side::Registered(r.buf, r.offset))
+            })
+            .await;
+        let out: Vec<_> = got.into_iter().map(|r| r.map(|(len, _)| len)).collect();
+        crate::metrics::record_client_batch(
+            if items.len() == 1 {
+                "get_into"
+            } else {
+                "batch_get_into"
+            },
+            &out,
+        );
+        out
+    }
+}

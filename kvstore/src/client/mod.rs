@@ -1,0 +1,371 @@
+//! The store client: Mooncake's `Client` (and its Python `MooncakeDistributedStore`) over
+//! the master's REST API and the `transfer` engine.
+//!
+//! A [`StoreClient`] connects to the master, registers and mounts its own segment of
+//! `segment_size` bytes (none for a pure client), keeps a registered copy buffer for the
+//! byte-slice forms, heartbeats every second and remounts when the master asks.
+//!
+//! - **put** = `put-start` (the master allocates replicas), write every replica through
+//!   `transfer` in one batch, `put-end`; any failure revokes the put and the error says why.
+//! - **get** = `replicas` (the master grants a read lease), read the nearest complete
+//!   replica (own segment: memcpy; same host: shared memory; else the network; the next one
+//!   if a replica fails), then check the lease did not run out during the read: an expired
+//!   lease is `LEASE_EXPIRED` and the bytes are discarded.
+//! - Batches are one master request per step, and one transfer batch for all their bytes.
+//! - `put_from` / `get_into` move bytes straight from and into caller-registered memory:
+//!   nothing proportional to the value is allocated.
+//!
+//! # Layout
+//! - `config`: [`ClientConfig`] and its defaults.
+//! - `error`: [`StoreError`], Mooncake's client-side codes.
+//! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1).
+//! - `staging`: the registered copy buffer and its slots.
+//! - `io`: the put and get pipelines shared by single and batch forms.
+//! - `heartbeat`: ping, remount, and the health the storage node reports.
+
+mod config;
+mod error;
+mod heartbeat;
+mod io;
+mod rpc;
+mod staging;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openapi::master as wire;
+use tokio_util::sync::CancellationToken;
+use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine};
+
+pub use config::{ClientConfig, Protocol, env, parse_size};
+pub use config::{
+    DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
+    DEFAULT_REPLICA_NUM, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
+};
+pub use error::{StoreError, StoreResult};
+pub use heartbeat::ClientHealth;
+
+use crate::master::{ClientId, ReplicateConfig, SegmentSpec};
+use heartbeat::HealthState;
+use rpc::MasterRpc;
+use staging::Staging;
+
+/// A range of caller-registered memory: the source of `put_from`, the destination of
+/// `get_into`.
+#[derive(Debug, Clone, Copy)]
+pub struct BufRange<'a> {
+    /// The registered buffer (from [`StoreClient::alloc`] / [`StoreClient::register`]).
+    pub buf: &'a RegisteredBuffer,
+    /// First byte.
+    pub offset: usize,
+    /// Bytes (for `get_into`: room available).
+    pub len: usize,
+}
+
+impl<'a> BufRange<'a> {
+    /// `len` bytes of `buf` from `offset`.
+    pub fn new(buf: &'a RegisteredBuffer, offset: usize, len: usize) -> Self {
+        Self { buf, offset, len }
+    }
+
+    /// All of `buf`.
+    pub fn whole(buf: &'a RegisteredBuffer) -> Self {
+        Self::new(buf, 0, buf.len())
+    }
+
+    fn check(&self, key: &str) -> StoreResult<()> {
+        match self.offset.checked_add(self.len) {
+            Some(end) if end <= self.buf.len() => Ok(()),
+            _ => Err(StoreError::InvalidArgument(format!(
+                "{key:?}: range [{}, +{}) is outside the {}-byte buffer",
+                self.offset,
+                self.len,
+                self.buf.len()
+            ))),
+        }
+    }
+}
+
+struct Inner {
+    config: ClientConfig,
+    id: ClientId,
+    rpc: MasterRpc,
+    engine: TransferEngine,
+    segment: Option<(RegisteredBuffer, SegmentSpec)>,
+    staging: Arc<Staging>,
+    health: Arc<HealthState>,
+    stop: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A client of the distributed KV store. Cheap to clone (clones share the connection, the
+/// segment and the engine); every method takes `&self` and may run concurrently.
+#[derive(Clone)]
+pub struct StoreClient {
+    inner: Arc<Inner>,
+    replicate: ReplicateConfig,
+}
+
+impl std::fmt::Debug for StoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClient")
+            .field("id", &self.inner.id)
+            .field("master", &self.inner.rpc.base())
+            .field("segment", &self.segment().map(|s| &s.name))
+            .finish()
+    }
+}
+
+impl StoreClient {
+    /// Starts the transfer engine, registers the segment and the copy buffer, mounts the
+    /// segment at the master and starts heartbeating. Fails if the master cannot be reached.
+    pub async fn connect(config: ClientConfig) -> StoreResult<Self> {
+        config.validate()?;
+        let rpc = MasterRpc::new(&config.master, config.rpc_timeout())?;
+        let engine = TransferEngine::new(config.engine_config()?)
+            .await
+            .map_err(|e| StoreError::setup("starting the transfer engine", e))?;
+        let ec = engine.config();
+        // Late bytes of an abandoned transfer cannot arrive after its connection's I/O
+        // timeout (the connection is closed) or its own timeout.
+        let quarantine = ec.request_timeout.max(ec.io_timeout) + Duration::from_secs(1);
+        let staging = Staging::new(&engine, to_usize(config.local_buffer_size)?, quarantine)?;
+        let id = ClientId::new_v4();
+        let segment = if config.segment_size > 0 {
+            let opts = AllocOptions {
+                shared: ec.shm,
+                huge_pages: config.hugepages,
+                populate: false,
+            };
+            let buf = engine
+                .alloc_with(to_usize(config.segment_size)?, opts)
+                .map_err(|e| StoreError::setup("allocating the segment", e))?;
+            let spec = SegmentSpec {
+                name: engine.segment_name().to_owned(),
+                base: buf.addr(),
+                size: config.segment_size,
+                endpoint: engine.segment_name().to_owned(),
+            };
+            Some((buf, spec))
+        } else {
+            None
+        };
+        // With a metadata service, peers must find the segment before the master hands it out.
+        engine
+            .publish()
+            .await
+            .map_err(|e| StoreError::setup("publishing the segment descriptor", e))?;
+        if let Some((_, spec)) = &segment {
+            rpc.mount(id, spec).await?;
+        }
+        let health = Arc::new(HealthState::new(segment.is_some()));
+        let stop = CancellationToken::new();
+        tokio::spawn(heartbeat::run(
+            rpc.clone(),
+            id,
+            segment.iter().map(|(_, s)| s.clone()).collect(),
+            health.clone(),
+            config.heartbeat_interval(),
+            stop.clone(),
+        ));
+        tracing::info!(client = %id, master = rpc.base(), segment = ?segment.as_ref().map(|(_, s)| &s.name), bytes = config.segment_size, "store client connected");
+        let replicate = ReplicateConfig {
+            replica_num: config.replica_num,
+            ..ReplicateConfig::default()
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                id,
+                rpc,
+                engine,
+                segment,
+                staging,
+                health,
+                stop,
+            }),
+            replicate,
+        })
+    }
+
+    /// A handle on the same client whose puts use `config` (replicas, preferred segments,
+    /// pins) instead of the configured default.
+    pub fn with_replication(&self, config: ReplicateConfig) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            replicate: config,
+        }
+    }
+
+    /// The placement this handle's puts use.
+    pub fn replication(&self) -> &ReplicateConfig {
+        &self.replicate
+    }
+
+    /// This client's id at the master.
+    pub fn id(&self) -> ClientId {
+        self.inner.id
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// The transfer engine (to register memory, or to move bytes outside the store).
+    pub fn engine(&self) -> &TransferEngine {
+        &self.inner.engine
+    }
+
+    /// The mounted segment, unless this is a pure client.
+    pub fn segment(&self) -> Option<&SegmentSpec> {
+        self.inner.segment.as_ref().map(|(_, s)| s)
+    }
+
+    /// Heartbeat and mount state.
+    pub fn health(&self) -> ClientHealth {
+        self.inner.health.snapshot()
+    }
+
+    /// Bytes of the registered copy buffer held by operations in flight (or quarantined
+    /// after an abandoned transfer); 0 when the client is idle.
+    pub fn copy_buffer_in_use(&self) -> u64 {
+        self.inner.staging.used_bytes()
+    }
+
+    /// Allocates and registers `len` bytes for `put_from` / `get_into`.
+    pub fn alloc(&self, len: usize) -> StoreResult<RegisteredBuffer> {
+        self.inner
+            .engine
+            .alloc(len)
+            .map_err(|e| StoreError::setup("allocating a buffer", e))
+    }
+
+    /// Registers caller memory for `put_from` / `get_into`.
+    pub fn register(&self, region: MemoryRegion) -> StoreResult<RegisteredBuffer> {
+        self.inner
+            .engine
+            .register(region)
+            .map_err(|e| StoreError::setup("registering a buffer", e))
+    }
+
+    /// Stores `value` under `key` (copied through the registered copy buffer).
+    pub async fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.batch_put(&[(key, value)])
+            .await
+            .pop()
+            .expect("one result")
+    }
+
+    /// Stores `src` under `key`, straight from registered memory.
+    pub async fn put_from(&self, key: &str, src: BufRange<'_>) -> StoreResult<()> {
+        self.batch_put_from(&[(key, src)])
+            .await
+            .pop()
+            .expect("one result")
+    }
+
+    /// The value of `key`, in a new vector.
+    pub async fn get(&self, key: &str) -> StoreResult<Vec<u8>> {
+        self.batch_get(&[key]).await.pop().expect("one result")
+    }
+
+    /// Reads the value of `key` into `dst` (which must have room for it); returns its length.
+    /// On error the destination's content is unspecified.
+    pub async fn get_into(&self, key: &str, dst: BufRange<'_>) -> StoreResult<u64> {
+        self.batch_get_into(&[(key, dst)])
+            .await
+            .pop()
+            .expect("one result")
+    }
+
+    /// Whether `key` is readable (grants a read lease when it is).
+    pub async fn exists(&self, key: &str) -> StoreResult<bool> {
+        let r = self.inner.rpc.exists(key).await;
+        crate::metrics::record_client_op("exists", r.as_ref().err());
+        Ok(r?.exists)
+    }
+
+    /// Existence of many keys, one master request.
+    pub async fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<bool>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let body = wire::BatchKeysRequest {
+            keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+        };
+        let out = match self.inner.rpc.batch_exists(&body).await {
+            Ok(r) => io::align(keys.len(), r.results, |r| match r.error {
+                Some(e) => Err(rpc::item_error(e)),
+                None => Ok(r.exists),
+            }),
+            Err(e) => io::fail_all(keys.len(), e),
+        };
+        crate::metrics::record_client_batch("exists", &out);
+        out
+    }
+
+    /// Length of the value of `key` (grants a read lease, like Mooncake's `get_size`).
+    pub async fn size(&self, key: &str) -> StoreResult<u64> {
+        let r = self.inner.rpc.replicas(key).await;
+        crate::metrics::record_client_op("size", r.as_ref().err());
+        Ok(r?.length)
+    }
+
+    /// Removes `key`; refused with `OBJECT_HAS_LEASE` while a read lease is live unless
+    /// `force`.
+    pub async fn remove(&self, key: &str, force: bool) -> StoreResult<()> {
+        let r = self.inner.rpc.remove(key, force).await.map(|_| ());
+        crate::metrics::record_client_op("remove", r.as_ref().err());
+        r
+    }
+
+    /// Removes many keys, one master request.
+    pub async fn batch_remove<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        force: bool,
+    ) -> Vec<StoreResult<()>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let body = wire::BatchRemoveRequest {
+            keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+            force,
+        };
+        let out = io::key_results(keys.len(), self.inner.rpc.batch_remove(&body).await);
+        crate::metrics::record_client_batch("remove", &out);
+        out
+    }
+
+    /// Removes every complete object without a live lease; returns how many went.
+    pub async fn remove_all(&self) -> StoreResult<u64> {
+        let r = self.inner.rpc.remove_all().await.map(|r| r.removed);
+        crate::metrics::record_client_op("remove_all", r.as_ref().err());
+        r
+    }
+
+    /// Graceful shutdown: stops heartbeating, unmounts the segment (the master drops the
+    /// replicas on it) and drains the transfer engine. Other clones stop working.
+    pub async fn close(&self) -> StoreResult<()> {
+        self.inner.stop.cancel();
+        let r = self.inner.rpc.remove_client(self.inner.id).await;
+        self.inner.health.set_mounted(false);
+        self.inner.engine.shutdown().await;
+        match r {
+            // A master that forgot us (restart, TTL) has nothing mounted for us either.
+            Err(StoreError::Master(crate::master::MasterError::ClientNotFound(_))) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+fn to_usize(n: u64) -> StoreResult<usize> {
+    usize::try_from(n)
+        .map_err(|_| StoreError::InvalidArgument(format!("{n} bytes does not fit in memory")))
+}

@@ -1,0 +1,158 @@
+//! The client's registered copy buffer: where `put` stages a caller's bytes before the
+//! transfer and where `get` lands an object before copying it out.
+//!
+//! Ranges are handed out by the same O(1) offset allocator the master uses for segments.
+//! A [`Slot`] frees its range when dropped, except while a transfer may still touch it: a
+//! slot is *armed* for the duration of a transfer, and one dropped armed (its transfer
+//! failed, timed out, or the caller's future was dropped mid-way) is quarantined for the
+//! engine's I/O timeout before its range can be reused, so late bytes of an abandoned
+//! transfer never land in another operation's data. When the buffer has no room, a slot
+//! gets a registered buffer of its own (slower, never wrong).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use transfer::{RegisteredBuffer, TransferEngine};
+
+use super::error::{StoreError, StoreResult};
+use crate::master::{Allocation, OffsetAllocator};
+
+/// Granularity of staging ranges.
+const UNIT_SHIFT: u32 = 6;
+
+/// The shared copy buffer of one client.
+pub(crate) struct Staging {
+    buf: RegisteredBuffer,
+    alloc: Mutex<OffsetAllocator>,
+    engine: TransferEngine,
+    quarantine: Duration,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("len", &self.buf.len())
+            .finish()
+    }
+}
+
+/// A range of registered memory for one value.
+pub(crate) struct Slot {
+    buf: RegisteredBuffer,
+    offset: usize,
+    len: usize,
+    /// Where the range came from: the shared buffer (freed on drop) or its own buffer.
+    owner: Option<(Arc<Staging>, Allocation)>,
+    armed: bool,
+}
+
+impl Staging {
+    /// A copy buffer of `len` bytes registered with `engine`.
+    pub(crate) fn new(
+        engine: &TransferEngine,
+        len: usize,
+        quarantine: Duration,
+    ) -> StoreResult<Arc<Self>> {
+        let buf = engine
+            .alloc(len)
+            .map_err(|e| StoreError::setup("allocating the local copy buffer", e))?;
+        Ok(Arc::new(Self {
+            alloc: Mutex::new(OffsetAllocator::new((len >> UNIT_SHIFT) as u64)),
+            buf,
+            engine: engine.clone(),
+            quarantine,
+        }))
+    }
+
+    /// A slot of `len` bytes: from the shared buffer when it has room, else a buffer of
+    /// its own.
+    pub(crate) fn slot(self: &Arc<Self>, len: usize) -> StoreResult<Slot> {
+        let units = (len.max(1) as u64).div_ceil(1 << UNIT_SHIFT);
+        if let Some(a) = self.alloc.lock().allocate(units) {
+            return Ok(Slot {
+                buf: self.buf.clone(),
+                offset: (a.offset << UNIT_SHIFT) as usize,
+                len,
+                owner: Some((self.clone(), a)),
+                armed: false,
+            });
+        }
+        let buf = self
+            .engine
+            .alloc(len.max(1))
+            .map_err(|e| StoreError::setup("allocating a copy buffer", e))?;
+        Ok(Slot {
+            buf,
+            offset: 0,
+            len,
+            owner: None,
+            armed: false,
+        })
+    }
+
+    /// Bytes of the shared buffer in use (tests and metrics).
+    pub(crate) fn used_bytes(&self) -> u64 {
+        self.alloc.lock().used_units() << UNIT_SHIFT
+    }
+}
+
+impl Slot {
+    /// The registered buffer holding the slot.
+    pub(crate) fn buf(&self) -> &RegisteredBuffer {
+        &self.buf
+    }
+
+    /// Offset of the slot in [`Slot::buf`].
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Marks the slot as the target or source of a transfer about to be submitted.
+    pub(crate) fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    /// The transfer using the slot completed: its range is safe to reuse.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Copies `src` (at most the slot's length) into the slot.
+    pub(crate) fn fill(&self, src: &[u8]) -> StoreResult<()> {
+        self.buf
+            .write_at(self.offset, &src[..src.len().min(self.len)])
+            .map_err(|e| StoreError::setup("staging copy", e))
+    }
+
+    /// Copies the first `len` bytes of the slot into a new vector.
+    pub(crate) fn to_vec(&self, len: usize) -> StoreResult<Vec<u8>> {
+        self.buf
+            .to_vec(self.offset, len.min(self.len))
+            .map_err(|e| StoreError::setup("staging copy", e))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some((staging, a)) = self.owner.take() else {
+            return;
+        };
+        if !self.armed {
+            staging.alloc.lock().free(a);
+            return;
+        }
+        // A transfer may still write here: keep the range out of use until it cannot.
+        let wait = staging.quarantine;
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    staging.alloc.lock().free(a);
+                });
+            }
+            // No runtime (the process is exiting): the range stays allocated, which is safe.
+            Err(_) => drop(staging),
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! A master served on its own TCP listener: the REST router and the background task, until
+//! stopped. Tests, benches and tools that need a real master over real HTTP start one here;
+//! the gateway mounts [`crate::router`] into its own server instead.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::master::{Master, MasterConfig, MasterResult};
+
+/// A running master (REST on `addr`, background tick) that stops when dropped.
+#[derive(Debug)]
+pub struct MasterServer {
+    addr: SocketAddr,
+    master: Arc<Master>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MasterServer {
+    /// Builds a master from `config` and serves it on `listen` (port 0: any free port).
+    pub async fn start(config: MasterConfig, listen: SocketAddr) -> MasterResult<Self> {
+        let master = Arc::new(Master::new(config)?);
+        Self::serve(master, listen).await
+    }
+
+    /// Serves an existing master on `listen`.
+    pub async fn serve(master: Arc<Master>, listen: SocketAddr) -> MasterResult<Self> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| crate::MasterError::InternalError(format!("bind {listen}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| crate::MasterError::InternalError(format!("listener address: {e}")))?;
+        let stop = CancellationToken::new();
+        let app: axum::Router = crate::router(master.clone()).into();
+        let (bg_stop, http_stop) = (stop.clone(), stop.clone());
+        tokio::spawn(crate::run_background(master.clone(), async move {
+            bg_stop.cancelled().await
+        }));
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await });
+            if let Err(e) = served.await {
+                tracing::error!(error = %e, "master server failed");
+            }
+        });
+        tracing::info!(%addr, "KV master serving");
+        Ok(Self {
+            addr,
+            master,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL clients use (`http://addr`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The master itself (to inspect or drive it in-process).
+    pub fn master(&self) -> &Arc<Master> {
+        &self.master
+    }
+
+    /// Stops accepting, lets requests in flight finish and closes every connection (idle
+    /// keep-alive ones at once); waits up to `grace` for that.
+    pub async fn stop(mut self, grace: Duration) {
+        self.stop.cancel();
+        if let Some(t) = self.task.take()
+            && tokio::time::timeout(grace, t).await.is_err()
+        {
+            tracing::warn!(addr = %self.addr, "master connections still open after the grace period");
+        }
+    }
+}
+
+impl Drop for MasterServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

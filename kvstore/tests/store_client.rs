@@ -1,0 +1,385 @@
+//! The store client against a real master over real HTTP on loopback, with real transfer
+//! engines (shared memory and TCP): round trips, the zero-copy and batch forms, errors.
+
+use std::time::Duration;
+
+use kvstore::client::Protocol;
+use kvstore::master::ReplicateConfig;
+use kvstore::{BufRange, ClientConfig, MasterConfig, MasterServer, StoreClient, StoreError};
+
+const MIB: u64 = 1 << 20;
+
+async fn master(config: MasterConfig) -> MasterServer {
+    MasterServer::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+async fn client(m: &MasterServer, segment: u64, protocol: Protocol) -> StoreClient {
+    let cfg = ClientConfig {
+        protocol,
+        local_buffer_size: 8 * MIB,
+        ..ClientConfig::local(&m.url(), segment)
+    };
+    StoreClient::connect(cfg).await.unwrap()
+}
+
+/// Deterministic bytes of a value: every byte depends on the seed and its position.
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+                ^ (i as u8).wrapping_mul(31)
+                ^ (i >> 8) as u8
+        })
+        .collect()
+}
+
+fn name(e: &StoreError) -> &'static str {
+    e.name()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_of_many_sizes_round_trip_byte_exact() {
+    let m = master(MasterConfig::default()).await;
+    for protocol in [Protocol::Auto, Protocol::Tcp] {
+        let node = client(&m, 64 * MIB, protocol).await;
+        let reader = client(&m, 0, protocol).await;
+        let sizes = [
+            1usize,
+            63,
+            64,
+            65,
+            4095,
+            4096,
+            4097,
+            65_537,
+            (MIB + 3) as usize,
+            9 * MIB as usize,
+        ];
+        for (i, &len) in sizes.iter().enumerate() {
+            let key = format!("{protocol:?}/size-{len}");
+            let v = value(i as u64, len);
+            reader.put(&key, &v).await.unwrap();
+            assert_eq!(
+                reader.get(&key).await.unwrap(),
+                v,
+                "{key} read back by its writer"
+            );
+            assert_eq!(
+                node.get(&key).await.unwrap(),
+                v,
+                "{key} read by the segment owner"
+            );
+            assert_eq!(reader.size(&key).await.unwrap(), len as u64);
+        }
+        assert_eq!(reader.copy_buffer_in_use(), 0);
+        assert_eq!(node.copy_buffer_in_use(), 0);
+        let stats = reader.engine().stats();
+        match protocol {
+            Protocol::Tcp => assert!(stats.tcp_bytes > 0 && stats.shm_bytes == 0, "{stats:?}"),
+            _ => assert!(stats.shm_bytes > 0 && stats.tcp_bytes == 0, "{stats:?}"),
+        }
+        // The owner reads its own segment with local copies.
+        assert!(node.engine().stats().local_bytes > 0);
+        reader.close().await.unwrap();
+        node.close().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_and_batch_forms() {
+    let m = master(MasterConfig::default()).await;
+    let node = client(&m, 64 * MIB, Protocol::Tcp).await;
+    let c = client(&m, 0, Protocol::Tcp).await;
+    let src = c.alloc(1 << 20).unwrap();
+    let dst = c.alloc(1 << 20).unwrap();
+    let v = value(7, 1 << 20);
+    src.write_at(0, &v).unwrap();
+    c.put_from("zc/whole", BufRange::whole(&src)).await.unwrap();
+    c.put_from("zc/part", BufRange::new(&src, 1000, 3000))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get_into("zc/whole", BufRange::whole(&dst)).await.unwrap(),
+        1 << 20
+    );
+    assert_eq!(dst.to_vec(0, 1 << 20).unwrap(), v);
+    assert_eq!(
+        c.get_into("zc/part", BufRange::new(&dst, 5, 3000))
+            .await
+            .unwrap(),
+        3000
+    );
+    assert_eq!(dst.to_vec(5, 3000).unwrap(), &v[1000..4000]);
+    // Too small a destination: BUFFER_OVERFLOW, nothing read.
+    let e = c
+        .get_into("zc/whole", BufRange::new(&dst, 0, 100))
+        .await
+        .unwrap_err();
+    assert_eq!(name(&e), "BUFFER_OVERFLOW");
+    // A range outside its buffer is refused before anything is sent.
+    let e = c
+        .put_from("zc/bad", BufRange::new(&src, 1 << 20, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(name(&e), "INVALID_PARAMS");
+    assert!(!c.exists("zc/bad").await.unwrap());
+
+    // Batches: 64 values, one of them a duplicate of an existing key.
+    let items: Vec<(String, Vec<u8>)> = (0..64)
+        .map(|i| (format!("b/{i}"), value(100 + i, 4096 + i as usize)))
+        .collect();
+    let mut with_dup = items.clone();
+    with_dup.push(("zc/whole".into(), vec![1; 10]));
+    let put = c.batch_put(&with_dup).await;
+    assert!(put[..64].iter().all(Result::is_ok), "{put:?}");
+    assert_eq!(name(put[64].as_ref().unwrap_err()), "OBJECT_ALREADY_EXISTS");
+    let mut keys: Vec<&str> = items.iter().map(|(k, _)| k.as_str()).collect();
+    keys.push("b/missing");
+    let got = node.batch_get(&keys).await;
+    for ((k, v), g) in items.iter().zip(&got) {
+        assert_eq!(g.as_ref().unwrap(), v, "{k}");
+    }
+    assert_eq!(name(got[64].as_ref().unwrap_err()), "OBJECT_NOT_FOUND");
+    let ex = c.batch_exists(&keys).await;
+    assert!(ex[..64].iter().all(|r| *r.as_ref().unwrap()));
+    assert!(!ex[64].as_ref().unwrap());
+
+    // Zero-copy batches: 16 pages of one registered buffer each way.
+    let page = 64 << 10;
+    let zitems: Vec<(String, BufRange<'_>)> = (0..16)
+        .map(|i| (format!("zb/{i}"), BufRange::new(&src, i * page, page)))
+        .collect();
+    assert!(c.batch_put_from(&zitems).await.iter().all(Result::is_ok));
+    let back: Vec<(String, BufRange<'_>)> = (0..16)
+        .map(|i| {
+            (
+                format!("zb/{}", 15 - i),
+                BufRange::new(&dst, i * page, page),
+            )
+        })
+        .collect();
+    let lens = c.batch_get_into(&back).await;
+    assert!(lens.iter().all(|l| *l.as_ref().unwrap() == page as u64));
+    for i in 0..16 {
+        assert_eq!(
+            dst.to_vec(i * page, page).unwrap(),
+            &v[(15 - i) * page..(16 - i) * page]
+        );
+    }
+    assert_eq!(c.copy_buffer_in_use(), 0);
+    node.close().await.unwrap();
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_respects_leases_and_exists_reports_truth() {
+    let m = master(MasterConfig::default()).await;
+    let c = client(&m, 16 * MIB, Protocol::Auto).await;
+    c.put("r/1", b"one").await.unwrap();
+    c.put("r/2", b"two").await.unwrap();
+    // get granted a lease: a plain remove is refused, a forced one works.
+    assert_eq!(c.get("r/1").await.unwrap(), b"one");
+    let e = c.remove("r/1", false).await.unwrap_err();
+    assert_eq!(name(&e), "OBJECT_HAS_LEASE");
+    assert!(e.is_retryable());
+    c.remove("r/1", true).await.unwrap();
+    assert!(!c.exists("r/1").await.unwrap());
+    assert_eq!(name(&c.get("r/1").await.unwrap_err()), "OBJECT_NOT_FOUND");
+    // remove_all skips leased objects (r/2 was leased by exists).
+    assert!(c.exists("r/2").await.unwrap());
+    assert_eq!(c.remove_all().await.unwrap(), 0);
+    assert_eq!(c.get("r/2").await.unwrap(), b"two");
+    // Empty and oversized requests are refused by the master with its own error.
+    assert_eq!(
+        name(&c.put("r/empty", b"").await.unwrap_err()),
+        "INVALID_PARAMS"
+    );
+    assert_eq!(name(&c.put("", b"x").await.unwrap_err()), "INVALID_KEY");
+    let big = vec![0u8; 17 << 20];
+    let e = c.put("r/too-big", &big).await.unwrap_err();
+    assert_eq!(name(&e), "NO_AVAILABLE_HANDLE");
+    assert_eq!(c.copy_buffer_in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_on_one_key_exactly_one_wins() {
+    let m = master(MasterConfig::default()).await;
+    let node = client(&m, 64 * MIB, Protocol::Auto).await;
+    let a = client(&m, 0, Protocol::Auto).await;
+    let b = client(&m, 0, Protocol::Tcp).await;
+    for round in 0..20 {
+        let key = format!("race/{round}");
+        let (va, vb) = (value(1, 256 << 10), value(2, 256 << 10));
+        let (ra, rb) = tokio::join!(a.put(&key, &va), b.put(&key, &vb));
+        let winner = match (&ra, &rb) {
+            (Ok(()), Err(e)) => {
+                assert_eq!(name(e), "OBJECT_ALREADY_EXISTS", "{e}");
+                &va
+            }
+            (Err(e), Ok(())) => {
+                assert_eq!(name(e), "OBJECT_ALREADY_EXISTS", "{e}");
+                &vb
+            }
+            other => panic!("round {round}: exactly one put must win: {other:?}"),
+        };
+        assert_eq!(&node.get(&key).await.unwrap(), winner);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_outlasting_its_lease_is_an_error_not_bytes() {
+    let m = master(MasterConfig {
+        lease_ttl_ms: 1,
+        ..MasterConfig::default()
+    })
+    .await;
+    let node = client(&m, 128 * MIB, Protocol::Tcp).await;
+    let c = client(&m, 0, Protocol::Tcp).await;
+    let big = c.alloc(64 << 20).unwrap();
+    c.put_from("lease/big", BufRange::whole(&big))
+        .await
+        .unwrap();
+    // Moving 64 MiB takes far longer than the 1 ms lease.
+    let e = c
+        .get_into("lease/big", BufRange::whole(&big))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::LeaseExpired { .. }), "{e}");
+    assert_eq!((e.code(), e.name()), (-707, "LEASE_EXPIRED"));
+    let e = c.get("lease/big").await.unwrap_err();
+    assert_eq!(name(&e), "LEASE_EXPIRED");
+    drop(node);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_survive_losing_one_node() {
+    let m = master(MasterConfig::default()).await;
+    let n1 = client(&m, 32 * MIB, Protocol::Tcp).await;
+    let n2 = client(&m, 32 * MIB, Protocol::Tcp).await;
+    let c = client(&m, 0, Protocol::Tcp).await;
+    let c2 = c.with_replication(ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    });
+    let v = value(9, 300_000);
+    c2.put("dup/a", &v).await.unwrap();
+    c2.put("dup/b", &v).await.unwrap();
+    let info = m.master().object("dup/a").unwrap();
+    assert_eq!(info.replicas.len(), 2);
+    // n1's engine stops answering (its process would be gone) without unmounting:
+    // reads fall through to the replica on n2.
+    n1.engine().shutdown().await;
+    assert_eq!(c.get("dup/a").await.unwrap(), v);
+    // n2 leaves gracefully: its segment is unmounted, the replicas on it dropped; the
+    // objects stay readable only through n1, which is dead: reads fail, never wrong bytes.
+    n2.close().await.unwrap();
+    assert_eq!(m.master().object("dup/b").unwrap().replicas.len(), 1);
+    let e = c.get("dup/b").await.unwrap_err();
+    assert_eq!(name(&e), "TRANSFER_FAIL", "{e}");
+    drop(n1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_replica_write_revokes_the_put() {
+    let m = master(MasterConfig::default()).await;
+    let dead = client(&m, 32 * MIB, Protocol::Tcp).await;
+    let c = client(&m, 0, Protocol::Tcp).await;
+    let seg = dead.segment().unwrap().name.clone();
+    dead.engine().shutdown().await;
+    let to_dead = c.with_replication(ReplicateConfig {
+        preferred_segments: vec![seg],
+        ..ReplicateConfig::default()
+    });
+    let e = to_dead.put("revoked", &value(3, 5000)).await.unwrap_err();
+    assert_eq!(name(&e), "TRANSFER_FAIL", "{e}");
+    assert!(e.to_string().contains("revoked"), "{e}");
+    // The put was revoked: nothing under the key, no space held.
+    assert!(m.master().object("revoked").is_err());
+    assert_eq!(m.master().stats().allocated_bytes, 0);
+    assert_eq!(c.copy_buffer_in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_remount_after_a_master_restart_and_go_on() {
+    let m = master(MasterConfig::default()).await;
+    let addr = m.addr();
+    let cfg = |segment| ClientConfig {
+        heartbeat_interval_ms: 100,
+        rpc_timeout_ms: 2000,
+        ..ClientConfig::local(&m.url(), segment)
+    };
+    let node = StoreClient::connect(cfg(32 * MIB)).await.unwrap();
+    let c = StoreClient::connect(cfg(0)).await.unwrap();
+    c.put("before", b"old master").await.unwrap();
+    m.stop(Duration::from_secs(2)).await;
+    // While the master is down, operations fail with RPC_FAIL (retryable).
+    let e = c.put("during", b"x").await.unwrap_err();
+    assert_eq!(name(&e), "RPC_FAIL");
+    assert!(e.is_retryable());
+    let m2 = MasterServer::start(MasterConfig::default(), addr)
+        .await
+        .unwrap();
+    // The node is told to remount at its next heartbeat.
+    for _ in 0..100 {
+        if !m2.master().segments().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(m2.master().segments().len(), 1);
+    assert!(node.health().remounts >= 1);
+    assert!(node.health().mounted);
+    // The new master knows nothing of old objects; new ones work.
+    assert_eq!(
+        name(&c.get("before").await.unwrap_err()),
+        "OBJECT_NOT_FOUND"
+    );
+    c.put("after", b"new master").await.unwrap();
+    assert_eq!(node.get("after").await.unwrap(), b"new master");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_pressure_keeps_leased_objects() {
+    let m = master(MasterConfig {
+        lease_ttl_ms: 60_000,
+        ..MasterConfig::default()
+    })
+    .await;
+    let node = client(&m, 4 * MIB, Protocol::Auto).await;
+    let c = client(&m, 0, Protocol::Auto).await;
+    let page = 64 << 10;
+    // Fill 3/4 of the 4 MiB segment with 64 KiB pages (below the eviction watermark) and
+    // lease the first eight by reading them.
+    for i in 0..48 {
+        c.put(&format!("ev/{i}"), &value(i, page)).await.unwrap();
+    }
+    for i in 0..8 {
+        assert_eq!(c.get(&format!("ev/{i}")).await.unwrap(), value(i, page));
+    }
+    // 48 more pages need room: the master evicts unleased pages to make it.
+    for i in 48..96 {
+        c.put(&format!("ev/{i}"), &value(i, page)).await.unwrap();
+    }
+    for i in 0..8 {
+        assert_eq!(
+            c.get(&format!("ev/{i}")).await.unwrap(),
+            value(i, page),
+            "leased page {i} survives"
+        );
+    }
+    // 96 pages of 64 KiB in 4 MiB: at least 32 went, all unleased ones.
+    let gone = (8..96)
+        .filter(|i| m.master().object(&format!("ev/{i}")).is_err())
+        .count();
+    assert!(gone >= 32, "only {gone} unleased pages were evicted");
+    // Whatever survived reads back exactly; what was evicted is not found, never garbage.
+    for i in 8..96 {
+        match node.get(&format!("ev/{i}")).await {
+            Ok(v) => assert_eq!(v, value(i, page), "page {i}"),
+            Err(e) => assert_eq!(name(&e), "OBJECT_NOT_FOUND", "page {i}: {e}"),
+        }
+    }
+    assert!(m.master().stats().evicted_objects >= 32);
+}

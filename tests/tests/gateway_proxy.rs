@@ -371,3 +371,31 @@ async fn error_statuses_use_the_openai_envelope() {
     .await;
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn prometheus_port_serves_metrics_on_its_own_listener() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let gw = start_gateway(gateway::config::ServeConfig {
+        prometheus_host: "127.0.0.1".into(),
+        prometheus_port: Some(port),
+        ..fast_config()
+    })
+    .await;
+    let c = reqwest::Client::new();
+    c.get(format!("{}/liveness", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    let text = c
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("moongate_gateway_requests_total"), "{text}");
+    gw.shutdown().await;
+}

@@ -225,29 +225,34 @@ impl MemoryRegion {
             page_size()
         };
         let data_len = round_up(len, unit)?;
-        let mut flags = 0;
-        if opts.populate {
-            flags |= libc::MAP_POPULATE;
-        }
         if !opts.shared {
-            if opts.huge_pages {
-                flags |= libc::MAP_HUGETLB;
-            }
-            let map = Mapping::map(
-                data_len,
-                flags | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                if opts.huge_pages {
-                    "mmap(MAP_HUGETLB)"
+            let flags = libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | if opts.huge_pages {
+                    libc::MAP_HUGETLB
                 } else {
-                    "mmap"
-                },
-            )?;
+                    0
+                }
+                | if opts.populate && opts.huge_pages {
+                    libc::MAP_POPULATE
+                } else {
+                    0
+                };
+            let what = if opts.huge_pages {
+                "mmap(MAP_HUGETLB)"
+            } else {
+                "mmap"
+            };
+            let map = Mapping::map(data_len, flags, -1, what)?;
             if !opts.huge_pages && data_len >= 2 << 20 {
                 // Transparent huge pages where the system offers them on request: fewer TLB
-                // misses when the kernel copies into and out of large buffers. Advisory only.
+                // misses when the kernel copies into and out of large buffers. Advisory only,
+                // and before the first touch (MAP_POPULATE would fault 4 KiB pages first).
                 // SAFETY: advising on our own fresh mapping; no memory is accessed.
                 unsafe { libc::madvise(map.ptr().cast(), data_len, libc::MADV_HUGEPAGE) };
+            }
+            if opts.populate && !opts.huge_pages {
+                populate(&map, data_len);
             }
             let ptr = NonNull::new(map.ptr()).expect("mapping is non-null");
             return Ok(Self {
@@ -256,6 +261,7 @@ impl MemoryRegion {
                 backing: Backing::Mapped { map, shm: None },
             });
         }
+        let flags = if opts.populate { libc::MAP_POPULATE } else { 0 };
         // The control page must stay a whole (huge) page so the data stays aligned.
         let control = if opts.huge_pages {
             unit
@@ -477,6 +483,21 @@ impl MemoryRegion {
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
         // SAFETY: valid for len bytes while self lives; the caller guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+}
+
+/// Faults every page of a fresh private mapping in (`MADV_POPULATE_WRITE`, or by touching
+/// one byte per page where the kernel lacks it).
+fn populate(map: &Mapping, len: usize) {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: advising on our own mapping of `len` bytes.
+    if unsafe { libc::madvise(map.ptr().cast(), len, MADV_POPULATE_WRITE) } == 0 {
+        return;
+    }
+    let page = page_size();
+    for off in (0..len).step_by(page) {
+        // SAFETY: off < len, inside our fresh private mapping that nothing else uses yet.
+        unsafe { map.ptr().wrapping_add(off).write_volatile(0) };
     }
 }
 

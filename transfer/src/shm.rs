@@ -24,10 +24,15 @@ use crate::registry::{LocalEntry, LocalRegions};
 use crate::segment::{RegionDescriptor, ShmRegion};
 use crate::tcp::io::SendPtr;
 
-/// Copies up to this many bytes in total run inline in `submit`; bigger batches run on the
-/// blocking pool.
+/// Copies up to this many bytes in total run inline in `submit`; bigger batches run in a
+/// task.
 const INLINE_BYTES: u64 = 256 << 10;
-/// Large copies are cut into chunks of this size so cancellation and timeouts are seen.
+/// Copies at least this large prefault the peer's pages first.
+const PREFAULT_MIN: usize = 1 << 20;
+/// Prefaulting is remembered per this many bytes of a region.
+const PREFAULT_UNIT: usize = 2 << 20;
+/// Large copies are cut into chunks of this size (about a millisecond each) between which
+/// other tasks run and cancellation and timeouts are seen.
 const CHUNK: usize = 4 << 20;
 
 /// A peer's shared region mapped into this process.
@@ -36,6 +41,7 @@ pub(crate) struct PeerMapping {
     file: File,
     data_offset: usize,
     region: RegionDescriptor,
+    populated: Box<[std::sync::atomic::AtomicBool]>,
 }
 
 impl PeerMapping {
@@ -83,6 +89,9 @@ impl PeerMapping {
             file,
             data_offset: shm.data_offset as usize,
             region: region.clone(),
+            populated: (0..(region.len as usize).div_ceil(PREFAULT_UNIT))
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         };
         m.check(segment, RemoteRange::new(region.addr, region.len))?;
         Ok(m)
@@ -128,6 +137,45 @@ impl PeerMapping {
                 format!("shared memory lock check: {e}"),
             )),
         }
+    }
+
+    /// Maps the page-table entries of a large range in one call instead of one fault per
+    /// page (this process maps the peer's pages lazily), once per 2 MiB of the region.
+    fn prefault(&self, addr: u64, len: usize, write: bool) {
+        const MADV_POPULATE_READ: libc::c_int = 22;
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        if len < PREFAULT_MIN {
+            return;
+        }
+        let off = (addr - self.region.addr) as usize;
+        let (first, last) = (off / PREFAULT_UNIT, (off + len - 1) / PREFAULT_UNIT);
+        let flags = &self.populated[first..=last.min(self.populated.len() - 1)];
+        if flags.iter().all(|f| f.load(Ordering::Relaxed)) {
+            return;
+        }
+        // Chunks wholly inside the range are populated below; edges may be partial.
+        let inner_first = off.div_ceil(PREFAULT_UNIT);
+        let inner_end = (off + len) / PREFAULT_UNIT;
+        for f in self.populated.iter().take(inner_end).skip(inner_first) {
+            f.store(true, Ordering::Relaxed);
+        }
+        let page = crate::memory::page_size();
+        let start = self.ptr_of(addr).0 as usize;
+        let aligned = start - start % page;
+        let advice = if write {
+            MADV_POPULATE_WRITE
+        } else {
+            MADV_POPULATE_READ
+        };
+        // SAFETY: the range lies inside our mapping (checked against the descriptor); the
+        // advice only populates page tables (older kernels reject it: harmless).
+        unsafe {
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                len + (start - aligned),
+                advice,
+            )
+        };
     }
 
     fn ptr_of(&self, addr: u64) -> SendPtr {
@@ -200,13 +248,16 @@ pub(crate) fn local_target(
         })
 }
 
-fn run_one(batch: &BatchState, job: &CopyJob) -> Result<()> {
+/// Copies one request, `CHUNK` bytes at a time, yielding between chunks when `yield_between`
+/// (so other tasks of the runtime run and cancellation or the deadline is seen).
+async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Result<()> {
     let req = &batch.requests[job.idx];
     let seg = req.segment.name();
     let range = req.remote_range();
     let remote = match &job.target {
         CopyTarget::Peer(m) => {
             m.check(seg, range)?;
+            m.prefault(req.remote_addr, req.len, req.op == Op::Write);
             m.ptr_of(req.remote_addr)
         }
         CopyTarget::Local(e) => SendPtr(
@@ -224,7 +275,14 @@ fn run_one(batch: &BatchState, job: &CopyJob) -> Result<()> {
     let mut done = 0;
     while done < req.len {
         if !batch.is_live(job.idx) {
-            return Ok(()); // cancelled or timed out: its status is already set
+            return Ok(()); // cancelled or expired: its status is already set
+        }
+        if tokio::time::Instant::now() >= batch.deadline {
+            return Err(TransferError::TimedOut {
+                segment: seg.to_owned(),
+                range,
+                timeout: batch.timeout,
+            });
         }
         let n = CHUNK.min(req.len - done);
         // SAFETY: src and dst are inside registered memory validated for req.len bytes (the
@@ -233,6 +291,9 @@ fn run_one(batch: &BatchState, job: &CopyJob) -> Result<()> {
         // overlap (a request from a buffer into itself on the local segment).
         unsafe { std::ptr::copy(src.add(done).0, dst.add(done).0, n) };
         done += n;
+        if yield_between && done < req.len {
+            tokio::task::yield_now().await;
+        }
     }
     if let CopyTarget::Peer(m) = &job.target {
         m.check(seg, range)?;
@@ -241,24 +302,26 @@ fn run_one(batch: &BatchState, job: &CopyJob) -> Result<()> {
     Ok(())
 }
 
-/// Runs memory-copy jobs: inline when small, otherwise on the blocking pool.
-pub(crate) fn run(batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
+/// Runs memory-copy jobs: inline when small; otherwise in a task of the current runtime
+/// that copies chunk by chunk (on the submitting thread when the runtime is single-threaded:
+/// no hand-off to another thread on the hot path).
+pub(crate) async fn run(batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
     if jobs.is_empty() {
         return;
     }
     let bytes: u64 = jobs.iter().map(|j| batch.requests[j.idx].len as u64).sum();
-    let work = {
-        let batch = batch.clone();
-        move || {
-            for job in &jobs {
-                let r = run_one(&batch, job);
-                batch.finish(job.idx, r);
-            }
-        }
-    };
     if bytes <= INLINE_BYTES {
-        work();
-    } else {
-        tokio::task::spawn_blocking(work);
+        for job in &jobs {
+            let r = run_one(batch, job, false).await;
+            batch.finish(job.idx, r);
+        }
+        return;
     }
+    let batch = batch.clone();
+    tokio::spawn(async move {
+        for job in &jobs {
+            let r = run_one(&batch, job, true).await;
+            batch.finish(job.idx, r);
+        }
+    });
 }

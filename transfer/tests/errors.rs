@@ -463,3 +463,62 @@ async fn the_target_answers_bad_frames_and_keeps_the_connection() {
 
     target_still_serves(&initiator, &target, &remote).await;
 }
+
+/// A host that never answers connection attempts costs one connect timeout per batch, not
+/// one per request.
+#[tokio::test(start_paused = true)]
+async fn a_blackholed_peer_fails_a_whole_batch_within_one_connect_timeout() {
+    // A listener whose accept queue is full: further connection attempts hang.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    sock.listen(0).unwrap();
+    let addr = sock.local_addr().unwrap().as_socket().unwrap();
+    let _fill: Vec<_> = (0..3)
+        .filter_map(|_| {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+            s.set_nonblocking(true).ok()?;
+            let _ = s.connect(&addr.into());
+            Some(s)
+        })
+        .collect();
+    let meta = Arc::new(InMemoryMetadata::new());
+    let desc = SegmentDescriptor::from_json(
+        format!(
+            r#"{{"version":1,"name":"blackhole","host_id":"x","engine_id":5,"generation":1,
+                "endpoints":{{"tcp":"{addr}"}},"regions":[{{"id":1,"addr":4096,"len":1048576,"token":7}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    meta.publish(&desc).await.unwrap();
+    let cfg = EngineConfig {
+        connect_timeout: Duration::from_secs(5),
+        ..config(false)
+    };
+    let e = engine_with(meta, cfg).await;
+    let seg = e.open_segment("blackhole").await.unwrap();
+    let local = e.alloc(1 << 20).unwrap();
+    let started = tokio::time::Instant::now();
+    let reqs = (0..64)
+        .map(|i| TransferRequest::write(&local, i * 4096, &seg, 4096 + (i * 4096) as u64, 4096))
+        .collect();
+    let results = e.submit(reqs).await.unwrap().wait_all().await;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(TransferError::PeerUnreachable { .. }))),
+        "{results:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}

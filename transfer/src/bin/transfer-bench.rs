@@ -310,6 +310,7 @@ fn initiator(args: &Args) -> Result<(), String> {
             run_batches(&args, &plan, t, Duration::ZERO, 2).await?;
         }
         let run = Duration::from_secs_f64(args.duration);
+        let cpu0 = cpu_seconds();
         let start = Instant::now();
         let tasks: Vec<_> = (0..args.threads)
             .map(|t| {
@@ -321,7 +322,13 @@ fn initiator(args: &Args) -> Result<(), String> {
         for task in tasks {
             samples.extend(task.await.map_err(|e| e.to_string())??);
         }
-        report(&args, &name, &samples, start.elapsed());
+        report(
+            &args,
+            &name,
+            &samples,
+            start.elapsed(),
+            cpu_seconds() - cpu0,
+        );
         if !args.no_verify {
             let checked = verify(&args, &plan).await?;
             println!("verified: {checked} bytes match");
@@ -464,7 +471,17 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[0], v[v.len() / 2], v[v.len() - 1])
 }
 
-fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration) {
+/// CPU time (user + system) this process used so far, in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration, cpu_s: f64) {
     let secs = elapsed.as_secs_f64();
     let bytes: u64 = samples.iter().map(|s| s.1).sum();
     let reqs: u64 = samples.iter().map(|s| s.2).sum();
@@ -504,9 +521,15 @@ fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration) {
         "{:<18}{:>12.3}{:>12.3}{:>12.3}{:>12.3}",
         "batch ms (mean)", mean_lat, lat.0, lat.1, lat.2
     );
+    let cpu_ms_per_gb = if bytes > 0 {
+        cpu_s * 1e3 / (bytes as f64 / 1e9)
+    } else {
+        0.0
+    };
+    println!("cpu: {cpu_s:.2} s in this process ({cpu_ms_per_gb:.0} ms per GB)");
     if args.json {
         println!(
-            "{{\"bench\":\"transfer-bench\",\"protocol\":\"{:?}\",\"op\":\"{:?}\",\"block_bytes\":{},\"batch\":{},\"threads\":{},\"seconds\":{secs:.3},\"GBps\":{total_gbps:.4},\"GBps_min\":{:.4},\"GBps_median\":{:.4},\"GBps_max\":{:.4},\"req_per_s\":{total_rps:.1},\"batch_ms_median\":{:.4}}}",
+            "{{\"bench\":\"transfer-bench\",\"protocol\":\"{:?}\",\"op\":\"{:?}\",\"block_bytes\":{},\"batch\":{},\"threads\":{},\"seconds\":{secs:.3},\"GBps\":{total_gbps:.4},\"GBps_min\":{:.4},\"GBps_median\":{:.4},\"GBps_max\":{:.4},\"req_per_s\":{total_rps:.1},\"batch_ms_median\":{:.4},\"cpu_s\":{cpu_s:.3}}}",
             args.protocol,
             args.op,
             args.block_size,
@@ -536,5 +559,5 @@ fn memcpy(args: &Args) {
         std::hint::black_box(&dst);
         samples.push((start.elapsed(), n as u64, 1, t0.elapsed()));
     }
-    report(args, "memcpy", &samples, start.elapsed());
+    report(args, "memcpy", &samples, start.elapsed(), 0.0);
 }

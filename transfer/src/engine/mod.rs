@@ -591,7 +591,7 @@ impl TransferEngine {
                 copies.push(job);
             }
         }
-        crate::shm::run(&state, copies);
+        crate::shm::run(&state, copies).await;
         Ok(Batch { state })
     }
 

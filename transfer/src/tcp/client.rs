@@ -34,6 +34,8 @@ use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
 const INBUF_LEN: usize = 64 << 10;
 /// Frames gathered into one `sendmsg` at most.
 const MAX_GATHER: usize = 256;
+/// How long a failed connection attempt is remembered (requests fail at once meanwhile).
+const FAILURE_MEMORY: Duration = Duration::from_secs(1);
 /// Reads at least this large skip the read-ahead buffer entirely.
 const DIRECT_READ_MIN: u64 = 32 << 10;
 
@@ -129,6 +131,7 @@ pub(crate) struct Peer {
     slots: Vec<ArcSwapOption<Lane>>,
     connecting: Vec<tokio::sync::Mutex<()>>,
     cursor: Mutex<(usize, u64)>,
+    last_failure: Mutex<Option<(Instant, TransferError)>>,
 }
 
 impl Peer {
@@ -140,6 +143,7 @@ impl Peer {
             slots: (0..lanes).map(|_| ArcSwapOption::empty()).collect(),
             connecting: (0..lanes).map(|_| tokio::sync::Mutex::new(())).collect(),
             cursor: Mutex::new((0, 0)),
+            last_failure: Mutex::new(None),
             cfg,
         }
     }
@@ -168,9 +172,24 @@ impl Peer {
         {
             return Ok(l);
         }
-        let lane = self.connect().await?;
-        self.slots[i].store(Some(lane.clone()));
-        Ok(lane)
+        // A peer that just refused or timed out a connection fails at once for a moment, so
+        // a batch of many requests to a dead host costs one connect timeout, not one each.
+        if let Some((when, err)) = &*self.last_failure.lock()
+            && when.elapsed() < FAILURE_MEMORY
+        {
+            return Err(err.clone());
+        }
+        match self.connect().await {
+            Ok(lane) => {
+                *self.last_failure.lock() = None;
+                self.slots[i].store(Some(lane.clone()));
+                Ok(lane)
+            }
+            Err(e) => {
+                *self.last_failure.lock() = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     async fn connect(&self) -> Result<Arc<Lane>> {
@@ -235,12 +254,14 @@ impl Peer {
             }
             let off = k * slice;
             let l = slice.min(len - off);
-            let lane = match self.lane(self.pick(l)).await {
-                Ok(lane) => lane,
-                Err(e) => {
+            let lane = match tokio::time::timeout_at(batch.deadline, self.lane(self.pick(l))).await
+            {
+                Ok(Ok(lane)) => lane,
+                Ok(Err(e)) => {
                     batch.finish(idx, Err(e));
                     return;
                 }
+                Err(_) => return, // the deadline passed while connecting: TimedOut
             };
             let Some(permit) = self.permit(&lane, batch.deadline).await else {
                 return; // the deadline passed: the batch reports TimedOut

@@ -300,3 +300,40 @@ async fn graceful_shutdown_drains_in_flight_requests() {
     let target = Arc::new(target);
     target.shutdown().await;
 }
+
+/// Connections opened from a runtime that later shuts down are replaced, not reused dead.
+#[test]
+fn connections_outlive_the_runtime_that_opened_them() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (target, initiator, remote, local) = main.block_on(async {
+        let target = engine(false).await;
+        let initiator = engine(false).await;
+        let remote = target.alloc(1 << 20).unwrap();
+        let local = initiator.alloc(1 << 20).unwrap();
+        fill(&local, 61);
+        (target, initiator, remote, local)
+    });
+    let seg = {
+        // The first connection to the target is opened (and served) by this runtime.
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        other.block_on(async {
+            let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+            initiator
+                .transfer(TransferRequest::write(&local, 0, &seg, remote.addr(), 4096))
+                .await
+                .unwrap();
+            seg
+        })
+    };
+    main.block_on(async {
+        write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20).await;
+        drop(target);
+    });
+}

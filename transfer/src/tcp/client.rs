@@ -100,8 +100,9 @@ struct Lane {
 }
 
 impl Lane {
+    /// Dead: killed, or its tasks are gone (e.g. the runtime that ran them shut down).
     fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Acquire)
+        self.dead.load(Ordering::Acquire) || self.tx.is_closed()
     }
 
     /// Kills the lane: shuts the socket, fails everything in flight with `err`.

@@ -21,6 +21,8 @@ enum Command {
     Demo(gateway::demo::DemoConfig),
     /// Run a simulated SGLang worker (same endpoints and shapes, deterministic output).
     SimWorker(gateway::sim::SimConfig),
+    /// Run a storage node: contribute memory to the KV store and serve transfers.
+    Store(kvstore::node::StoreNodeConfig),
 }
 
 #[derive(clap::Args, Debug)]
@@ -56,6 +58,15 @@ fn main() -> anyhow::Result<()> {
         Command::SimWorker(cfg) => {
             gateway::logging::init(config::LogLevel::Info);
             runtime(0)?.block_on(gateway::sim::run(cfg))
+        }
+        Command::Store(cfg) => {
+            gateway::logging::init(config::LogLevel::Info);
+            let metrics = gateway::metrics::install();
+            runtime(0)?.block_on(async move {
+                let shutdown = gateway::serve::shutdown_signal();
+                kvstore::node::run(cfg, move || metrics.render(), shutdown).await
+            })?;
+            Ok(())
         }
     }
 }

@@ -11,6 +11,7 @@
 //! - `rest`: the REST API as a self-contained `utoipa_axum` router ([`router`]).
 //! - `background`: the periodic work the host spawns ([`run_background`]).
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
+//! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
 //!
 //! # Hosting the master
 //! ```no_run
@@ -32,6 +33,7 @@ mod hosting;
 pub mod master;
 pub mod metadata;
 pub mod metrics;
+pub mod node;
 pub mod rest;
 
 pub use background::run_background;

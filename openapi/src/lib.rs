@@ -9,6 +9,7 @@
 //!   error is answered with.
 //! - [`workers`]: the gateway's worker admin API (`/workers`).
 //! - [`master`]: the KV-cache master's REST API (`/api/v1/...`) and `/metadata` store.
+//! - [`store`]: a storage node's own endpoints (`moongate store`: `/health`).
 //! - [`shapes`]: shapes shared by OpenAI and SGLang bodies: a value or a list
 //!   ([`shapes::OneOrMany`]), stop sequences, the four prompt forms, `input_ids`.
 //! - [`openai`]: the OpenAI-compatible API as SGLang serves it: chat completions
@@ -24,6 +25,7 @@ pub mod master;
 pub mod openai;
 pub mod sglang;
 pub mod shapes;
+pub mod store;
 pub mod workers;
 
 #[cfg(test)]

@@ -125,6 +125,18 @@ impl StoreClient {
     /// Starts the transfer engine, registers the segment and the copy buffer, mounts the
     /// segment at the master and starts heartbeating. Fails if the master cannot be reached.
     pub async fn connect(config: ClientConfig) -> StoreResult<Self> {
+        Self::open(config, false).await
+    }
+
+    /// Like [`StoreClient::connect`], but a master that cannot be reached yet is not an
+    /// error: the heartbeat keeps trying and mounts the segment as soon as the master
+    /// answers (a storage node started before its master). Refusals by the master still
+    /// fail.
+    pub async fn start(config: ClientConfig) -> StoreResult<Self> {
+        Self::open(config, true).await
+    }
+
+    async fn open(config: ClientConfig, wait_for_master: bool) -> StoreResult<Self> {
         config.validate()?;
         let rpc = MasterRpc::new(&config.master, config.rpc_timeout())?;
         let engine = TransferEngine::new(config.engine_config()?)
@@ -160,10 +172,18 @@ impl StoreClient {
             .publish()
             .await
             .map_err(|e| StoreError::setup("publishing the segment descriptor", e))?;
+        let mut mounted = false;
         if let Some((_, spec)) = &segment {
-            rpc.mount(id, spec).await?;
+            match rpc.mount(id, spec).await {
+                Ok(_) => mounted = true,
+                Err(e @ StoreError::Rpc { .. }) if wait_for_master => {
+                    tracing::warn!(error = %e, "master unreachable; the segment is mounted once it answers");
+                }
+                Err(e) => return Err(e),
+            }
         }
         let health = Arc::new(HealthState::new(segment.is_some()));
+        health.set_mounted(mounted);
         let stop = CancellationToken::new();
         tokio::spawn(heartbeat::run(
             rpc.clone(),

@@ -1,0 +1,362 @@
+//! The store on a loopback cluster as users run it: a master (in-process, real HTTP), three
+//! storage nodes as separate `moongate store` processes, and clients. Byte-exact round
+//! trips, a replica surviving the loss of its twin, SIGKILL (objects become unreadable
+//! within the client TTL and a get never returns wrong bytes), graceful unmount on SIGTERM,
+//! and a node that starts before its master and remounts across a master restart.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvstore::client::Protocol;
+use kvstore::master::ReplicateConfig;
+use kvstore::{ClientConfig, MasterConfig, MasterServer, StoreClient};
+
+/// A `moongate store` process, killed when dropped.
+struct Node {
+    child: Child,
+    segment: String,
+    http: SocketAddr,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    /// Starts `moongate store` against `master` and waits for its ready line.
+    fn start(master: &str, segment: &str, protocol: &str) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_moongate"))
+            .args([
+                "store",
+                "--master",
+                master,
+                "--segment-size",
+                segment,
+                "--local-buffer-size",
+                "4M",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--protocol",
+                protocol,
+                "--heartbeat-interval-ms",
+                "200",
+            ])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn moongate store");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let word = |after: &str| {
+            line.split_whitespace()
+                .skip_while(|w| *w != after)
+                .nth(1)
+                .unwrap_or_else(|| panic!("no {after} in ready line {line:?}"))
+                .to_owned()
+        };
+        Node {
+            segment: word("segment"),
+            http: word("http").parse().unwrap(),
+            child,
+        }
+    }
+
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "moongate store ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let r = reqwest::get(format!("http://{}{path}", self.http))
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+}
+
+async fn master(client_ttl_ms: u64, addr: &str) -> MasterServer {
+    let cfg = MasterConfig {
+        client_ttl_ms,
+        ..MasterConfig::default()
+    };
+    MasterServer::start(cfg, addr.parse().unwrap())
+        .await
+        .unwrap()
+}
+
+async fn client(m: &str, protocol: Protocol) -> StoreClient {
+    let cfg = ClientConfig {
+        protocol,
+        local_buffer_size: 16 << 20,
+        ..ClientConfig::local(m, 0)
+    };
+    StoreClient::connect(cfg).await.unwrap()
+}
+
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn on(segment: &str, replicas: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        replica_num: replicas,
+        preferred_segments: vec![segment.to_owned()],
+        ..ReplicateConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_byte_exact_round_trips() {
+    let m = master(10_000, "127.0.0.1:0").await;
+    let nodes = [
+        Node::start(&m.url(), "64M", "auto"),
+        Node::start(&m.url(), "64M", "tcp"),
+        Node::start(&m.url(), "64M", "auto"),
+    ];
+    assert_eq!(m.master().segments().len(), 3);
+    let shm = client(&m.url(), Protocol::Auto).await;
+    let tcp = client(&m.url(), Protocol::Tcp).await;
+    let sizes = [1usize, 100, 4096, 65_536, 1 << 20, (3 << 20) + 7];
+    for (n, node) in nodes.iter().enumerate() {
+        let writer = shm.with_replication(on(&node.segment, 1));
+        for (i, &len) in sizes.iter().enumerate() {
+            let key = format!("n{n}/v{i}");
+            let v = value((n * 10 + i) as u64, len);
+            writer.put(&key, &v).await.unwrap();
+            let info = m.master().object(&key).unwrap();
+            assert_eq!(info.replicas[0].segment.name(), node.segment);
+            assert_eq!(tcp.get(&key).await.unwrap(), v, "{key} over TCP");
+            assert_eq!(shm.get(&key).await.unwrap(), v, "{key} over shared memory");
+        }
+    }
+    // Batches spread over the three nodes, zero-copy both ways.
+    let src = tcp.alloc(64 * 4096).unwrap();
+    let dst = tcp.alloc(64 * 4096).unwrap();
+    let all = value(99, 64 * 4096);
+    src.write_at(0, &all).unwrap();
+    let items: Vec<(String, kvstore::BufRange<'_>)> = (0..64)
+        .map(|i| {
+            (
+                format!("batch/{i}"),
+                kvstore::BufRange::new(&src, i * 4096, 4096),
+            )
+        })
+        .collect();
+    assert!(tcp.batch_put_from(&items).await.iter().all(Result::is_ok));
+    let segs: std::collections::HashSet<String> = (0..64)
+        .map(|i| {
+            m.master().object(&format!("batch/{i}")).unwrap().replicas[0]
+                .segment
+                .name()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(segs.len(), 3, "puts spread over every node");
+    let back: Vec<(String, kvstore::BufRange<'_>)> = (0..64)
+        .map(|i| {
+            (
+                format!("batch/{i}"),
+                kvstore::BufRange::new(&dst, i * 4096, 4096),
+            )
+        })
+        .collect();
+    assert!(
+        tcp.batch_get_into(&back)
+            .await
+            .iter()
+            .all(|r| *r.as_ref().unwrap() == 4096)
+    );
+    assert_eq!(dst.to_vec(0, all.len()).unwrap(), all);
+    // Each node reports itself healthy and exports its metrics.
+    for node in &nodes {
+        let (status, body) = node.get("/health").await;
+        assert_eq!(status, 200, "{body}");
+        let h: openapi::store::NodeHealth = serde_json::from_str(&body).unwrap();
+        assert_eq!(h.segment, node.segment);
+        assert_eq!(h.segment_bytes, 64 << 20);
+        let (status, text) = node.get("/metrics").await;
+        assert_eq!(status, 200);
+        assert!(
+            text.contains("moongate_store_segment_bytes 67108864"),
+            "{text}"
+        );
+        assert!(text.contains("moongate_store_mounted 1"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_makes_objects_unreadable_within_the_ttl_and_never_wrong() {
+    let m = master(1500, "127.0.0.1:0").await;
+    let mut victim = Node::start(&m.url(), "32M", "auto");
+    let _twin = Node::start(&m.url(), "32M", "auto");
+    let c = client(&m.url(), Protocol::Auto).await;
+    let single = c.with_replication(on(&victim.segment, 1));
+    let double = c.with_replication(on(&victim.segment, 2));
+    for i in 0..16u64 {
+        single
+            .put(&format!("one/{i}"), &value(i, 100_000))
+            .await
+            .unwrap();
+        double
+            .put(&format!("two/{i}"), &value(100 + i, 100_000))
+            .await
+            .unwrap();
+    }
+    // A reader hammers the objects while the node dies: every answer is exact or an error.
+    let reader = c.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let hammer = tokio::spawn(async move {
+        let (mut ok, mut failed) = (0u32, 0u32);
+        while !stopped.is_cancelled() {
+            for i in 0..16u64 {
+                match reader.get(&format!("one/{i}")).await {
+                    Ok(v) => {
+                        assert_eq!(v, value(i, 100_000), "one/{i} returned wrong bytes");
+                        ok += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+        }
+        (ok, failed)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed = Instant::now();
+    victim.kill();
+    // At once: the single-replica objects fail (the peer is gone), never yield bytes...
+    let e = c.get("one/0").await.unwrap_err();
+    assert!(
+        matches!(e.name(), "TRANSFER_FAIL" | "OBJECT_NOT_FOUND"),
+        "{e}"
+    );
+    // ...while the doubly-replicated ones are served by the twin.
+    for i in 0..16u64 {
+        assert_eq!(
+            c.get(&format!("two/{i}")).await.unwrap(),
+            value(100 + i, 100_000)
+        );
+    }
+    // Within the client TTL (1.5 s, swept every 100 ms) the master forgets the segment.
+    until(
+        "the dead node's objects to vanish",
+        Duration::from_secs(5),
+        async || m.master().segments().len() == 1,
+    )
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        killed.elapsed()
+    );
+    for i in 0..16u64 {
+        assert_eq!(
+            c.get(&format!("one/{i}")).await.unwrap_err().name(),
+            "OBJECT_NOT_FOUND"
+        );
+        assert_eq!(
+            c.get(&format!("two/{i}")).await.unwrap(),
+            value(100 + i, 100_000)
+        );
+    }
+    stop.cancel();
+    let (ok, failed) = hammer.await.unwrap();
+    assert!(
+        ok > 0 && failed > 0,
+        "reads before and after the kill: {ok} ok, {failed} failed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_unmounts_at_once() {
+    let m = master(60_000, "127.0.0.1:0").await;
+    let mut node = Node::start(&m.url(), "16M", "auto");
+    let c = client(&m.url(), Protocol::Auto).await;
+    c.put("k", b"v").await.unwrap();
+    assert_eq!(m.master().segments().len(), 1);
+    let status = node.terminate();
+    assert!(status.success(), "exit status {status}");
+    // Not after a 60 s TTL: the node unmounted on its way out.
+    assert!(m.master().segments().is_empty());
+    assert_eq!(c.get("k").await.unwrap_err().name(), "OBJECT_NOT_FOUND");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_waits_for_its_master_and_remounts_after_a_restart() {
+    // Reserve a port for the master, then start the node before the master listens on it.
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap().to_string();
+    drop(probe);
+    let url = format!("http://{addr}");
+    let node = Node::start(&url, "16M", "auto");
+    let (status, body) = node.get("/health").await;
+    assert_eq!(status, 503, "no master yet: {body}");
+    let m = master(10_000, &addr).await;
+    until("the node to mount", Duration::from_secs(5), async || {
+        m.master().segments().len() == 1
+    })
+    .await;
+    until(
+        "the node to report healthy",
+        Duration::from_secs(5),
+        async || node.get("/health").await.0 == 200,
+    )
+    .await;
+    m.stop(Duration::from_secs(2)).await;
+    let m = master(10_000, &addr).await;
+    until("the node to remount", Duration::from_secs(5), async || {
+        m.master().segments().len() == 1
+    })
+    .await;
+    let c = client(&url, Protocol::Tcp).await;
+    c.put("after-restart", &value(5, 70_000)).await.unwrap();
+    assert_eq!(c.get("after-restart").await.unwrap(), value(5, 70_000));
+    let (_, body) = node.get("/health").await;
+    let h: openapi::store::NodeHealth = serde_json::from_str(&body).unwrap();
+    assert!(h.remounts >= 2, "{body}");
+}

@@ -285,11 +285,17 @@ async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Resu
             });
         }
         let n = CHUNK.min(req.len - done);
-        // SAFETY: src and dst are inside registered memory validated for req.len bytes (the
-        // local range at submit, the remote one against the descriptor and control page or
-        // the registration table), kept alive by the batch and the job; `copy` tolerates
-        // overlap (a request from a buffer into itself on the local segment).
-        unsafe { std::ptr::copy(src.add(done).0, dst.add(done).0, n) };
+        let (s, d) = (src.add(done).0, dst.add(done).0);
+        if overlapping(s, d, n) {
+            // SAFETY: src and dst are inside registered memory validated for req.len bytes
+            // (the local range at submit, the remote one against the descriptor and control
+            // page or the registration table), kept alive by the batch and the job; `copy`
+            // tolerates the overlap (a buffer copied into itself on the local segment).
+            unsafe { std::ptr::copy(s, d, n) };
+        } else {
+            // SAFETY: as above, and the ranges do not overlap.
+            unsafe { crate::memory::copy_nonoverlapping_large(s, d, n) };
+        }
         done += n;
         if yield_between && done < req.len {
             tokio::task::yield_now().await;
@@ -300,6 +306,11 @@ async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Resu
         m.check_owner(seg)?;
     }
     Ok(())
+}
+
+fn overlapping(a: *const u8, b: *const u8, n: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a < b.wrapping_add(n) && b < a.wrapping_add(n)
 }
 
 /// Runs memory-copy jobs: inline when small; otherwise in a task of the current runtime

@@ -18,13 +18,15 @@
 //! - [`segment`]: segment descriptors (serde, versioned) and the host id.
 //! - [`metadata`]: publishing and fetching descriptors: peer-to-peer, HTTP (Mooncake's
 //!   interface), in-memory.
-//! - `engine`: the engine (config, builder, registration, segments, batches and their
-//!   completion, routing, notifications, shutdown).
+//! - `engine`: the engine: `config` (every default), `builder` (start-up, descriptor
+//!   publication), registration, `segments` (opened peers), `batch` (requests and their
+//!   completion), routing, `notify` (notifications), shutdown.
 //! - [`tcp`]: TCP transport: `frame` (pure wire codec), raw socket I/O, target server,
 //!   initiator pool with lanes and slicing.
 //! - `shm`: shared-memory transport (same-host peers) and local copies.
-//! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing,
-//!   and the verbs data path.
+//! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
+//!   (tested everywhere); `device` (verbs resources) and `verbs` (the data path), compiled
+//!   with the feature only.
 //! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
 
 pub mod error;

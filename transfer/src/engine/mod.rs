@@ -16,16 +16,18 @@
 //! ```
 
 pub(crate) mod batch;
+mod builder;
 pub(crate) mod config;
 pub(crate) mod notify;
 pub(crate) mod segments;
 
-use std::net::{IpAddr, SocketAddr};
+pub use builder::EngineBuilder;
+
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -33,21 +35,18 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{AllocOptions, MemoryRegion};
-use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
+use crate::metadata::Metadata;
 use crate::rdma::{RdmaPath, paths_for};
 use crate::registry::{LocalEntry, LocalRegions, RegisteredBuffer};
-use crate::segment::{
-    DESCRIPTOR_VERSION, Endpoints, RegionDescriptor, SegmentDescriptor, ShmRegion, host_id,
-};
+use crate::segment::{RegionDescriptor, SegmentDescriptor, ShmRegion};
 use crate::shm::{CopyJob, CopyTarget};
-use crate::tcp::client::{ClientConfig, TcpClient, status_error};
+use crate::tcp::client::{TcpClient, status_error};
 use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status, encode_notify};
-use crate::tcp::server::{ServerCtx, accept_loop};
 
 use batch::{Batch, BatchState, TransferRequest};
-use config::{EngineConfig, MetadataConfig};
+use config::EngineConfig;
 use notify::{Notification, Notifications};
-use segments::{DescribeFn, Segment};
+use segments::Segment;
 
 /// Which transports an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,193 +157,6 @@ impl std::fmt::Debug for TransferEngine {
             .field("listen", &self.inner.local_addr)
             .field("transports", &self.transports())
             .finish()
-    }
-}
-
-/// Builds a [`TransferEngine`].
-#[derive(Default)]
-pub struct EngineBuilder {
-    config: EngineConfig,
-    metadata: Option<Arc<dyn Metadata>>,
-}
-
-impl EngineBuilder {
-    /// Uses `config` (replacing everything set so far).
-    pub fn config(mut self, config: EngineConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Listens on `addr`.
-    pub fn listen(mut self, addr: SocketAddr) -> Self {
-        self.config.listen = addr;
-        self
-    }
-
-    /// Uses this metadata service instead of the one `config.metadata` names (e.g. an
-    /// `InMemoryMetadata` shared by engines of one process).
-    pub fn metadata(mut self, metadata: Arc<dyn Metadata>) -> Self {
-        self.metadata = Some(metadata);
-        self
-    }
-
-    /// Validates the configuration, opens the transports, starts serving and publishes the
-    /// descriptor. Must run inside a tokio runtime (the engine's tasks run on it).
-    pub async fn build(self) -> Result<TransferEngine> {
-        let config = self.config;
-        config.validate()?;
-        let rdma = crate::rdma::start(&config)?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| TransferError::io(format!("bind {}", config.listen), &e))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| TransferError::io("listener address", &e))?;
-        let host = config
-            .advertise_host
-            .clone()
-            .unwrap_or_else(|| advertise_ip(local_addr.ip()).to_string());
-        let tcp_endpoint = join_host_port(&host, local_addr.port());
-        let name = config
-            .segment_name
-            .clone()
-            .unwrap_or_else(|| tcp_endpoint.clone());
-        let engine_id = rand::random::<u64>() | 1;
-        let host_id = host_id();
-        let regions = LocalRegions::new(engine_id);
-        let tcp = Arc::new(TcpClient::new(ClientConfig {
-            lanes: config.lanes_per_peer,
-            slice_size: config.slice_size as u64,
-            max_inflight: config.max_inflight_per_lane,
-            connect_timeout: config.connect_timeout,
-            io_timeout: config.io_timeout,
-        }));
-        let metadata: Arc<dyn Metadata> = match (self.metadata, &config.metadata) {
-            (Some(m), _) => m,
-            (None, MetadataConfig::P2p) => {
-                Arc::new(P2pMetadata::new(tcp.clone(), config.request_timeout))
-            }
-            (None, MetadataConfig::Http { url }) => {
-                Arc::new(HttpMetadata::new(url, config.request_timeout)?)
-            }
-        };
-        let rdma_devices = rdma.as_ref().map(|t| t.device_names()).unwrap_or_default();
-        let describe: DescribeFn = {
-            let (name, host_id, regions) = (name.clone(), host_id.clone(), regions.clone());
-            let rdma_endpoints = rdma.as_ref().map(|t| t.endpoints()).unwrap_or_default();
-            Arc::new(move || SegmentDescriptor {
-                version: DESCRIPTOR_VERSION,
-                name: name.clone(),
-                host_id: host_id.clone(),
-                engine_id,
-                generation: regions.generation(),
-                endpoints: Endpoints {
-                    tcp: Some(tcp_endpoint.clone()),
-                    rdma: rdma_endpoints.clone(),
-                },
-                regions: regions.describe(),
-            })
-        };
-        let (notify_tx, notify_rx) = mpsc::channel(config.notification_queue);
-        let shutdown = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        let ctx = Arc::new(ServerCtx {
-            regions: regions.clone(),
-            describe: {
-                let d = describe.clone();
-                Box::new(move || d().to_json())
-            },
-            notifications: notify_tx.clone(),
-            rdma: rdma.as_ref().map(|t| t.acceptor()),
-            shutdown: shutdown.clone(),
-            tracker: tracker.clone(),
-            io_timeout: config.io_timeout,
-        });
-        tokio::spawn(accept_loop(listener, ctx));
-        metadata.publish(&describe()).await?;
-        if metadata.kind() != "p2p" {
-            tokio::spawn(publish_loop(
-                regions.clone(),
-                metadata.clone(),
-                describe.clone(),
-                shutdown.clone(),
-            ));
-        }
-        tracing::info!(segment = %name, listen = %local_addr, metadata = metadata.kind(), rdma = rdma.is_some(), "transfer engine started");
-        let segments = moka::future::Cache::builder()
-            .time_to_live(config.descriptor_ttl)
-            .max_capacity(65_536)
-            .build();
-        Ok(TransferEngine {
-            inner: Arc::new(Inner {
-                name,
-                host_id,
-                engine_id,
-                local_addr,
-                regions,
-                metadata,
-                tcp,
-                segments,
-                local_segment: Segment::local(describe),
-                notify_tx,
-                notifications: Notifications::new(notify_rx),
-                shutdown,
-                tracker,
-                closing: AtomicBool::new(false),
-                rdma,
-                rdma_devices,
-                counters: Counters::default(),
-                config,
-            }),
-        })
-    }
-}
-
-/// Republishes the descriptor whenever registrations change (retrying failures each second).
-async fn publish_loop(
-    regions: Arc<LocalRegions>,
-    metadata: Arc<dyn Metadata>,
-    describe: DescribeFn,
-    shutdown: CancellationToken,
-) {
-    let mut changes = regions.subscribe();
-    let mut dirty = false;
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            r = changes.changed() => if r.is_err() { return },
-            _ = tokio::time::sleep(Duration::from_secs(1)), if dirty => {}
-        }
-        dirty = match metadata.publish(&describe()).await {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "publishing the segment descriptor failed; retrying");
-                true
-            }
-        };
-    }
-}
-
-/// The address to advertise for a listener bound to `ip`: itself, or for the unspecified
-/// address this host's primary IP (found without sending anything), else loopback.
-fn advertise_ip(ip: IpAddr) -> IpAddr {
-    if !ip.is_unspecified() {
-        return ip;
-    }
-    std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.connect("192.0.2.1:9").and_then(|_| s.local_addr()))
-        .map(|a| a.ip())
-        .ok()
-        .filter(|ip| !ip.is_unspecified())
-        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
-}
-
-fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 
@@ -777,6 +589,7 @@ impl TransferEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::segment::{DESCRIPTOR_VERSION, Endpoints};
     use crate::segment::{RdmaDeviceEndpoint, RdmaKey};
 
     fn region(shm: bool, keys: bool) -> RegionDescriptor {
@@ -852,16 +665,5 @@ mod tests {
             route(true, true, &region(false, false), &local, &peer(false)),
             Route::Tcp
         );
-    }
-
-    #[test]
-    fn host_port_formatting() {
-        assert_eq!(join_host_port("10.0.0.1", 7), "10.0.0.1:7");
-        assert_eq!(join_host_port("::1", 7), "[::1]:7");
-        assert_eq!(
-            advertise_ip(IpAddr::from([127, 0, 0, 1])),
-            IpAddr::from([127, 0, 0, 1])
-        );
-        assert!(!advertise_ip(IpAddr::from([0, 0, 0, 0])).is_unspecified());
     }
 }

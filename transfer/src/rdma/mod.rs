@@ -9,6 +9,8 @@
 //! `Transport` is an uninhabited type, so the engine carries no `cfg` of its own.
 
 #[cfg(feature = "rdma")]
+pub(crate) mod device;
+#[cfg(feature = "rdma")]
 pub(crate) mod verbs;
 
 use serde::{Deserialize, Serialize};

@@ -70,7 +70,7 @@ impl HttpMetadata {
 
     fn uri(&self, key: &str) -> Uri {
         let mut u = self.base.clone();
-        u.query_pairs_mut().clear().append_pair("key", key);
+        u.set_query(Some(&format!("key={}", encode_key(key))));
         u.as_str().parse().expect("a valid URL is a valid URI")
     }
 
@@ -156,6 +156,21 @@ impl HttpMetadata {
     }
 }
 
+/// Percent-encodes a key for the query string, leaving every character that is legal there
+/// as is: Mooncake's C++ metadata server does not decode the query, so `a/b:1` must be sent
+/// literally to name the same key its own clients use (decoding servers see no difference).
+fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/:@!$'()*,;".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 impl Metadata for HttpMetadata {
     fn publish<'a>(&'a self, desc: &'a SegmentDescriptor) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.put_descriptor(desc))
@@ -182,5 +197,26 @@ impl Metadata for HttpMetadata {
 impl HttpMetadata {
     async fn put_descriptor(&self, desc: &SegmentDescriptor) -> Result<()> {
         self.put(&segment_key(&desc.name), desc.to_json()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_stay_literal_where_the_query_allows() {
+        assert_eq!(
+            encode_key("moongate/segment/10.0.0.1:7000"),
+            "moongate/segment/10.0.0.1:7000"
+        );
+        assert_eq!(
+            encode_key("mooncake/ram/[::1]:1"),
+            "mooncake/ram/%5B::1%5D:1"
+        );
+        assert_eq!(encode_key("a b&c=d+e#f%"), "a%20b%26c%3Dd%2Be%23f%25");
+        assert_eq!(encode_key("é"), "%C3%A9");
+        let m = HttpMetadata::new("http://h:1/metadata", Duration::from_secs(1)).unwrap();
+        assert_eq!(m.uri("x/y").to_string(), "http://h:1/metadata?key=x/y");
     }
 }

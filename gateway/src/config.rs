@@ -63,7 +63,18 @@ pub mod env {
     pub const PROMETHEUS_PORT: &str = "MOONGATE_PROMETHEUS_PORT";
     /// `--worker-threads`.
     pub const WORKER_THREADS: &str = "MOONGATE_WORKER_THREADS";
+    /// `--pd-disaggregation`.
+    pub const PD_DISAGGREGATION: &str = "MOONGATE_PD_DISAGGREGATION";
+    /// `--decode` (comma-separated in the environment).
+    pub const DECODE: &str = "MOONGATE_DECODE";
+    /// `--prefill-policy`.
+    pub const PREFILL_POLICY: &str = "MOONGATE_PREFILL_POLICY";
+    /// `--decode-policy`.
+    pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
 }
+
+/// The clap id of `--prefill` (grouped into [`ServeConfig::prefill`] by `resolve`).
+const PREFILL_CLI: &str = "prefill_cli";
 
 /// Load-balancing policy over the ready workers that serve the requested model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -189,6 +200,40 @@ pub struct ServeConfig {
     /// runtime (what a process pinned to one core gets with 0, too).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = ServeConfig::default().worker_threads)]
     pub worker_threads: usize,
+    /// Prefill/decode disaggregation: every request goes to a prefill worker and a decode
+    /// worker at once (with SGLang's bootstrap fields), and decode's answer is returned.
+    #[arg(long, env = env::PD_DISAGGREGATION)]
+    pub pd_disaggregation: bool,
+    /// Prefill workers, each `[URL]` or `[URL, BOOTSTRAP_PORT|none]` (from `--prefill`; in a
+    /// config file `prefill = [["http://p1:30000", "8998"], ["http://p2:30000"]]`).
+    #[arg(skip)]
+    pub prefill: Vec<Vec<String>>,
+    /// A prefill worker and its bootstrap port (`none`: the worker's default), repeatable:
+    /// `--prefill http://p1:30000 8998 --prefill http://p2:30000 none`.
+    #[doc(hidden)]
+    #[arg(long = "prefill", id = PREFILL_CLI, num_args = 1..=2,
+          action = clap::ArgAction::Append, value_names = ["URL", "BOOTSTRAP_PORT"])]
+    #[serde(skip)]
+    pub prefill_cli: Vec<String>,
+    /// Decode workers, e.g. `--decode http://d1:30000 --decode http://d2:30000`.
+    #[arg(long, env = env::DECODE, num_args = 1.., action = clap::ArgAction::Append,
+          value_delimiter = ',')]
+    pub decode: Vec<String>,
+    /// Policy choosing the prefill worker (default: `--policy`).
+    #[arg(long, env = env::PREFILL_POLICY, value_enum)]
+    pub prefill_policy: Option<PolicyKind>,
+    /// Policy choosing the decode worker (default: `--policy`).
+    #[arg(long, env = env::DECODE_POLICY, value_enum)]
+    pub decode_policy: Option<PolicyKind>,
+}
+
+/// One `--prefill URL [BOOTSTRAP_PORT|none]`, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillSpec {
+    /// The worker URL as given.
+    pub url: String,
+    /// Its bootstrap port (`None`: `none` or not given, the worker's default).
+    pub bootstrap_port: Option<u16>,
 }
 
 impl Default for ServeConfig {
@@ -215,6 +260,12 @@ impl Default for ServeConfig {
             prometheus_host: "0.0.0.0".into(),
             prometheus_port: None,
             worker_threads: 0,
+            pd_disaggregation: false,
+            prefill: Vec::new(),
+            prefill_cli: Vec::new(),
+            decode: Vec::new(),
+            prefill_policy: None,
+            decode_policy: None,
         }
     }
 }
@@ -254,7 +305,15 @@ impl ServeConfig {
             errs.push("host must not be empty".to_string());
         }
         let mut seen = std::collections::HashSet::new();
-        for url in &self.worker_urls {
+        let prefill = self.prefill_specs();
+        let pd_urls = prefill
+            .iter()
+            .filter_map(|p| p.as_ref().ok().map(|p| &p.url))
+            .chain(&self.decode);
+        for e in prefill.iter().filter_map(|p| p.as_ref().err()) {
+            errs.push(e.clone());
+        }
+        for url in self.worker_urls.iter().chain(pd_urls) {
             match crate::workers::WorkerUrl::parse(url) {
                 Ok(u) if !seen.insert(u.as_str().to_string()) => {
                     errs.push(format!("worker url {url} is listed twice"))
@@ -305,11 +364,38 @@ impl ServeConfig {
         {
             errs.push("prometheus_port must differ from port".to_string());
         }
+        if self.pd_disaggregation && !self.worker_urls.is_empty() {
+            errs.push(
+                "worker_urls are regular workers; in PD mode give --prefill and --decode".into(),
+            );
+        }
+        let pd_given = !self.prefill.is_empty()
+            || !self.decode.is_empty()
+            || self.prefill_policy.is_some()
+            || self.decode_policy.is_some();
+        if !self.pd_disaggregation && pd_given {
+            errs.push("prefill, decode and their policies need --pd-disaggregation".into());
+        }
         if errs.is_empty() {
             Ok(())
         } else {
             Err(ConfigError::Invalid(errs))
         }
+    }
+
+    /// The `--prefill` entries, parsed (each an error message when it does not parse).
+    pub fn prefill_specs(&self) -> Vec<Result<PrefillSpec, String>> {
+        self.prefill.iter().map(|v| parse_prefill(v)).collect()
+    }
+
+    /// The policy choosing prefill workers.
+    pub fn prefill_policy(&self) -> PolicyKind {
+        self.prefill_policy.unwrap_or(self.policy)
+    }
+
+    /// The policy choosing decode workers.
+    pub fn decode_policy(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
     }
 
     /// Merges defaults, the TOML file at `file` (if any), then the environment variables and
@@ -323,7 +409,13 @@ impl ServeConfig {
             Some(path) => read_toml(path)?,
             None => Self::default(),
         };
-        let cfg = overlay_given(base, cli, matches)?;
+        let mut cfg = overlay_given(base, cli, matches)?;
+        // clap flattens repeated multi-value flags; the occurrences keep each `--prefill`'s
+        // URL and port together.
+        if let Some(occ) = matches.get_occurrences::<String>(PREFILL_CLI) {
+            cfg.prefill = occ.map(|o| o.cloned().collect()).collect();
+        }
+        cfg.prefill_cli.clear();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -344,6 +436,35 @@ impl ServeConfig {
         }
         toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
+}
+
+/// Parses `[URL]` or `[URL, PORT|none]`.
+fn parse_prefill(v: &[String]) -> Result<PrefillSpec, String> {
+    let (url, port) = match v {
+        [url] => (url, None),
+        [url, port] => (url, Some(port.as_str())),
+        _ => {
+            return Err(format!(
+                "prefill takes URL [BOOTSTRAP_PORT|none], got {v:?}"
+            ));
+        }
+    };
+    let bootstrap_port = match port {
+        None => None,
+        Some(p) if p.eq_ignore_ascii_case("none") => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                return Err(format!(
+                    "prefill {url}: bootstrap port must be 1..=65535 or `none`, got {p:?}"
+                ));
+            }
+        },
+    };
+    Ok(PrefillSpec {
+        url: url.clone(),
+        bootstrap_port,
+    })
 }
 
 /// Reads a TOML file into `T`; keys it lacks keep `T`'s defaults (`#[serde(default)]`).
@@ -456,6 +577,124 @@ mod tests {
             (2, 1)
         );
         assert_eq!(cfg.health_check_endpoint, "/healthz");
+    }
+
+    #[test]
+    fn sglang_router_pd_command_line_is_accepted() {
+        // Exactly how the shared router bench starts a PD router.
+        let cfg = resolve(&[
+            "x",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "34002",
+            "--policy",
+            "round_robin",
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:31011",
+            "38998",
+            "--decode",
+            "http://127.0.0.1:31021",
+        ])
+        .unwrap();
+        assert!(cfg.pd_disaggregation);
+        let p: Vec<_> = cfg
+            .prefill_specs()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            p,
+            vec![PrefillSpec {
+                url: "http://127.0.0.1:31011".into(),
+                bootstrap_port: Some(38998)
+            }]
+        );
+        assert_eq!(cfg.decode, vec!["http://127.0.0.1:31021".to_string()]);
+        assert_eq!(
+            (cfg.prefill_policy(), cfg.decode_policy()),
+            (PolicyKind::RoundRobin, PolicyKind::RoundRobin)
+        );
+
+        let cfg = resolve(&[
+            "x",
+            "--pd-disaggregation",
+            "--prefill",
+            "http://p1:1",
+            "none",
+            "--prefill",
+            "http://p2:1",
+            "--decode",
+            "http://d1:1",
+            "--decode",
+            "http://d2:1",
+            "--prefill-policy",
+            "random",
+            "--decode-policy",
+            "power_of_two",
+        ])
+        .unwrap();
+        let ports: Vec<_> = cfg
+            .prefill_specs()
+            .into_iter()
+            .map(|p| p.unwrap().bootstrap_port)
+            .collect();
+        assert_eq!(ports, vec![None, None]);
+        assert_eq!(cfg.decode.len(), 2);
+        assert_eq!(
+            (cfg.prefill_policy(), cfg.decode_policy()),
+            (PolicyKind::Random, PolicyKind::PowerOfTwo)
+        );
+        // The TOML form round-trips.
+        let back: ServeConfig = toml::from_str(&cfg.to_toml()).unwrap();
+        assert_eq!(back, cfg);
+
+        for (args, needle) in [
+            (
+                &[
+                    "x",
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://p:1",
+                    "port",
+                ][..],
+                "bootstrap port",
+            ),
+            (
+                &["x", "--prefill", "http://p:1"][..],
+                "need --pd-disaggregation",
+            ),
+            (
+                &[
+                    "x",
+                    "--pd-disaggregation",
+                    "--worker-urls",
+                    "http://w:1",
+                    "--decode",
+                    "http://d:1",
+                ][..],
+                "PD mode",
+            ),
+            (
+                &[
+                    "x",
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://a:1",
+                    "--decode",
+                    "http://a:1",
+                ][..],
+                "listed twice",
+            ),
+            (
+                &["x", "--pd-disaggregation", "--decode", "d:1"][..],
+                "missing scheme",
+            ),
+        ] {
+            let err = resolve(args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -21,6 +21,42 @@ pub enum Side {
     Internal,
 }
 
+/// Which half of a prefill/decode pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdSide {
+    /// The prefill worker.
+    Prefill,
+    /// The decode worker.
+    Decode,
+}
+
+impl PdSide {
+    /// `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdSide::Prefill => "prefill",
+            PdSide::Decode => "decode",
+        }
+    }
+}
+
+impl std::fmt::Display for PdSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one side of a PD pair failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdFailure {
+    /// The connection could not be made.
+    Unavailable,
+    /// It answered a server error, or broke the connection.
+    BadGateway,
+    /// No answer within the request timeout (seconds).
+    Timeout(u64),
+}
+
 /// Everything that can go wrong answering a request.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -64,6 +100,30 @@ pub enum GatewayError {
         /// The timeout.
         secs: u64,
     },
+    /// PD: no ready worker of one side.
+    #[error("no ready {side} worker{}", .model.as_ref().map(|m| format!(" for model '{m}'")).unwrap_or_default())]
+    NoReadyPdWorker {
+        /// The side without a worker.
+        side: PdSide,
+        /// The model asked for.
+        model: Option<String>,
+    },
+    /// PD: one side of the pair failed (the other was cancelled).
+    #[error("{side} worker {}", match .failure {
+        PdFailure::Unavailable => "unreachable".to_string(),
+        PdFailure::BadGateway => "failed".to_string(),
+        PdFailure::Timeout(s) => format!("did not answer within {s}s"),
+    })]
+    PdUpstream {
+        /// Which side.
+        side: PdSide,
+        /// How.
+        failure: PdFailure,
+        /// Worker URL.
+        worker: String,
+        /// Cause (logged, not shown).
+        cause: String,
+    },
     /// No such worker id.
     #[error("no worker with id '{0}'")]
     WorkerNotFound(String),
@@ -96,7 +156,12 @@ impl GatewayError {
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
-            NoReadyWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            NoReadyWorker { .. } | NoReadyPdWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            PdUpstream {
+                failure: PdFailure::Timeout(_),
+                ..
+            } => StatusCode::GATEWAY_TIMEOUT,
+            PdUpstream { .. } => StatusCode::BAD_GATEWAY,
             WorkerUnreachable { .. } => StatusCode::BAD_GATEWAY,
             WorkerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -114,6 +179,24 @@ impl GatewayError {
             ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             NoReadyWorker { .. } => ("service_unavailable_error", "no_ready_worker"),
             WorkerUnreachable { .. } => ("upstream_error", "worker_unreachable"),
+            NoReadyPdWorker { side, .. } => (
+                "service_unavailable_error",
+                match side {
+                    PdSide::Prefill => "no_ready_prefill_worker",
+                    PdSide::Decode => "no_ready_decode_worker",
+                },
+            ),
+            PdUpstream { side, failure, .. } => (
+                "upstream_error",
+                match (side, failure) {
+                    (PdSide::Prefill, PdFailure::Unavailable) => "prefill_unavailable",
+                    (PdSide::Prefill, PdFailure::BadGateway) => "prefill_bad_gateway",
+                    (PdSide::Prefill, PdFailure::Timeout(_)) => "prefill_timeout",
+                    (PdSide::Decode, PdFailure::Unavailable) => "decode_unavailable",
+                    (PdSide::Decode, PdFailure::BadGateway) => "decode_bad_gateway",
+                    (PdSide::Decode, PdFailure::Timeout(_)) => "decode_timeout",
+                },
+            ),
             WorkerTimeout { .. } => ("upstream_error", "worker_timeout"),
             WorkerNotFound(_) => ("not_found_error", "worker_not_found"),
             InvalidWorker(_) => ("invalid_request_error", "invalid_worker"),
@@ -166,6 +249,12 @@ impl IntoResponse for GatewayError {
                 tracing::warn!(%worker, %cause, "worker unreachable")
             }
             Self::WorkerTimeout { worker, secs } => tracing::warn!(%worker, secs, "worker timeout"),
+            Self::PdUpstream {
+                side,
+                worker,
+                cause,
+                ..
+            } => tracing::warn!(%side, %worker, %cause, "PD request failed"),
             Self::Internal(cause) => tracing::error!(%cause, "internal error"),
             Self::ClientBody(cause) => tracing::debug!(%cause, "client body read failed"),
             other => tracing::debug!(status = status.as_u16(), error = %other, "request refused"),
@@ -226,6 +315,44 @@ mod tests {
                 "worker_exists",
             ),
             (GatewayError::MethodNotAllowed, 405, "method_not_allowed"),
+            (
+                GatewayError::PdUpstream {
+                    side: PdSide::Prefill,
+                    failure: PdFailure::Unavailable,
+                    worker: "p".into(),
+                    cause: "secret refused".into(),
+                },
+                502,
+                "prefill_unavailable",
+            ),
+            (
+                GatewayError::PdUpstream {
+                    side: PdSide::Decode,
+                    failure: PdFailure::BadGateway,
+                    worker: "d".into(),
+                    cause: "secret 500".into(),
+                },
+                502,
+                "decode_bad_gateway",
+            ),
+            (
+                GatewayError::PdUpstream {
+                    side: PdSide::Decode,
+                    failure: PdFailure::Timeout(3),
+                    worker: "d".into(),
+                    cause: "secret".into(),
+                },
+                504,
+                "decode_timeout",
+            ),
+            (
+                GatewayError::NoReadyPdWorker {
+                    side: PdSide::Prefill,
+                    model: None,
+                },
+                503,
+                "no_ready_prefill_worker",
+            ),
         ];
         for (e, status, code) in cases {
             assert_eq!(e.status().as_u16(), status);

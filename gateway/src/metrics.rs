@@ -11,6 +11,7 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::error::{PdFailure, PdSide};
 use crate::workers::Registry;
 
 /// Request duration buckets (seconds, to the response head).
@@ -105,16 +106,25 @@ impl Route {
     }
 }
 
+/// PD failure kinds (the `kind` label).
+const PD_KINDS: [&str; 4] = ["unavailable", "bad_gateway", "timeout", "client_error"];
+
 struct Handles {
     requests: [[OnceLock<Counter>; STATUS_LABELS.len()]; ROUTES],
     durations: [OnceLock<Histogram>; ROUTES],
     retries: OnceLock<Counter>,
+    pd_requests: [OnceLock<Counter>; ROUTES],
+    pd_failures: [[OnceLock<Counter>; PD_KINDS.len()]; 2],
+    pd_first_byte: OnceLock<Histogram>,
 }
 
 static HANDLES: Handles = Handles {
     requests: [const { [const { OnceLock::new() }; STATUS_LABELS.len()] }; ROUTES],
     durations: [const { OnceLock::new() }; ROUTES],
     retries: OnceLock::new(),
+    pd_requests: [const { OnceLock::new() }; ROUTES],
+    pd_failures: [const { [const { OnceLock::new() }; PD_KINDS.len()] }; 2],
+    pd_first_byte: OnceLock::new(),
 };
 
 /// Records one answered request: count by route and status, duration to the response head.
@@ -144,6 +154,44 @@ pub fn retry() {
         .increment(1);
 }
 
+/// Records one request routed in PD mode (a prefill and a decode worker).
+#[inline]
+pub fn pd_request(route: Route) {
+    let r = route as usize;
+    HANDLES.pd_requests[r]
+        .get_or_init(
+            || metrics::counter!("moongate_gateway_pd_requests_total", "route" => ROUTE_LABELS[r]),
+        )
+        .increment(1);
+}
+
+/// Records a PD request that failed on `side`: `failure` is `None` for a client error the
+/// worker answered (4xx, passed through).
+pub fn pd_failure(side: PdSide, failure: Option<PdFailure>) {
+    let s = side as usize;
+    let k = match failure {
+        Some(PdFailure::Unavailable) => 0,
+        Some(PdFailure::BadGateway) => 1,
+        Some(PdFailure::Timeout(_)) => 2,
+        None => 3,
+    };
+    HANDLES.pd_failures[s][k]
+        .get_or_init(|| {
+            metrics::counter!("moongate_gateway_pd_failures_total",
+                "side" => side.as_str(), "kind" => PD_KINDS[k])
+        })
+        .increment(1);
+}
+
+/// Records the time from dispatching a PD pair to the first byte of decode's answer.
+#[inline]
+pub fn pd_decode_first_byte(elapsed: Duration) {
+    HANDLES
+        .pd_first_byte
+        .get_or_init(|| metrics::histogram!("moongate_gateway_pd_decode_first_byte_seconds"))
+        .record(elapsed.as_secs_f64());
+}
+
 /// Renders all metrics, with the per-worker gauges refreshed from `registry`.
 pub fn render(handle: &PrometheusHandle, registry: &Registry) -> String {
     let set = registry.snapshot();
@@ -153,6 +201,7 @@ pub fn render(handle: &PrometheusHandle, registry: &Registry) -> String {
             ("worker_type", w.worker_type().as_str().to_string()),
         ];
         metrics::gauge!("moongate_gateway_worker_in_flight", &labels).set(w.load() as f64);
+        metrics::counter!("moongate_gateway_worker_failures_total", &labels).absolute(w.failures());
         metrics::gauge!("moongate_gateway_worker_ready", &labels).set(if w.is_available() {
             1.0
         } else {

@@ -13,7 +13,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -87,6 +87,19 @@ pub struct Knobs {
     pub chunk_delay_ms: AtomicUsize,
     /// Milliseconds before the response head.
     pub head_delay_ms: AtomicUsize,
+    /// Status of inference answers (non-2xx answers carry `{"error":{"message"}}`).
+    pub status: AtomicU16,
+    /// A streamed answer breaks (the connection is cut) after this many chunks.
+    pub break_after: AtomicUsize,
+}
+
+/// A scripted answer: the JSON body of a non-streamed answer, the events of a stream.
+#[derive(Debug, Clone, Default)]
+pub struct Reply {
+    /// The whole answer.
+    pub json: Option<serde_json::Value>,
+    /// The `data:` events of a streamed answer (`[DONE]` is appended).
+    pub events: Option<Vec<serde_json::Value>>,
 }
 
 struct Shared {
@@ -94,6 +107,24 @@ struct Shared {
     model: String,
     knobs: Knobs,
     seen: Mutex<Vec<Seen>>,
+    reply: Mutex<Reply>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts an inference request in flight until its answer ended or was dropped.
+struct Flight(Arc<AtomicUsize>);
+
+impl Flight {
+    fn new(c: &Arc<AtomicUsize>) -> Self {
+        c.fetch_add(1, Ordering::SeqCst);
+        Self(c.clone())
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A scripted backend on a real socket (see the crate doc).
@@ -115,8 +146,12 @@ impl Backend {
                 chunks: AtomicUsize::new(4),
                 chunk_delay_ms: AtomicUsize::new(0),
                 head_delay_ms: AtomicUsize::new(0),
+                status: AtomicU16::new(200),
+                break_after: AtomicUsize::new(usize::MAX),
             },
             seen: Mutex::new(Vec::new()),
+            reply: Mutex::new(Reply::default()),
+            in_flight: Arc::new(AtomicUsize::new(0)),
         });
         let app = Router::new()
             .route("/health", get(health))
@@ -124,6 +159,8 @@ impl Backend {
             .route("/v1/chat/completions", post(infer))
             .route("/v1/completions", post(infer))
             .route("/generate", post(infer))
+            .route("/get_server_info", get(info))
+            .route("/get_model_info", get(info))
             .with_state(shared.clone());
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -159,6 +196,16 @@ impl Backend {
         self.shared.seen.lock().len()
     }
 
+    /// Inference requests whose answer has not ended (nor been dropped by the client).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Scripts the answers (JSON body, stream events) from now on.
+    pub fn reply(&self, reply: Reply) {
+        *self.shared.reply.lock() = reply;
+    }
+
     /// Stops listening (idle connections close; new connections are refused).
     pub fn kill(&self) {
         self.stop.cancel();
@@ -178,7 +225,12 @@ async fn models(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
+async fn info(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({"worker": s.name, "model_path": s.model})).into_response()
+}
+
 async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let flight = Flight::new(&s.in_flight);
     let (parts, body) = req.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
@@ -200,15 +252,32 @@ async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
     if head_delay > 0 {
         tokio::time::sleep(Duration::from_millis(head_delay as u64)).await;
     }
+    let status = s.knobs.status.load(Ordering::Relaxed);
+    if status != 200 {
+        let body = serde_json::json!({"error": {"message": format!("scripted {status}")}});
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (status, axum::Json(body)).into_response();
+    }
+    let reply = s.reply.lock().clone();
     if !stream {
-        let v = serde_json::json!({"worker": s.name, "model": s.model, "body_len": body.len()});
+        let v = reply.json.unwrap_or_else(
+            || serde_json::json!({"worker": s.name, "model": s.model, "body_len": body.len()}),
+        );
         return axum::Json(v).into_response();
     }
     let n = s.knobs.chunks.load(Ordering::Relaxed);
+    let break_after = s.knobs.break_after.load(Ordering::Relaxed);
     let delay = Duration::from_millis(s.knobs.chunk_delay_ms.load(Ordering::Relaxed) as u64);
     let name = s.name.clone();
-    let frames = futures::stream::unfold(0usize, move |i| {
-        let name = name.clone();
+    let lines: Vec<String> = match reply.events {
+        Some(events) => events.iter().map(|e| format!("data: {e}\n\n")).collect(),
+        None => (0..n)
+            .map(|i| format!("data: {{\"worker\":\"{name}\",\"i\":{i}}}\n\n"))
+            .collect(),
+    };
+    let n = lines.len();
+    let frames = futures::stream::unfold((0usize, flight), move |(i, flight)| {
+        let line = lines.get(i).cloned();
         async move {
             if i > n {
                 return None;
@@ -216,12 +285,13 @@ async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
             if i > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let line = if i == n {
-                "data: [DONE]\n\n".to_string()
-            } else {
-                format!("data: {{\"worker\":\"{name}\",\"i\":{i}}}\n\n")
-            };
-            Some((Ok::<_, std::io::Error>(Bytes::from(line)), i + 1))
+            if i >= break_after {
+                let cut =
+                    std::io::Error::new(std::io::ErrorKind::ConnectionReset, "scripted break");
+                return Some((Err(cut), (n + 1, flight)));
+            }
+            let line = line.unwrap_or_else(|| "data: [DONE]\n\n".to_string());
+            Some((Ok::<_, std::io::Error>(Bytes::from(line)), (i + 1, flight)))
         }
     });
     Response::builder()

@@ -86,13 +86,17 @@ impl Dispatcher {
         Box::pin(tokio::time::sleep(self.timeout))
     }
 
-    /// Sends `out` to `worker`, waiting for the response head until `deadline`.
-    pub async fn send(
+    /// The pooled client.
+    pub fn client(&self) -> &HttpClient {
+        &self.client
+    }
+
+    /// The upstream request for `out` on `worker` (see the module doc).
+    pub fn build(
         &self,
         worker: &Worker,
         out: &Outgoing<'_>,
-        deadline: &mut Pin<Box<Sleep>>,
-    ) -> Result<Response<Incoming>, DispatchError> {
+    ) -> Result<Request<Full<Bytes>>, DispatchError> {
         let uri = worker
             .url()
             .join_pq(out.path_and_query.clone())
@@ -119,21 +123,35 @@ impl Dispatcher {
         if let Some(b) = bearer {
             out.insert(header::AUTHORIZATION, (*b).clone());
         }
+        Ok(req)
+    }
+
+    /// Sends `out` to `worker`, waiting for the response head until `deadline`.
+    pub async fn send(
+        &self,
+        worker: &Worker,
+        out: &Outgoing<'_>,
+        deadline: &mut Pin<Box<Sleep>>,
+    ) -> Result<Response<Incoming>, DispatchError> {
+        let req = self.build(worker, out)?;
         tokio::select! {
             biased;
-            r = self.client.request(req) => r.map_err(|e| {
-                if e.is_connect() {
-                    DispatchError::Connect(describe(&e))
-                } else {
-                    DispatchError::Failed(describe(&e))
-                }
-            }),
+            r = self.client.request(req) => r.map_err(DispatchError::from_client),
             _ = deadline.as_mut() => Err(DispatchError::Timeout),
         }
     }
 }
 
 impl DispatchError {
+    /// Classifies a client error: nothing sent (connect) or failed after sending.
+    pub fn from_client(e: hyper_util::client::legacy::Error) -> Self {
+        if e.is_connect() {
+            DispatchError::Connect(describe(&e))
+        } else {
+            DispatchError::Failed(describe(&e))
+        }
+    }
+
     /// The client-facing error for a failure on `worker`.
     pub fn into_gateway_error(self, worker: &Worker, timeout: Duration) -> GatewayError {
         let worker = worker.url().as_str().to_string();

@@ -24,7 +24,9 @@ pub struct RoutingFields<'a> {
 }
 
 /// `Option<Cow<str>>` that borrows when it can (serde's own `Cow` impl always copies).
-fn borrowed_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+pub(crate) fn borrowed_str<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Cow<'de, str>>, D::Error> {
     struct V;
     impl<'de> serde::de::Visitor<'de> for V {
         type Value = Option<Cow<'de, str>>;
@@ -112,6 +114,13 @@ where
 
 /// Parses the routing fields of a JSON object body.
 pub fn routing_fields(body: &[u8]) -> Result<RoutingFields<'_>, GatewayError> {
+    routing_fields_as(body)
+}
+
+/// Parses the fields `T` names from a JSON object body: 400 with the parser's message
+/// when it is not JSON, 400 `invalid_request` when it is not an object or a named field
+/// has the wrong type.
+pub fn routing_fields_as<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, GatewayError> {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         Some(_) => {

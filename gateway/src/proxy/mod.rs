@@ -4,12 +4,12 @@
 //! [`dispatch`] (send over the pooled client, retry elsewhere if the worker cannot be
 //! reached) -> [`respond`] (relay the response, release the load guard at body end).
 //!
-//! [`RegularRouter`] composes them for regular workers. A PD router slots in beside it with
-//! the same input ([`Inbound`]) and the same pieces: `select` twice (prefill, decode), its
-//! own rewrite, `dispatch` to both, `respond` with decode's response.
+//! [`RegularRouter`] composes them for regular workers; [`pd::PdRouter`] for prefill/decode
+//! pairs (`select` twice, the bootstrap rewrite, `dispatch` to both, decode's response).
 
 pub mod dispatch;
 pub mod inspect;
+pub mod pd;
 pub mod respond;
 
 use std::sync::Arc;
@@ -137,7 +137,7 @@ impl RegularRouter {
                     let retry = matches!(e, DispatchError::Connect(_))
                         && (failed.len() as u32) < self.max_retries;
                     if matches!(e, DispatchError::Connect(_) | DispatchError::Failed(_)) {
-                        worker.request_probe();
+                        worker.record_failure();
                     }
                     let err = e.into_gateway_error(&worker, self.dispatcher.timeout());
                     if !retry {

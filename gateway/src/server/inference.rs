@@ -11,10 +11,16 @@ use openapi::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
 use openapi::openai::completions::{CompletionRequest, CompletionResponse};
 use openapi::openai::{ModelCard, ModelList};
 use openapi::sglang::GenerateRequest;
+use openapi::sglang::server::{ModelInfo, ServerInfo};
+use openapi::workers::WorkerType;
+use std::time::Duration;
 
 use super::AppState;
+use crate::error::{GatewayError, PdSide};
 use crate::proxy::dispatch::X_REQUEST_ID;
 use crate::proxy::inspect::{read_body, routing_fields};
+use crate::proxy::pd::PdInbound;
+use crate::proxy::pd::fields::pd_fields;
 use crate::proxy::{Endpoint, Inbound};
 use crate::request_id;
 
@@ -34,6 +40,23 @@ where
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
+    if let Some(pd) = st.pd_router() {
+        let fields = match pd_fields(&body) {
+            Ok(f) => f,
+            Err(e) => return e.into_response(),
+        };
+        let inbound = PdInbound {
+            endpoint,
+            parts: &parts,
+            body: body.clone(),
+            fields,
+            request_id,
+        };
+        return match pd.route(inbound).await {
+            Ok(resp) => resp,
+            Err(e) => e.into_response(),
+        };
+    }
     let fields = match routing_fields(&body) {
         Ok(f) => f,
         Err(e) => return e.into_response(),
@@ -122,4 +145,73 @@ pub async fn models(State(st): State<AppState>) -> Json<ModelList> {
         })
         .collect();
     Json(ModelList::new(data))
+}
+
+/// SGLang's `/get_server_info` of a worker: a prefill worker in PD mode (as sglang-router
+/// answers it), else a regular one.
+#[utoipa::path(get, path = "/get_server_info", tag = "inference",
+    responses(
+        (status = 200, description = "The worker's server info, as it answered", body = ServerInfo),
+        (status = 502, description = "Worker unreachable", body = ErrorResponse),
+        (status = 503, description = "No ready worker", body = ErrorResponse),
+    ))]
+pub async fn server_info(State(st): State<AppState>) -> Response {
+    from_one_worker(&st, "/get_server_info").await
+}
+
+/// SGLang's `/get_model_info` of a worker (a prefill worker in PD mode).
+#[utoipa::path(get, path = "/get_model_info", tag = "inference",
+    responses(
+        (status = 200, description = "The worker's model info, as it answered", body = ModelInfo),
+        (status = 502, description = "Worker unreachable", body = ErrorResponse),
+        (status = 503, description = "No ready worker", body = ErrorResponse),
+    ))]
+pub async fn model_info(State(st): State<AppState>) -> Response {
+    from_one_worker(&st, "/get_model_info").await
+}
+
+/// `GET path` on the first ready worker of the mode's answering type, relayed.
+async fn from_one_worker(st: &AppState, path: &str) -> Response {
+    let pd = st.pd_router().is_some();
+    let kind = if pd {
+        WorkerType::Prefill
+    } else {
+        WorkerType::Regular
+    };
+    let Some(worker) = st.registry().first_available(kind) else {
+        let e = if pd {
+            GatewayError::NoReadyPdWorker {
+                side: PdSide::Prefill,
+                model: None,
+            }
+        } else {
+            GatewayError::NoReadyWorker { model: None }
+        };
+        return e.into_response();
+    };
+    let uri = match worker.url().join(path) {
+        Ok(u) => u,
+        Err(e) => return GatewayError::Internal(e.to_string()).into_response(),
+    };
+    let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
+    let bearer = worker.bearer();
+    match st.client().get_small(uri, bearer.as_deref(), timeout).await {
+        Ok((status, body)) => {
+            let mut resp = Response::new(axum::body::Body::from(body));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(cause) => {
+            worker.record_failure();
+            GatewayError::WorkerUnreachable {
+                worker: worker.url().as_str().to_string(),
+                cause,
+            }
+            .into_response()
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! description, and the front door.
 //!
 //! - [`front`]: the one middleware stack (request id, metrics) and the inference fast path.
-//! - [`inference`]: the proxied OpenAI/SGLang routes and `/v1/models`.
+//! - [`inference`]: the proxied OpenAI/SGLang routes, `/v1/models`, and a worker's
+//!   `/get_server_info` / `/get_model_info`.
 //! - [`admin`]: the worker API (`/workers`).
 //! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`, `/openapi.json`.
 //!
@@ -32,6 +33,7 @@ use crate::error::GatewayError;
 use crate::metrics;
 use crate::proxy::RegularRouter;
 use crate::proxy::dispatch::Dispatcher;
+use crate::proxy::pd::PdRouter;
 use crate::select::Policy;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
@@ -45,6 +47,7 @@ struct Inner {
     config: ServeConfig,
     manager: WorkerManager,
     router: RegularRouter,
+    pd: Option<PdRouter>,
     client: HttpClient,
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
@@ -64,28 +67,41 @@ impl AppState {
         } else {
             config.retry_max_retries
         };
-        let router = RegularRouter::new(
-            registry,
-            Policy::new(config.policy),
-            Dispatcher::new(
-                client.clone(),
-                Duration::from_secs(config.request_timeout_secs),
-            ),
-            retries,
+        let dispatcher = Dispatcher::new(
+            client.clone(),
+            Duration::from_secs(config.request_timeout_secs),
         );
+        let pd = config.pd_disaggregation.then(|| {
+            PdRouter::new(
+                registry.clone(),
+                Policy::new(config.prefill_policy()),
+                Policy::new(config.decode_policy()),
+                dispatcher.clone(),
+                retries,
+            )
+        });
+        let router = RegularRouter::new(registry, Policy::new(config.policy), dispatcher, retries);
         Self(Arc::new(Inner {
             config,
             manager,
             router,
+            pd,
             client,
             prometheus,
             cancel,
         }))
     }
 
-    /// Registers the configured `--worker-urls`.
+    /// Registers the configured workers: `--worker-urls`, or in PD mode `--prefill` and
+    /// `--decode`.
     pub fn add_static_workers(&self) -> Result<(), crate::workers::manager::AddError> {
-        self.0.manager.add_static(&self.0.config.worker_urls)
+        let cfg = &self.0.config;
+        self.0.manager.add_static(&cfg.worker_urls)?;
+        let mut prefill = Vec::with_capacity(cfg.prefill.len());
+        for spec in cfg.prefill_specs() {
+            prefill.push(spec.map_err(crate::workers::manager::AddError::Invalid)?);
+        }
+        self.0.manager.add_static_pd(&prefill, &cfg.decode)
     }
 
     /// The configuration.
@@ -106,6 +122,11 @@ impl AppState {
     /// The regular-mode router.
     pub fn router(&self) -> &RegularRouter {
         &self.0.router
+    }
+
+    /// The PD router, in PD mode (`--pd-disaggregation`).
+    pub fn pd_router(&self) -> Option<&PdRouter> {
+        self.0.pd.as_ref()
     }
 
     /// The pooled upstream client (for routers added beside the regular one).
@@ -143,6 +164,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(inference::completions))
         .routes(routes!(inference::generate))
         .routes(routes!(inference::models))
+        .routes(routes!(inference::server_info))
+        .routes(routes!(inference::model_info))
         .routes(routes!(admin::list_workers, admin::create_worker))
         .routes(routes!(
             admin::get_worker,

@@ -10,7 +10,8 @@ use openapi::error::ErrorResponse;
 use openapi::workers::HealthStatus;
 
 use super::AppState;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, PdSide};
+use openapi::workers::WorkerType;
 
 fn status(st: &AppState, word: &str) -> HealthStatus {
     let (ready, total) = st.registry().counts();
@@ -35,13 +36,24 @@ pub async fn liveness(State(st): State<AppState>) -> Json<HealthStatus> {
     Json(status(&st, "alive"))
 }
 
-/// Ready when at least one worker is ready; 503 until then.
+/// Ready when at least one worker is ready (in PD mode: one prefill and one decode
+/// worker); 503 until then.
 #[utoipa::path(get, path = "/readiness", tag = "ops",
     responses(
-        (status = 200, description = "At least one worker is ready", body = HealthStatus),
-        (status = 503, description = "No ready worker", body = ErrorResponse),
+        (status = 200, description = "At least one worker is ready (PD: a prefill and a decode worker)", body = HealthStatus),
+        (status = 503, description = "No ready worker (PD: `no_ready_prefill_worker` or `no_ready_decode_worker`)", body = ErrorResponse),
     ))]
 pub async fn readiness(State(st): State<AppState>) -> Response {
+    if st.pd_router().is_some() {
+        for (side, kind) in [
+            (PdSide::Prefill, WorkerType::Prefill),
+            (PdSide::Decode, WorkerType::Decode),
+        ] {
+            if st.registry().first_available(kind).is_none() {
+                return GatewayError::NoReadyPdWorker { side, model: None }.into_response();
+            }
+        }
+    }
     let s = status(&st, "ready");
     if s.ready_workers == 0 {
         return GatewayError::NoReadyWorker { model: None }.into_response();

@@ -11,7 +11,7 @@ use super::health::{self, HealthConfig, HttpProbe};
 use super::registry::Duplicate;
 use super::{DEFAULT_PRIORITY, Registry, UrlError, Worker, WorkerSpec, WorkerUrl};
 use crate::client::HttpClient;
-use crate::config::ServeConfig;
+use crate::config::{PrefillSpec, ServeConfig};
 
 /// Why a worker could not be registered.
 #[derive(Debug, thiserror::Error)]
@@ -174,16 +174,39 @@ impl WorkerManager {
     /// Registers the static `--worker-urls` (regular workers).
     pub fn add_static(&self, urls: &[String]) -> Result<(), AddError> {
         for url in urls {
-            self.add(CreateWorkerRequest {
-                url: url.clone(),
-                worker_type: WorkerType::Regular,
-                bootstrap_port: None,
-                model_id: None,
-                api_key: None,
-                labels: Default::default(),
-                priority: None,
-            })?;
+            self.add(static_worker(url, WorkerType::Regular, None))?;
         }
         Ok(())
+    }
+
+    /// Registers the static `--prefill` and `--decode` workers (PD mode).
+    pub fn add_static_pd(
+        &self,
+        prefill: &[PrefillSpec],
+        decode: &[String],
+    ) -> Result<(), AddError> {
+        for p in prefill {
+            self.add(static_worker(&p.url, WorkerType::Prefill, p.bootstrap_port))?;
+        }
+        for url in decode {
+            self.add(static_worker(url, WorkerType::Decode, None))?;
+        }
+        Ok(())
+    }
+}
+
+fn static_worker(
+    url: &str,
+    worker_type: WorkerType,
+    bootstrap_port: Option<u16>,
+) -> CreateWorkerRequest {
+    CreateWorkerRequest {
+        url: url.to_string(),
+        worker_type,
+        bootstrap_port,
+        model_id: None,
+        api_key: None,
+        labels: Default::default(),
+        priority: None,
     }
 }

@@ -15,7 +15,7 @@ pub mod registry;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
@@ -155,6 +155,7 @@ pub struct Worker {
     model: ArcSwapOption<String>,
     status: AtomicU8,
     in_flight: AtomicUsize,
+    failures: AtomicU64,
     draining: AtomicBool,
     own_key: AtomicBool,
     bearer: ArcSwapOption<HeaderValue>,
@@ -183,6 +184,7 @@ impl Worker {
             model: ArcSwapOption::new(spec.model_id.map(Arc::new)),
             status: AtomicU8::new(PENDING),
             in_flight: AtomicUsize::new(0),
+            failures: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             own_key: AtomicBool::new(false),
             bearer: ArcSwapOption::empty(),
@@ -267,6 +269,18 @@ impl Worker {
     #[inline]
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Charges one failed request to this worker (it could not be reached, answered a
+    /// server error, broke the connection or timed out) and asks for a health probe.
+    pub fn record_failure(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.request_probe();
+    }
+
+    /// Requests charged to this worker as failed since it was registered.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Being removed.

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Guard};
 use parking_lot::Mutex;
 
+use openapi::workers::WorkerType;
+
 use super::Worker;
 
 /// The set of workers.
@@ -89,6 +91,14 @@ impl Registry {
         models.sort_unstable();
         models.dedup();
         models
+    }
+
+    /// The first available worker of `worker_type`.
+    pub fn first_available(&self, worker_type: WorkerType) -> Option<Arc<Worker>> {
+        self.snapshot()
+            .iter()
+            .find(|w| w.worker_type() == worker_type && w.is_available())
+            .cloned()
     }
 
     /// `(available, total)` worker counts.

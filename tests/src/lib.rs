@@ -20,7 +20,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{self, get};
 use bytes::Bytes;
 use gateway::config::ServeConfig;
 use gateway::serve::Gateway;
@@ -156,9 +156,9 @@ impl Backend {
         let app = Router::new()
             .route("/health", get(health))
             .route("/v1/models", get(models))
-            .route("/v1/chat/completions", post(infer))
-            .route("/v1/completions", post(infer))
-            .route("/generate", post(infer))
+            .route("/v1/chat/completions", routing::post(infer))
+            .route("/v1/completions", routing::post(infer))
+            .route("/generate", routing::post(infer))
             .route("/get_server_info", get(info))
             .route("/get_model_info", get(info))
             .with_state(shared.clone());
@@ -325,4 +325,30 @@ pub async fn post_json(
         .json()
         .await
         .expect("JSON body")
+}
+
+/// `POST url` with a JSON body (panics on a transport error).
+pub async fn post(c: &reqwest::Client, url: &str, body: &serde_json::Value) -> reqwest::Response {
+    c.post(url).json(body).send().await.expect("POST")
+}
+
+/// `GET url`, the body as text (panics on a transport error).
+pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("text body")
+}
+
+/// The JSON `data:` events of an SSE body, without the final `[DONE]` (panics on an
+/// event that is not JSON).
+pub fn sse_json(text: &str) -> Vec<serde_json::Value> {
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).expect("JSON event"))
+        .collect()
 }

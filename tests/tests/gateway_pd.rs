@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use gateway::config::ServeConfig;
 use gateway::serve::Gateway;
-use moongate_tests::{Backend, Reply, eventually, fast_config, start_gateway};
+use moongate_tests::{
+    Backend, Reply, eventually, fast_config, get_text, post, sse_json, start_gateway,
+};
 use serde_json::{Value, json};
 
 /// A PD gateway in front of `prefill` (with bootstrap ports) and `decode` URLs.
@@ -34,6 +36,17 @@ async fn pd_gateway(
     tweak(&mut cfg);
     cfg.validate().expect("valid PD config");
     start_gateway(cfg).await
+}
+
+/// A scripted prefill (bootstrap port 8998) and decode behind a ready PD gateway.
+async fn pair(
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> (Backend, Backend, Gateway, reqwest::Client) {
+    let p = Backend::start("prefill", "m").await;
+    let d = Backend::start("decode", "m").await;
+    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], tweak).await;
+    ready(&gw, 2).await;
+    (p, d, gw, reqwest::Client::new())
 }
 
 async fn ready(gw: &Gateway, n: usize) {
@@ -62,11 +75,7 @@ fn failures(gw: &Gateway, url: &str) -> u64 {
 
 #[tokio::test]
 async fn both_sides_get_the_bootstrap_fields_and_decode_answers() {
-    let p = Backend::start("prefill", "m").await;
-    let d = Backend::start("decode", "m").await;
-    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], |_| {}).await;
-    ready(&gw, 2).await;
-    let c = reqwest::Client::new();
+    let (p, d, gw, c) = pair(|_| {}).await;
     let base = gw.url();
 
     // The original bytes, with unknown fields and an escape, plus the three fields.
@@ -97,25 +106,18 @@ async fn both_sides_get_the_bootstrap_fields_and_decode_answers() {
     assert_eq!(sent["text"], "hi \"you\"");
 
     // A second request gets a new room.
-    let r = c
-        .post(format!("{base}/generate"))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{base}/generate"), &json!({"text": "x"})).await;
     assert_eq!(r.status(), 200);
     assert_ne!(super_room(&p, 0), super_room(&p, 1));
 
     // A stream: decode's events, in order, to [DONE].
     d.knobs().chunks.store(5, Ordering::Relaxed);
-    let r = c
-        .post(format!("{base}/v1/chat/completions"))
-        .json(
-            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        &format!("{base}/v1/chat/completions"),
+        &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let text = r.text().await.unwrap();
@@ -131,14 +133,7 @@ async fn both_sides_get_the_bootstrap_fields_and_decode_answers() {
         gw.state().registry().list().iter().all(|w| w.load() == 0)
     })
     .await;
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{base}/metrics")).await;
     // (The recorder is shared by every test of this binary: counts are at least ours.)
     assert!(
         metrics.contains(r#"moongate_gateway_pd_requests_total{route="generate"}"#),
@@ -185,12 +180,7 @@ async fn batches_get_one_room_per_item_with_the_same_host_and_port() {
         ),
     ];
     for (path, body, batch) in cases {
-        let r = c
-            .post(format!("{}{path}", gw.url()))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = post(&c, &format!("{}{path}", gw.url()), &body).await;
         assert_eq!(r.status(), 200, "{path} {body}");
         let s = sent(&d);
         assert_eq!(sent(&p), s, "{path}: both sides get the same fields");
@@ -233,21 +223,12 @@ async fn batches_get_one_room_per_item_with_the_same_host_and_port() {
 
 #[tokio::test]
 async fn a_failing_prefill_cancels_decode_and_is_named() {
-    let p = Backend::start("prefill", "m").await;
-    let d = Backend::start("decode", "m").await;
-    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], |_| {}).await;
-    ready(&gw, 2).await;
-    let c = reqwest::Client::new();
+    let (p, d, gw, c) = pair(|_| {}).await;
     // Decode waits (for KV that will not come); prefill answers 500 at once.
     d.knobs().head_delay_ms.store(10_000, Ordering::Relaxed);
     p.knobs().status.store(500, Ordering::Relaxed);
     let start = Instant::now();
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     let v = expect_error(r, 502, "prefill_bad_gateway").await;
     assert!(
         !v["error"]["message"].as_str().unwrap().contains("scripted"),
@@ -263,26 +244,14 @@ async fn a_failing_prefill_cancels_decode_and_is_named() {
 
     // A prefill client error is the client's: passed through, nobody charged.
     p.knobs().status.store(400, Ordering::Relaxed);
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["message"], "scripted 400");
     assert_eq!(failures(&gw, &p.url()), 1);
     eventually("decode's request cancelled", || d.in_flight() == 0).await;
 
-    let metrics = c
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{}/metrics", gw.url())).await;
     assert!(
         metrics
             .contains(r#"moongate_gateway_pd_failures_total{side="prefill",kind="bad_gateway"}"#),
@@ -293,19 +262,15 @@ async fn a_failing_prefill_cancels_decode_and_is_named() {
 
 #[tokio::test]
 async fn a_failing_decode_cancels_prefill_and_is_named() {
-    let p = Backend::start("prefill", "m").await;
-    let d = Backend::start("decode", "m").await;
-    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], |_| {}).await;
-    ready(&gw, 2).await;
-    let c = reqwest::Client::new();
+    let (p, d, gw, c) = pair(|_| {}).await;
     p.knobs().head_delay_ms.store(10_000, Ordering::Relaxed);
     d.knobs().status.store(503, Ordering::Relaxed);
-    let r = c
-        .post(format!("{}/v1/completions", gw.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        &format!("{}/v1/completions", gw.url()),
+        &json!({"prompt": "x"}),
+    )
+    .await;
     expect_error(r, 502, "decode_bad_gateway").await;
     eventually("prefill's request cancelled", || p.in_flight() == 0).await;
     assert_eq!((failures(&gw, &p.url()), failures(&gw, &d.url())), (0, 1));
@@ -329,12 +294,7 @@ async fn unreachable_sides_are_named_and_retried_on_a_new_pair() {
     // Round robin sends one of the two requests to the dead decode first: it is retried on
     // the live one, with a new room; the client never sees the failure.
     for _ in 0..2 {
-        let r = c
-            .post(format!("{}/generate", gw.url()))
-            .json(&json!({"text": "x"}))
-            .send()
-            .await
-            .unwrap();
+        let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.json::<Value>().await.unwrap()["worker"], "decode");
     }
@@ -349,12 +309,7 @@ async fn unreachable_sides_are_named_and_retried_on_a_new_pair() {
     })
     .await;
     ready(&gw, 2).await;
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     expect_error(r, 502, "decode_unavailable").await;
     gw.shutdown().await;
     let gw = pd_gateway(&[(&dead_url, Some(1))], &[&d.url()], |c| {
@@ -362,12 +317,7 @@ async fn unreachable_sides_are_named_and_retried_on_a_new_pair() {
     })
     .await;
     ready(&gw, 2).await;
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     expect_error(r, 502, "prefill_unavailable").await;
     gw.shutdown().await;
 }
@@ -383,20 +333,10 @@ async fn timeouts_name_the_side_that_did_not_answer() {
     ready(&gw, 2).await;
     let c = reqwest::Client::new();
     d.knobs().head_delay_ms.store(3_000, Ordering::Relaxed);
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     expect_error(r, 504, "decode_timeout").await;
     p.knobs().head_delay_ms.store(3_000, Ordering::Relaxed);
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     expect_error(r, 504, "prefill_timeout").await;
     eventually("both cancelled", || {
         p.in_flight() == 0 && d.in_flight() == 0
@@ -407,21 +347,18 @@ async fn timeouts_name_the_side_that_did_not_answer() {
 
 #[tokio::test]
 async fn a_prefill_breaking_mid_stream_ends_decodes_stream_with_an_error_event() {
-    let p = Backend::start("prefill", "m").await;
-    let d = Backend::start("decode", "m").await;
-    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], |_| {}).await;
-    ready(&gw, 2).await;
+    let (p, d, gw, c) = pair(|_| {}).await;
     p.knobs().chunk_delay_ms.store(100, Ordering::Relaxed);
     p.knobs().break_after.store(2, Ordering::Relaxed);
     d.knobs().chunks.store(100, Ordering::Relaxed);
     d.knobs().chunk_delay_ms.store(50, Ordering::Relaxed);
     let start = Instant::now();
-    let r = reqwest::Client::new()
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x", "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        &format!("{}/generate", gw.url()),
+        &json!({"text": "x", "stream": true}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let mut body = r.bytes_stream();
     let mut text = String::new();
@@ -441,11 +378,7 @@ async fn a_prefill_breaking_mid_stream_ends_decodes_stream_with_an_error_event()
 
 #[tokio::test]
 async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
-    let p = Backend::start("prefill", "m").await;
-    let d = Backend::start("decode", "m").await;
-    let gw = pd_gateway(&[(&p.url(), Some(8998))], &[&d.url()], |_| {}).await;
-    ready(&gw, 2).await;
-    let c = reqwest::Client::new();
+    let (p, d, gw, c) = pair(|_| {}).await;
     let url = |path: &str| format!("{}{path}", gw.url());
 
     // SGLang meta_info, not streamed.
@@ -469,36 +402,31 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
             json!({"text": " a b", "meta_info": {"id": "r", "input_token_logprobs": []}}),
         ]),
     });
-    let v: Value = c
-        .post(url("/generate"))
-        .json(&json!({"text": "x", "return_logprob": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post(
+        &c,
+        &url("/generate"),
+        &json!({"text": "x", "return_logprob": true}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(v["meta_info"]["input_token_logprobs"], input);
     assert_eq!(
         v["meta_info"]["output_token_logprobs"][1],
         json!([-0.2, 8, null])
     );
     // Streamed: every event gets them.
-    let text = c
-        .post(url("/generate"))
-        .json(&json!({"text": "x", "return_logprob": true, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let events: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .filter(|e| *e != "[DONE]")
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let text = post(
+        &c,
+        &url("/generate"),
+        &json!({"text": "x", "return_logprob": true, "stream": true}),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let events = sse_json(&text);
     assert_eq!(events.len(), 2);
     assert!(
         events
@@ -507,12 +435,8 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
         "{text}"
     );
     // Without return_logprob decode's bytes pass untouched.
-    let v: Value = c
-        .post(url("/generate"))
-        .json(&json!({"text": "x"}))
-        .send()
+    let v: Value = post(&c, &url("/generate"), &json!({"text": "x"}))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -537,12 +461,8 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
         ]),
     });
     let req = json!({"prompt": "x", "echo": true, "logprobs": 0});
-    let v: Value = c
-        .post(url("/v1/completions"))
-        .json(&req)
-        .send()
+    let v: Value = post(&c, &url("/v1/completions"), &req)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -551,21 +471,12 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
     assert_eq!(lp["token_logprobs"], json!([null, -1.5, -0.1, -0.2]));
     let mut stream_req = req.clone();
     stream_req["stream"] = json!(true);
-    let text = c
-        .post(url("/v1/completions"))
-        .json(&stream_req)
-        .send()
+    let text = post(&c, &url("/v1/completions"), &stream_req)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
-    let chunks: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .filter(|e| *e != "[DONE]")
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = sse_json(&text);
     assert_eq!(
         chunks[0]["choices"][0]["logprobs"]["tokens"],
         json!(["<s>", " x", " a"])
@@ -590,19 +501,14 @@ async fn readiness_needs_both_sides_and_info_comes_from_a_prefill() {
         "no_ready_decode_worker",
     )
     .await;
-    let r = c
-        .post(format!("{}/generate", gw.url()))
-        .json(&json!({"text": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&c, &format!("{}/generate", gw.url()), &json!({"text": "x"})).await;
     expect_error(r, 503, "no_ready_decode_worker").await;
-    let r = c
-        .post(format!("{}/workers", gw.url()))
-        .json(&json!({"url": d.url(), "worker_type": "decode"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        &format!("{}/workers", gw.url()),
+        &json!({"url": d.url(), "worker_type": "decode"}),
+    )
+    .await;
     assert_eq!(r.status(), 201);
     ready(&gw, 2).await;
     assert_eq!(

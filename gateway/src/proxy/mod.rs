@@ -49,9 +49,10 @@ impl Endpoint {
     }
 }
 
-/// A client request after inspection, ready for a router.
+/// A client request after inspection, ready for a router (`F`: what the router read from
+/// the body).
 #[derive(Debug)]
-pub struct Inbound<'a> {
+pub struct Inbound<'a, F = RoutingFields<'a>> {
     /// Which endpoint.
     pub endpoint: Endpoint,
     /// Method, URI and headers as the client sent them.
@@ -59,7 +60,7 @@ pub struct Inbound<'a> {
     /// The body bytes exactly as received.
     pub body: Bytes,
     /// What routing reads from the body.
-    pub fields: RoutingFields<'a>,
+    pub fields: F,
     /// The request id (the client's `x-request-id`, or one minted by the gateway).
     pub request_id: HeaderValue,
 }

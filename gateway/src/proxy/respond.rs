@@ -73,6 +73,20 @@ impl http_body::Body for RelayBody {
     }
 }
 
+/// Removes the hop-by-hop headers of a worker's response (usually there are none).
+pub fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    if headers.keys().any(is_hop_by_hop) {
+        let names: Vec<_> = headers
+            .keys()
+            .filter(|n| is_hop_by_hop(n))
+            .cloned()
+            .collect();
+        for n in names {
+            headers.remove(n);
+        }
+    }
+}
+
 /// The client's response: the worker's status and end-to-end headers, and its body relayed.
 pub fn relay(
     resp: http::Response<Incoming>,
@@ -80,17 +94,7 @@ pub fn relay(
     deadline: Pin<Box<Sleep>>,
 ) -> Response {
     let (mut parts, inner) = resp.into_parts();
-    if parts.headers.keys().any(is_hop_by_hop) {
-        let names: Vec<_> = parts
-            .headers
-            .keys()
-            .filter(|n| is_hop_by_hop(n))
-            .cloned()
-            .collect();
-        for n in names {
-            parts.headers.remove(n);
-        }
-    }
+    strip_hop_by_hop(&mut parts.headers);
     let body = RelayBody {
         inner,
         guard: Some(guard),

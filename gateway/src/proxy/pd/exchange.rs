@@ -32,8 +32,8 @@ use tokio::time::{Instant, Sleep};
 use super::merge::{PrefillLogprobs, SseRewriter};
 use crate::error::{GatewayError, PdFailure, PdSide};
 use crate::metrics;
-use crate::proxy::dispatch::{DispatchError, is_hop_by_hop};
-use crate::proxy::respond::{self, BodyTimeout};
+use crate::proxy::dispatch::DispatchError;
+use crate::proxy::respond::{self, BodyTimeout, strip_hop_by_hop};
 use crate::workers::{LoadGuard, Worker};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -359,19 +359,6 @@ pub async fn run(
 fn reset(deadline: &mut Pin<Box<Sleep>>) -> Pin<Box<Sleep>> {
     let at = deadline.deadline();
     std::mem::replace(deadline, Box::pin(tokio::time::sleep_until(at)))
-}
-
-fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    if headers.keys().any(is_hop_by_hop) {
-        let names: Vec<_> = headers
-            .keys()
-            .filter(|n| is_hop_by_hop(n))
-            .cloned()
-            .collect();
-        for n in names {
-            headers.remove(n);
-        }
-    }
 }
 
 /// Decode's body relayed to the client (see the module doc).

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::error::GatewayError;
 use crate::proxy::Endpoint;
@@ -33,34 +33,34 @@ pub struct PdFields<'a> {
     pub stream: Option<bool>,
     /// `/generate`'s `text`.
     #[serde(default)]
-    pub text: Items,
+    pub text: Shape,
     /// `/generate`'s `input_ids`.
     #[serde(default)]
-    pub input_ids: Items,
+    pub input_ids: Shape,
     /// `/v1/completions`' `prompt`.
     #[serde(default)]
-    pub prompt: Items,
+    pub prompt: Shape,
     /// Choices per prompt (chat: each choice is an item of its own).
     #[serde(default)]
-    pub n: Lenient<u64>,
+    pub n: Shape,
     /// `/generate`'s `return_logprob` (a flag, or one per item).
     #[serde(default)]
-    pub return_logprob: Flags,
-    /// `logprobs` (completions: a number of alternatives, present means asked).
+    pub return_logprob: Shape,
+    /// `logprobs` (completions: a number of alternatives; present means asked).
     #[serde(default)]
-    pub logprobs: Present,
+    pub logprobs: Shape,
     /// `echo` (completions: the prompt, and with `logprobs` its logprobs, come back).
     #[serde(default)]
-    pub echo: Flags,
+    pub echo: Shape,
     /// A bootstrap field the client sent itself (any value, `null` included).
     #[serde(default)]
-    pub bootstrap_host: Seen,
+    pub bootstrap_host: Shape,
     /// A bootstrap field the client sent itself.
     #[serde(default)]
-    pub bootstrap_port: Seen,
+    pub bootstrap_port: Shape,
     /// A bootstrap field the client sent itself.
     #[serde(default)]
-    pub bootstrap_room: Seen,
+    pub bootstrap_room: Shape,
 }
 
 /// Which logprobs the gateway merges from the prefill side into decode's answer.
@@ -99,16 +99,13 @@ impl PdFields<'_> {
     pub fn batch(&self, endpoint: Endpoint) -> Option<usize> {
         match endpoint {
             // `text` wins over `input_ids` when both are sent (as SGLang reads them).
-            Endpoint::Generate => match (self.text, self.input_ids) {
-                (Items::Many(k), _) | (Items::Absent, Items::Many(k)) => Some(k),
-                _ => None,
+            Endpoint::Generate => match self.text {
+                Shape::Absent | Shape::Null => self.input_ids.batch(),
+                _ => self.text.batch(),
             },
-            Endpoint::Completions => match self.prompt {
-                Items::Many(k) => Some(k),
-                _ => None,
-            },
-            Endpoint::ChatCompletions => match self.n.0 {
-                Some(n) if n > 1 => usize::try_from(n).ok(),
+            Endpoint::Completions => self.prompt.batch(),
+            Endpoint::ChatCompletions => match self.n {
+                Shape::Num(Some(n)) if n > 1 => usize::try_from(n).ok(),
                 _ => None,
             },
         }
@@ -117,15 +114,23 @@ impl PdFields<'_> {
     /// What logprobs must be merged for this endpoint.
     pub fn merge(&self, endpoint: Endpoint) -> MergeKind {
         match endpoint {
-            Endpoint::Generate if self.return_logprob.any => MergeKind::MetaInfo,
-            Endpoint::Completions if self.echo.any && self.logprobs.0 => MergeKind::CompletionEcho,
+            Endpoint::Generate if self.return_logprob.any_true() => MergeKind::MetaInfo,
+            Endpoint::Completions if self.echo.any_true() && self.logprobs.is_given() => {
+                MergeKind::CompletionEcho
+            }
             _ => MergeKind::None,
         }
     }
 
     /// Whether the client sent any bootstrap field itself.
     pub fn has_bootstrap(&self) -> bool {
-        self.bootstrap_host.0 || self.bootstrap_port.0 || self.bootstrap_room.0
+        [
+            &self.bootstrap_host,
+            &self.bootstrap_port,
+            &self.bootstrap_room,
+        ]
+        .iter()
+        .any(|s| !matches!(s, Shape::Absent))
     }
 }
 
@@ -134,255 +139,101 @@ pub fn pd_fields(body: &[u8]) -> Result<PdFields<'_>, GatewayError> {
     routing_fields_as(body)
 }
 
-/// How many items a prompt field holds.
+/// The shape of a JSON value, read without copying anything: what the PD fields need to
+/// know of a value (how many items a list holds, whether it is a flag that is set).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum Items {
-    /// Not sent (or `null`).
+pub enum Shape {
+    /// The key is not in the body.
     #[default]
     Absent,
-    /// One prompt: a string, or a list of token ids.
-    One,
-    /// A batch: a list of strings or of token-id lists, with its length.
-    Many(usize),
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A number (its value when it is a non-negative integer).
+    Num(Option<u64>),
+    /// A string.
+    Str,
+    /// A list: its length, whether its first element is a number, whether one element is
+    /// `true`.
+    Seq {
+        /// Elements.
+        len: usize,
+        /// The first element is a number (a list of token ids).
+        first_num: bool,
+        /// An element is `true` (a list of flags with one set).
+        any_true: bool,
+    },
+    /// An object.
+    Map,
 }
 
-impl<'de> Deserialize<'de> for Items {
+impl Shape {
+    /// As a prompt: `None` for one prompt (a string, or a list of token ids), `Some(n)` for
+    /// a batch (a list of strings or of token-id lists).
+    fn batch(&self) -> Option<usize> {
+        match *self {
+            Shape::Seq {
+                first_num: true, ..
+            } => None,
+            Shape::Seq { len, .. } => Some(len),
+            _ => None,
+        }
+    }
+
+    /// As a flag or list of flags: one is `true`.
+    fn any_true(&self) -> bool {
+        matches!(self, Shape::Bool(true) | Shape::Seq { any_true: true, .. })
+    }
+
+    /// Given with a value other than `null` or `false`.
+    fn is_given(&self) -> bool {
+        !matches!(self, Shape::Absent | Shape::Null | Shape::Bool(false))
+    }
+}
+
+impl<'de> Deserialize<'de> for Shape {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Items;
+            type Value = Shape;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a prompt")
+                f.write_str("any JSON value")
             }
-            fn visit_unit<E>(self) -> Result<Items, E> {
-                Ok(Items::Absent)
+            fn visit_unit<E>(self) -> Result<Shape, E> {
+                Ok(Shape::Null)
             }
-            fn visit_none<E>(self) -> Result<Items, E> {
-                Ok(Items::Absent)
+            fn visit_bool<E>(self, v: bool) -> Result<Shape, E> {
+                Ok(Shape::Bool(v))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
-                // A list of numbers is one prompt of token ids; a list of anything else
-                // (strings, lists) is a batch.
-                let Some(first) = seq.next_element::<Kind>()? else {
-                    return Ok(Items::Many(0));
-                };
-                let mut len = 1;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
+            fn visit_u64<E>(self, v: u64) -> Result<Shape, E> {
+                Ok(Shape::Num(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Shape, E> {
+                Ok(Shape::Num(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+                Ok(Shape::Num(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
+                Ok(Shape::Str)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+                let (mut len, mut first_num, mut any_true) = (0, false, false);
+                while let Some(e) = seq.next_element::<Shape>()? {
+                    first_num |= len == 0 && matches!(e, Shape::Num(_));
+                    any_true |= e == Shape::Bool(true);
                     len += 1;
                 }
-                Ok(match first {
-                    Kind::Number => Items::One,
-                    Kind::Other => Items::Many(len),
+                Ok(Shape::Seq {
+                    len,
+                    first_num,
+                    any_true,
                 })
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Items, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Items::One)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Items, E> {
-                Ok(Items::One)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Items, E> {
-                Ok(Items::One)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Items, E> {
-                Ok(Items::One)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Items, E> {
-                Ok(Items::One)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Items, E> {
-                Ok(Items::One)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// The first element of a prompt list: a number, or anything else.
-enum Kind {
-    Number,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Kind {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Kind;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a prompt item")
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Kind, E> {
-                Ok(Kind::Number)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Kind, E> {
-                Ok(Kind::Number)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Kind, E> {
-                Ok(Kind::Number)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Kind, E> {
-                Ok(Kind::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Kind, E> {
-                Ok(Kind::Other)
-            }
-            fn visit_unit<E>(self) -> Result<Kind, E> {
-                Ok(Kind::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Kind::Other)
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Kind::Other)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A flag, or a list of flags (one per item): `any` is whether one of them is `true`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Flags {
-    /// At least one `true`.
-    pub any: bool,
-}
-
-impl<'de> Deserialize<'de> for Flags {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Flags;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a flag or a list of flags")
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Flags, E> {
-                Ok(Flags { any: v })
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Flags, A::Error> {
-                let mut any = false;
-                while let Some(f) = seq.next_element::<Flags>()? {
-                    any |= f.any;
-                }
-                Ok(Flags { any })
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Flags, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Flags::default())
-            }
-            fn visit_unit<E>(self) -> Result<Flags, E> {
-                Ok(Flags::default())
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Flags, E> {
-                Ok(Flags::default())
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Flags, E> {
-                Ok(Flags::default())
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Flags, E> {
-                Ok(Flags::default())
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Flags, E> {
-                Ok(Flags::default())
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Whether a key is present with a value other than `null` or `false`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Present(pub bool);
-
-impl<'de> Deserialize<'de> for Present {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Present;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any value")
-            }
-            fn visit_unit<E>(self) -> Result<Present, E> {
-                Ok(Present(false))
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Present, E> {
-                Ok(Present(v))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Present, E> {
-                Ok(Present(true))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Present, E> {
-                Ok(Present(true))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Present, E> {
-                Ok(Present(true))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Present, E> {
-                Ok(Present(true))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Present, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Present(true))
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Present, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Present(true))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Whether a key is present at all (whatever its value, `null` included).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Seen(pub bool);
-
-impl<'de> Deserialize<'de> for Seen {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        IgnoredAny::deserialize(d).map(|_| Seen(true))
-    }
-}
-
-/// A number when it is one (anything else reads as absent).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Lenient<T>(pub Option<T>);
-
-impl<'de> Deserialize<'de> for Lenient<u64> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Lenient<u64>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(Lenient(Some(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(Lenient(u64::try_from(v).ok()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Lenient(None))
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Lenient(None))
+                Ok(Shape::Map)
             }
         }
         d.deserialize_any(V)

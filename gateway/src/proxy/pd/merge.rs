@@ -303,6 +303,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Decode's whole answer merged with the prefill's.
+    fn merged(kind: MergeKind, prefill: &Value, decode: &Value) -> Value {
+        let mut m = PrefillLogprobs::from_body(kind, prefill.to_string().as_bytes(), false);
+        let out = m
+            .merge_whole(decode.to_string().as_bytes())
+            .expect("a merge");
+        serde_json::from_slice(&out).expect("JSON")
+    }
+
     fn lp(tokens: &[&str], values: &[f64]) -> Value {
         json!({"tokens": tokens, "token_logprobs": values,
                "top_logprobs": vec![Value::Null; tokens.len()],
@@ -321,10 +330,7 @@ mod tests {
               "output_token_logprobs": [[-0.1, 9, null], [-0.2, 3, null]]}},
             {"text": " b d", "meta_info": {"id": "y"}}
         ]);
-        let mut m =
-            PrefillLogprobs::from_body(MergeKind::MetaInfo, prefill.to_string().as_bytes(), false);
-        let out: Value =
-            serde_json::from_slice(&m.merge_whole(decode.to_string().as_bytes()).unwrap()).unwrap();
+        let out = merged(MergeKind::MetaInfo, &prefill, &decode);
         assert_eq!(
             out[0]["meta_info"]["input_token_logprobs"],
             json!([[null, 1, null], [-0.5, 7, null]])
@@ -386,13 +392,7 @@ mod tests {
             "logprobs": lp(&["<s>", " a", " b", " x"], &[0.0, -1.0, -2.0, -0.5])}]});
         let decode = json!({"choices": [{"index": 0, "text": "a b x y",
             "logprobs": lp(&[" x", " y"], &[-0.5, -0.25])}]});
-        let mut m = PrefillLogprobs::from_body(
-            MergeKind::CompletionEcho,
-            prefill.to_string().as_bytes(),
-            false,
-        );
-        let out: Value =
-            serde_json::from_slice(&m.merge_whole(decode.to_string().as_bytes()).unwrap()).unwrap();
+        let out = merged(MergeKind::CompletionEcho, &prefill, &decode);
         let got = &out["choices"][0]["logprobs"];
         assert_eq!(got["tokens"], json!(["<s>", " a", " b", " x", " y"]));
         assert_eq!(got["token_logprobs"], json!([0.0, -1.0, -2.0, -0.5, -0.25]));
@@ -400,13 +400,7 @@ mod tests {
         // A prefill that wrote no token: nothing is dropped.
         let prefill =
             json!({"choices": [{"index": 0, "logprobs": lp(&["<s>", " a"], &[0.0, -1.0])}]});
-        let mut m = PrefillLogprobs::from_body(
-            MergeKind::CompletionEcho,
-            prefill.to_string().as_bytes(),
-            false,
-        );
-        let out: Value =
-            serde_json::from_slice(&m.merge_whole(decode.to_string().as_bytes()).unwrap()).unwrap();
+        let out = merged(MergeKind::CompletionEcho, &prefill, &decode);
         assert_eq!(
             out["choices"][0]["logprobs"]["tokens"],
             json!(["<s>", " a", " x", " y"])

@@ -20,13 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
-use bytes::Bytes;
-use http::HeaderValue;
-use http::request::Parts;
 use http::uri::PathAndQuery;
 use openapi::workers::WorkerType;
 
-use super::Endpoint;
+use super::Inbound;
 use super::dispatch::{Dispatcher, Outgoing};
 use crate::error::{GatewayError, PdSide};
 use crate::metrics::{self, Route};
@@ -37,19 +34,7 @@ use fields::{MergeKind, PdFields};
 use rewrite::Rooms;
 
 /// A client request after PD inspection.
-#[derive(Debug)]
-pub struct PdInbound<'a> {
-    /// Which endpoint.
-    pub endpoint: Endpoint,
-    /// Method, URI and headers as the client sent them.
-    pub parts: &'a Parts,
-    /// The body bytes exactly as received.
-    pub body: Bytes,
-    /// What PD routing reads from the body.
-    pub fields: PdFields<'a>,
-    /// The request id.
-    pub request_id: HeaderValue,
-}
+pub type PdInbound<'a> = Inbound<'a, PdFields<'a>>;
 
 /// Routes requests to prefill/decode pairs.
 #[derive(Debug)]

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +42,10 @@ impl MasterServer {
         tokio::spawn(crate::run_background(master.clone(), async move {
             bg_stop.cancelled().await
         }));
+        // Small request/answer pairs: never let Nagle hold an answer back.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { http_stop.cancelled().await });

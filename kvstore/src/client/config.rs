@@ -20,6 +20,8 @@ pub mod env {
     pub const LOCAL_BUFFER_SIZE: &str = "MOONGATE_STORE_LOCAL_BUFFER_SIZE";
     /// `--hugepages`.
     pub const HUGEPAGES: &str = "MOONGATE_STORE_HUGEPAGES";
+    /// `--prefault`.
+    pub const PREFAULT: &str = "MOONGATE_STORE_PREFAULT";
     /// `--listen`.
     pub const LISTEN: &str = "MOONGATE_STORE_LISTEN";
     /// `--advertise-host`.
@@ -107,6 +109,10 @@ pub struct ClientConfig {
     /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
     #[arg(long, env = env::HUGEPAGES)]
     pub hugepages: bool,
+    /// Fault the whole segment in at start (the node's RSS is the segment size at once;
+    /// writes never pay first-touch page faults).
+    #[arg(long, env = env::PREFAULT)]
+    pub prefault: bool,
     /// Transfer engine listen address (data from and to peers).
     #[arg(long, env = env::LISTEN, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -138,6 +144,7 @@ impl Default for ClientConfig {
             segment_size: size(DEFAULT_SEGMENT_SIZE),
             local_buffer_size: size(DEFAULT_LOCAL_BUFFER_SIZE),
             hugepages: false,
+            prefault: false,
             listen: DEFAULT_LISTEN.parse().expect("default listen parses"),
             advertise_host: None,
             protocol: Protocol::Auto,

@@ -90,19 +90,36 @@ struct Lookup {
     replicas: Vec<wire::Replica>,
 }
 
+/// Segments opened during one call, by endpoint: a batch touches few segments, so each is
+/// looked up once.
+#[derive(Default)]
+struct Opened(Vec<(String, Result<Segment, TransferError>)>);
+
 impl StoreClient {
+    async fn open_segment(
+        &self,
+        opened: &mut Opened,
+        endpoint: &str,
+    ) -> Result<Segment, TransferError> {
+        if let Some((_, r)) = opened.0.iter().find(|(e, _)| e == endpoint) {
+            return r.clone();
+        }
+        let r = self.inner.engine.open_segment(endpoint).await;
+        opened.0.push((endpoint.to_owned(), r.clone()));
+        r
+    }
+
     /// Opens the segments of `replicas`, nearest first (own segment, same host, remote);
     /// a replica whose segment cannot be opened keeps its error, last.
     async fn candidates(
         &self,
+        opened: &mut Opened,
         replicas: &[wire::Replica],
     ) -> Vec<Result<(Segment, u64), TransferError>> {
         let mut out = Vec::with_capacity(replicas.len());
         for r in replicas {
             out.push(
-                self.inner
-                    .engine
-                    .open_segment(&r.endpoint)
+                self.open_segment(opened, &r.endpoint)
                     .await
                     .map(|s| (s, r.address)),
             );
@@ -257,6 +274,7 @@ impl StoreClient {
         let mut reqs = Vec::new();
         let mut owner = Vec::new(); // request -> index into `live`
         let mut begun = vec![false; live.len()];
+        let mut opened = Opened::default();
         for (j, ((i, key, len, side), r)) in live.iter_mut().zip(started).enumerate() {
             let replicas = match r {
                 Ok(reps) => reps,
@@ -268,7 +286,7 @@ impl StoreClient {
             begun[j] = true;
             let (buf, off) = side.buf_offset();
             let (buf, off) = (buf.clone(), off);
-            for c in self.candidates(&replicas).await {
+            for c in self.candidates(&mut opened, &replicas).await {
                 match c {
                     Ok((seg, addr)) => {
                         reqs.push(TransferRequest::new(
@@ -327,6 +345,7 @@ impl StoreClient {
         let looked = self.lookups(keys).await;
         let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
         let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
+        let mut opened = Opened::default();
         for (i, r) in looked.into_iter().enumerate() {
             let item = r.and_then(|l| {
                 let side = dest(i, l.length)?;
@@ -336,7 +355,12 @@ impl StoreClient {
                 Ok((l, mut side)) => {
                     side.arm();
                     out.push(Ok((l.length, side)));
-                    pending.push((i, self.candidates(&l.replicas).await, 0usize, l.lease_ms));
+                    pending.push((
+                        i,
+                        self.candidates(&mut opened, &l.replicas).await,
+                        0usize,
+                        l.lease_ms,
+                    ));
                 }
                 Err(e) => out.push(Err(e)),
             }

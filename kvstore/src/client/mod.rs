@@ -152,7 +152,7 @@ impl StoreClient {
             let opts = AllocOptions {
                 shared: ec.shm,
                 huge_pages: config.hugepages,
-                populate: false,
+                populate: config.prefault,
             };
             let buf = engine
                 .alloc_with(to_usize(config.segment_size)?, opts)

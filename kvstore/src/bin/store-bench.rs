@@ -1,0 +1,610 @@
+//! `store-bench`: throughput and latency of the store client, in the spirit of Mooncake's
+//! store benchmark (`MooncakeDistributedStore` put/get), with its own master and, when asked,
+//! a separate storage node process.
+//!
+//! ```text
+//! store-bench                                   # master in a child process, the bench client holds the segment
+//! store-bench --storage node --moongate target/release/moongate   # + a `moongate store` process holding it
+//! store-bench --master http://10.0.0.1:30000 --storage external   # an existing master and nodes
+//! ```
+//!
+//! For each value size (`--sizes`, default 4K,1M,16M) it runs `put`, `get`, `put_from`,
+//! `get_into` and their batch forms (`--batch` values per call), `--rounds` times, and
+//! prints ops/s (values/s for batches), GB/s (10^9 bytes/s), latency percentiles per call,
+//! the bytes the process allocated per value (a counting allocator; the master and the node
+//! are other processes, so this is the client alone) and whether every byte read back was
+//! right. Every value carries its index in its first 8 bytes over a shared random body, so
+//! a wrong, stale or torn object fails verification. Keys are removed between operations.
+
+use std::alloc::System;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use kvstore::client::{Protocol, parse_size};
+use kvstore::{BufRange, ClientConfig, MasterConfig, MasterServer, StoreClient, StoreError};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Role {
+    /// Run the benchmark.
+    Bench,
+    /// Serve a master on `--listen` until SIGINT/SIGTERM (the bench spawns this).
+    Master,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Storage {
+    /// The bench client contributes the segment: every byte stays in this process.
+    #[value(name = "self")]
+    Own,
+    /// A `moongate store` process (from `--moongate`) holds the segment; the client is pure.
+    Node,
+    /// Storage nodes already mounted at `--master`; the client is pure.
+    External,
+}
+
+/// Store client benchmark (put / get / put_from / get_into and batch forms).
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+struct Args {
+    /// What this process does.
+    #[arg(long, value_enum, default_value_t = Role::Bench)]
+    role: Role,
+    /// Master URL, or `spawn` to run one in a child process.
+    #[arg(long, default_value = "spawn")]
+    master: String,
+    /// Listen address of a spawned master (and of `--role master`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    /// Who holds the segment.
+    #[arg(long, value_enum, default_value_t = Storage::Own)]
+    storage: Storage,
+    /// The `moongate` binary for `--storage node`.
+    #[arg(long, default_value = "target/release/moongate")]
+    moongate: String,
+    /// Segment size of the holder (the bench client or the node).
+    #[arg(long, default_value = "3G", value_parser = parse_size)]
+    segment_size: u64,
+    /// Fault the holder's segment in at start (no first-touch page faults on writes).
+    #[arg(long)]
+    prefault: bool,
+    /// Transport of the client and the node.
+    #[arg(long, value_enum, default_value_t = Protocol::Auto)]
+    protocol: Protocol,
+    /// Value sizes.
+    #[arg(long, value_delimiter = ',', default_value = "4K,1M,16M", value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Values per operation and size in one round; default: 4000 for values up to 64 KiB,
+    /// 400 up to 4 MiB, 32 above.
+    #[arg(long)]
+    ops: Option<usize>,
+    /// Values per batch call (capped so a batch moves at most 256 MiB).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Rounds; figures are the median over rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Operations to run (default all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Runtime worker threads of the client, or of the master with `--role master`
+    /// (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Runtime worker threads of a spawned master.
+    #[arg(long, default_value_t = 1)]
+    master_threads: usize,
+    /// Also print each result as one JSON line (`RESULT {...}`).
+    #[arg(long)]
+    json: bool,
+}
+
+const OPS: [&str; 8] = [
+    "put",
+    "get",
+    "put_from",
+    "get_into",
+    "batch_put",
+    "batch_get",
+    "batch_put_from",
+    "batch_get_into",
+];
+
+/// One measured (operation, size) over all rounds.
+#[derive(Default)]
+struct Case {
+    /// Values per second of each round.
+    rates: Vec<f64>,
+    /// Latency of each call, ns.
+    lat: Vec<u64>,
+    values: usize,
+    alloc_bytes: u64,
+    errors: usize,
+    bad: usize,
+}
+
+/// A child process killed (SIGTERM, then SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd`, returns it with the words of its first stdout line.
+fn spawn_ready(cmd: &mut Command) -> Result<(Proc, Vec<String>), String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("spawn {cmd:?}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    if line.is_empty() {
+        return Err(format!("{cmd:?} exited before it was ready"));
+    }
+    Ok((
+        Proc(child),
+        line.split_whitespace().map(str::to_owned).collect(),
+    ))
+}
+
+fn after(words: &[String], key: &str) -> Option<String> {
+    words.iter().skip_while(|w| *w != key).nth(1).cloned()
+}
+
+/// Bytes of a value's index stamp at its head and tail.
+fn stamp_spans(len: usize) -> (usize, usize) {
+    (len.min(8), if len >= 16 { 8 } else { 0 })
+}
+
+/// The value with index `i`: the shared body with `i` in its first 8 bytes and `!i` in its
+/// last 8.
+fn stamp(v: &mut [u8], i: u64) {
+    let (h, t) = stamp_spans(v.len());
+    v[..h].copy_from_slice(&i.to_le_bytes()[..h]);
+    let l = v.len();
+    v[l - t..].copy_from_slice(&(!i).to_le_bytes()[..t]);
+}
+
+fn body(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Whether `got` is exactly the value with index `i`.
+fn is_value(got: &[u8], body: &[u8], i: u64) -> bool {
+    let l = body.len();
+    let (h, t) = stamp_spans(l);
+    got.len() == l
+        && got[..h] == i.to_le_bytes()[..h]
+        && got[l - t..] == (!i).to_le_bytes()[..t]
+        && got[h..l - t] == body[h..l - t]
+}
+
+struct Bench {
+    c: StoreClient,
+    size: usize,
+    body: Vec<u8>,
+    /// Registered source and destination: one value slot per batch item.
+    src: transfer::RegisteredBuffer,
+    dst: transfer::RegisteredBuffer,
+    batch: usize,
+}
+
+impl Bench {
+    /// Runs `op` over `n` values; returns (wall-clock seconds of the calls, per-call
+    /// latencies, errors, bad values, bytes allocated during the calls).
+    async fn run(&self, op: &str, prefix: &str, n: usize) -> (f64, Vec<u64>, usize, usize, u64) {
+        let size = self.size;
+        let batched = op.starts_with("batch_");
+        let per_call = if batched { self.batch } else { 1 };
+        let keys: Vec<String> = (0..n).map(|i| format!("{prefix}/{i:08}")).collect();
+        let mut lat = Vec::with_capacity(n.div_ceil(per_call));
+        let (mut errors, mut bad) = (0, 0);
+        let mut busy = Duration::ZERO;
+        let mut alloc = 0u64;
+        let mut scratch: Vec<Vec<u8>> = (0..per_call).map(|_| self.body.clone()).collect();
+        for start in (0..n).step_by(per_call) {
+            let end = (start + per_call).min(n);
+            let idx = start..end;
+            let ks: Vec<&str> = keys[idx.clone()].iter().map(String::as_str).collect();
+            // Prepare the values (untimed).
+            match op {
+                "put" | "batch_put" => {
+                    for (s, i) in scratch.iter_mut().zip(idx.clone()) {
+                        stamp(s, i as u64);
+                    }
+                }
+                "put_from" | "batch_put_from" => {
+                    let mut v = [0u8; 16];
+                    let (h, t) = stamp_spans(size);
+                    for (slot, i) in idx.clone().enumerate() {
+                        v[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                        v[8..].copy_from_slice(&(!(i as u64)).to_le_bytes());
+                        let at = slot * size;
+                        self.src.write_at(at, &v[..h]).expect("in range");
+                        self.src
+                            .write_at(at + size - t, &v[8..8 + t])
+                            .expect("in range");
+                    }
+                }
+                _ => {}
+            }
+            let region = Region::new(GLOBAL);
+            let t = Instant::now();
+            let results: Vec<Result<Option<Vec<u8>>, StoreError>> = match op {
+                "put" => vec![self.c.put(ks[0], &scratch[0]).await.map(|()| None)],
+                "get" => vec![self.c.get(ks[0]).await.map(Some)],
+                "put_from" => vec![
+                    self.c
+                        .put_from(ks[0], BufRange::new(&self.src, 0, size))
+                        .await
+                        .map(|()| None),
+                ],
+                "get_into" => vec![
+                    self.c
+                        .get_into(ks[0], BufRange::new(&self.dst, 0, size))
+                        .await
+                        .map(|_| None),
+                ],
+                "batch_put" => {
+                    let items: Vec<(&str, &[u8])> = ks
+                        .iter()
+                        .zip(&scratch)
+                        .map(|(k, v)| (*k, v.as_slice()))
+                        .collect();
+                    self.c
+                        .batch_put(&items)
+                        .await
+                        .into_iter()
+                        .map(|r| r.map(|()| None))
+                        .collect()
+                }
+                "batch_get" => self
+                    .c
+                    .batch_get(&ks)
+                    .await
+                    .into_iter()
+                    .map(|r| r.map(Some))
+                    .collect(),
+                "batch_put_from" => {
+                    let items: Vec<(&str, BufRange<'_>)> = ks
+                        .iter()
+                        .enumerate()
+                        .map(|(j, k)| (*k, BufRange::new(&self.src, j * size, size)))
+                        .collect();
+                    self.c
+                        .batch_put_from(&items)
+                        .await
+                        .into_iter()
+                        .map(|r| r.map(|()| None))
+                        .collect()
+                }
+                "batch_get_into" => {
+                    let items: Vec<(&str, BufRange<'_>)> = ks
+                        .iter()
+                        .enumerate()
+                        .map(|(j, k)| (*k, BufRange::new(&self.dst, j * size, size)))
+                        .collect();
+                    self.c
+                        .batch_get_into(&items)
+                        .await
+                        .into_iter()
+                        .map(|r| r.map(|_| None))
+                        .collect()
+                }
+                other => unreachable!("unknown op {other}"),
+            };
+            let d = t.elapsed();
+            alloc += region.change().bytes_allocated as u64;
+            busy += d;
+            lat.push(d.as_nanos() as u64);
+            // Verify (untimed): every value read must be exactly the one written.
+            for (j, (r, i)) in results.into_iter().zip(idx).enumerate() {
+                match r {
+                    Err(e) => {
+                        if errors == 0 {
+                            eprintln!("{op} {}: {e}", keys[i]);
+                        }
+                        errors += 1;
+                    }
+                    Ok(Some(v)) => bad += usize::from(!is_value(&v, &self.body, i as u64)),
+                    Ok(None) if op.ends_with("get_into") => {
+                        let got = self.dst.to_vec(j * size, size).expect("in range");
+                        bad += usize::from(!is_value(&got, &self.body, i as u64));
+                    }
+                    Ok(None) => {}
+                }
+            }
+        }
+        (busy.as_secs_f64(), lat, errors, bad, alloc)
+    }
+}
+
+fn default_ops(size: u64) -> usize {
+    match size {
+        0..=65_536 => 4000,
+        65_537..=4_194_304 => 400,
+        _ => 32,
+    }
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn human(size: u64) -> String {
+    match size {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{}G", s >> 30),
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
+        s => s.to_string(),
+    }
+}
+
+async fn bench(args: Args) -> Result<bool, String> {
+    if args.storage == Storage::External && args.master == "spawn" {
+        return Err("--storage external needs --master URL (a master with storage nodes)".into());
+    }
+    // The master: spawned (another process, like Mooncake's mooncake_master) or given.
+    let mut _master = None;
+    let master_url = if args.master == "spawn" {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let (p, words) = spawn_ready(Command::new(exe).args([
+            "--role",
+            "master",
+            "--listen",
+            &args.listen.to_string(),
+            "--threads",
+            &args.master_threads.to_string(),
+        ]))?;
+        _master = Some(p);
+        after(&words, "url").ok_or("no url in the master's ready line")?
+    } else {
+        args.master.clone()
+    };
+    let mut _node = None;
+    let client_segment = match args.storage {
+        Storage::Own => args.segment_size,
+        Storage::External => 0,
+        Storage::Node => {
+            let mut node = Command::new(&args.moongate);
+            node.args([
+                "store",
+                "--master",
+                &master_url,
+                "--segment-size",
+                &args.segment_size.to_string(),
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--protocol",
+                args.protocol.to_possible_value().expect("named").get_name(),
+            ]);
+            if args.prefault {
+                node.arg("--prefault");
+            }
+            let (p, words) = spawn_ready(&mut node)?;
+            eprintln!(
+                "storage node: segment {}",
+                after(&words, "segment").unwrap_or_default()
+            );
+            _node = Some(p);
+            0
+        }
+    };
+    let cfg = ClientConfig {
+        protocol: args.protocol,
+        prefault: args.prefault && args.storage == Storage::Own,
+        local_buffer_size: 1 << 30,
+        ..ClientConfig::local(&master_url, client_segment)
+    };
+    let c = StoreClient::connect(cfg).await.map_err(|e| e.to_string())?;
+    let ops: Vec<&str> = OPS
+        .iter()
+        .copied()
+        .filter(|o| args.only.is_empty() || args.only.iter().any(|x| x == o))
+        .collect();
+    let mut table: Vec<(String, u64, usize, Case)> = Vec::new();
+    for &size in &args.sizes {
+        let size_us = usize::try_from(size).map_err(|e| e.to_string())?;
+        let batch = args.batch.clamp(1, ((256 << 20) / size_us).max(1));
+        let n = args.ops.unwrap_or_else(|| default_ops(size));
+        let b = Bench {
+            src: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+            dst: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+            c: c.clone(),
+            size: size_us,
+            body: body(size_us),
+            batch,
+        };
+        b.src.write_at(0, &b.body).map_err(|e| e.to_string())?;
+        for j in 1..batch {
+            b.src
+                .write_at(j * size_us, &b.body)
+                .map_err(|e| e.to_string())?;
+        }
+        let mut cases: Vec<Case> = ops.iter().map(|_| Case::default()).collect();
+        for round in 0..args.rounds {
+            // Each put form writes its own keys (objects are immutable); each get reads the
+            // keys of the put form before it.
+            let mut written: Vec<String> = Vec::new();
+            for (o, op) in ops.iter().enumerate() {
+                let prefix = format!("bench/{round}/{size}/{op}");
+                if op.contains("get") && written.is_empty() {
+                    b.run("batch_put_from", &prefix, n).await;
+                    written.push(prefix.clone());
+                }
+                let prefix = if op.contains("put") {
+                    written.push(prefix.clone());
+                    prefix
+                } else {
+                    written.last().cloned().unwrap_or(prefix)
+                };
+                let (secs, lat, errors, bad, alloc) = b.run(op, &prefix, n).await;
+                let case = &mut cases[o];
+                case.rates.push(n as f64 / secs);
+                case.lat.extend(lat);
+                case.values += n;
+                case.alloc_bytes += alloc;
+                case.errors += errors;
+                case.bad += bad;
+            }
+            // Free the round's objects (forced: the gets hold read leases).
+            for prefix in &written {
+                let keys: Vec<String> = (0..n).map(|i| format!("{prefix}/{i:08}")).collect();
+                for chunk in keys.chunks(4096) {
+                    c.batch_remove(chunk, true).await;
+                }
+            }
+        }
+        for (op, case) in ops.iter().zip(cases) {
+            table.push(((*op).to_owned(), size, batch, case));
+        }
+    }
+    let mode = match args.storage {
+        Storage::Own => "single-client",
+        _ => "remote-node",
+    };
+    println!(
+        "store-bench: {mode}, protocol {:?}, {} round(s), medians over rounds; latency per call",
+        args.protocol, args.rounds
+    );
+    println!(
+        "{:<15} {:>6} {:>5} {:>11} {:>8} {:>9} {:>9} {:>9} {:>10} {:>7}",
+        "op",
+        "size",
+        "batch",
+        "values/s",
+        "GB/s",
+        "p50 us",
+        "p99 us",
+        "max us",
+        "alloc B/v",
+        "verify"
+    );
+    let mut all_ok = true;
+    for (op, size, batch, mut case) in table {
+        case.rates.sort_by(f64::total_cmp);
+        case.lat.sort_unstable();
+        let rate = case.rates[case.rates.len() / 2];
+        let ok = case.errors == 0 && case.bad == 0;
+        all_ok &= ok;
+        let batch = if op.starts_with("batch") { batch } else { 1 };
+        let verify = if ok {
+            "ok".to_owned()
+        } else {
+            format!("{}E/{}B", case.errors, case.bad)
+        };
+        let alloc_per_value = case.alloc_bytes / case.values.max(1) as u64;
+        println!(
+            "{:<15} {:>6} {:>5} {:>11.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7}",
+            op,
+            human(size),
+            batch,
+            rate,
+            rate * size as f64 / 1e9,
+            pct(&case.lat, 0.5),
+            pct(&case.lat, 0.99),
+            pct(&case.lat, 1.0),
+            alloc_per_value,
+            verify
+        );
+        if args.json {
+            println!(
+                "RESULT {{\"bench\":\"store-bench\",\"mode\":\"{mode}\",\"protocol\":\"{:?}\",\"op\":\"{op}\",\"value_bytes\":{size},\"batch\":{batch},\"values_per_s\":{rate:.1},\"GBps\":{:.3},\"p50_us\":{:.1},\"p99_us\":{:.1},\"alloc_bytes_per_value\":{alloc_per_value},\"errors\":{},\"bad\":{}}}",
+                args.protocol,
+                rate * size as f64 / 1e9,
+                pct(&case.lat, 0.5),
+                pct(&case.lat, 0.99),
+                case.errors,
+                case.bad
+            );
+        }
+    }
+    let _ = std::io::stdout().flush();
+    c.close().await.map_err(|e| e.to_string())?;
+    Ok(all_ok)
+}
+
+async fn serve_master(listen: std::net::SocketAddr) -> Result<bool, String> {
+    let m = MasterServer::start(MasterConfig::default(), listen)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("store-bench master ready: url {}", m.url());
+    let _ = std::io::stdout().flush();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    m.stop(Duration::from_secs(2)).await;
+    Ok(true)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match (args.role, args.threads) {
+        (Role::Master, 0 | 1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        (Role::Master, n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        (Role::Bench, 0 | 1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        (Role::Bench, n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .expect("tokio runtime");
+    let r = match args.role {
+        Role::Master => rt.block_on(serve_master(args.listen)),
+        Role::Bench => rt.block_on(bench(args)),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("store-bench: some values failed or read back wrong");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("store-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -7,7 +7,9 @@ use std::process::Command;
 #[test]
 fn store_bench_runs_every_operation_and_verifies_the_bytes() {
     let out = Command::new(env!("CARGO_BIN_EXE_store-bench"))
-        .args(["--sizes", "4K,100K", "--ops", "130", "--batch", "16", "--rounds", "1"])
+        .args([
+            "--sizes", "4K,100K", "--ops", "130", "--batch", "16", "--rounds", "1",
+        ])
         .args(["--segment-size", "64M", "--json"])
         .output()
         .expect("run store-bench");

@@ -360,3 +360,46 @@ async fn a_node_waits_for_its_master_and_remounts_after_a_restart() {
     let h: openapi::store::NodeHealth = serde_json::from_str(&body).unwrap();
     assert!(h.remounts >= 2, "{body}");
 }
+
+#[test]
+fn a_node_on_huge_pages_serves_or_says_why_not() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moongate"))
+        .args([
+            "store",
+            "--master",
+            "http://127.0.0.1:9",
+            "--segment-size",
+            "4M",
+        ])
+        .args([
+            "--hugepages",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn moongate store");
+    let mut child = out;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line.starts_with("moongate store ready") {
+        // This machine has huge pages reserved: the node serves on them.
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("huge pages"),
+        "the error names the cause: {err}"
+    );
+}

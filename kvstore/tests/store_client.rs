@@ -383,3 +383,28 @@ async fn eviction_under_pressure_keeps_leased_objects() {
     }
     assert!(m.master().stats().evicted_objects >= 32);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_through_the_masters_metadata_store() {
+    let m = master(MasterConfig::default()).await;
+    let cfg = |segment| ClientConfig {
+        metadata: format!("{}/metadata", m.url()),
+        protocol: Protocol::Tcp,
+        ..ClientConfig::local(&m.url(), segment)
+    };
+    let node = StoreClient::connect(cfg(16 * MIB)).await.unwrap();
+    let c = StoreClient::connect(cfg(0)).await.unwrap();
+    // The node's descriptor is at the master, under its segment name.
+    let seg = transfer::metadata::segment_key(&node.segment().unwrap().name);
+    assert!(
+        m.master().metadata().get(&seg).is_ok(),
+        "no descriptor at {seg}"
+    );
+    let v = value(11, 200_000);
+    c.put("meta/k", &v).await.unwrap();
+    assert_eq!(c.get("meta/k").await.unwrap(), v);
+    assert_eq!(node.get("meta/k").await.unwrap(), v);
+    node.close().await.unwrap();
+    // Closing unpublished the descriptor.
+    assert!(m.master().metadata().get(&seg).is_err());
+}

@@ -109,8 +109,8 @@ pub struct ClientConfig {
     /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
     #[arg(long, env = env::HUGEPAGES)]
     pub hugepages: bool,
-    /// Fault the whole segment in at start (the node's RSS is the segment size at once;
-    /// writes never pay first-touch page faults).
+    /// Fault the segment and the copy buffer in at start (RSS is their size at once;
+    /// transfers never pay first-touch page faults).
     #[arg(long, env = env::PREFAULT)]
     pub prefault: bool,
     /// Transfer engine listen address (data from and to peers).

@@ -146,7 +146,12 @@ impl StoreClient {
         // Late bytes of an abandoned transfer cannot arrive after its connection's I/O
         // timeout (the connection is closed) or its own timeout.
         let quarantine = ec.request_timeout.max(ec.io_timeout) + Duration::from_secs(1);
-        let staging = Staging::new(&engine, to_usize(config.local_buffer_size)?, quarantine)?;
+        let staging = Staging::new(
+            &engine,
+            to_usize(config.local_buffer_size)?,
+            config.prefault,
+            quarantine,
+        )?;
         let id = ClientId::new_v4();
         let segment = if config.segment_size > 0 {
             let opts = AllocOptions {
@@ -156,7 +161,14 @@ impl StoreClient {
             };
             let buf = engine
                 .alloc_with(to_usize(config.segment_size)?, opts)
-                .map_err(|e| StoreError::setup("allocating the segment", e))?;
+                .map_err(|e| {
+                    let what = if config.hugepages {
+                        "allocating the segment on huge pages (reserve them in /proc/sys/vm/nr_hugepages)"
+                    } else {
+                        "allocating the segment"
+                    };
+                    StoreError::setup(what, e)
+                })?;
             let spec = SegmentSpec {
                 name: engine.segment_name().to_owned(),
                 base: buf.addr(),

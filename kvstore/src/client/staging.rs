@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use transfer::{RegisteredBuffer, TransferEngine};
+use transfer::{AllocOptions, RegisteredBuffer, TransferEngine};
 
 use super::error::{StoreError, StoreResult};
 use crate::master::{Allocation, OffsetAllocator};
@@ -48,14 +48,21 @@ pub(crate) struct Slot {
 }
 
 impl Staging {
-    /// A copy buffer of `len` bytes registered with `engine`.
+    /// A copy buffer of `len` bytes registered with `engine` (faulted in at once when
+    /// `prefault`).
     pub(crate) fn new(
         engine: &TransferEngine,
         len: usize,
+        prefault: bool,
         quarantine: Duration,
     ) -> StoreResult<Arc<Self>> {
+        let opts = AllocOptions {
+            shared: engine.config().shm,
+            populate: prefault,
+            ..AllocOptions::default()
+        };
         let buf = engine
-            .alloc(len)
+            .alloc_with(len, opts)
             .map_err(|e| StoreError::setup("allocating the local copy buffer", e))?;
         Ok(Arc::new(Self {
             alloc: Mutex::new(OffsetAllocator::new((len >> UNIT_SHIFT) as u64)),

@@ -1,5 +1,6 @@
 //! SGLang's native API: `POST /generate` (request, sampling parameters, response, logprobs,
-//! finish reasons) and, in [`server`], the info, load and error bodies of an SGLang server.
+//! finish reasons), in [`server`] the info, load and error bodies of an SGLang server, and
+//! in [`bootstrap`] the PD bootstrap server of a prefill worker.
 //!
 //! Batch requests are explicit: every per-item field is a [`OneOrMany`] (a scalar for the
 //! whole request or a list with one entry per batch item), so the PD rewrite can inject
@@ -7,6 +8,7 @@
 //! Unknown fields (`regex`, `json_schema`, `lora_path`, `image_data`, `session_params`,
 //! ...) stay in `extra` and are written back unchanged.
 
+pub mod bootstrap;
 pub mod server;
 
 use serde::{Deserialize, Serialize};

@@ -23,6 +23,7 @@ use super::engine::{self, Sequence};
 use super::error::SimError;
 use super::job::{self, Extensions, Job, PromptInfo};
 use super::model::Token;
+use super::pd::{self, KvItem};
 use super::state::{SimState, unix_now};
 use super::stream::{
     Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
@@ -35,6 +36,7 @@ pub async fn chat_completions(State(st): State<Arc<SimState>>, body: Bytes) -> R
 
 /// A request turned into finished sequences, ready to render.
 struct Chat {
+    kv: Vec<KvItem>,
     id: String,
     created: u64,
     model: String,
@@ -53,12 +55,12 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
     let n = job::check_n(req.n)?;
     engine::check_sampling(req.temperature, req.top_p)?;
     let cfg = &st.cfg;
-    let max = engine::resolve_max_tokens(
+    let max = st.cap_output(engine::resolve_max_tokens(
         prompt.tokens,
         req.max_output_tokens(),
         None,
         cfg.context_length,
-    )?;
+    )?);
     let ext = Extensions::from_extra(&req.extra)?;
     let stop = req.stop.as_ref().map_or(&[][..], |s| s.as_slice());
     let jobs = [Job {
@@ -70,7 +72,16 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         Some(rid) => rid.clone(),
         None => format!("chatcmpl-{}", st.new_id()),
     };
+    // PD: each choice is an item with its own room; they share the prompt's KV.
+    let kv = match st.pd {
+        Some(_) => {
+            let ids: Arc<[u32]> = Arc::from(job::chat_ids(&req.messages));
+            pd::items(&req.routing, &vec![ids; n as usize])?
+        }
+        None => Vec::new(),
+    };
     Ok(Chat {
+        kv,
         id,
         created: unix_now(),
         stream: req.is_stream(),
@@ -206,6 +217,10 @@ impl Answer for Chat {
 
     fn whole(self) -> ChatCompletionResponse {
         self.complete()
+    }
+
+    fn take_kv(&mut self) -> Vec<KvItem> {
+        std::mem::take(&mut self.kv)
     }
 }
 

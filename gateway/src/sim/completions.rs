@@ -22,6 +22,7 @@ use super::engine::{self, Sequence};
 use super::error::SimError;
 use super::job::{self, Extensions, Job, PromptInfo};
 use super::model::{self, Token};
+use super::pd::{self, KvItem};
 use super::state::{SimState, unix_now};
 use super::stream::{
     Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
@@ -43,6 +44,8 @@ struct PromptEntry {
 }
 
 struct Completion {
+    kv: Vec<KvItem>,
+    prompt_logprobs: bool,
     id: String,
     created: u64,
     model: String,
@@ -114,12 +117,12 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
     let jobs = prompts
         .iter()
         .map(|p| {
-            let max = engine::resolve_max_tokens(
+            let max = st.cap_output(engine::resolve_max_tokens(
                 p.info.tokens,
                 req.max_tokens,
                 Some(DEFAULT_MAX_TOKENS),
                 cfg.context_length,
-            )?;
+            )?);
             Ok(Job {
                 prompt: p.info,
                 limits: ext.limits(max, stop),
@@ -131,7 +134,24 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         Some(rid) => rid.clone(),
         None => format!("cmpl-{}", st.new_id()),
     };
+    // PD: each prompt is an item with its own room (its choices share the KV).
+    let kv = match st.pd {
+        Some(_) => {
+            let text = |t: &String| Arc::from(model::tokenize_prompt(t));
+            let ids = |i: &Vec<u32>| Arc::from(i.as_slice());
+            let tokens: Vec<Arc<[u32]>> = match &req.prompt {
+                Prompt::Text(t) => vec![text(t)],
+                Prompt::Texts(ts) => ts.iter().map(text).collect(),
+                Prompt::Tokens(i) => vec![ids(i)],
+                Prompt::TokenBatch(b) => b.iter().map(ids).collect(),
+            };
+            pd::items(&req.routing, &tokens)?
+        }
+        None => Vec::new(),
+    };
     Ok(Completion {
+        kv,
+        prompt_logprobs: st.prompt_logprobs(),
         id,
         created: unix_now(),
         model: req.model.clone().unwrap_or_else(|| cfg.model.clone()),
@@ -182,7 +202,8 @@ impl Completion {
         let Some((pieces, text)) = &self.prompts[i / self.n].echo else {
             return "";
         };
-        if let Some(lp) = lp {
+        // A decode worker echoes the text but has no prompt logprobs (the prefill has).
+        if let (Some(lp), true) = (lp, self.prompt_logprobs) {
             let mut offset = 0;
             for (pos, (id, piece)) in pieces.iter().enumerate() {
                 push_logprob(lp, piece, model::prompt_logprob(*id, pos), None, offset);
@@ -257,6 +278,10 @@ impl Answer for Completion {
 
     fn whole(self) -> CompletionResponse {
         self.complete()
+    }
+
+    fn take_kv(&mut self) -> Vec<KvItem> {
+        std::mem::take(&mut self.kv)
     }
 }
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::pd::kv::ModelShape;
+
 /// Default bind host.
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 /// Default bind port (SGLang's own default, 30000, is left to the gateway).
@@ -21,8 +23,24 @@ pub const DEFAULT_TTFT: &str = "0s";
 pub const DEFAULT_TPOT: &str = "0s";
 /// Default largest accepted request body.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-/// Default bootstrap port reported by `/get_server_info` (SGLang's default).
+/// Default bootstrap port: where a prefill worker's bootstrap server listens, and what a
+/// decode worker uses when a request's `bootstrap_port` is `null` (SGLang's default).
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+/// Default model shape sizing the simulated KV cache.
+pub const DEFAULT_MODEL_SHAPE: ModelShape = ModelShape::Llama3_8b;
+/// Default tokens per KV page.
+pub const DEFAULT_PAGE_SIZE: u32 = 16;
+/// Default KV pool size (bytes; rounded down to whole pages).
+pub const DEFAULT_KV_POOL_SIZE: u64 = 1 << 30;
+/// Default simulated prefill compute time per prompt token.
+pub const DEFAULT_PREFILL_COMPUTE_PER_TOKEN: &str = "0s";
+/// Default bound on a room: a prefill waiting for the decode's registration (and for its
+/// writes to finish), a decode waiting for pages or for the KV.
+pub const DEFAULT_KV_TIMEOUT: &str = "30s";
+/// Default interval between a decode's heartbeats to a prefill's bootstrap server.
+pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "1s";
+/// Default failed heartbeats in a row after which a prefill counts as dead.
+pub const DEFAULT_HEARTBEAT_MAX_FAILURES: u32 = 2;
 
 /// Role of a simulated worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -31,15 +49,42 @@ pub enum SimMode {
     /// A regular worker: prefill and decode in one.
     #[default]
     Regular,
+    /// A PD prefill worker: computes a prompt's KV and writes it into the decode's memory;
+    /// runs the bootstrap server.
+    Prefill,
+    /// A PD decode worker: receives and checks the KV, then generates.
+    Decode,
 }
 
 impl SimMode {
+    /// `regular`, `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimMode::Regular => "regular",
+            SimMode::Prefill => "prefill",
+            SimMode::Decode => "decode",
+        }
+    }
+
     /// The `disaggregation_mode` value SGLang reports for this role.
     pub fn disaggregation_mode(self) -> &'static str {
         match self {
             SimMode::Regular => "null",
+            SimMode::Prefill => "prefill",
+            SimMode::Decode => "decode",
         }
     }
+}
+
+/// How a PD worker's KV travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTransport {
+    /// Shared memory with a peer on the same host, TCP otherwise.
+    #[default]
+    Auto,
+    /// TCP always (loopback too).
+    Tcp,
 }
 
 /// Configuration of a simulated SGLang worker (`moongate sim-worker`).
@@ -80,9 +125,41 @@ pub struct SimConfig {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
-    /// Bootstrap port reported in `/get_server_info` (`disaggregation_bootstrap_port`).
+    /// Prefill: the bootstrap server's port (0: any free port); reported in
+    /// `/get_server_info` (`disaggregation_bootstrap_port`).
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
     pub bootstrap_port: u16,
+    /// PD: model shape sizing the KV cache (bytes per token).
+    #[arg(long, value_enum, default_value_t = DEFAULT_MODEL_SHAPE)]
+    pub model_shape: ModelShape,
+    /// PD: tokens per KV page.
+    #[arg(long, default_value_t = DEFAULT_PAGE_SIZE)]
+    pub page_size: u32,
+    /// PD: KV pool size in bytes (suffixes K, M, G), rounded down to whole pages.
+    #[arg(long, default_value_t = DEFAULT_KV_POOL_SIZE, value_parser = parse_size)]
+    pub kv_pool_size: u64,
+    /// PD prefill: simulated compute time per prompt token before the KV is ready.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = DEFAULT_PREFILL_COMPUTE_PER_TOKEN)]
+    #[serde(with = "human_duration")]
+    pub prefill_compute_per_token: Duration,
+    /// PD: how the KV travels (`tcp` forces TCP on one host too).
+    #[arg(long, value_enum, default_value_t = KvTransport::Auto)]
+    pub kv_transport: KvTransport,
+    /// PD: the transfer engine's listen address (default: `--host`, any port).
+    #[arg(long)]
+    pub kv_listen: Option<std::net::SocketAddr>,
+    /// PD: bound on a room (prefill waiting for the decode's registration or its writes,
+    /// decode waiting for pages or KV).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = DEFAULT_KV_TIMEOUT)]
+    #[serde(with = "human_duration")]
+    pub kv_timeout: Duration,
+    /// PD decode: interval between heartbeats to a prefill's bootstrap server.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = DEFAULT_HEARTBEAT_INTERVAL)]
+    #[serde(with = "human_duration")]
+    pub heartbeat_interval: Duration,
+    /// PD decode: failed heartbeats in a row after which a prefill is dead (its rooms fail).
+    #[arg(long, default_value_t = DEFAULT_HEARTBEAT_MAX_FAILURES)]
+    pub heartbeat_max_failures: u32,
 }
 
 impl Default for SimConfig {
@@ -99,6 +176,15 @@ impl Default for SimConfig {
             tpot: parse_default(DEFAULT_TPOT),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             bootstrap_port: DEFAULT_BOOTSTRAP_PORT,
+            model_shape: DEFAULT_MODEL_SHAPE,
+            page_size: DEFAULT_PAGE_SIZE,
+            kv_pool_size: DEFAULT_KV_POOL_SIZE,
+            prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),
+            kv_transport: KvTransport::Auto,
+            kv_listen: None,
+            kv_timeout: parse_default(DEFAULT_KV_TIMEOUT),
+            heartbeat_interval: parse_default(DEFAULT_HEARTBEAT_INTERVAL),
+            heartbeat_max_failures: DEFAULT_HEARTBEAT_MAX_FAILURES,
         }
     }
 }
@@ -117,8 +203,49 @@ impl SimConfig {
         if self.context_length < 2 {
             return Err("context_length must be at least 2".to_owned());
         }
+        if self.mode != SimMode::Regular {
+            let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size);
+            if self.page_size == 0 {
+                return Err("page_size must be at least 1".to_owned());
+            }
+            if self.kv_pool_size < page {
+                return Err(format!(
+                    "kv_pool_size ({}) is smaller than one page ({page} bytes)",
+                    self.kv_pool_size
+                ));
+            }
+            if page > u64::from(u32::MAX) {
+                return Err(format!("a page of {page} bytes is too large"));
+            }
+            if self.heartbeat_max_failures == 0
+                || self.heartbeat_interval.is_zero()
+                || self.kv_timeout.is_zero()
+            {
+                return Err(
+                    "heartbeat_interval, heartbeat_max_failures and kv_timeout must be positive"
+                        .to_owned(),
+                );
+            }
+        }
         Ok(())
     }
+}
+
+/// A byte size with an optional K/M/G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad size {s:?}: {e}"))?;
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// The default duration constants are literals that always parse; a typo would be caught
@@ -192,6 +319,42 @@ mod tests {
         assert_eq!(serde_json::from_value::<SimConfig>(json).unwrap(), c);
         assert!(serde_json::from_str::<SimConfig>(r#"{"ttft":"soon"}"#).is_err());
         assert!(serde_json::from_str::<SimConfig>(r#"{"bogus":1}"#).is_err());
-        assert!(Cli::try_parse_from(["sim", "--mode", "prefill"]).is_err());
+        let p = Cli::try_parse_from([
+            "sim",
+            "--mode",
+            "prefill",
+            "--model-shape",
+            "qwen2.5-7b",
+            "--kv-pool-size",
+            "64M",
+            "--page-size",
+            "32",
+            "--kv-transport",
+            "tcp",
+            "--prefill-compute-per-token",
+            "50us",
+        ])
+        .unwrap()
+        .sim;
+        assert_eq!(p.mode, SimMode::Prefill);
+        assert_eq!((p.kv_pool_size, p.page_size), (64 << 20, 32));
+        assert_eq!(p.prefill_compute_per_token, Duration::from_micros(50));
+        p.validate().unwrap();
+        let tiny_pool = SimConfig {
+            kv_pool_size: 1024,
+            ..p.clone()
+        };
+        assert!(
+            tiny_pool
+                .validate()
+                .unwrap_err()
+                .contains("smaller than one page")
+        );
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["model_shape"], "qwen2.5-7b");
+        assert_eq!(serde_json::from_value::<SimConfig>(json).unwrap(), p);
+        assert!(Cli::try_parse_from(["sim", "--mode", "router"]).is_err());
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("x").is_err());
     }
 }

@@ -17,12 +17,18 @@ pub enum SimError {
     /// The request parses but asks for something invalid.
     #[error("{0}")]
     BadRequest(String),
+    /// PD: the KV could not be moved (the other side failed, or is gone).
+    #[error("KV transfer failed: {0}")]
+    Kv(String),
 }
 
 impl SimError {
-    /// The HTTP status (every variant is the client's fault).
+    /// The HTTP status: 400 for the client's faults, 500 for a failed KV transfer.
     pub fn status(&self) -> StatusCode {
-        StatusCode::BAD_REQUEST
+        match self {
+            SimError::Kv(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::BAD_REQUEST,
+        }
     }
 
     /// The error as SGLang's OpenAI routes answer it.
@@ -30,6 +36,9 @@ impl SimError {
         let status = self.status();
         let mut body = ErrorResponse::bad_request(self.to_string());
         body.code = status.as_u16();
+        if status.is_server_error() {
+            body.kind = "InternalServerError".to_owned();
+        }
         json(status, &body)
     }
 

@@ -18,6 +18,7 @@ use super::engine::{self, Sequence};
 use super::error::SimError;
 use super::job::{self, Job, PromptInfo};
 use super::model;
+use super::pd::{self, KvItem};
 use super::state::SimState;
 use super::stream::{Answer, Clock, Steps, longest, push_done, push_event, respond};
 
@@ -46,6 +47,8 @@ struct PromptEntry {
 }
 
 struct Generation {
+    kv: Vec<KvItem>,
+    prompt_logprobs: bool,
     stream: bool,
     listed: bool,
     n: usize,
@@ -127,12 +130,12 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
     for (i, p) in prompts.iter_mut().enumerate() {
         let sp = sp(i);
         engine::check_sampling(sp.temperature, sp.top_p)?;
-        let max = engine::resolve_max_tokens(
+        let max = st.cap_output(engine::resolve_max_tokens(
             p.info.tokens,
             sp.max_new_tokens,
             Some(DEFAULT_MAX_NEW_TOKENS),
             cfg.context_length,
-        )?;
+        )?);
         if item(&req.return_logprob, i).copied().unwrap_or(false) {
             p.logprobs = Some(logprob_ask(&req, i, p)?);
         }
@@ -148,6 +151,20 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
             },
         });
     }
+    let kv = match st.pd {
+        Some(_) => {
+            let tokens: Vec<Arc<[u32]>> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match (p.ids.is_empty(), item(&req.text, i)) {
+                    (true, Some(t)) => Arc::from(model::tokenize_prompt(t)),
+                    _ => Arc::from(p.ids.as_slice()),
+                })
+                .collect();
+            pd::items(&req.routing, &tokens)?
+        }
+        None => Vec::new(),
+    };
     let seqs = job::run_all(&jobs, n, None, cfg.output_tokens)?;
     let listed = batch || n > 1;
     let rids = (0..seqs.len())
@@ -163,6 +180,8 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
         })
         .collect();
     Ok(Generation {
+        kv,
+        prompt_logprobs: st.prompt_logprobs(),
         stream: req.is_stream(),
         listed,
         n: n as usize,
@@ -233,7 +252,13 @@ impl Generation {
             extra: Extra::new(),
         };
         if let Some(ask) = &prompt.logprobs {
-            let positions = prompt.ids.iter().enumerate().skip(ask.start);
+            // A decode worker has no prompt logprobs (the prefill computed the prompt).
+            let skip = if self.prompt_logprobs {
+                ask.start
+            } else {
+                prompt.ids.len()
+            };
+            let positions = prompt.ids.iter().enumerate().skip(skip);
             let lp = |id: u32, pos: usize| {
                 (pos > ask.start)
                     .then(|| model::prompt_logprob(id, pos))
@@ -282,6 +307,10 @@ impl Answer for Generation {
     }
 
     /// One object for a single prompt, a list for a batch or `n > 1`.
+    fn take_kv(&mut self) -> Vec<KvItem> {
+        std::mem::take(&mut self.kv)
+    }
+
     fn whole(self) -> OneOrMany<GenerateResponse> {
         if self.listed {
             OneOrMany::Many((0..self.seqs.len()).map(|o| self.output(o, None)).collect())

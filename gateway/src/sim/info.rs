@@ -178,3 +178,17 @@ pub async fn loads(State(st): State<Arc<SimState>>) -> Response {
 fn version() -> String {
     format!("moongate-sim {}", env!("CARGO_PKG_VERSION"))
 }
+
+/// `GET /sim/kv`: a PD worker's KV pool and the moves so far (404 on a regular worker).
+pub async fn kv_stats(State(st): State<Arc<SimState>>) -> Response {
+    match &st.pd {
+        Some(pd) => json(StatusCode::OK, &pd.stats()),
+        None => {
+            let mut err =
+                ErrorResponse::bad_request("this worker is not a prefill or decode worker");
+            err.kind = "NotFoundError".to_owned();
+            err.code = 404;
+            json(StatusCode::NOT_FOUND, &err)
+        }
+    }
+}

@@ -83,6 +83,21 @@ impl PromptInfo {
     }
 }
 
+/// The token ids of a chat prompt (as [`PromptInfo::chat`] counts them; see the model's docs).
+pub fn chat_ids(messages: &[ChatMessage]) -> Vec<u32> {
+    let mut ids = vec![model::BOS_TOKEN_ID];
+    for m in messages {
+        ids.extend(model::role_header(&m.role));
+        if let Some(content) = &m.content {
+            content.for_each_text(|t| {
+                ids.extend(model::pieces(t).map(|r| model::piece_id(&t.as_bytes()[r])));
+            });
+        }
+    }
+    ids.extend(model::role_header("assistant"));
+    ids
+}
+
 /// SGLang's extension fields of the OpenAI routes that shape the output.
 #[derive(Debug, Clone, Default)]
 pub struct Extensions {
@@ -262,6 +277,13 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.tokens, 1 + 3 + (3 + 2) + (3 + 2) + 3);
+        let msgs = [
+            msg("System", Some(MessageContent::Text("be brief".into()))),
+            msg("user", Some(MessageContent::Text("hi there".into()))),
+        ];
+        let ids = chat_ids(&msgs);
+        assert_eq!(ids.len() as u64, PromptInfo::chat(&msgs).unwrap().tokens);
+        assert_eq!(ids[1..4], model::role_header("system"));
         assert!(PromptInfo::chat(&[]).is_err());
         let err = PromptInfo::chat(&[msg("robot", None)]).unwrap_err();
         assert!(err.to_string().contains("'role' must be one of"), "{err}");

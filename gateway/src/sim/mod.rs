@@ -11,6 +11,12 @@
 //! (see [`model`]); the first token comes after `ttft` and each further one `tpot` later.
 //! Bad input answers 400 in SGLang's error shapes, never a panic.
 //!
+//! With `--mode prefill` or `--mode decode` the worker takes part in PD disaggregation
+//! ([`pd`]): requests must carry SGLang's bootstrap fields, a prefill computes the prompt's
+//! KV and writes it into the decode's memory with Moongate's transfer engine (its answer
+//! is one token), and the decode checks every page before it generates. `GET /sim/kv`
+//! shows the pool and the moves so far.
+//!
 //! # Layout
 //! - [`config`]: [`SimConfig`], every default in one place.
 //! - [`model`]: the deterministic tokenizer, word generator and logprobs.
@@ -19,6 +25,7 @@
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
 //! - [`info`]: health, server / model info, models, load, cache flush.
 //! - [`stream`]: pacing on tokio's clock and the server-sent-events body.
+//! - [`pd`]: prefill/decode roles: KV pages, the pool, the bootstrap server, the transfer.
 //! - [`state`]: shared state: config, requests in flight, request ids.
 //! - [`serve`]: the HTTP/1.1 accept loop and its bounded graceful shutdown.
 //! - [`error`]: errors in SGLang's shapes.
@@ -32,11 +39,13 @@ pub mod generate;
 pub mod info;
 pub mod job;
 pub mod model;
+pub mod pd;
 pub mod serve;
 pub mod state;
 pub mod stream;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -52,10 +61,14 @@ pub use config::{SimConfig, SimMode};
 /// How long a graceful shutdown waits for open streams before it cuts them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The worker's routes, for `cfg`.
+/// The worker's routes, for `cfg` (a regular worker; PD roles need [`spawn`]).
 pub fn router(cfg: SimConfig) -> Router {
-    let limit = cfg.max_body_bytes;
-    let st = state::SimState::new(cfg);
+    router_with(state::SimState::new(cfg))
+}
+
+/// The worker's routes over an already built state.
+pub fn router_with(st: Arc<state::SimState>) -> Router {
+    let limit = st.cfg.max_body_bytes;
     Router::new()
         .route("/health", get(info::health))
         .route("/health_generate", get(info::health))
@@ -77,6 +90,7 @@ pub fn router(cfg: SimConfig) -> Router {
         )
         .route("/get_load", get(info::get_load))
         .route("/v1/loads", get(info::loads))
+        .route("/sim/kv", get(info::kv_stats))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -91,12 +105,23 @@ pub struct SimHandle {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<Duration>>,
     task: JoinHandle<()>,
+    pd: Option<Arc<pd::PdState>>,
 }
 
 impl SimHandle {
     /// `http://ip:port`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The PD machinery (prefill and decode workers).
+    pub fn pd(&self) -> Option<&Arc<pd::PdState>> {
+        self.pd.as_ref()
+    }
+
+    /// Where a prefill worker's bootstrap server listens.
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.pd.as_ref().and_then(|p| p.bootstrap_addr())
     }
 
     /// Stops accepting connections, lets open requests finish for up to
@@ -111,27 +136,44 @@ impl SimHandle {
             let _ = stop.send(grace);
         }
         let _ = (&mut self.task).await;
+        if let Some(pd) = &self.pd {
+            pd.stop();
+        }
     }
 }
 
 impl Drop for SimHandle {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(pd) = &self.pd {
+            pd.stop();
+        }
     }
 }
 
 /// Serves a worker configured by `cfg` on `listener` in a background task. The listener's
-/// address replaces `cfg.host` / `cfg.port` (what `/get_server_info` reports).
-pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> std::io::Result<SimHandle> {
+/// address replaces `cfg.host` / `cfg.port` (what `/get_server_info` reports); a prefill
+/// worker's bootstrap server binds `cfg.bootstrap_port` (0: any free port, then reported).
+pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<SimHandle> {
+    cfg.validate().map_err(anyhow::Error::msg)?;
     let addr = listener.local_addr()?;
     cfg.host = addr.ip().to_string();
     cfg.port = addr.port();
+    let pd = match cfg.mode {
+        SimMode::Regular => None,
+        _ => Some(pd::PdState::start(&cfg, addr.port()).await?),
+    };
+    if let Some(b) = pd.as_ref().and_then(|p| p.bootstrap_addr()) {
+        cfg.bootstrap_port = b.port();
+    }
+    let st = state::SimState::with_pd(cfg, pd.clone());
     let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(serve::serve(listener, router(cfg), stopped));
+    let task = tokio::spawn(serve::serve(listener, router_with(st), stopped));
     Ok(SimHandle {
         addr,
         stop: Some(stop),
         task,
+        pd,
     })
 }
 
@@ -145,7 +187,24 @@ pub async fn run(cfg: SimConfig) -> anyhow::Result<()> {
     let (model, mode) = (cfg.model.clone(), cfg.mode);
     let handle = spawn(cfg, listener).await?;
     let stop = crate::serve::shutdown_signal();
-    tracing::info!(url = %handle.url(), %model, ?mode, "simulated SGLang worker ready");
+    // One machine-readable line on stdout (scripts and tests read the bound ports from it).
+    let mut ready = format!(
+        "moongate sim-worker ready http {} mode {}",
+        handle.addr,
+        mode.as_str()
+    );
+    match handle.pd() {
+        Some(pd) => {
+            ready.push_str(&format!(" kv {}", pd.segment()));
+            if let Some(b) = pd.bootstrap_addr() {
+                ready.push_str(&format!(" bootstrap {b}"));
+            }
+            tracing::info!(url = %handle.url(), %model, ?mode, kv_segment = pd.segment(),
+                bootstrap = ?pd.bootstrap_addr(), "simulated SGLang worker ready");
+        }
+        None => tracing::info!(url = %handle.url(), %model, ?mode, "simulated SGLang worker ready"),
+    }
+    println!("{ready}");
     stop.await;
     tracing::info!("shutting down");
     handle.shutdown().await;

@@ -5,8 +5,10 @@
 //! trailing whitespace is a piece of its own). A piece's token id is the FNV-1a hash of its
 //! UTF-8 bytes folded into `[FIRST_HASHED_ID, VOCAB_SIZE)`. A text prompt starts with
 //! [`BOS_TOKEN_ID`], so its token count is pieces + 1. A chat prompt counts as
-//! BOS + Σ over messages (`MESSAGE_OVERHEAD` + pieces of the message's text)
-//! + `REPLY_PRIMER` (role markers and the assistant header of a chat template).
+//! BOS + Σ over messages (`MESSAGE_OVERHEAD` + pieces of the message's text) plus
+//! `REPLY_PRIMER` (role markers and the assistant header of a chat template). As ids
+//! ([`role_header`]), each message opens with [`ROLE_OPEN`], the id of its role (lower
+//! case) and [`ROLE_CLOSE`], and the reply primer is the header of role `assistant`.
 //!
 //! **Generator.** Output token `k` of choice `j` is `WORDS[i]` (a space, then a word), where
 //! `i` comes from a SplitMix64 stream seeded by the prompt (text bytes or token ids), the
@@ -30,6 +32,10 @@ pub const BOS_TEXT: &str = "<s>";
 pub const FIRST_HASHED_ID: u32 = 256;
 /// Tokens a chat template adds per message.
 pub const MESSAGE_OVERHEAD: u64 = 3;
+/// Opens a chat message's role header.
+pub const ROLE_OPEN: u32 = 3;
+/// Closes a chat message's role header.
+pub const ROLE_CLOSE: u32 = 4;
 /// Tokens a chat template adds to open the assistant's reply.
 pub const REPLY_PRIMER: u64 = 3;
 /// How much less likely each alternative in `top_logprobs` is than the previous one.
@@ -150,6 +156,16 @@ pub fn tokenize_prompt(text: &str) -> Vec<u32> {
     ids.push(BOS_TOKEN_ID);
     ids.extend(pieces(text).map(|r| piece_id(&text.as_bytes()[r])));
     ids
+}
+
+/// The `MESSAGE_OVERHEAD` ids opening a chat message of `role` (also the reply primer, for
+/// role `assistant`).
+pub fn role_header(role: &str) -> [u32; 3] {
+    [
+        ROLE_OPEN,
+        piece_id(role.to_ascii_lowercase().as_bytes()),
+        ROLE_CLOSE,
+    ]
 }
 
 /// Text of token `id` for logprobs and echoes: a word it generates, a special token, or

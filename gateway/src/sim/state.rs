@@ -4,28 +4,37 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::config::SimConfig;
+use super::config::{SimConfig, SimMode};
 use super::model;
+use super::pd::PdState;
 
 /// State shared by every handler of one simulated worker.
 #[derive(Debug)]
 pub struct SimState {
     /// The worker's configuration.
     pub cfg: SimConfig,
+    /// The PD machinery (prefill and decode modes).
+    pub pd: Option<Arc<PdState>>,
     in_flight: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
 }
 
 impl SimState {
-    /// State for a worker configured by `cfg`.
+    /// State for a worker configured by `cfg` (regular mode).
     pub fn new(cfg: SimConfig) -> Arc<Self> {
+        Self::with_pd(cfg, None)
+    }
+
+    /// State for a worker configured by `cfg`, with its PD machinery.
+    pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> Arc<Self> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let id_base = model::mix(nanos as u64 ^ u64::from(std::process::id()) << 32);
         Arc::new(SimState {
             cfg,
+            pd,
             in_flight: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,
@@ -35,7 +44,27 @@ impl SimState {
     /// Counts a request as in flight until the guard drops.
     pub fn enter(&self) -> InflightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(self.in_flight.clone())
+        InflightGuard(self.in_flight.clone(), None)
+    }
+
+    /// This worker's role.
+    pub fn mode(&self) -> SimMode {
+        self.cfg.mode
+    }
+
+    /// A request's token limit as this worker applies it: a prefill worker writes one token
+    /// (its prefill forward), the decode worker the rest.
+    pub fn cap_output(&self, max: u32) -> u32 {
+        match self.cfg.mode {
+            SimMode::Prefill => max.min(1),
+            _ => max,
+        }
+    }
+
+    /// Whether this worker computes prompt logprobs (a decode worker did not see the
+    /// prompt's forward pass: the prefill did, and the router merges them in).
+    pub fn prompt_logprobs(&self) -> bool {
+        self.cfg.mode != SimMode::Decode
     }
 
     /// Requests in flight (streams count until their body ends).
@@ -66,9 +95,20 @@ impl SimState {
     }
 }
 
-/// Holds one request in the in-flight count.
+/// Holds one request in the in-flight count (and what it keeps until it ends, such as the
+/// KV pages of a decode answer).
 #[derive(Debug)]
-pub struct InflightGuard(Arc<AtomicU64>);
+pub struct InflightGuard(
+    Arc<AtomicU64>,
+    Option<Box<dyn std::fmt::Debug + Send + Sync>>,
+);
+
+impl InflightGuard {
+    /// Keeps `hold` until the request ends.
+    pub fn hold(&mut self, hold: impl std::fmt::Debug + Send + Sync + 'static) {
+        self.1 = Some(Box::new(hold));
+    }
+}
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {

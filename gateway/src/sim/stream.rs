@@ -21,6 +21,7 @@ use openapi::openai::StreamOptions;
 use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
 use super::model::Token;
+use super::pd::KvItem;
 use super::state::{InflightGuard, SimState};
 
 /// Streams with no delays and at most this many steps are written as one buffer.
@@ -76,6 +77,10 @@ pub trait Answer: Steps + Sized {
     fn is_stream(&self) -> bool;
     /// The whole response.
     fn whole(self) -> Self::Whole;
+    /// PD: the KV to move before answering (one item per room; none for a regular worker).
+    fn take_kv(&mut self) -> Vec<KvItem> {
+        Vec::new()
+    }
 }
 
 /// Runs a generation request: `prepare` parses it and runs the model; the answer is then
@@ -91,11 +96,20 @@ pub async fn respond<A: Answer>(
         ttft: st.cfg.ttft,
         tpot: st.cfg.tpot,
     };
-    let guard = st.enter();
-    let answer = match prepare(clock) {
+    let mut guard = st.enter();
+    let mut answer = match prepare(clock) {
         Ok(a) => a,
         Err(e) => return error(e),
     };
+    let kv = answer.take_kv();
+    if let (false, Some(pd)) = (kv.is_empty(), &st.pd) {
+        // Prefill: compute and send the KV; decode: receive and check it (its pages are
+        // held until the answer ends).
+        match pd.exchange(kv).await {
+            Ok(hold) => guard.hold(hold),
+            Err(e) => return error(e),
+        }
+    }
     if answer.is_stream() {
         return sse_response(answer, clock, guard);
     }

@@ -51,6 +51,31 @@ pub struct RegisterRank {
     pub load_balance_method: Option<String>,
 }
 
+impl RegisterRank {
+    /// The registration of a worker that is its own only rank (no tensor, context, data or
+    /// pipeline parallelism).
+    pub fn single(rank_ip: String, rank_port: u16, page_size: u32, kv_cache_dtype: &str) -> Self {
+        Self {
+            attn_tp_size: 1,
+            attn_tp_rank: 0,
+            attn_cp_size: 1,
+            attn_cp_rank: 0,
+            attn_dp_size: 1,
+            attn_dp_rank: 0,
+            pp_size: 1,
+            pp_rank: 0,
+            system_dp_size: 1,
+            system_dp_rank: 0,
+            rank_ip,
+            rank_port,
+            page_size,
+            kv_cache_dtype: kv_cache_dtype.to_owned(),
+            prefill_http_port: None,
+            load_balance_method: None,
+        }
+    }
+}
+
 /// `GET /route` parameters (all four, as text: `-1` asks for the server info).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RouteQuery {

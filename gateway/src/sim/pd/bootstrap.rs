@@ -316,20 +316,7 @@ mod tests {
         RegisterRank {
             attn_tp_size: tp_size,
             attn_tp_rank: tp,
-            attn_cp_size: 1,
-            attn_cp_rank: 0,
-            attn_dp_size: 1,
-            attn_dp_rank: 0,
-            pp_size: 1,
-            pp_rank: 0,
-            system_dp_size: 1,
-            system_dp_rank: 0,
-            rank_ip: "10.0.0.1".into(),
-            rank_port: 17000 + tp as u16,
-            page_size: 16,
-            kv_cache_dtype: "bfloat16".into(),
-            prefill_http_port: None,
-            load_balance_method: None,
+            ..RegisterRank::single("10.0.0.1".into(), 17000 + tp as u16, 16, "bfloat16")
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use transfer::TransferEngine;
 
@@ -23,7 +23,7 @@ use super::kv::{self, Layout};
 use super::pool::{KvPool, PageLease};
 use super::prefill::send;
 use super::wire::{self, Message};
-use super::{KvEvent, KvFail, KvItem, Stats};
+use super::{Common, KvEvent, KvFail, KvItem};
 
 /// How a room's wait ended, from the prefill.
 type Outcome = Result<(u32, Vec<u32>), String>;
@@ -44,14 +44,9 @@ struct Rooms {
 /// The decode side of one worker.
 #[derive(Debug)]
 pub struct Decode {
-    engine: TransferEngine,
-    pool: Arc<KvPool>,
-    layout: Layout,
-    timeout: Duration,
+    common: Common,
     links: Arc<Links>,
     rooms: Arc<Mutex<Rooms>>,
-    stats: Arc<Stats>,
-    events: broadcast::Sender<KvEvent>,
 }
 
 /// Gives up a room whose wait did not end with `DONE`.
@@ -102,31 +97,18 @@ impl Drop for WaitGuard {
 }
 
 impl Decode {
-    /// The decode side over `pool`.
-    pub fn new(
-        engine: TransferEngine,
-        pool: Arc<KvPool>,
-        layout: Layout,
-        timeout: Duration,
-        links: Arc<Links>,
-        stats: Arc<Stats>,
-        events: broadcast::Sender<KvEvent>,
-    ) -> Self {
+    /// The decode side over `common`'s pool, finding prefills through `links`.
+    pub fn new(common: Common, links: Arc<Links>) -> Self {
         Self {
-            engine,
-            pool,
-            layout,
-            timeout,
+            common,
             links,
             rooms: Arc::default(),
-            stats,
-            events,
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &Arc<KvPool> {
-        &self.pool
+        &self.common.pool
     }
 
     /// Rooms waiting for KV, and rooms in quarantine.
@@ -159,7 +141,7 @@ impl Decode {
 
     /// Releases quarantined pages whose prefill died or whose time is up.
     pub fn sweep(&self) {
-        let limit = self.timeout * 2;
+        let limit = self.common.timeout * 2;
         self.rooms
             .lock()
             .quarantine
@@ -172,19 +154,19 @@ impl Decode {
         let started = Instant::now();
         let room = item.room;
         let link = self.links.get(&item.addr).await?;
-        if link.page_size as usize != self.layout.page_tokens {
+        if link.page_size as usize != self.common.layout.page_tokens {
             return Err(KvFail::Failed(format!(
                 "prefill {} uses pages of {} tokens, this decode worker {}",
-                link.addr, link.page_size, self.layout.page_tokens
+                link.addr, link.page_size, self.common.layout.page_tokens
             )));
         }
         let tokens = &item.tokens;
-        let n = self.layout.pages_for(tokens.len());
+        let n = self.common.layout.pages_for(tokens.len());
         let lease = tokio::select! {
-            l = self.pool.lease(n) => l?,
+            l = self.common.pool.lease(n) => l?,
             _ = link.dead.cancelled() => return Err(dead(&link).into()),
-            _ = tokio::time::sleep(self.timeout) => {
-                return Err(format!("no KV pages free within {:?}", self.timeout).into());
+            _ = tokio::time::sleep(self.common.timeout) => {
+                return Err(format!("no KV pages free within {:?}", self.common.timeout).into());
             }
         };
         let (tx, rx) = oneshot::channel();
@@ -197,17 +179,17 @@ impl Decode {
             }
             rooms.waiting.insert(room, tx);
         }
-        let addrs = lease.pages().iter().map(|&p| self.pool.addr(p));
+        let addrs = lease.pages().iter().map(|&p| self.common.pool.addr(p));
         let register = Message::Register {
             room,
             tokens: tokens.len() as u32,
-            page_tokens: self.layout.page_tokens as u32,
-            page_bytes: self.layout.page_bytes() as u32,
-            runs: wire::runs(addrs, self.layout.page_bytes() as u64),
+            page_tokens: self.common.layout.page_tokens as u32,
+            page_bytes: self.common.layout.page_bytes() as u32,
+            runs: wire::runs(addrs, self.common.layout.page_bytes() as u64),
         };
         let mut guard = WaitGuard {
             rooms: self.rooms.clone(),
-            engine: self.engine.clone(),
+            engine: self.common.engine.clone(),
             room,
             link: link.clone(),
             lease: Some(lease),
@@ -218,12 +200,13 @@ impl Decode {
             return Err(format!("{n} scattered KV pages do not fit in one registration").into());
         }
         let peer = self
+            .common
             .engine
             .open_segment(&link.segment)
             .await
             .map_err(|e| format!("prefill KV endpoint {} unreachable: {e}", link.segment))?;
         guard.registered = true;
-        self.engine.notify(&peer, &msg).await.map_err(|e| {
+        self.common.engine.notify(&peer, &msg).await.map_err(|e| {
             format!(
                 "registering pages with prefill {} failed: {e}",
                 link.segment
@@ -232,24 +215,24 @@ impl Decode {
         let outcome = tokio::select! {
             o = rx => o.unwrap_or_else(|_| Err("the room was dropped".into())),
             _ = link.dead.cancelled() => Err(dead(&link)),
-            _ = tokio::time::sleep(self.timeout) => {
+            _ = tokio::time::sleep(self.common.timeout) => {
                 // The prefill may still be writing: the guard quarantines the pages.
-                self.stats.failed();
-                return Err(format!("no KV arrived for room {room} within {:?}", self.timeout).into());
+                self.common.stats.failed();
+                return Err(format!("no KV arrived for room {room} within {:?}", self.common.timeout).into());
             }
         };
         let (group, sums) = match outcome {
             Ok(done) => done,
             Err(e) => {
                 // The prefill said it stopped, or is dead: nothing more will be written.
-                self.stats.failed();
+                self.common.stats.failed();
                 guard.registered = false;
                 return Err(e.into());
             }
         };
         let waited = started.elapsed();
         let lease = guard.take().ok_or("the pages were lost")?;
-        let (pool, layout, toks) = (self.pool.clone(), self.layout, tokens.clone());
+        let (pool, layout, toks) = (self.common.pool.clone(), self.common.layout, tokens.clone());
         let (lease, check) = tokio::task::spawn_blocking(move || {
             let r = verify(&pool, &lease, layout, &toks, group as usize, &sums);
             (lease, r)
@@ -257,12 +240,12 @@ impl Decode {
         .await
         .map_err(|e| format!("KV check failed: {e}"))?;
         if let Err(e) = check {
-            self.stats.failed();
+            self.common.stats.failed();
             return Err(e.into());
         }
-        let bytes = (tokens.len() * self.layout.bytes_per_token) as u64;
-        self.stats.moved(tokens.len(), bytes, waited);
-        let _ = self.events.send(KvEvent {
+        let bytes = (tokens.len() * self.common.layout.bytes_per_token) as u64;
+        self.common.stats.moved(tokens.len(), bytes, waited);
+        let _ = self.common.events.send(KvEvent {
             room,
             tokens: tokens.len(),
             pages: n,

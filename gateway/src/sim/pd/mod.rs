@@ -213,6 +213,24 @@ impl From<KvFail> for SimError {
     }
 }
 
+/// What both sides of a worker share: the transfer engine, the page pool and its layout,
+/// the KV timeout, the counters and the event feed.
+#[derive(Debug)]
+pub struct Common {
+    /// The transfer engine.
+    pub engine: TransferEngine,
+    /// The page pool.
+    pub pool: Arc<KvPool>,
+    /// How a prompt's KV is laid out in pages.
+    pub layout: Layout,
+    /// The bound on a room (see `--kv-timeout`).
+    pub timeout: Duration,
+    /// The counters behind `GET /sim/kv`.
+    pub stats: Arc<Stats>,
+    /// Every room moved.
+    pub events: broadcast::Sender<KvEvent>,
+}
+
 /// KV pages a decode answer holds until it ends.
 #[derive(Debug, Default)]
 pub struct KvHold(Vec<PageLease>);
@@ -269,17 +287,17 @@ impl PdState {
         let stats = Arc::new(Stats::default());
         let (events, _) = broadcast::channel(1024);
         let stop = CancellationToken::new();
+        let common = Common {
+            engine: engine.clone(),
+            pool,
+            layout,
+            timeout: cfg.kv_timeout,
+            stats: stats.clone(),
+            events: events.clone(),
+        };
         let (side, bootstrap) = match cfg.mode {
             SimMode::Prefill => {
-                let p = Arc::new(Prefill::new(
-                    engine.clone(),
-                    pool,
-                    layout,
-                    cfg.prefill_compute_per_token,
-                    cfg.kv_timeout,
-                    stats.clone(),
-                    events.clone(),
-                ));
+                let p = Arc::new(Prefill::new(common, cfg.prefill_compute_per_token));
                 let addr = serve_bootstrap(cfg, &engine, http_port, &stop).await?;
                 (Side::Prefill(p), Some(addr))
             }
@@ -289,16 +307,7 @@ impl PdState {
                     max_failures: cfg.heartbeat_max_failures,
                 };
                 let links = Arc::new(Links::new(HttpClient::new(), heartbeat, stop.clone()));
-                let d = Decode::new(
-                    engine.clone(),
-                    pool,
-                    layout,
-                    cfg.kv_timeout,
-                    links,
-                    stats.clone(),
-                    events.clone(),
-                );
-                (Side::Decode(Arc::new(d)), None)
+                (Side::Decode(Arc::new(Decode::new(common, links))), None)
             }
             SimMode::Regular => anyhow::bail!("a regular worker has no PD side"),
         };
@@ -429,22 +438,8 @@ async fn serve_bootstrap(
         .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)))
         .context("the transfer engine's segment is not host:port")?;
     table.register(RegisterRank {
-        attn_tp_size: 1,
-        attn_tp_rank: 0,
-        attn_cp_size: 1,
-        attn_cp_rank: 0,
-        attn_dp_size: 1,
-        attn_dp_rank: 0,
-        pp_size: 1,
-        pp_rank: 0,
-        system_dp_size: 1,
-        system_dp_rank: 0,
-        rank_ip,
-        rank_port,
-        page_size: cfg.page_size,
-        kv_cache_dtype: "bfloat16".into(),
         prefill_http_port: Some(http_port),
-        load_balance_method: None,
+        ..RegisterRank::single(rank_ip, rank_port, cfg.page_size, "bfloat16")
     });
     let app = bootstrap::router(table);
     let stop = stop.clone();

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use transfer::{Segment, TransferEngine, TransferRequest};
 
 use super::kv::{self, Layout};
 use super::pool::{KvPool, PageLease};
 use super::wire::{self, Message};
-use super::{KvEvent, KvFail, KvItem, Stats};
+use super::{Common, KvEvent, KvFail, KvItem};
 
 /// A decode's destination pages for one room.
 #[derive(Debug)]
@@ -47,14 +47,9 @@ enum Slot {
 /// The prefill side of one worker.
 #[derive(Debug)]
 pub struct Prefill {
-    engine: TransferEngine,
-    pool: Arc<KvPool>,
-    layout: Layout,
+    common: Common,
     compute_per_token: Duration,
-    timeout: Duration,
     rooms: Arc<Mutex<HashMap<u64, Slot>>>,
-    stats: Arc<Stats>,
-    events: broadcast::Sender<KvEvent>,
 }
 
 /// Removes a room the request gave up before its transfer started, telling the decode.
@@ -103,31 +98,18 @@ pub(super) async fn send(engine: &TransferEngine, segment: &str, msg: &Message) 
 }
 
 impl Prefill {
-    /// The prefill side over `pool`.
-    pub fn new(
-        engine: TransferEngine,
-        pool: Arc<KvPool>,
-        layout: Layout,
-        compute_per_token: Duration,
-        timeout: Duration,
-        stats: Arc<Stats>,
-        events: broadcast::Sender<KvEvent>,
-    ) -> Self {
+    /// The prefill side over `common`'s pool.
+    pub fn new(common: Common, compute_per_token: Duration) -> Self {
         Self {
-            engine,
-            pool,
-            layout,
+            common,
             compute_per_token,
-            timeout,
             rooms: Arc::default(),
-            stats,
-            events,
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &Arc<KvPool> {
-        &self.pool
+        &self.common.pool
     }
 
     /// Rooms in progress (either end arrived, not finished).
@@ -203,7 +185,7 @@ impl Prefill {
     }
 
     fn fail_later(&self, room: u64, decode: String, reason: &str) {
-        let engine = self.engine.clone();
+        let engine = self.common.engine.clone();
         let msg = Message::Failed {
             room,
             reason: reason.into(),
@@ -228,7 +210,7 @@ impl Prefill {
             let mut rooms = self.rooms.lock();
             let old: Vec<u64> = rooms
                 .iter()
-                .filter(|(_, s)| matches!(s, Slot::Registered(_, at) if now - *at > self.timeout))
+                .filter(|(_, s)| matches!(s, Slot::Registered(_, at) if now - *at > self.common.timeout))
                 .map(|(r, _)| *r)
                 .collect();
             old.into_iter()
@@ -275,18 +257,18 @@ impl Prefill {
         };
         let mut guard = RoomGuard {
             rooms: self.rooms.clone(),
-            engine: self.engine.clone(),
+            engine: self.common.engine.clone(),
             room,
             decode: early.as_ref().map(|r| r.decode.clone()),
             armed: true,
         };
         let tokens = item.tokens.clone();
-        let pages = self.layout.pages_for(tokens.len());
+        let pages = self.common.layout.pages_for(tokens.len());
         let compute = async {
-            let lease = self.pool.lease(pages).await?;
+            let lease = self.common.pool.lease(pages).await?;
             let started = Instant::now();
             tokio::time::sleep(self.compute_per_token.saturating_mul(tokens.len() as u32)).await;
-            let (layout, pool) = (self.layout, self.pool.clone());
+            let (layout, pool) = (self.common.layout, self.common.pool.clone());
             let t = tokens.clone();
             let (lease, crcs) = tokio::task::spawn_blocking(move || {
                 let crcs = compute_pages(&pool, &lease, layout, &t);
@@ -299,12 +281,12 @@ impl Prefill {
         let registration = async {
             let reg = match early {
                 Some(reg) => Ok(reg),
-                None => match tokio::time::timeout(self.timeout, rx).await {
+                None => match tokio::time::timeout(self.common.timeout, rx).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(_)) => Err("the room was dropped".into()),
                     Err(_) => Err(format!(
                         "no decode registered room {room} within {:?}",
-                        self.timeout
+                        self.common.timeout
                     )),
                 },
             };
@@ -320,8 +302,8 @@ impl Prefill {
         };
         guard.decode = Some(reg.decode.clone());
         if reg.tokens as usize != tokens.len()
-            || reg.page_tokens as usize != self.layout.page_tokens
-            || reg.page_bytes as usize != self.layout.page_bytes()
+            || reg.page_tokens as usize != self.common.layout.page_tokens
+            || reg.page_bytes as usize != self.common.layout.page_bytes()
         {
             return Err(KvFail::Failed(format!(
                 "the decode's KV layout ({} tokens, {} tokens of {} bytes per page) does not \
@@ -330,8 +312,8 @@ impl Prefill {
                 reg.page_tokens,
                 reg.page_bytes,
                 tokens.len(),
-                self.layout.page_tokens,
-                self.layout.page_bytes()
+                self.common.layout.page_tokens,
+                self.common.layout.page_bytes()
             )));
         }
         // From here the transfer task owns the room: it ends it whatever happens to us.
@@ -342,18 +324,18 @@ impl Prefill {
             me.rooms.lock().remove(&room);
             drop(lease);
             match &r {
-                Ok((bytes, took)) => me.stats.moved(tokens.len(), *bytes, *took),
+                Ok((bytes, took)) => me.common.stats.moved(tokens.len(), *bytes, *took),
                 Err(e) => {
-                    me.stats.failed();
+                    me.common.stats.failed();
                     let msg = Message::Failed {
                         room,
                         reason: e.clone(),
                     };
-                    send(&me.engine, &reg.decode, &msg).await;
+                    send(&me.common.engine, &reg.decode, &msg).await;
                 }
             }
             if let Ok((bytes, took)) = &r {
-                let _ = me.events.send(KvEvent {
+                let _ = me.common.events.send(KvEvent {
                     room,
                     tokens: tokens.len(),
                     pages,
@@ -383,7 +365,7 @@ impl Prefill {
         ) {
             return Err("the decode side gave the room up".into());
         }
-        let page_bytes = self.layout.page_bytes() as u64;
+        let page_bytes = self.common.layout.page_bytes() as u64;
         let dst = wire::pages_of(&reg.runs, page_bytes);
         if dst.len() != lease.pages().len() {
             return Err(format!(
@@ -394,14 +376,23 @@ impl Prefill {
             ));
         }
         let peer: Segment = self
+            .common
             .engine
             .open_segment(&reg.decode)
             .await
             .map_err(|e| format!("decode {} unreachable: {e}", reg.decode))?;
-        let requests = coalesce(&self.pool, lease, &dst, self.layout, tokens, &peer);
+        let requests = coalesce(
+            &self.common.pool,
+            lease,
+            &dst,
+            self.common.layout,
+            tokens,
+            &peer,
+        );
         let bytes: u64 = requests.iter().map(|r| r.len as u64).sum();
         let started = Instant::now();
         let batch = self
+            .common
             .engine
             .submit(requests)
             .await
@@ -417,7 +408,8 @@ impl Prefill {
             group,
             crcs: kv::group_checksums(&crcs, group as usize),
         };
-        self.engine
+        self.common
+            .engine
             .notify(&peer, &done.encode())
             .await
             .map_err(|e| format!("signalling decode {} failed: {e}", reg.decode))?;

@@ -30,6 +30,11 @@ impl Drop for Node {
 impl Node {
     /// Starts `moongate store` against `master` and waits for its ready line.
     fn start(master: &str, segment: &str, protocol: &str) -> Node {
+        Self::start_with(master, segment, protocol, &["--listen", "127.0.0.1:0"])
+    }
+
+    /// Like [`Node::start`], with more flags.
+    fn start_with(master: &str, segment: &str, protocol: &str, extra: &[&str]) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_moongate"))
             .args([
                 "store",
@@ -39,8 +44,6 @@ impl Node {
                 segment,
                 "--local-buffer-size",
                 "4M",
-                "--listen",
-                "127.0.0.1:0",
                 "--http-listen",
                 "127.0.0.1:0",
                 "--protocol",
@@ -48,6 +51,7 @@ impl Node {
                 "--heartbeat-interval-ms",
                 "200",
             ])
+            .args(extra)
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -402,4 +406,44 @@ fn a_node_on_huge_pages_serves_or_says_why_not() {
         err.contains("huge pages"),
         "the error names the cause: {err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_the_same_address_never_serves_its_predecessors_objects() {
+    let m = master(60_000, "127.0.0.1:0").await;
+    let c = client(&m.url(), Protocol::Auto).await;
+    for protocol in ["auto", "tcp"] {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listen = probe.local_addr().unwrap().to_string();
+        drop(probe);
+        let mut old = Node::start_with(&m.url(), "16M", protocol, &["--listen", &listen]);
+        let w = c.with_replication(on(&old.segment, 1));
+        let keys: Vec<String> = (0..8).map(|i| format!("{protocol}/old/{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            w.put(k, &value(i as u64, 50_000)).await.unwrap();
+            assert_eq!(c.get(k).await.unwrap(), value(i as u64, 50_000));
+        }
+        let before = m.master().segments().len();
+        old.kill();
+        // Same address and transfer endpoint, new process and memory. The old segment stays
+        // mounted (60 s client TTL); the new one mounts beside it under its own name.
+        let new = Node::start_with(&m.url(), "16M", protocol, &["--listen", &listen]);
+        assert_ne!(new.segment, old.segment);
+        until(
+            "the new node to mount",
+            Duration::from_secs(5),
+            async || m.master().segments().len() == before + 1,
+        )
+        .await;
+        for k in &keys {
+            let e = c.get(k).await.expect_err("the old node's objects are gone");
+            assert_eq!(e.name(), "TRANSFER_FAIL", "{k}: {e}");
+        }
+        let fresh = c.with_replication(on(&new.segment, 1));
+        fresh
+            .put(&format!("{protocol}/new"), b"fresh")
+            .await
+            .unwrap();
+        assert_eq!(c.get(&format!("{protocol}/new")).await.unwrap(), b"fresh");
+    }
 }

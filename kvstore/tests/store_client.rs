@@ -395,7 +395,7 @@ async fn descriptors_through_the_masters_metadata_store() {
     let node = StoreClient::connect(cfg(16 * MIB)).await.unwrap();
     let c = StoreClient::connect(cfg(0)).await.unwrap();
     // The node's descriptor is at the master, under its segment name.
-    let seg = transfer::metadata::segment_key(&node.segment().unwrap().name);
+    let seg = transfer::metadata::segment_key(&node.segment().unwrap().endpoint);
     assert!(
         m.master().metadata().get(&seg).is_ok(),
         "no descriptor at {seg}"
@@ -407,4 +407,62 @@ async fn descriptors_through_the_masters_metadata_store() {
     node.close().await.unwrap();
     // Closing unpublished the descriptor.
     assert!(m.master().metadata().get(&seg).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reborn_at_the_same_address_and_memory_never_serves_old_objects() {
+    let m = master(MasterConfig::default()).await;
+    let reader = client(&m, 0, Protocol::Tcp).await;
+    let cfg = |listen: std::net::SocketAddr| ClientConfig {
+        listen,
+        protocol: Protocol::Tcp,
+        local_buffer_size: MIB,
+        ..ClientConfig::local(&m.url(), 16 * MIB)
+    };
+    let old = StoreClient::connect(cfg("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let addr = old.engine().local_addr();
+    let old_base = old.segment().unwrap().base;
+    let v = value(21, 100_000);
+    reader.put("reborn/k", &v).await.unwrap();
+    assert_eq!(reader.get("reborn/k").await.unwrap(), v);
+    // The node dies without unmounting; a new one starts at the same address. Its segment
+    // memory usually lands where the old one was (the kernel reuses the freed range), so
+    // the old replica's address is inside a live region of the new node with new tokens.
+    old.engine().shutdown().await;
+    drop(old);
+    let mut tries = 0;
+    let new = loop {
+        // The dead engine's listener closes as its task winds down.
+        match StoreClient::start(cfg(addr)).await {
+            Ok(c) => break c,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                assert!(e.to_string().contains("in use"), "{e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let overlaps = new.segment().unwrap().base == old_base;
+    // The first read meets the new tokens with the old descriptor (refused); later reads
+    // see the new descriptor, whose region covers the address: the replica's segment name
+    // says it belongs to the dead instance, so it is refused too, never read.
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let e = reader.get("reborn/k").await.unwrap_err();
+        assert_eq!(
+            e.name(),
+            "TRANSFER_FAIL",
+            "{e} (segment memory reused: {overlaps})"
+        );
+        seen.push(e.to_string());
+    }
+    if overlaps {
+        assert!(
+            seen.iter().any(|e| e.contains("earlier instance")),
+            "{seen:?}"
+        );
+    }
 }

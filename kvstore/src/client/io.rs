@@ -95,8 +95,16 @@ struct Lookup {
 #[derive(Default)]
 struct Opened(Vec<(String, Result<Segment, TransferError>)>);
 
+/// The transfer engine instance a segment name carries: this client names its segment
+/// `{endpoint}#{engine id}`, so a replica written to a node that has since restarted at
+/// the same address is told apart from the new node's memory. `None` for other names.
+pub(super) fn incarnation(segment: &str) -> Option<u64> {
+    let (_, id) = segment.rsplit_once('#')?;
+    u64::from_str_radix(id, 16).ok()
+}
+
 impl StoreClient {
-    async fn open_segment(
+    async fn open_endpoint(
         &self,
         opened: &mut Opened,
         endpoint: &str,
@@ -109,6 +117,36 @@ impl StoreClient {
         r
     }
 
+    /// Opens the segment holding `replica` and checks it is the very engine instance the
+    /// replica was allocated on (refetching a descriptor that predates a restart once): a
+    /// node restarted at the same address must never serve its predecessor's objects.
+    async fn open_replica(
+        &self,
+        opened: &mut Opened,
+        replica: &wire::Replica,
+    ) -> Result<Segment, TransferError> {
+        let seg = self.open_endpoint(opened, &replica.endpoint).await?;
+        let Some(want) = incarnation(&replica.segment) else {
+            return Ok(seg);
+        };
+        if seg.descriptor().engine_id == want {
+            return Ok(seg);
+        }
+        self.inner.engine.close_segment(&replica.endpoint).await;
+        opened.0.retain(|(e, _)| *e != replica.endpoint);
+        let seg = self.open_endpoint(opened, &replica.endpoint).await?;
+        if seg.descriptor().engine_id == want {
+            return Ok(seg);
+        }
+        Err(TransferError::UnknownSegment {
+            segment: replica.endpoint.clone(),
+            reason: format!(
+                "replica on {} belongs to an earlier instance of the node (it restarted)",
+                replica.segment
+            ),
+        })
+    }
+
     /// Opens the segments of `replicas`, nearest first (own segment, same host, remote);
     /// a replica whose segment cannot be opened keeps its error, last.
     async fn candidates(
@@ -118,11 +156,7 @@ impl StoreClient {
     ) -> Vec<Result<(Segment, u64), TransferError>> {
         let mut out = Vec::with_capacity(replicas.len());
         for r in replicas {
-            out.push(
-                self.open_segment(opened, &r.endpoint)
-                    .await
-                    .map(|s| (s, r.address)),
-            );
+            out.push(self.open_replica(opened, r).await.map(|s| (s, r.address)));
         }
         out.sort_by_key(|c| match c {
             Ok((s, _)) if s.is_local() => 0,
@@ -556,5 +590,18 @@ impl StoreClient {
             &out,
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::incarnation;
+
+    #[test]
+    fn segment_names_carry_their_engine_instance() {
+        assert_eq!(incarnation("10.0.0.1:7000#00000000000000ff"), Some(255));
+        assert_eq!(incarnation("[::1]:7000#abc"), Some(0xabc));
+        assert_eq!(incarnation("10.0.0.1:7000"), None);
+        assert_eq!(incarnation("name#not-hex"), None);
     }
 }

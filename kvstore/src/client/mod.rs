@@ -128,10 +128,10 @@ impl StoreClient {
         Self::open(config, false).await
     }
 
-    /// Like [`StoreClient::connect`], but a master that cannot be reached yet is not an
-    /// error: the heartbeat keeps trying and mounts the segment as soon as the master
-    /// answers (a storage node started before its master). Refusals by the master still
-    /// fail.
+    /// Like [`StoreClient::connect`], but a segment that cannot be mounted yet is not an
+    /// error: the heartbeat keeps trying and mounts it as soon as the master answers and
+    /// accepts it (a storage node started before its master, or restarted while the master
+    /// still holds its dead predecessor's segment at the same addresses).
     pub async fn start(config: ClientConfig) -> StoreResult<Self> {
         Self::open(config, true).await
     }
@@ -169,8 +169,14 @@ impl StoreClient {
                     };
                     StoreError::setup(what, e)
                 })?;
+            // Named after this engine instance (see `io::incarnation`): a node restarted at
+            // the same address mounts a new segment, never its predecessor's.
             let spec = SegmentSpec {
-                name: engine.segment_name().to_owned(),
+                name: format!(
+                    "{}#{:016x}",
+                    engine.segment_name(),
+                    engine.descriptor().engine_id
+                ),
                 base: buf.addr(),
                 size: config.segment_size,
                 endpoint: engine.segment_name().to_owned(),
@@ -190,6 +196,11 @@ impl StoreClient {
                 Ok(_) => mounted = true,
                 Err(e @ StoreError::Rpc { .. }) if wait_for_master => {
                     tracing::warn!(error = %e, "master unreachable; the segment is mounted once it answers");
+                }
+                // E.g. a dead predecessor's segment still covers the range: the heartbeat
+                // remounts once the master has expired it.
+                Err(e @ StoreError::Master(_)) if wait_for_master => {
+                    tracing::warn!(error = %e, "the master refused the segment; retrying at every heartbeat");
                 }
                 Err(e) => return Err(e),
             }

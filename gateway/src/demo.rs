@@ -1,5 +1,9 @@
 //! `moongate demo`: a gateway on 127.0.0.1:30000 in front of two in-process simulated
 //! workers, with copy-paste curl examples for every route. Ctrl-C stops everything.
+//!
+//! `moongate demo --pd`: the gateway in PD mode in front of a simulated prefill and a
+//! simulated decode worker that move real KV pages with the transfer engine; each room's
+//! move (bytes, time, rate) is printed as it happens.
 
 use std::time::Duration;
 
@@ -9,7 +13,9 @@ use tokio::net::TcpListener;
 
 use crate::config::{PolicyKind, ServeConfig};
 use crate::serve::{self, Gateway};
-use crate::sim::{self, SimConfig, SimHandle};
+use crate::sim::config::{KvTransport, ModelShape};
+use crate::sim::pd::KvEvent;
+use crate::sim::{self, SimConfig, SimHandle, SimMode};
 
 /// `moongate demo` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
@@ -30,6 +36,16 @@ pub struct DemoConfig {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30ms")]
     #[serde(skip)]
     pub tpot: Duration,
+    /// Prefill/decode disaggregation: one prefill and one decode worker (`--workers` is
+    /// ignored) moving real KV pages.
+    #[arg(long)]
+    pub pd: bool,
+    /// With `--pd`: the model shape sizing the KV (bytes per token).
+    #[arg(long, value_enum, default_value_t = DemoConfig::default().model_shape)]
+    pub model_shape: ModelShape,
+    /// With `--pd`: how the KV travels (`auto`: shared memory on one host; `tcp`: loopback TCP).
+    #[arg(long, value_enum, default_value_t = DemoConfig::default().kv_transport)]
+    pub kv_transport: KvTransport,
 }
 
 impl Default for DemoConfig {
@@ -40,6 +56,9 @@ impl Default for DemoConfig {
             workers: 2,
             model: SimConfig::default().model,
             tpot: Duration::from_millis(30),
+            pd: false,
+            model_shape: SimConfig::default().model_shape,
+            kv_transport: SimConfig::default().kv_transport,
         }
     }
 }
@@ -50,20 +69,30 @@ pub struct Demo {
     gateway: Gateway,
     sims: Vec<SimHandle>,
     model: String,
+    pd: bool,
 }
 
 impl Demo {
     /// Starts the workers and the gateway, and waits until every worker is ready.
     pub async fn start(cfg: DemoConfig) -> anyhow::Result<Self> {
-        let mut sims = Vec::with_capacity(cfg.workers);
-        for _ in 0..cfg.workers {
+        let sim = |mode| SimConfig {
+            model: cfg.model.clone(),
+            tpot: cfg.tpot,
+            mode,
+            model_shape: cfg.model_shape,
+            kv_transport: cfg.kv_transport,
+            bootstrap_port: 0,
+            ..SimConfig::default()
+        };
+        let modes = if cfg.pd {
+            vec![SimMode::Prefill, SimMode::Decode]
+        } else {
+            vec![SimMode::Regular; cfg.workers]
+        };
+        let mut sims = Vec::with_capacity(modes.len());
+        for mode in modes {
             let listener = TcpListener::bind((cfg.host.as_str(), 0)).await?;
-            let sim_cfg = SimConfig {
-                model: cfg.model.clone(),
-                tpot: cfg.tpot,
-                ..SimConfig::default()
-            };
-            sims.push(sim::spawn(sim_cfg, listener).await?);
+            sims.push(sim::spawn(sim(mode), listener).await?);
         }
         let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
@@ -73,19 +102,27 @@ impl Demo {
                     cfg.host, cfg.port
                 )
             })?;
-        let serve_cfg = ServeConfig {
+        let mut serve_cfg = ServeConfig {
             host: cfg.host.clone(),
             port: cfg.port,
-            worker_urls: sims.iter().map(SimHandle::url).collect(),
             policy: PolicyKind::PowerOfTwo,
             health_check_interval_secs: 5,
             shutdown_grace_period_secs: 5,
             ..ServeConfig::default()
         };
+        match &sims[..] {
+            [p, d] if cfg.pd => {
+                let boot = p.bootstrap_addr().map_or(0, |a| a.port());
+                serve_cfg.pd_disaggregation = true;
+                serve_cfg.prefill = vec![vec![p.url(), boot.to_string()]];
+                serve_cfg.decode = vec![d.url()];
+            }
+            _ => serve_cfg.worker_urls = sims.iter().map(SimHandle::url).collect(),
+        }
         serve_cfg.validate()?;
         let gateway = serve::spawn(serve_cfg, listener).await?;
         for _ in 0..250 {
-            if gateway.state().registry().counts().0 == cfg.workers {
+            if gateway.state().registry().counts().0 == sims.len() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -94,7 +131,14 @@ impl Demo {
             gateway,
             sims,
             model: cfg.model,
+            pd: cfg.pd,
         })
+    }
+
+    /// With `--pd`: every room the prefill moves from now on.
+    pub fn kv_moves(&self) -> Option<tokio::sync::broadcast::Receiver<KvEvent>> {
+        let prefill = self.sims.first().filter(|_| self.pd)?;
+        Some(prefill.pd()?.subscribe())
     }
 
     /// The gateway.
@@ -104,6 +148,9 @@ impl Demo {
 
     /// What to try, as shell commands.
     pub fn instructions(&self) -> String {
+        if self.pd {
+            return self.pd_instructions();
+        }
         let url = self.gateway.url();
         let m = &self.model;
         let workers = self.gateway.state().registry().list();
@@ -152,6 +199,47 @@ Ctrl-C stops the demo.
         )
     }
 
+    fn pd_instructions(&self) -> String {
+        let url = self.gateway.url();
+        let (p, d) = (self.sims[0].url(), self.sims[1].url());
+        let boot = self.sims[0].bootstrap_addr().map_or(0, |a| a.port());
+        let kv = self.sims[0].pd().map(|s| s.stats());
+        let (shape, per_token) =
+            kv.map_or((String::new(), 0), |s| (s.model_shape, s.bytes_per_token));
+        format!(
+            r#"Moongate PD demo: gateway {url} -> prefill {p} (bootstrap port {boot}) + decode {d}, model "{m}".
+KV: {shape} shape, {kib} KiB per token, computed by the prefill from the token ids and written
+into the decode's memory with the transfer engine; the decode checks every page, then generates.
+
+# A request (its KV move is printed below)
+curl -s {url}/generate -H 'content-type: application/json' \
+  -d '{{"text":"The gate opens at dawn and the caravans move west","sampling_params":{{"max_new_tokens":16}}}}'
+
+# Streamed chat
+curl -sN {url}/v1/chat/completions -H 'content-type: application/json' \
+  -d '{{"model":"{m}","messages":[{{"role":"user","content":"Tell me about the moon."}}],"max_tokens":16,"stream":true}}'
+
+# A batch: one bootstrap room per prompt
+curl -s {url}/v1/completions -H 'content-type: application/json' \
+  -d '{{"model":"{m}","prompt":["The gate opens at","The river flows past"],"max_tokens":8}}'
+
+# Prompt logprobs come from the prefill, merged into decode's answer
+curl -s {url}/generate -H 'content-type: application/json' \
+  -d '{{"text":"The gate opens","return_logprob":true,"logprob_start_len":0,"sampling_params":{{"max_new_tokens":4}}}}'
+
+# Each side's KV pool and moves; the gateway's PD metrics; the bootstrap server
+curl -s {p}/sim/kv; echo
+curl -s {d}/sim/kv; echo
+curl -s {url}/metrics | grep moongate_gateway_pd
+curl -s 'http://127.0.0.1:{boot}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1'; echo
+
+Ctrl-C stops the demo. KV moves:
+"#,
+            m = self.model,
+            kib = per_token / 1024,
+        )
+    }
+
     /// Stops the gateway, then the workers.
     pub async fn shutdown(self) {
         self.gateway.shutdown().await;
@@ -166,8 +254,40 @@ pub async fn run(cfg: DemoConfig) -> anyhow::Result<()> {
     let stop = serve::shutdown_signal();
     let demo = Demo::start(cfg).await?;
     println!("{}", demo.instructions());
+    if let Some(mut moves) = demo.kv_moves() {
+        tokio::spawn(async move {
+            loop {
+                match moves.recv().await {
+                    Ok(e) => println!("{}", describe(&e)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        println!("({n} KV moves not shown)")
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
     stop.await;
     println!("stopping");
     demo.shutdown().await;
     Ok(())
+}
+
+/// One line about one room's KV move.
+pub fn describe(e: &KvEvent) -> String {
+    let secs = e.took.as_secs_f64();
+    let rate = if secs > 0.0 {
+        e.bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    };
+    format!(
+        "KV room {:>19}: {} tokens, {} pages, {:.2} MiB moved in {:.3} ms ({rate:.2} GB/s); computed in {:.3} ms",
+        e.room,
+        e.tokens,
+        e.pages,
+        e.bytes as f64 / (1 << 20) as f64,
+        secs * 1e3,
+        e.compute.as_secs_f64() * 1e3,
+    )
 }

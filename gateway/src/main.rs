@@ -17,7 +17,8 @@ struct Cli {
 enum Command {
     /// Run the gateway (sglang-router's flags are accepted).
     Serve(ServeArgs),
-    /// Run a gateway with two simulated workers on 127.0.0.1:30000 and print what to try.
+    /// Run a gateway with two simulated workers on 127.0.0.1:30000 and print what to try
+    /// (`--pd`: a simulated prefill and decode moving real KV pages).
     Demo(gateway::demo::DemoConfig),
     /// Run a simulated SGLang worker (same endpoints and shapes, deterministic output).
     SimWorker(gateway::sim::SimConfig),

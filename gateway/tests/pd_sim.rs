@@ -468,3 +468,85 @@ async fn through_the_gateway_a_dead_or_unreachable_decode_is_named_and_nothing_l
     wait("the prefill's room closed", || idle(&p)).await;
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_pd_demo_serves_what_it_prints_and_reports_each_move() {
+    let demo = gateway::demo::Demo::start(gateway::demo::DemoConfig {
+        port: 0,
+        tpot: Duration::ZERO,
+        pd: true,
+        model_shape: ModelShape::Tiny,
+        kv_transport: KvTransport::Tcp,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let text = demo.instructions();
+    let url = demo.gateway().url();
+    for needle in [
+        "curl -s",
+        "/generate",
+        "/sim/kv",
+        "prefill_dp_rank=-1",
+        "tiny shape",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let mut moves = demo.kv_moves().expect("a PD demo reports moves");
+    let body = json!({"text": "The gate opens at dawn", "sampling_params": {"max_new_tokens": 4}});
+    answer(&format!("{url}/generate"), &body).await;
+    let e = moves.recv().await.unwrap();
+    assert_eq!((e.tokens, e.bytes), (6, 6 * TOKEN_BYTES));
+    let line = gateway::demo::describe(&e);
+    assert!(
+        line.contains("6 tokens") && line.contains("MiB moved in"),
+        "{line}"
+    );
+    demo.shutdown().await;
+}
+
+#[test]
+fn moongate_demo_pd_prints_a_curl_and_each_kv_move() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moongate"))
+        .args([
+            "demo",
+            "--pd",
+            "--port",
+            "0",
+            "--model-shape",
+            "tiny",
+            "--kv-transport",
+            "tcp",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn moongate demo --pd");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the gateway's url")
+        .to_owned();
+    let curl = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("curl -s ") && l.contains("/generate"))
+        .expect("a curl to try");
+    assert!(curl.contains(&url), "{curl}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let body = json!({"text": "a b c", "sampling_params": {"max_new_tokens": 2}});
+    rt.block_on(answer(&format!("{url}/generate"), &body));
+    let moved = lines
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("KV room"))
+        .expect("the move is reported");
+    assert!(
+        moved.contains("4 tokens") && moved.contains("GB/s"),
+        "{moved}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -9,7 +9,8 @@
 //! - [`config`]: `moongate serve` settings: defaults, TOML file, `MOONGATE_*` env, flags; validation.
 //! - [`server`]: the HTTP application: state, the front door (the one middleware stack and
 //!   the inference fast path), route table + OpenAPI, handlers.
-//! - [`proxy`]: the request path (inspect, dispatch, respond) and the regular-mode router.
+//! - [`proxy`]: the request path (inspect, dispatch, respond), the regular-mode router and
+//!   the PD router (`proxy::pd`: bootstrap rewrite, both sides at once, logprob merge).
 //! - [`select`]: load-balancing policies over the available workers.
 //! - [`workers`]: worker records, the swappable registry, health checks, model discovery,
 //!   the worker control plane.
@@ -19,10 +20,11 @@
 //! - [`request_id`]: `x-request-id` kept or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, graceful shutdown.
-//! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl examples.
+//! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
+//!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
-//!   benchmarks.
+//!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
 pub mod client;
 pub mod config;

@@ -6,6 +6,7 @@
 #   bench/store_bench.sh                 # build release, 3 rounds
 #   ROUNDS=1 bench/store_bench.sh        # quick look
 #   MOONGATE_PROTOCOL=tcp bench/store_bench.sh   # force Moongate onto TCP too (default: auto = shared memory on one host)
+#   MG_EXTRA=--prefault bench/store_bench.sh     # more store-bench flags (here: segment faulted in at start)
 #
 # Modes, for both systems: "single-client" (the bench client holds the segment: every byte
 # stays in its process) and "remote-node" (another process holds the segment: Mooncake's
@@ -57,7 +58,7 @@ run_pass() {
 mc() { run_pass mooncake "$OUT/mooncake.err" "$PY" "$HARNESS" --metadata "http://127.0.0.1:$MC_META/metadata" \
          --master "127.0.0.1:$MC_RPC" "$@"; }
 mg() { run_pass moongate "$OUT/moongate.err" "$BENCH" --json --rounds 1 --listen 127.0.0.1:$MG_MASTER \
-         --protocol "$PROTO" --moongate "$MOONGATE" "$@"; }
+         --protocol "$PROTO" --moongate "$MOONGATE" ${MG_EXTRA:-} "$@"; }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r/$ROUNDS" >&2
@@ -67,7 +68,7 @@ for r in $(seq 1 "$ROUNDS"); do
   mg --storage node
 done
 
-"$PY" - "$OUT/results.jsonl" "$PROTO" <<'EOF'
+"$PY" - "$OUT/results.jsonl" "protocol $PROTO ${MG_EXTRA:-}" <<'EOF'
 import json, statistics, sys
 from collections import defaultdict
 rows = defaultdict(list)
@@ -80,7 +81,7 @@ def med(k):
     v = rows.get(k)
     return (statistics.median(x for x, _ in v), all(o for _, o in v)) if v else (None, True)
 name = {4096: "4K", 1 << 20: "1M", 16 << 20: "16M"}
-print(f"Moongate protocol: {sys.argv[2]} (Mooncake: tcp). Medians over rounds; values/s and GB/s (1e9 B/s).")
+print(f"Moongate: {sys.argv[2]} (Mooncake: tcp). Medians over rounds; values/s and GB/s (1e9 B/s).")
 print(f"{'mode':<14}{'size':>5} {'op':<15}{'Mooncake v/s':>13}{'GB/s':>7}{'Moongate v/s':>14}{'GB/s':>7}{'x':>7}")
 for mode in ("single-client", "remote-node"):
     for size in (4096, 1 << 20, 16 << 20):

@@ -4,7 +4,8 @@
 //! within the client TTL and a get never returns wrong bytes), graceful unmount on SIGTERM,
 //! and a node that starts before its master and remounts across a master restart.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,16 +58,10 @@ impl Node {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn moongate store");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let word = |after: &str| {
-            line.split_whitespace()
-                .skip_while(|w| *w != after)
-                .nth(1)
-                .unwrap_or_else(|| panic!("no {after} in ready line {line:?}"))
-                .to_owned()
+        let line = common::ready_line(&mut child);
+        let word = |key: &str| {
+            common::word_after(&line, key)
+                .unwrap_or_else(|| panic!("no {key} in ready line {line:?}"))
         };
         Node {
             segment: word("segment"),
@@ -388,10 +383,7 @@ fn a_node_on_huge_pages_serves_or_says_why_not() {
         .spawn()
         .expect("spawn moongate store");
     let mut child = out;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = common::ready_line(&mut child);
     if line.starts_with("moongate store ready") {
         // This machine has huge pages reserved: the node serves on them.
         let _ = child.kill();

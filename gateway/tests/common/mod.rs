@@ -1,9 +1,28 @@
-//! Helpers for the simulated-worker tests: start a worker on 127.0.0.1:0, speak HTTP to it.
+//! Helpers for the simulated-worker and process tests: start a worker on 127.0.0.1:0, speak
+//! HTTP to it, read a child process's ready line.
 
 #![allow(dead_code)]
 
 use gateway::sim::{self, SimConfig, SimHandle};
 use serde_json::Value;
+
+/// The first line `child` prints on stdout (its ready line; empty if it exited first).
+pub fn ready_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("read the ready line");
+    line
+}
+
+/// The word after `key` in a ready line (`... segment NAME http ADDR ...`).
+pub fn word_after(line: &str, key: &str) -> Option<String> {
+    line.split_whitespace()
+        .skip_while(|w| *w != key)
+        .nth(1)
+        .map(str::to_owned)
+}
 
 /// Starts a worker with `cfg` on a free loopback port.
 pub async fn start(cfg: SimConfig) -> SimHandle {

@@ -49,6 +49,11 @@ impl Side<'_> {
     }
 }
 
+/// The metric label of a call: the single form for one item, the batch form for more.
+fn label(n: usize, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 { one } else { many }
+}
+
 /// The same failure for each of `n` items.
 pub(super) fn fail_all<T>(n: usize, e: StoreError) -> Vec<StoreResult<T>> {
     (0..n).map(|_| Err(e.clone())).collect()
@@ -497,10 +502,7 @@ impl StoreClient {
             })
             .collect();
         let out = self.put_pipeline(staged).await;
-        crate::metrics::record_client_batch(
-            if items.len() == 1 { "put" } else { "batch_put" },
-            &out,
-        );
+        crate::metrics::record_client_batch(label(items.len(), "put", "batch_put"), &out);
         out
     }
 
@@ -521,14 +523,7 @@ impl StoreClient {
             })
             .collect();
         let out = self.put_pipeline(sides).await;
-        crate::metrics::record_client_batch(
-            if items.len() == 1 {
-                "put_from"
-            } else {
-                "batch_put_from"
-            },
-            &out,
-        );
+        crate::metrics::record_client_batch(label(items.len(), "put_from", "batch_put_from"), &out);
         out
     }
 
@@ -549,10 +544,7 @@ impl StoreClient {
                 })
             })
             .collect();
-        crate::metrics::record_client_batch(
-            if keys.len() == 1 { "get" } else { "batch_get" },
-            &out,
-        );
+        crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
     }
 
@@ -581,14 +573,7 @@ impl StoreClient {
             })
             .await;
         let out: Vec<_> = got.into_iter().map(|r| r.map(|(len, _)| len)).collect();
-        crate::metrics::record_client_batch(
-            if items.len() == 1 {
-                "get_into"
-            } else {
-                "batch_get_into"
-            },
-            &out,
-        );
+        crate::metrics::record_client_batch(label(items.len(), "get_into", "batch_get_into"), &out);
         out
     }
 }

@@ -67,6 +67,18 @@ pub fn record_op(op: &'static str, error: Option<&MasterError>) {
     }
 }
 
+/// Counts many requests of `op` (the items of a batch) with one update of the request
+/// counter, and each failure.
+pub fn record_ops<'a>(
+    op: &'static str,
+    errors: impl ExactSizeIterator<Item = Option<&'a MasterError>>,
+) {
+    metrics::counter!(REQUESTS, "op" => op).increment(errors.len() as u64);
+    for e in errors.flatten() {
+        metrics::counter!(FAILURES, "op" => op, "error" => e.name()).increment(1);
+    }
+}
+
 /// Counts one eviction round.
 pub fn record_eviction(r: &EvictReport) {
     metrics::counter!(EVICTIONS).increment(r.evicted_objects);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{CLIENT, Server, WRITER, assert_error};
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn bad_input_is_refused_and_changes_nothing() {
@@ -237,4 +237,50 @@ async fn bad_input_is_refused_and_changes_nothing() {
         before,
         "a refused request changed state"
     );
+}
+
+/// JSON bodies: a wrong or missing content type and an oversized body are refused like bad
+/// JSON; a bad body's message says where it went wrong.
+#[tokio::test]
+async fn json_bodies_are_checked_whatever_the_path_they_take() {
+    let s = Server::start().await;
+    let url = s.url("/api/v1/batch/exists");
+    let send = |ct: Option<&'static str>, body: Vec<u8>| {
+        let mut r = s.http.post(url.clone()).body(body);
+        if let Some(ct) = ct {
+            r = r.header("content-type", ct);
+        }
+        async move {
+            let resp = r.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let ok = br#"{"keys": ["a"]}"#.to_vec();
+    assert_eq!(send(Some("application/json"), ok.clone()).await.0, 200);
+    assert_eq!(
+        send(Some("application/json; charset=utf-8"), ok.clone())
+            .await
+            .0,
+        200
+    );
+    for ct in [None, Some("text/plain")] {
+        let got = send(ct, ok.clone()).await;
+        assert_error(&got, 400, "INVALID_PARAMS", -600);
+        let msg = got.1["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("Content-Type"), "{msg}");
+    }
+    let got = send(Some("application/json"), br#"{"keys": ["a", 7]}"#.to_vec()).await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
+    let msg = got.1["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("keys[1]"),
+        "the message names the field: {msg}"
+    );
+    let huge = format!(
+        "{{\"keys\": [\"{}\"]}}",
+        "k".repeat(kvstore::rest::BODY_LIMIT)
+    );
+    let got = send(Some("application/json"), huge.into_bytes()).await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
 }

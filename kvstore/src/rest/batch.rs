@@ -10,11 +10,9 @@ use openapi::master as wire;
 use super::{ApiJson, ApiResult, MasterErrors, client_id, detail, observed, replicas};
 use crate::master::{Master, MasterResult};
 
-/// Counts each item as one `op` request and the batch as one `batch_<op>` request.
+/// Counts each item as one `op` request (the batch itself is counted as `batch_<op>`).
 fn items<T>(op: &'static str, results: &[MasterResult<T>]) {
-    for r in results {
-        crate::metrics::record_op(op, r.as_ref().err());
-    }
+    crate::metrics::record_ops(op, results.iter().map(|r| r.as_ref().err()));
 }
 
 fn key_results(keys: Vec<String>, results: Vec<MasterResult<()>>) -> wire::BatchKeyResponse {

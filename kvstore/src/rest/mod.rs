@@ -166,10 +166,30 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        axum::Json::<T>::from_request(req, state)
+        let bad = |e: JsonRejection| rejected("bad JSON body", e.body_text());
+        let plain_json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if !plain_json {
+            // Other or missing content types: axum's extractor decides (and words the error).
+            return axum::Json::<T>::from_request(req, state)
+                .await
+                .map(|axum::Json(v)| Self(v))
+                .map_err(bad);
+        }
+        // Hot path: plain serde_json (axum's extractor tracks paths for its error message,
+        // twice the cost); only a body that fails is parsed again for that message.
+        let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map(|axum::Json(v)| Self(v))
-            .map_err(|e: JsonRejection| rejected("bad JSON body", e.body_text()))
+            .map_err(|e| bad(JsonRejection::from(e)))?;
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(Self(v)),
+            Err(_) => axum::Json::<T>::from_bytes(&bytes)
+                .map(|axum::Json(v)| Self(v))
+                .map_err(bad),
+        }
     }
 }
 

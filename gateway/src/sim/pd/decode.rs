@@ -294,3 +294,80 @@ fn verify(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::HttpClient;
+    use crate::sim::pd::bootstrap::Heartbeat;
+    use tokio_util::sync::CancellationToken;
+    use transfer::EngineConfig;
+
+    #[tokio::test(start_paused = true)]
+    async fn quarantined_pages_come_back_when_the_prefill_answers_dies_or_times_out() {
+        let engine =
+            TransferEngine::new(EngineConfig::listening_on("127.0.0.1:0".parse().unwrap()))
+                .await
+                .unwrap();
+        let layout = Layout {
+            bytes_per_token: 128,
+            page_tokens: 4,
+        };
+        let pool = Arc::new(KvPool::new(&engine, layout.page_bytes(), 6).unwrap());
+        let timeout = Duration::from_secs(5);
+        let hb = Heartbeat {
+            interval: Duration::from_secs(1),
+            max_failures: 2,
+        };
+        let links = Arc::new(Links::new(HttpClient::new(), hb, CancellationToken::new()));
+        let common = Common {
+            engine: engine.clone(),
+            pool: pool.clone(),
+            layout,
+            timeout,
+            stats: Arc::default(),
+            events: tokio::sync::broadcast::channel(4).0,
+        };
+        let d = Decode::new(common, links);
+        let link = || {
+            Arc::new(PrefillLink {
+                addr: "127.0.0.1:1".into(),
+                segment: "127.0.0.1:2".into(),
+                page_size: 4,
+                dead: CancellationToken::new(),
+            })
+        };
+        let quarantine = |room: u64, link: &Arc<PrefillLink>, lease: PageLease| {
+            d.rooms.lock().quarantine.insert(
+                room,
+                Quarantined {
+                    _lease: lease,
+                    link: link.clone(),
+                    since: Instant::now(),
+                },
+            );
+        };
+        let (a, b, c) = (link(), link(), link());
+        quarantine(1, &a, pool.lease(2).await.unwrap());
+        quarantine(2, &b, pool.lease(2).await.unwrap());
+        quarantine(3, &c, pool.lease(2).await.unwrap());
+        assert_eq!((pool.free_pages(), d.rooms_open()), (0, 3));
+        // The prefill answers for room 1: its pages are safe to reuse.
+        d.on_message(Message::Failed {
+            room: 1,
+            reason: "gave up".into(),
+        });
+        assert_eq!(pool.free_pages(), 2);
+        // Room 2's prefill is dead: nothing more will be written.
+        b.dead.cancel();
+        d.sweep();
+        assert_eq!(pool.free_pages(), 4);
+        // Room 3 waits out twice the KV timeout (the prefill's own bound on a room).
+        tokio::time::advance(timeout * 2 - Duration::from_millis(1)).await;
+        d.sweep();
+        assert_eq!(pool.free_pages(), 4);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        d.sweep();
+        assert_eq!((pool.free_pages(), d.rooms_open()), (6, 0));
+    }
+}

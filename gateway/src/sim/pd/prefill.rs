@@ -42,6 +42,9 @@ enum Slot {
     Registered(Registration, Instant),
     /// Both met; the request owns the room (`decode`: whom to tell if it fails).
     Active { aborted: bool, decode: String },
+    /// The request ended before any decode registered: a late registration is answered
+    /// `FAILED` at once (until the KV timeout).
+    Gone { reason: String, at: Instant },
 }
 
 /// The prefill side of one worker.
@@ -59,6 +62,7 @@ struct RoomGuard {
     room: u64,
     decode: Option<String>,
     armed: bool,
+    reason: String,
 }
 
 impl Drop for RoomGuard {
@@ -66,19 +70,30 @@ impl Drop for RoomGuard {
         if !self.armed {
             return;
         }
+        let reason = std::mem::take(&mut self.reason);
         let mut rooms = self.rooms.lock();
-        if matches!(
-            rooms.get(&self.room),
-            Some(Slot::Waiting(_) | Slot::Active { .. })
-        ) {
-            rooms.remove(&self.room);
+        match rooms.get(&self.room) {
+            Some(Slot::Waiting(_)) => {
+                let at = Instant::now();
+                rooms.insert(
+                    self.room,
+                    Slot::Gone {
+                        reason: reason.clone(),
+                        at,
+                    },
+                );
+            }
+            Some(Slot::Active { .. }) => {
+                rooms.remove(&self.room);
+            }
+            _ => {}
         }
         drop(rooms);
         if let Some(decode) = self.decode.take() {
             let engine = self.engine.clone();
             let msg = Message::Failed {
                 room: self.room,
-                reason: "the prefill request was cancelled".into(),
+                reason,
             };
             tokio::spawn(async move { send(&engine, &decode, &msg).await });
         }
@@ -114,7 +129,11 @@ impl Prefill {
 
     /// Rooms in progress (either end arrived, not finished).
     pub fn rooms_open(&self) -> usize {
-        self.rooms.lock().len()
+        let rooms = self.rooms.lock();
+        rooms
+            .values()
+            .filter(|s| !matches!(s, Slot::Gone { .. }))
+            .count()
     }
 
     /// A message from a decode worker (`from`: its segment).
@@ -155,6 +174,7 @@ impl Prefill {
                         tracing::warn!(room, "duplicate KV registration ignored");
                         rooms.insert(room, other);
                     }
+                    Some(Slot::Gone { reason, .. }) => self.fail_later(room, reg.decode, &reason),
                     None => {
                         rooms.insert(room, Slot::Registered(reg, Instant::now()));
                     }
@@ -173,6 +193,9 @@ impl Prefill {
                         if let Some(Slot::Waiting(tx)) = rooms.remove(&room) {
                             let _ = tx.send(Err("the decode side gave the room up".into()));
                         }
+                    }
+                    Some(Slot::Gone { .. }) => {
+                        rooms.remove(&room);
                     }
                     None => {}
                 }
@@ -210,7 +233,12 @@ impl Prefill {
             let mut rooms = self.rooms.lock();
             let old: Vec<u64> = rooms
                 .iter()
-                .filter(|(_, s)| matches!(s, Slot::Registered(_, at) if now - *at > self.common.timeout))
+                .filter(|(_, s)| match s {
+                    Slot::Registered(_, at) | Slot::Gone { at, .. } => {
+                        now - *at > self.common.timeout
+                    }
+                    _ => false,
+                })
                 .map(|(r, _)| *r)
                 .collect();
             old.into_iter()
@@ -243,15 +271,15 @@ impl Prefill {
                     );
                     Some(reg)
                 }
+                None | Some(Slot::Gone { .. }) => {
+                    rooms.insert(room, Slot::Waiting(tx));
+                    None
+                }
                 Some(other) => {
                     rooms.insert(room, other);
                     return Err(KvFail::Refused(format!(
                         "bootstrap room {room} is already in use"
                     )));
-                }
-                None => {
-                    rooms.insert(room, Slot::Waiting(tx));
-                    None
                 }
             }
         };
@@ -261,6 +289,7 @@ impl Prefill {
             room,
             decode: early.as_ref().map(|r| r.decode.clone()),
             armed: true,
+            reason: "the prefill request was cancelled".into(),
         };
         let tokens = item.tokens.clone();
         let pages = self.common.layout.pages_for(tokens.len());
@@ -297,6 +326,9 @@ impl Prefill {
             Ok(both) => both,
             Err(e) => {
                 guard.decode = self.registered_decode(room);
+                guard.reason = match &e {
+                    KvFail::Refused(m) | KvFail::Failed(m) => m.clone(),
+                };
                 return Err(e);
             }
         };
@@ -305,6 +337,7 @@ impl Prefill {
             || reg.page_tokens as usize != self.common.layout.page_tokens
             || reg.page_bytes as usize != self.common.layout.page_bytes()
         {
+            guard.reason = "the KV layouts of the prefill and the decode differ".into();
             return Err(KvFail::Failed(format!(
                 "the decode's KV layout ({} tokens, {} tokens of {} bytes per page) does not \
                  match this prefill's ({} tokens, {} tokens of {} bytes per page)",
@@ -468,4 +501,105 @@ fn coalesce(
         out.push(TransferRequest::write(pool.buffer(), s, peer, a, len));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer::EngineConfig;
+
+    async fn prefill(timeout: Duration) -> (Arc<Prefill>, TransferEngine) {
+        let engine =
+            TransferEngine::new(EngineConfig::listening_on("127.0.0.1:0".parse().unwrap()))
+                .await
+                .unwrap();
+        let layout = Layout {
+            bytes_per_token: 128,
+            page_tokens: 4,
+        };
+        let pool = Arc::new(KvPool::new(&engine, layout.page_bytes(), 8).unwrap());
+        let common = Common {
+            engine: engine.clone(),
+            pool,
+            layout,
+            timeout,
+            stats: Arc::default(),
+            events: tokio::sync::broadcast::channel(4).0,
+        };
+        (Arc::new(Prefill::new(common, Duration::ZERO)), engine)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registrations_nobody_claims_expire_after_the_kv_timeout() {
+        let (p, _engine) = prefill(Duration::from_secs(5)).await;
+        let reg = Message::Register {
+            room: 9,
+            tokens: 4,
+            page_tokens: 4,
+            page_bytes: 512,
+            runs: vec![(0x1000, 1)],
+        };
+        p.on_message("127.0.0.1:9".into(), reg);
+        assert_eq!(p.rooms_open(), 1);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        p.sweep();
+        assert_eq!(p.rooms_open(), 1, "kept within the timeout");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        p.sweep();
+        assert_eq!(p.rooms_open(), 0, "dropped after it");
+        // An abort drops a registration at once.
+        p.on_message(
+            "127.0.0.1:9".into(),
+            Message::Register {
+                room: 10,
+                tokens: 4,
+                page_tokens: 4,
+                page_bytes: 512,
+                runs: vec![(0x1000, 1)],
+            },
+        );
+        p.on_message("127.0.0.1:9".into(), Message::Abort { room: 10 });
+        assert_eq!(p.rooms_open(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_decode_never_registers_fails_and_frees_everything() {
+        let (p, _engine) = prefill(Duration::from_secs(5)).await;
+        let item = KvItem {
+            room: 3,
+            addr: "127.0.0.1:1".into(),
+            tokens: Arc::from(vec![7u32; 10]),
+        };
+        let err = p.serve(&item).await.unwrap_err();
+        assert!(
+            matches!(&err, KvFail::Failed(m) if m.contains("no decode registered")),
+            "{err:?}"
+        );
+        assert_eq!(p.rooms_open(), 0);
+        assert_eq!(p.pool().free_pages(), 8);
+        // A prompt larger than the whole pool is refused, not waited for.
+        let big = KvItem {
+            tokens: Arc::from(vec![7u32; 33]),
+            ..item
+        };
+        let served = {
+            let p = p.clone();
+            tokio::spawn(async move { p.serve(&big).await })
+        };
+        tokio::task::yield_now().await;
+        p.on_message(
+            "127.0.0.1:9".into(),
+            Message::Register {
+                room: 3,
+                tokens: 33,
+                page_tokens: 4,
+                page_bytes: 512,
+                runs: vec![(0x1000, 9)],
+            },
+        );
+        assert!(matches!(served.await.unwrap(), Err(KvFail::Refused(_))));
+        // The registration came after the request failed: answered FAILED, not kept.
+        assert_eq!((p.rooms_open(), p.pool().free_pages()), (0, 8));
+        assert!(p.rooms.lock().is_empty());
+    }
 }

@@ -19,7 +19,7 @@
 # Ports: BASE_PORT..BASE_PORT+10 (default 46400).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}; REQUESTS=${REQUESTS:-6}; DURATION=${DURATION:-5}; TOKENS=${TOKENS:-4096}
+ROUNDS=${ROUNDS:-3}; REQUESTS=${REQUESTS:-12}; DURATION=${DURATION:-5}; TOKENS=${TOKENS:-4096}
 SHAPE=${SHAPE:-llama-3-8b}; POOL=${POOL:-1G}
 BASE_PORT=${BASE_PORT:-46400}
 GW=$BASE_PORT; PREFILL=$((BASE_PORT + 1)); DECODE=$((BASE_PORT + 2)); BOOT=$((BASE_PORT + 3))
@@ -54,12 +54,13 @@ start gateway "$BIN" serve --host 127.0.0.1 --port "$GW" --log-level warn --pd-d
 wait_ok "http://127.0.0.1:$GW/readiness"
 python3 -c "import json; print(json.dumps({'input_ids': [256 + (i * 7919) % 31000 for i in range($TOKENS)], 'sampling_params': {'max_new_tokens': 4}}))" > "$TMP/req.json"
 pd_request() {
-  code=$(curl -s -o "$TMP/out.json" -w '%{http_code}' "http://127.0.0.1:$GW/generate" -H 'content-type: application/json' -d @"$TMP/req.json")
-  [ "$code" = 200 ] || { echo "PD request failed ($code): $(cat "$TMP/out.json")" >&2; exit 1; }
+  out=$(curl -s -o "$TMP/out.json" -w '%{http_code} %{time_total}' "http://127.0.0.1:$GW/generate" -H 'content-type: application/json' -d @"$TMP/req.json")
+  [ "${out%% *}" = 200 ] || { echo "PD request failed ($out): $(cat "$TMP/out.json")" >&2; exit 1; }
+  echo "${out##* }" >> "$TMP/request_seconds"
 }
 kv() { curl -s "http://127.0.0.1:$PREFILL/sim/kv"; }
 # Warm-up: first touches of both pools and of the transfer-bench buffers.
-pd_request; pd_request
+pd_request; pd_request; : > "$TMP/request_seconds"
 "$TB" --mode initiator --segment "127.0.0.1:$TB_PORT" --listen 127.0.0.1:0 --protocol tcp --op write \
   --block-size 64M --duration 1 --no-verify > /dev/null
 
@@ -84,4 +85,5 @@ rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
 tb, pd, ratio = (statistics.median(c) for c in zip(*rows))
 print(f"median  transfer-bench {tb:.3f} GB/s   PD KV move {pd:.3f} GB/s   ratio {ratio:.2f}")
 EOF
+python3 -c 'import statistics,sys; t=[float(l) for l in open(sys.argv[1])]; print("whole PD request (gateway -> compute the KV, move it, check every page, 4 output tokens): median %.3f s over %d" % (statistics.median(t), len(t)))' "$TMP/request_seconds"
 curl -s "http://127.0.0.1:$DECODE/sim/kv" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("decode: %d rooms received and checked, %.1f GiB, %d failures, %d/%d pages free" % (d["moves"], d["bytes"]/2**30, d["failures"], d["free_pages"], d["pool_pages"]))'

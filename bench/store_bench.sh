@@ -45,7 +45,8 @@ MC_DIR=$("$PY" -c 'import mooncake,os; print(os.path.dirname(mooncake.__file__))
   --http_metadata_server_port=$MC_META --metrics_host=127.0.0.1 --metrics_port=$MC_METRICS \
   > "$OUT/mooncake_master.log" 2>&1 &
 MC_PID=$!
-trap 'kill $MC_PID 2>/dev/null || true' EXIT
+# Stop it by pid and wait, so a next run finds its ports free.
+trap 'kill $MC_PID 2>/dev/null; wait $MC_PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$MC_RPC) 2>/dev/null && break; sleep 0.1; done
 
 # One pass; fails loudly (with the log) when it produced no result.

@@ -457,10 +457,18 @@ impl MemoryRegion {
         Ok(())
     }
 
-    /// Copies `len` bytes at `offset` into a new `Vec`.
+    /// Copies `len` bytes at `offset` into a new `Vec` (one pass: the vector is not zeroed
+    /// first).
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; len];
-        self.read_at(offset, &mut v)?;
+        self.check(offset, len)?;
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: bounds checked above, so the source holds `len` readable bytes; the vector
+        // has capacity `len` and is a distinct allocation, so the ranges cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().wrapping_add(offset), v.as_mut_ptr(), len)
+        };
+        // SAFETY: the copy above initialised the first `len` bytes, within capacity.
+        unsafe { v.set_len(len) };
         Ok(v)
     }
 

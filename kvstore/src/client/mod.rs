@@ -105,6 +105,9 @@ impl Drop for Inner {
 
 /// A client of the distributed KV store. Cheap to clone (clones share the connection, the
 /// segment and the engine); every method takes `&self` and may run concurrently.
+///
+/// Call [`StoreClient::close`] to leave: dropping the last clone stops the heartbeat but
+/// leaves the segment mounted until the master's client TTL expires it (as a crash would).
 #[derive(Clone)]
 pub struct StoreClient {
     inner: Arc<Inner>,

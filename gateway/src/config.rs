@@ -10,12 +10,22 @@
 //! feature (`--host --port --worker-urls --policy --api-key --max-payload-size
 //! --request-timeout-secs --log-level --health-*`), so an sglang-router command line keeps
 //! working.
+//!
+//! The hosted KV master's settings are [`kvstore::MasterConfig`] (defaults written there):
+//! a `[master]` table in the TOML file, `MOONGATE_MASTER_*` variables, `--master-*` flags.
+//! [`MasterHostConfig`] is `moongate master` (the master alone), through the same pipeline.
+
+mod master;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use clap::{ArgMatches, parser::ValueSource};
+use kvstore::MasterConfig;
+pub use kvstore::Secret;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+pub use master::MasterHostConfig;
 
 /// Environment variable names, one per setting (`MOONGATE_` + the field name in capitals).
 pub mod env {
@@ -71,6 +81,10 @@ pub mod env {
     pub const PREFILL_POLICY: &str = "MOONGATE_PREFILL_POLICY";
     /// `--decode-policy`.
     pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
+    /// `--disable-master`.
+    pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
+    /// `--admin-api-key`.
+    pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
 }
 
 /// The clap id of `--prefill` (grouped into [`ServeConfig::prefill`] by `resolve`).
@@ -128,8 +142,9 @@ impl fmt::Display for LogLevel {
 }
 
 /// Everything `moongate serve` can be told. Field names are the TOML keys; flags are the
-/// field names in kebab case; environment variables are in [`env`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+/// field names in kebab case; environment variables are in [`env`]. The hosted master's
+/// settings are the `[master]` table ([`MasterConfig`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     /// Address to bind (IPv4, IPv6 or a host name).
@@ -225,6 +240,17 @@ pub struct ServeConfig {
     /// Policy choosing the decode worker (default: `--policy`).
     #[arg(long, env = env::DECODE_POLICY, value_enum)]
     pub decode_policy: Option<PolicyKind>,
+    /// Do not host the KV master (no `/api/v1/...` or `/metadata` routes, no background task).
+    #[arg(long, env = env::DISABLE_MASTER)]
+    pub disable_master: bool,
+    /// Admin API key. When set, the worker API (`/workers`) and the KV master's routes
+    /// (`/api/v1/...`, `/metadata`) require `Authorization: Bearer <key>` (401 otherwise);
+    /// inference, health, metrics and the API docs stay open.
+    #[arg(long, env = env::ADMIN_API_KEY, hide_env_values = true)]
+    pub admin_api_key: Option<Secret>,
+    /// The hosted KV master (`[master]` in the TOML file).
+    #[command(flatten)]
+    pub master: MasterConfig,
 }
 
 /// One `--prefill URL [BOOTSTRAP_PORT|none]`, parsed.
@@ -266,6 +292,9 @@ impl Default for ServeConfig {
             decode: Vec::new(),
             prefill_policy: None,
             decode_policy: None,
+            disable_master: false,
+            admin_api_key: None,
+            master: MasterConfig::default(),
         }
     }
 }
@@ -376,11 +405,9 @@ impl ServeConfig {
         if !self.pd_disaggregation && pd_given {
             errs.push("prefill, decode and their policies need --pd-disaggregation".into());
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid(errs))
-        }
+        errs.extend(admin_key_problem(&self.admin_api_key));
+        errs.extend(master_problem(&self.master));
+        ConfigError::check(errs)
     }
 
     /// The `--prefill` entries, parsed (each an error message when it does not parse).
@@ -405,11 +432,7 @@ impl ServeConfig {
         file: Option<&Path>,
         matches: &ArgMatches,
     ) -> Result<Self, ConfigError> {
-        let base = match file {
-            Some(path) => read_toml(path)?,
-            None => Self::default(),
-        };
-        let mut cfg = overlay_given(base, cli, matches)?;
+        let mut cfg = merge_sources(cli, file, matches)?;
         // clap flattens repeated multi-value flags; the occurrences keep each `--prefill`'s
         // URL and port together.
         if let Some(occ) = matches.get_occurrences::<String>(PREFILL_CLI) {
@@ -422,10 +445,7 @@ impl ServeConfig {
 
     /// The number of runtime threads to start (`worker_threads`, or the CPUs available).
     pub fn runtime_threads(&self) -> usize {
-        match self.worker_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        }
+        runtime_threads(self.worker_threads)
     }
 
     /// The configuration as TOML (what `--print-config` shows; a valid `--config` file).
@@ -434,7 +454,10 @@ impl ServeConfig {
         if shown.api_key.is_some() {
             shown.api_key = Some("<hidden>".into());
         }
-        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+        if shown.admin_api_key.is_some() {
+            shown.admin_api_key = Some(hidden());
+        }
+        render_toml(&shown)
     }
 }
 
@@ -467,6 +490,68 @@ fn parse_prefill(v: &[String]) -> Result<PrefillSpec, String> {
     })
 }
 
+/// The runtime threads `worker_threads` asks for: itself, or the CPUs available for 0.
+fn runtime_threads(worker_threads: usize) -> usize {
+    match worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+impl ConfigError {
+    /// `Ok` when `problems` is empty, else every problem.
+    fn check(problems: Vec<String>) -> Result<(), Self> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::Invalid(problems))
+        }
+    }
+}
+
+/// `value` as TOML, or a comment saying why it cannot be rendered.
+fn render_toml<T: Serialize>(value: &T) -> String {
+    toml::to_string(value).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+}
+
+/// What `--print-config` shows instead of a secret.
+fn hidden() -> Secret {
+    Secret::new("<hidden>")
+}
+
+/// The problem with an admin key setting, if any: it must be non-empty visible ASCII
+/// without spaces, or no client could send it as `Authorization: Bearer <key>`.
+fn admin_key_problem(key: &Option<Secret>) -> Option<String> {
+    let k = key.as_ref()?.expose();
+    let ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic());
+    (!ok).then(|| "admin_api_key must be non-empty visible ASCII without spaces".to_string())
+}
+
+/// The problem with the master's settings, if any.
+fn master_problem(master: &MasterConfig) -> Option<String> {
+    master.validate().err().map(|e| match e {
+        kvstore::MasterError::InvalidParams(m) => format!("master: {m}"),
+        other => format!("master: {other}"),
+    })
+}
+
+/// Defaults (or the TOML file at `file`, whose missing keys keep their defaults), then the
+/// environment variables and flags that `matches` says were given. Not validated yet.
+pub fn merge_sources<T>(
+    cli: &T,
+    file: Option<&Path>,
+    matches: &ArgMatches,
+) -> Result<T, ConfigError>
+where
+    T: Serialize + DeserializeOwned + Default,
+{
+    let base = match file {
+        Some(path) => read_toml(path)?,
+        None => T::default(),
+    };
+    overlay_given(base, cli, matches)
+}
+
 /// Reads a TOML file into `T`; keys it lacks keep `T`'s defaults (`#[serde(default)]`).
 pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -481,7 +566,8 @@ pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
 
 /// Copies into `base` every field that was given on the command line or in the
 /// environment (per `matches`), taking the value from `given`. Field names and clap ids
-/// are the same (clap derives ids from field names), which is what makes this generic.
+/// are the same (clap derives ids from field names), which is what makes this generic; an
+/// id with dots (`master.lease_ttl_ms`) names a field of a nested struct.
 pub fn overlay_given<T>(base: T, given: &T, matches: &ArgMatches) -> Result<T, ConfigError>
 where
     T: Serialize + DeserializeOwned,
@@ -489,14 +575,26 @@ where
     let to_value = |v: &T| serde_json::to_value(v).map_err(|e| ConfigError::Merge(e.to_string()));
     let mut merged = to_value(&base)?;
     let given = to_value(given)?;
-    if let (Some(merged), Some(given)) = (merged.as_object_mut(), given.as_object()) {
-        for id in matches.ids() {
-            let explicit = matches!(
-                matches.value_source(id.as_str()),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            );
-            if let (true, Some(v)) = (explicit, given.get(id.as_str())) {
-                merged.insert(id.as_str().to_string(), v.clone());
+    for id in matches.ids() {
+        let explicit = matches!(
+            matches.value_source(id.as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        if !explicit {
+            continue;
+        }
+        let pointer = format!("/{}", id.as_str().replace('.', "/"));
+        let Some(value) = given.pointer(&pointer) else {
+            continue;
+        };
+        match merged.pointer_mut(&pointer) {
+            Some(slot) => *slot = value.clone(),
+            None => {
+                // A field the base left out (e.g. skipped when empty): add it to its parent.
+                let (parent, field) = pointer.rsplit_once('/').unwrap_or(("", ""));
+                if let Some(obj) = merged.pointer_mut(parent).and_then(|p| p.as_object_mut()) {
+                    obj.insert(field.to_string(), value.clone());
+                }
             }
         }
     }

@@ -136,6 +136,9 @@ pub enum GatewayError {
     /// No such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
+    /// The route needs the admin API key and the request lacks it (or has a wrong one).
+    #[error("missing or wrong admin API key (Authorization: Bearer <key>)")]
+    Unauthorized,
     /// Route exists, method does not.
     #[error("method not allowed")]
     MethodNotAllowed,
@@ -153,6 +156,7 @@ impl GatewayError {
                 StatusCode::BAD_REQUEST
             }
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Unauthorized => StatusCode::UNAUTHORIZED,
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
@@ -202,6 +206,7 @@ impl GatewayError {
             InvalidWorker(_) => ("invalid_request_error", "invalid_worker"),
             DuplicateWorker(_) => ("conflict_error", "worker_exists"),
             RouteNotFound(_) => ("not_found_error", "route_not_found"),
+            Unauthorized => ("authentication_error", "invalid_api_key"),
             MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             Internal(_) => ("server_error", "internal_error"),
         }
@@ -353,6 +358,7 @@ mod tests {
                 503,
                 "no_ready_prefill_worker",
             ),
+            (GatewayError::Unauthorized, 401, "invalid_api_key"),
         ];
         for (e, status, code) in cases {
             assert_eq!(e.status().as_u16(), status);

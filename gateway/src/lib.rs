@@ -6,7 +6,11 @@
 //! (pooled client) -> [`proxy::respond`] (streamed relay, load released at body end).
 //!
 //! # Layout
-//! - [`config`]: `moongate serve` settings: defaults, TOML file, `MOONGATE_*` env, flags; validation.
+//! - [`config`]: `moongate serve` and `moongate master` settings: defaults, TOML file,
+//!   `MOONGATE_*` env, flags; validation.
+//! - [`auth`]: the admin API key: the check on guarded routes and its OpenAPI marking.
+//! - [`docs`]: the OpenAPI document (`/api-docs/openapi.json`) and Swagger UI (`/docs`).
+//! - [`hosting`]: the KV master hosted by `serve`, and `moongate master` (the master alone).
 //! - [`server`]: the HTTP application: state, the front door (the one middleware stack and
 //!   the inference fast path), route table + OpenAPI, handlers.
 //! - [`proxy`]: the request path (inspect, dispatch, respond), the regular-mode router and
@@ -19,17 +23,20 @@
 //! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
 //! - [`request_id`]: `x-request-id` kept or minted.
 //! - [`logging`]: tracing subscriber setup.
-//! - [`serve`]: `moongate serve`: listener, static workers, graceful shutdown.
+//! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod docs;
 pub mod error;
+pub mod hosting;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use gateway::config::{self, ServeConfig};
+use gateway::config::{self, MasterHostConfig, ServeConfig};
 
 /// Moongate: an OpenAI-compatible gateway for SGLang workers with a KV-cache master.
 #[derive(Parser, Debug)]
@@ -15,8 +16,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the gateway (sglang-router's flags are accepted).
+    /// Run the gateway (sglang-router's flags are accepted), hosting the KV master.
     Serve(ServeArgs),
+    /// Run the KV master alone (REST API, /health, /metrics, OpenAPI and Swagger UI).
+    Master(MasterArgs),
+    /// Print the OpenAPI document a server serves at /api-docs/openapi.json.
+    Openapi(OpenapiArgs),
     /// Run a gateway with two simulated workers on 127.0.0.1:30000 and print what to try
     /// (`--pd`: a simulated prefill and decode moving real KV pages).
     Demo(gateway::demo::DemoConfig),
@@ -38,6 +43,54 @@ struct ServeArgs {
     serve: ServeConfig,
 }
 
+#[derive(clap::Args, Debug)]
+struct MasterArgs {
+    /// TOML file with settings (the keys `serve` uses for them; the master's in `[master]`).
+    #[arg(long, env = config::env::CONFIG)]
+    config: Option<PathBuf>,
+    /// Print the merged, validated configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    host: MasterHostConfig,
+}
+
+/// Which server's document to print.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum DocumentOf {
+    /// `moongate serve` with the master (the committed `openapi/openapi.json`).
+    Serve,
+    /// `moongate serve --disable-master`.
+    Gateway,
+    /// `moongate master`.
+    Master,
+}
+
+#[derive(clap::Args, Debug)]
+struct OpenapiArgs {
+    /// The server whose document to print (default settings).
+    #[arg(long, value_enum, default_value = "serve")]
+    of: DocumentOf,
+    /// Write the document to this file instead of standard output.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+}
+
+/// The pretty-printed document of `of` with default settings.
+fn openapi_document(of: DocumentOf) -> anyhow::Result<String> {
+    let doc = runtime(1)?.block_on(async {
+        match of {
+            DocumentOf::Serve => gateway::serve::document(ServeConfig::default()),
+            DocumentOf::Gateway => gateway::serve::document(ServeConfig {
+                disable_master: true,
+                ..ServeConfig::default()
+            }),
+            DocumentOf::Master => gateway::hosting::document(MasterHostConfig::default()),
+        }
+    })?;
+    Ok(doc.to_pretty_json()? + "\n")
+}
+
 fn main() -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
@@ -51,6 +104,31 @@ fn main() -> anyhow::Result<()> {
             }
             gateway::logging::init(cfg.log_level);
             runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg))
+        }
+        Command::Master(args) => {
+            let sub = matches
+                .subcommand_matches("master")
+                .expect("master matched");
+            let cfg = MasterHostConfig::resolve(&args.host, args.config.as_deref(), sub)?;
+            if args.print_config {
+                print!("{}", cfg.to_toml());
+                return Ok(());
+            }
+            gateway::logging::init(cfg.log_level);
+            runtime(cfg.runtime_threads())?.block_on(gateway::hosting::run_master(cfg))
+        }
+        Command::Openapi(args) => {
+            let text = openapi_document(args.of)?;
+            match args.output {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display())),
+                None => {
+                    use std::io::Write;
+                    std::io::stdout()
+                        .write_all(text.as_bytes())
+                        .context("writing to standard output")
+                }
+            }
         }
         Command::Demo(cfg) => {
             gateway::logging::init(config::LogLevel::Warn);

@@ -65,13 +65,17 @@ pub enum Route {
     Workers,
     /// `/health`, `/liveness`, `/readiness`.
     Health,
-    /// `/metrics`, `/openapi.json`.
+    /// `/metrics`.
     Ops,
+    /// The hosted KV master: `/api/v1/...`, `/metadata`.
+    Master,
+    /// The OpenAPI document and Swagger UI: `/api-docs/...`, `/openapi.json`, `/docs...`.
+    Docs,
     /// Anything else.
     Other,
 }
 
-const ROUTES: usize = 8;
+const ROUTES: usize = 10;
 const ROUTE_LABELS: [&str; ROUTES] = [
     "chat_completions",
     "completions",
@@ -80,14 +84,16 @@ const ROUTE_LABELS: [&str; ROUTES] = [
     "workers",
     "health",
     "ops",
+    "master",
+    "docs",
     "other",
 ];
-const STATUSES: [u16; 15] = [
-    200, 201, 202, 204, 400, 404, 405, 409, 413, 422, 429, 500, 502, 503, 504,
+const STATUSES: [u16; 19] = [
+    200, 201, 202, 204, 303, 400, 401, 403, 404, 405, 409, 413, 422, 429, 500, 502, 503, 504, 507,
 ];
-const STATUS_LABELS: [&str; 16] = [
-    "200", "201", "202", "204", "400", "404", "405", "409", "413", "422", "429", "500", "502",
-    "503", "504", "other",
+const STATUS_LABELS: [&str; 20] = [
+    "200", "201", "202", "204", "303", "400", "401", "403", "404", "405", "409", "413", "422",
+    "429", "500", "502", "503", "504", "507", "other",
 ];
 
 impl Route {
@@ -99,8 +105,12 @@ impl Route {
             "/generate" => Self::Generate,
             "/v1/models" => Self::Models,
             "/health" | "/liveness" | "/readiness" => Self::Health,
-            "/metrics" | "/openapi.json" => Self::Ops,
+            "/metrics" => Self::Ops,
+            "/metadata" => Self::Master,
+            "/openapi.json" | "/docs" => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,
+            p if p.starts_with("/api/v1/") => Self::Master,
+            p if p.starts_with("/docs/") || p.starts_with("/api-docs/") => Self::Docs,
             _ => Self::Other,
         }
     }

@@ -1,7 +1,9 @@
-//! `moongate serve`: bind, register the static workers, serve until Ctrl-C / SIGTERM, then
-//! shut down gracefully (in-flight requests get `--shutdown-grace-period-secs`).
+//! `moongate serve`: bind, register the static workers, mount the KV master (unless
+//! `--disable-master`), serve until Ctrl-C / SIGTERM, then shut down gracefully (in-flight
+//! requests get `--shutdown-grace-period-secs`; the master's background task stops).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -9,12 +11,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use kvstore::Master;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::auth::AdminKey;
 use crate::config::ServeConfig;
+use crate::hosting::HostedMaster;
 use crate::server::{self, AppState, Front};
 
 /// A running gateway (for `serve`, the demo and tests).
@@ -25,6 +30,7 @@ pub struct Gateway {
     state: AppState,
     task: JoinHandle<std::io::Result<()>>,
     grace: Duration,
+    master_task: Option<JoinHandle<()>>,
 }
 
 impl Gateway {
@@ -38,8 +44,13 @@ impl Gateway {
         &self.state
     }
 
+    /// The hosted KV master (`None` with `--disable-master`).
+    pub fn master(&self) -> Option<&Arc<Master>> {
+        self.state.master()
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the grace period), stops the
-    /// health loops.
+    /// health loops and the master's background task.
     pub async fn shutdown(self) {
         self.state.cancel_token().cancel();
         let mut task = self.task;
@@ -50,17 +61,57 @@ impl Gateway {
             );
             task.abort();
         }
+        if let Some(background) = self.master_task {
+            // It stops at the token; a tick in progress finishes first.
+            if let Err(e) = background.await {
+                tracing::warn!(error = %e, "KV master background task failed");
+            }
+        }
     }
 }
 
 /// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`) with the
-/// static workers registered. Needs a tokio runtime.
+/// static workers registered and the KV master mounted (unless `cfg.disable_master`).
+/// Needs a tokio runtime.
 pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Gateway> {
     let state = AppState::new(cfg);
     state
         .add_static_workers()
         .context("registering --worker-urls")?;
-    spawn_with(state, OpenApiRouter::new(), listener).await
+    let hosted = hosted_master(state.config())?;
+    let extra = master_routes(&state, hosted.as_ref());
+    if let Some(h) = &hosted {
+        state.host_master(h.master().clone());
+    }
+    let mut gw = spawn_with(state, extra, listener).await?;
+    if let Some(h) = hosted {
+        gw.master_task = Some(h.spawn_background(gw.state.cancel_token().clone()));
+    }
+    Ok(gw)
+}
+
+/// The master `cfg` asks to host, if any.
+fn hosted_master(cfg: &ServeConfig) -> anyhow::Result<Option<HostedMaster>> {
+    if cfg.disable_master {
+        return Ok(None);
+    }
+    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    Ok(Some(hosted))
+}
+
+/// The hosted master's routes behind the admin key (none without a master).
+fn master_routes(state: &AppState, hosted: Option<&HostedMaster>) -> OpenApiRouter {
+    let key = AdminKey::new(state.config().admin_api_key.as_ref());
+    hosted.map_or_else(OpenApiRouter::new, |h| h.routes(&key))
+}
+
+/// The OpenAPI document `moongate serve` with `cfg` serves at `/api-docs/openapi.json`
+/// (built the way [`spawn`] builds the server, without listening). Needs a tokio runtime.
+pub fn document(cfg: ServeConfig) -> anyhow::Result<utoipa::openapi::OpenApi> {
+    let hosted = hosted_master(&cfg)?;
+    let state = AppState::new(cfg);
+    let extra = master_routes(&state, hosted.as_ref());
+    Ok(server::build(state, extra).1)
 }
 
 /// Serves an already-built state plus `extra` routes (e.g. the KV master's REST API, mounted
@@ -94,6 +145,7 @@ pub async fn spawn_with(
         state,
         task,
         grace,
+        master_task: None,
     })
 }
 
@@ -175,7 +227,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
     let stop = shutdown_signal();
     let gw = spawn(cfg, listener).await?;
-    tracing::info!(addr = %gw.addr, workers = gw.state().registry().list().len(), "moongate gateway listening");
+    tracing::info!(addr = %gw.addr, workers = gw.state().registry().list().len(),
+        master = gw.master().is_some(), admin_key = gw.state().config().admin_api_key.is_some(),
+        "moongate gateway listening");
     stop.await;
     tracing::info!("shutting down");
     gw.shutdown().await;

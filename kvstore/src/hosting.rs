@@ -33,11 +33,21 @@ impl MasterServer {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| crate::MasterError::InternalError(format!("bind {listen}: {e}")))?;
+        let app: axum::Router = crate::router(master.clone()).into();
+        Self::serve_app(master, listener, app)
+    }
+
+    /// Serves `app` on `listener` with `master`'s background task: for hosts that wrap the
+    /// master's [`crate::router`] (auth, health, metrics, documentation) before serving it.
+    pub fn serve_app(
+        master: Arc<Master>,
+        listener: tokio::net::TcpListener,
+        app: axum::Router,
+    ) -> MasterResult<Self> {
         let addr = listener
             .local_addr()
             .map_err(|e| crate::MasterError::InternalError(format!("listener address: {e}")))?;
         let stop = CancellationToken::new();
-        let app: axum::Router = crate::router(master.clone()).into();
         let (bg_stop, http_stop) = (stop.clone(), stop.clone());
         tokio::spawn(crate::run_background(master.clone(), async move {
             bg_stop.cancelled().await

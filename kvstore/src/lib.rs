@@ -12,6 +12,7 @@
 //! - `background`: the periodic work the host spawns ([`run_background`]).
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
 //! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
+//! - `secret`: [`Secret`], a setting never printed (admin API keys).
 //!
 //! # Hosting the master
 //! ```no_run
@@ -35,6 +36,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod node;
 pub mod rest;
+mod secret;
 
 pub use background::run_background;
 pub use client::{BufRange, ClientConfig, StoreClient, StoreError, StoreResult};
@@ -42,3 +44,4 @@ pub use hosting::MasterServer;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;
+pub use secret::Secret;

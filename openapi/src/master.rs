@@ -294,6 +294,15 @@ pub struct MasterStats {
     pub evicted_bytes: u64,
 }
 
+/// `GET /health` of a master served alone (`moongate master`): the process is up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MasterHealth {
+    /// `alive`.
+    pub status: String,
+    /// The server's version.
+    pub version: String,
+}
+
 /// Query of `GET /api/v1/objects`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

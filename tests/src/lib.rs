@@ -352,3 +352,97 @@ pub fn sse_json(text: &str) -> Vec<serde_json::Value> {
         .map(|e| serde_json::from_str(e).expect("JSON event"))
         .collect()
 }
+
+/// One operation of an OpenAPI document.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    /// HTTP method.
+    pub method: http::Method,
+    /// Path template, e.g. `/workers/{id}`.
+    pub path: String,
+    /// `operationId`.
+    pub id: String,
+    /// Its first tag.
+    pub tag: String,
+    /// Whether it carries a security requirement (the admin key).
+    pub secured: bool,
+}
+
+impl Operation {
+    /// The path with every `{param}` replaced by a plausible value.
+    pub fn concrete_path(&self) -> String {
+        let mut out = String::new();
+        for (i, part) in self.path.split('/').enumerate() {
+            if i > 0 {
+                out.push('/');
+            }
+            out.push_str(match part {
+                "{client_id}" => "0d1f8a3e-5b6c-4d7e-8f90-a1b2c3d4e5f6",
+                "{file}" => "index.html",
+                p if p.starts_with('{') => "x",
+                p => p,
+            });
+        }
+        if self.path == "/metadata" {
+            out.push_str("?key=k");
+        }
+        out
+    }
+}
+
+/// Every operation of `doc` (an OpenAPI document as JSON), in document order.
+pub fn operations(doc: &serde_json::Value) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths").iter() {
+        for (method, op) in item.as_object().expect("path item").iter() {
+            let Ok(method) = method.to_ascii_uppercase().parse::<http::Method>() else {
+                continue;
+            };
+            ops.push(Operation {
+                method,
+                path: path.clone(),
+                id: op["operationId"].as_str().unwrap_or_default().to_string(),
+                tag: op["tags"][0].as_str().unwrap_or_default().to_string(),
+                secured: op["security"].as_array().is_some_and(|s| !s.is_empty()),
+            });
+        }
+    }
+    ops
+}
+
+/// The JSON pointer of the first place where `a` and `b` differ (`None` when equal).
+pub fn first_difference(a: &serde_json::Value, b: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys = x.keys().chain(y.keys().filter(|k| !x.contains_key(*k)));
+            for k in keys {
+                match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => {
+                        if let Some(rest) = first_difference(p, q) {
+                            return Some(format!("/{k}{rest}"));
+                        }
+                    }
+                    _ => return Some(format!("/{k}")),
+                }
+            }
+            None
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                if let Some(rest) = first_difference(p, q) {
+                    return Some(format!("/{i}{rest}"));
+                }
+            }
+            (x.len() != y.len()).then(|| format!("/{}", x.len().min(y.len())))
+        }
+        _ => (a != b).then(String::new),
+    }
+}
+
+/// The committed `openapi/openapi.json` (`moongate serve`'s document, default settings).
+pub fn committed_openapi() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
+    let text = std::fs::read_to_string(path).expect("openapi/openapi.json is committed");
+    serde_json::from_str(&text).expect("openapi/openapi.json is JSON")
+}

@@ -4,18 +4,19 @@
 //! - [`front`]: the one middleware stack (request id, metrics) and the inference fast path.
 //! - [`inference`]: the proxied OpenAI/SGLang routes, `/v1/models`, and a worker's
 //!   `/get_server_info` / `/get_model_info`.
-//! - [`admin`]: the worker API (`/workers`).
-//! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`, `/openapi.json`.
+//! - [`admin`]: the worker API (`/workers`), behind the admin key.
+//! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`.
 //!
 //! [`app`] builds the service for a state; [`app_with`] also mounts another component's
-//! routes (the KV master's REST API) under the same front door and OpenAPI document.
+//! routes (the KV master's REST API) under the same front door and OpenAPI document, which
+//! [`crate::docs`] serves with Swagger UI.
 
 pub mod admin;
 pub mod front;
 pub mod inference;
 pub mod ops;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -27,6 +28,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::{AdminKey, Rejection};
 use crate::client::HttpClient;
 use crate::config::ServeConfig;
 use crate::error::GatewayError;
@@ -37,6 +39,7 @@ use crate::proxy::pd::PdRouter;
 use crate::select::Policy;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
+use kvstore::Master;
 
 /// Everything handlers share (cheap to clone).
 #[derive(Clone, Debug)]
@@ -51,6 +54,7 @@ struct Inner {
     client: HttpClient,
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
+    master: OnceLock<Arc<Master>>,
 }
 
 impl AppState {
@@ -89,6 +93,7 @@ impl AppState {
             client,
             prometheus,
             cancel,
+            master: OnceLock::new(),
         }))
     }
 
@@ -139,25 +144,35 @@ impl AppState {
         &self.0.prometheus
     }
 
+    /// Records the KV master this gateway hosts (its gauges are refreshed when `/metrics` is
+    /// scraped). Only the first call counts.
+    pub fn host_master(&self, master: Arc<Master>) {
+        let _ = self.0.master.set(master);
+    }
+
+    /// The hosted KV master, if any.
+    pub fn master(&self) -> Option<&Arc<Master>> {
+        self.0.master.get()
+    }
+
     /// Cancelled at shutdown; stops every health loop.
     pub fn cancel_token(&self) -> &CancellationToken {
         &self.0.cancel
     }
 }
 
-/// The gateway's OpenAPI document (info and tags; paths come from the routes).
+/// The gateway's OpenAPI document (info; paths come from the routes, tags and the security
+/// scheme from [`crate::docs`]).
 #[derive(OpenApi)]
-#[openapi(
-    info(title = "Moongate", description = "OpenAI-compatible gateway for SGLang workers."),
-    tags(
-        (name = "inference", description = "OpenAI and SGLang inference routes, proxied to workers"),
-        (name = "workers", description = "Worker registration and status"),
-        (name = "ops", description = "Health, readiness, metrics")
-    )
-)]
+#[openapi(info(
+    title = "Moongate",
+    description = "OpenAI-compatible gateway for SGLang workers, with the KV-cache master it hosts.",
+    license(name = "Apache-2.0")
+))]
 pub struct GatewayApi;
 
-/// The gateway's routes with their OpenAPI descriptions, before state is applied.
+/// The gateway's open routes (inference, health, metrics) with their OpenAPI descriptions,
+/// before state is applied.
 pub fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(GatewayApi::openapi())
         .routes(routes!(inference::chat_completions))
@@ -166,16 +181,29 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(inference::models))
         .routes(routes!(inference::server_info))
         .routes(routes!(inference::model_info))
+        .routes(routes!(ops::health))
+        .routes(routes!(ops::liveness))
+        .routes(routes!(ops::readiness))
+        .routes(routes!(ops::metrics))
+}
+
+/// The worker API, before the admin key and state are applied.
+pub fn admin_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(admin::list_workers, admin::create_worker))
         .routes(routes!(
             admin::get_worker,
             admin::update_worker,
             admin::delete_worker
         ))
-        .routes(routes!(ops::health))
-        .routes(routes!(ops::liveness))
-        .routes(routes!(ops::readiness))
-        .routes(routes!(ops::metrics))
+}
+
+/// How a gateway route refuses a request without the admin key: 401, OpenAI envelope.
+pub fn gateway_rejection() -> Rejection {
+    Rejection {
+        respond: || GatewayError::Unauthorized.into_response(),
+        schema: "ErrorResponse",
+    }
 }
 
 /// The complete gateway service.
@@ -189,21 +217,23 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
     Front::new(state.clone(), router(state, extra))
 }
 
-/// The route table (every route, `/openapi.json`, JSON 404/405 fallbacks), without the front
-/// door.
+/// The route table (every route, the docs, JSON 404/405 fallbacks), without the front door.
 pub fn router(state: AppState, extra: OpenApiRouter) -> Router {
-    let (router, doc) = api_routes()
+    build(state, extra).0
+}
+
+/// The route table and the OpenAPI document it serves.
+pub fn build(state: AppState, extra: OpenApiRouter) -> (Router, utoipa::openapi::OpenApi) {
+    let key = AdminKey::new(state.config().admin_api_key.as_ref());
+    let api = api_routes()
+        .merge(key.guard(admin_routes(), gateway_rejection()))
         .with_state(state)
-        .merge(extra)
-        .split_for_parts();
-    let doc = Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
-    router
-        .route(
-            "/openapi.json",
-            axum::routing::get(move || ops::openapi_json(doc.clone())),
-        )
+        .merge(extra);
+    let (router, doc) = crate::docs::documented(api);
+    let router = router
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(method_not_allowed);
+    (router, doc)
 }
 
 async fn not_found(req: Request) -> Response {

@@ -1,6 +1,4 @@
-//! Operations routes: liveness, readiness, Prometheus metrics, the OpenAPI document.
-
-use std::sync::Arc;
+//! Operations routes: liveness, readiness, Prometheus metrics.
 
 use axum::Json;
 use axum::extract::State;
@@ -61,10 +59,13 @@ pub async fn readiness(State(st): State<AppState>) -> Response {
     Json(s).into_response()
 }
 
-/// Prometheus text exposition.
+/// Prometheus text exposition (the gateway's and the hosted master's series).
 #[utoipa::path(get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
+    if let Some(master) = st.master() {
+        kvstore::metrics::publish(master);
+    }
     let text = crate::metrics::render(st.prometheus(), st.registry());
     (
         [(
@@ -72,18 +73,6 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             HeaderValue::from_static("text/plain; version=0.0.4"),
         )],
         text,
-    )
-        .into_response()
-}
-
-/// The OpenAPI document of every route served.
-pub async fn openapi_json(doc: Arc<String>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        (*doc).clone(),
     )
         .into_response()
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use transfer::{EngineConfig, MetadataConfig, RdmaMode};
 
 use super::error::{StoreError, StoreResult};
+use crate::Secret;
 
 /// Environment variables, one per setting (`MOONGATE_STORE_` + the field name in capitals).
 pub mod env {
@@ -36,6 +37,8 @@ pub mod env {
     pub const HEARTBEAT_INTERVAL_MS: &str = "MOONGATE_STORE_HEARTBEAT_INTERVAL_MS";
     /// `--rpc-timeout-ms`.
     pub const RPC_TIMEOUT_MS: &str = "MOONGATE_STORE_RPC_TIMEOUT_MS";
+    /// `--master-api-key`.
+    pub const MASTER_API_KEY: &str = "MOONGATE_STORE_MASTER_API_KEY";
     /// `--http-listen` (storage node).
     pub const HTTP_LISTEN: &str = "MOONGATE_STORE_HTTP_LISTEN";
 }
@@ -135,6 +138,9 @@ pub struct ClientConfig {
     /// Longest a master request may take, ms.
     #[arg(long, env = env::RPC_TIMEOUT_MS, default_value_t = DEFAULT_RPC_TIMEOUT_MS)]
     pub rpc_timeout_ms: u64,
+    /// The master's admin API key (its `--admin-api-key`), sent as `Authorization: Bearer`.
+    #[arg(long, env = env::MASTER_API_KEY, hide_env_values = true)]
+    pub master_api_key: Option<Secret>,
 }
 
 impl Default for ClientConfig {
@@ -152,6 +158,7 @@ impl Default for ClientConfig {
             replica_num: DEFAULT_REPLICA_NUM,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             rpc_timeout_ms: DEFAULT_RPC_TIMEOUT_MS,
+            master_api_key: None,
         }
     }
 }

@@ -141,7 +141,11 @@ impl StoreClient {
 
     async fn open(config: ClientConfig, wait_for_master: bool) -> StoreResult<Self> {
         config.validate()?;
-        let rpc = MasterRpc::new(&config.master, config.rpc_timeout())?;
+        let rpc = MasterRpc::new(
+            &config.master,
+            config.rpc_timeout(),
+            config.master_api_key.as_ref(),
+        )?;
         let engine = TransferEngine::new(config.engine_config()?)
             .await
             .map_err(|e| StoreError::setup("starting the transfer engine", e))?;

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, header};
+use http::{HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -17,6 +17,7 @@ use openapi::master as wire;
 use serde::Serialize;
 
 use super::error::{StoreError, StoreResult};
+use crate::Secret;
 use crate::master::{ClientId, MasterError};
 
 /// Typed calls to one master.
@@ -25,6 +26,8 @@ pub(crate) struct MasterRpc {
     http: Client<HttpConnector, Full<Bytes>>,
     base: String,
     timeout: Duration,
+    /// `Bearer <key>` when the master wants its admin key (marked sensitive).
+    auth: Option<HeaderValue>,
 }
 
 impl std::fmt::Debug for MasterRpc {
@@ -86,8 +89,25 @@ json_answers!(
 );
 
 impl MasterRpc {
-    /// A client of the master at `base` (`http://host:port`, optionally with a path prefix).
-    pub(crate) fn new(base: &str, timeout: Duration) -> StoreResult<Self> {
+    /// A client of the master at `base` (`http://host:port`, optionally with a path prefix),
+    /// sending `api_key` (the master's admin key) with every request when given.
+    pub(crate) fn new(
+        base: &str,
+        timeout: Duration,
+        api_key: Option<&Secret>,
+    ) -> StoreResult<Self> {
+        let auth = api_key
+            .map(|k| {
+                let mut v =
+                    HeaderValue::try_from(format!("Bearer {}", k.expose())).map_err(|_| {
+                        StoreError::InvalidArgument(
+                            "master_api_key is not a valid header value".into(),
+                        )
+                    })?;
+                v.set_sensitive(true);
+                Ok::<_, StoreError>(v)
+            })
+            .transpose()?;
         let base = base.trim_end_matches('/').to_owned();
         let uri: http::Uri = base
             .parse()
@@ -108,6 +128,7 @@ impl MasterRpc {
             http,
             base,
             timeout,
+            auth,
         })
     }
 
@@ -145,6 +166,9 @@ impl MasterRpc {
         let mut req = Request::builder().method(method).uri(uri);
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(auth) = &self.auth {
+            req = req.header(header::AUTHORIZATION, auth.clone());
         }
         let req = req
             .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
@@ -367,13 +391,24 @@ mod tests {
 
     #[test]
     fn master_urls_are_checked() {
-        assert!(MasterRpc::new("http://127.0.0.1:1", Duration::from_secs(1)).is_ok());
-        assert!(MasterRpc::new("https://m:1", Duration::from_secs(1)).is_err());
-        assert!(MasterRpc::new("not a url", Duration::from_secs(1)).is_err());
-        let r = MasterRpc::new("http://m:1/prefix/", Duration::from_secs(1)).unwrap();
+        assert!(MasterRpc::new("http://127.0.0.1:1", Duration::from_secs(1), None).is_ok());
+        assert!(MasterRpc::new("https://m:1", Duration::from_secs(1), None).is_err());
+        assert!(MasterRpc::new("not a url", Duration::from_secs(1), None).is_err());
+        let r = MasterRpc::new("http://m:1/prefix/", Duration::from_secs(1), None).unwrap();
         assert_eq!(
             r.url(&["/api/v1/objects/", "/replicas"], &["k/1"]),
             "http://m:1/prefix/api/v1/objects/k%2F1/replicas"
         );
+    }
+
+    #[test]
+    fn the_api_key_must_fit_in_a_header() {
+        let key =
+            |k: &str| MasterRpc::new("http://m:1", Duration::from_secs(1), Some(&Secret::new(k)));
+        let ok = key("k-1").unwrap();
+        let auth = ok.auth.as_ref().unwrap();
+        assert!(auth.is_sensitive() && auth == "Bearer k-1");
+        assert!(key("bad\nkey").is_err());
+        assert!(!format!("{ok:?}").contains("k-1"));
     }
 }

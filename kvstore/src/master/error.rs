@@ -47,6 +47,10 @@ pub enum MasterError {
     /// A read lease on the object is live; it cannot be removed now.
     #[error("object has lease: {0}")]
     ObjectHasLease(String),
+    /// The host requires an admin API key (`Authorization: Bearer <key>`) and the request
+    /// carried none or a wrong one. Moongate's own code: Mooncake has no authentication.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
 }
 
 impl MasterError {
@@ -66,6 +70,8 @@ impl MasterError {
             Self::ObjectNotFound(_) => -704,
             Self::ObjectAlreadyExists(_) => -705,
             Self::ObjectHasLease(_) => -706,
+            // Outside every range Mooncake's `ErrorCode` uses.
+            Self::Unauthorized(_) => -2001,
         }
     }
 
@@ -85,6 +91,7 @@ impl MasterError {
             Self::ObjectNotFound(_) => "OBJECT_NOT_FOUND",
             Self::ObjectAlreadyExists(_) => "OBJECT_ALREADY_EXISTS",
             Self::ObjectHasLease(_) => "OBJECT_HAS_LEASE",
+            Self::Unauthorized(_) => "UNAUTHORIZED",
         }
     }
 
@@ -93,6 +100,7 @@ impl MasterError {
         match self {
             Self::InternalError(_) => 500,
             Self::InvalidKey(_) | Self::InvalidParams(_) => 400,
+            Self::Unauthorized(_) => 401,
             Self::IllegalClient(_) => 403,
             Self::SegmentNotFound(_) | Self::ClientNotFound(_) | Self::ObjectNotFound(_) => 404,
             Self::SegmentAlreadyExists(_)
@@ -122,6 +130,7 @@ impl MasterError {
             "OBJECT_NOT_FOUND" => Self::ObjectNotFound,
             "OBJECT_ALREADY_EXISTS" => Self::ObjectAlreadyExists,
             "OBJECT_HAS_LEASE" => Self::ObjectHasLease,
+            "UNAUTHORIZED" => Self::Unauthorized,
             other => return Self::InternalError(format!("{other}: {message}")),
         };
         // The wire message is this type's `Display`: drop the prefix it adds again.
@@ -159,6 +168,7 @@ mod tests {
             MasterError::ObjectNotFound("key: a b".into()),
             MasterError::ObjectAlreadyExists("e".into()),
             MasterError::ObjectHasLease("l".into()),
+            MasterError::Unauthorized("u".into()),
         ];
         for e in all {
             assert_eq!(MasterError::from_wire(e.name(), &e.to_string()), e);
@@ -189,6 +199,7 @@ mod tests {
             (MasterError::ObjectNotFound(String::new()), -704, 404),
             (MasterError::ObjectAlreadyExists(String::new()), -705, 409),
             (MasterError::ObjectHasLease(String::new()), -706, 409),
+            (MasterError::Unauthorized(String::new()), -2001, 401),
         ];
         for (e, code, status) in all {
             assert_eq!((e.code(), e.http_status()), (code, status), "{}", e.name());

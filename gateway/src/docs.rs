@@ -1,0 +1,219 @@
+//! The OpenAPI document and Swagger UI, for every process that serves an HTTP API
+//! (`moongate serve`, with or without the KV master, and `moongate master`).
+//!
+//! [`documented`] takes the process's documented routes (an `OpenApiRouter` whose every
+//! route came from `#[utoipa::path]`), adds the documentation routes, which are themselves
+//! documented, splits the router from its document, finishes the document (security scheme,
+//! only the tags in use) and serves exactly that document:
+//! - `GET /api-docs/openapi.json` (and `GET /openapi.json`, the same bytes);
+//! - `GET /docs` -> `/docs/`: Swagger UI, from the assets compiled into the binary
+//!   (`utoipa-swagger-ui`'s `vendored` feature: nothing is downloaded at build or run time;
+//!   the UI's online validator is off, so the page fetches nothing but this document).
+//!
+//! The committed `openapi/openapi.json` is `moongate serve`'s document with the default
+//! settings; `moongate openapi` prints it ([`crate::serve::document`]).
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use utoipa::openapi::OpenApi;
+use utoipa::openapi::tag::{Tag, TagBuilder};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::Config;
+
+use crate::auth;
+use crate::error::GatewayError;
+
+/// Where the document is served.
+pub const OPENAPI_PATH: &str = "/api-docs/openapi.json";
+/// Where Swagger UI is served.
+pub const DOCS_PATH: &str = "/docs";
+/// OpenAPI tag of the documentation routes.
+pub const TAG: &str = "docs";
+
+/// What Swagger UI's pages may load: their own files and this server's document, nothing
+/// from elsewhere (the browser enforces it; inline styles are Swagger UI's own).
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+    style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self' data:; \
+    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
+
+/// The rendered document and the UI's settings, shared by the documentation handlers.
+struct Docs {
+    json: OnceLock<Bytes>,
+    ui: Arc<Config<'static>>,
+}
+
+/// Adds the documentation routes to `api`, then returns the router and the finished
+/// document it serves.
+pub fn documented(api: OpenApiRouter) -> (Router, OpenApi) {
+    let docs = Arc::new(Docs {
+        json: OnceLock::new(),
+        ui: Arc::new(
+            Config::new([OPENAPI_PATH])
+                .validator_url("none")
+                .display_operation_id(true)
+                .persist_authorization(true),
+        ),
+    });
+    let routes = OpenApiRouter::new()
+        .routes(routes!(openapi_json))
+        .routes(routes!(openapi_json_alias))
+        .routes(routes!(swagger_ui_root))
+        .routes(routes!(swagger_ui_index))
+        .routes(routes!(swagger_ui_file))
+        .with_state(docs.clone());
+    let (router, mut doc) = api.merge(routes).split_for_parts();
+    finish(&mut doc);
+    let json = doc.to_json().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot render the OpenAPI document");
+        "{}".into()
+    });
+    let _ = docs.json.set(Bytes::from(json));
+    (router, doc)
+}
+
+/// Every tag an operation may carry, in the order the document lists them.
+const TAGS: &[(&str, &str)] = &[
+    (
+        "inference",
+        "OpenAI and SGLang inference routes, proxied to workers",
+    ),
+    ("workers", "Worker registration and status (admin)"),
+    (
+        kvstore::rest::TAG,
+        "The KV-cache master: segments, objects, replicas, leases, eviction, and the \
+         transfer-metadata store (admin)",
+    ),
+    ("ops", "Health, readiness, metrics"),
+    (TAG, "This document and Swagger UI"),
+];
+
+/// Adds the admin key's security scheme and lists the tags the operations use (a process
+/// that does not mount a component does not list its tag).
+fn finish(doc: &mut OpenApi) {
+    doc.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme(auth::SECURITY_SCHEME, auth::security_scheme());
+    let mut used: Vec<String> = Vec::new();
+    for item in doc.paths.paths.values() {
+        let ops = [
+            &item.get,
+            &item.put,
+            &item.post,
+            &item.delete,
+            &item.patch,
+            &item.head,
+            &item.options,
+            &item.trace,
+            &item.query,
+        ];
+        for tag in ops
+            .into_iter()
+            .flatten()
+            .flat_map(|op| op.tags.iter().flatten())
+        {
+            if !used.contains(tag) {
+                used.push(tag.clone());
+            }
+        }
+    }
+    let known = TAGS
+        .iter()
+        .filter(|(name, _)| used.iter().any(|u| u == name));
+    let mut tags: Vec<Tag> = known
+        .map(|(name, description)| {
+            TagBuilder::new()
+                .name(*name)
+                .description(Some(*description))
+                .build()
+        })
+        .collect();
+    // A tag missing from the list still shows up, without a description.
+    for name in used.iter().filter(|u| !TAGS.iter().any(|(n, _)| n == u)) {
+        tags.push(TagBuilder::new().name(name.clone()).build());
+    }
+    doc.tags = Some(tags);
+}
+
+fn json_response(docs: &Docs) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        docs.json.get().cloned().unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// This OpenAPI document.
+#[utoipa::path(get, path = "/api-docs/openapi.json", tag = TAG,
+    responses((status = 200, description = "The OpenAPI document of every route this process serves",
+               body = Object, content_type = "application/json")))]
+async fn openapi_json(State(docs): State<Arc<Docs>>) -> Response {
+    json_response(&docs)
+}
+
+/// The same document at its earlier address.
+#[utoipa::path(get, path = "/openapi.json", tag = TAG,
+    responses((status = 200, description = "The same bytes as /api-docs/openapi.json",
+               body = Object, content_type = "application/json")))]
+async fn openapi_json_alias(State(docs): State<Arc<Docs>>) -> Response {
+    json_response(&docs)
+}
+
+/// Swagger UI's address; redirects to `/docs/`.
+#[utoipa::path(get, path = "/docs", tag = TAG,
+    responses((status = 303, description = "Redirect to /docs/",
+               headers(("location" = String, description = "/docs/")))))]
+async fn swagger_ui_root() -> Redirect {
+    Redirect::to("/docs/")
+}
+
+/// Swagger UI over this document.
+#[utoipa::path(get, path = "/docs/", tag = TAG,
+    responses((status = 200, description = "Swagger UI (HTML)", content_type = "text/html")))]
+async fn swagger_ui_index(State(docs): State<Arc<Docs>>) -> Response {
+    swagger_file(&docs, "")
+}
+
+/// A file of Swagger UI (scripts, styles, icons), compiled into the binary.
+#[utoipa::path(get, path = "/docs/{file}", tag = TAG,
+    params(("file" = String, Path, description = "File name, e.g. swagger-ui-bundle.js")),
+    responses(
+        (status = 200, description = "The file"),
+        (status = 404, description = "No such file"),
+    ))]
+async fn swagger_ui_file(State(docs): State<Arc<Docs>>, Path(file): Path<String>) -> Response {
+    swagger_file(&docs, &file)
+}
+
+fn swagger_file(docs: &Docs, file: &str) -> Response {
+    match utoipa_swagger_ui::serve(file, docs.ui.clone()) {
+        Ok(Some(f)) => {
+            let mut resp = (StatusCode::OK, f.bytes.into_owned()).into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+            );
+            if let Ok(ct) = HeaderValue::try_from(f.content_type) {
+                resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            if f.gzpipped {
+                resp.headers_mut()
+                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            resp
+        }
+        Ok(None) => GatewayError::RouteNotFound(format!("GET {DOCS_PATH}/{file}")).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "Swagger UI file");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The KV master hosted by this process: `moongate serve` mounts it next to the gateway's
+//! routes (unless `--disable-master`), `moongate master` serves it alone.
+//!
+//! Either way the same pieces are used: [`HostedMaster`] builds the master from
+//! [`kvstore::MasterConfig`], hands out its REST routes behind the admin key
+//! ([`HostedMaster::routes`], 401 in the master's error envelope), and runs its background
+//! task (client TTL sweep, zombie puts, eviction, gauges) until shutdown. Its metrics go to
+//! the process's one Prometheus recorder and are served at `/metrics`.
+//!
+//! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
+//! OpenAPI document and Swagger UI, and serves it all with [`kvstore::MasterServer`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Json;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, header};
+use kvstore::{Master, MasterConfig, MasterError, MasterServer};
+use openapi::master::MasterHealth;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa::openapi::OpenApi as Document;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{AdminKey, Rejection};
+use crate::config::MasterHostConfig;
+use crate::docs;
+use crate::error::GatewayError;
+
+/// A master this process hosts.
+#[derive(Debug, Clone)]
+pub struct HostedMaster {
+    master: Arc<Master>,
+}
+
+impl HostedMaster {
+    /// Builds the master from `config` (validated again here) and registers its metrics on
+    /// the process's Prometheus recorder.
+    pub fn new(config: MasterConfig) -> Result<Self, MasterError> {
+        crate::metrics::install();
+        kvstore::metrics::describe();
+        let master = Arc::new(Master::new(config)?);
+        kvstore::metrics::publish(&master);
+        Ok(Self { master })
+    }
+
+    /// The master.
+    pub fn master(&self) -> &Arc<Master> {
+        &self.master
+    }
+
+    /// The master's REST API (`/api/v1/...`, `/metadata`), behind `key`.
+    pub fn routes(&self, key: &AdminKey) -> OpenApiRouter {
+        key.guard(kvstore::router(self.master.clone()), master_rejection())
+    }
+
+    /// Runs the background task until `stop` is cancelled.
+    pub fn spawn_background(&self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(kvstore::run_background(
+            self.master.clone(),
+            stop.cancelled_owned(),
+        ))
+    }
+}
+
+/// How a master route refuses a request without the admin key: 401, `UNAUTHORIZED`.
+fn master_rejection() -> Rejection {
+    Rejection {
+        respond: || {
+            let e = MasterError::Unauthorized(
+                "missing or wrong admin API key (Authorization: Bearer <key>)".into(),
+            );
+            kvstore::rest::ApiError(e).into_response()
+        },
+        schema: "MasterErrorResponse",
+    }
+}
+
+/// The document of `moongate master` (info; paths come from the routes).
+#[derive(OpenApi)]
+#[openapi(info(
+    title = "Moongate KV master",
+    description = "The KV-cache master (Mooncake Store semantics) served alone: segments, \
+                   objects, replicas, leases, eviction, and the transfer-metadata store.",
+    license(name = "Apache-2.0")
+))]
+struct MasterAloneApi;
+
+/// `moongate master`'s routes and the document it serves: the master behind `key`,
+/// `/health`, `/metrics`, the docs; unknown routes get a JSON 404.
+pub fn master_app(hosted: &HostedMaster, key: &AdminKey) -> (Router, Document) {
+    let own = OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(metrics))
+        .with_state(hosted.master.clone());
+    let api = OpenApiRouter::with_openapi(MasterAloneApi::openapi())
+        .merge(hosted.routes(key))
+        .merge(own);
+    let (router, doc) = docs::documented(api);
+    (router.fallback(not_found), doc)
+}
+
+async fn not_found(req: Request) -> Response {
+    GatewayError::RouteNotFound(format!("{} {}", req.method(), req.uri().path())).into_response()
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/health", tag = "ops",
+    responses((status = 200, description = "Alive", body = MasterHealth)))]
+async fn health() -> Json<MasterHealth> {
+    Json(MasterHealth {
+        status: "alive".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+/// Prometheus text exposition (`moongate_master_*`), gauges refreshed first.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
+async fn metrics(State(master): State<Arc<Master>>) -> Response {
+    kvstore::metrics::publish(&master);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        crate::metrics::install().render(),
+    )
+        .into_response()
+}
+
+/// The OpenAPI document `moongate master` with `cfg` serves at `/api-docs/openapi.json`.
+pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
+    let hosted = HostedMaster::new(cfg.master).context("KV master settings")?;
+    let key = AdminKey::new(cfg.admin_api_key.as_ref());
+    Ok(master_app(&hosted, &key).1)
+}
+
+/// A running `moongate master`.
+#[derive(Debug)]
+pub struct MasterProcess {
+    server: MasterServer,
+    grace: Duration,
+}
+
+impl MasterProcess {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.addr()
+    }
+
+    /// The master itself.
+    pub fn master(&self) -> &Arc<Master> {
+        self.server.master()
+    }
+
+    /// Stops accepting, lets requests in flight finish (up to the grace period), stops the
+    /// background task.
+    pub async fn shutdown(self) {
+        self.server.stop(self.grace).await;
+    }
+}
+
+/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`). Needs a tokio
+/// runtime.
+pub async fn spawn_master(
+    cfg: MasterHostConfig,
+    listener: TcpListener,
+) -> anyhow::Result<MasterProcess> {
+    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    let key = AdminKey::new(cfg.admin_api_key.as_ref());
+    let (app, _) = master_app(&hosted, &key);
+    let server = MasterServer::serve_app(hosted.master.clone(), listener, app)
+        .context("serving the KV master")?;
+    Ok(MasterProcess {
+        server,
+        grace: Duration::from_secs(cfg.shutdown_grace_period_secs),
+    })
+}
+
+/// `moongate master`: serve until Ctrl-C / SIGTERM, then shut down gracefully.
+pub async fn run_master(cfg: MasterHostConfig) -> anyhow::Result<()> {
+    let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .await
+        .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
+    let stop = crate::serve::shutdown_signal();
+    let keyed = cfg.admin_api_key.is_some();
+    let process = spawn_master(cfg, listener).await?;
+    tracing::info!(addr = %process.addr(), admin_key = keyed, "moongate master listening");
+    stop.await;
+    tracing::info!("shutting down");
+    process.shutdown().await;
+    Ok(())
+}

@@ -178,11 +178,15 @@ curl -s {url}/v1/completions -H 'content-type: application/json' \
 curl -s {url}/generate -H 'content-type: application/json' \
   -d '{{"text":"The gate opens at","sampling_params":{{"max_new_tokens":8}}}}'
 
-# Models, readiness, metrics, OpenAPI document
+# Models, readiness, metrics, OpenAPI document (Swagger UI: open {url}/docs in a browser)
 curl -s {url}/v1/models
 curl -s {url}/readiness
 curl -s {url}/metrics | grep moongate_gateway
-curl -s {url}/openapi.json | head -c 300; echo
+curl -s {url}/api-docs/openapi.json | head -c 300; echo
+
+# The KV master the gateway hosts
+curl -s {url}/api/v1/stats
+curl -s {url}/api/v1/segments
 
 # Worker API: list, inspect, relabel, drain and remove, register again
 curl -s {url}/workers

@@ -415,10 +415,28 @@ async fn a_storage_node_mounts_on_a_keyed_serve_only_with_the_key() {
         }
         c
     };
-    // Without the key the node cannot mount: it exits with the master's reason.
-    let out = node(None).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Without the key the node cannot mount: it exits at once with the master's reason
+    // (a wrong key is not retried like a master that is not up yet).
+    let mut keyless = node(None)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut exited = None;
+    for _ in 0..200 {
+        exited = keyless.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Some(status) = exited else {
+        let _ = keyless.kill();
+        panic!("a storage node without the key kept running");
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut keyless.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("unauthorized"), "{err}");
 
     let mut keyed = node(Some(KEY))

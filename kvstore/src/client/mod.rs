@@ -204,6 +204,10 @@ impl StoreClient {
                 Err(e @ StoreError::Rpc { .. }) if wait_for_master => {
                     tracing::warn!(error = %e, "master unreachable; the segment is mounted once it answers");
                 }
+                // A wrong or missing admin key does not fix itself: fail at once.
+                Err(e @ StoreError::Master(crate::master::MasterError::Unauthorized(_))) => {
+                    return Err(e);
+                }
                 // E.g. a dead predecessor's segment still covers the range: the heartbeat
                 // remounts once the master has expired it.
                 Err(e @ StoreError::Master(_)) if wait_for_master => {

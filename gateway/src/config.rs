@@ -85,6 +85,44 @@ pub mod env {
     pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
     /// `--admin-api-key`.
     pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
+    /// `--retry-initial-backoff-ms`.
+    pub const RETRY_INITIAL_BACKOFF_MS: &str = "MOONGATE_RETRY_INITIAL_BACKOFF_MS";
+    /// `--retry-max-backoff-ms`.
+    pub const RETRY_MAX_BACKOFF_MS: &str = "MOONGATE_RETRY_MAX_BACKOFF_MS";
+    /// `--retry-backoff-multiplier`.
+    pub const RETRY_BACKOFF_MULTIPLIER: &str = "MOONGATE_RETRY_BACKOFF_MULTIPLIER";
+    /// `--retry-jitter-factor`.
+    pub const RETRY_JITTER_FACTOR: &str = "MOONGATE_RETRY_JITTER_FACTOR";
+    /// `--cb-failure-threshold`.
+    pub const CB_FAILURE_THRESHOLD: &str = "MOONGATE_CB_FAILURE_THRESHOLD";
+    /// `--cb-success-threshold`.
+    pub const CB_SUCCESS_THRESHOLD: &str = "MOONGATE_CB_SUCCESS_THRESHOLD";
+    /// `--cb-timeout-duration-secs`.
+    pub const CB_TIMEOUT_DURATION_SECS: &str = "MOONGATE_CB_TIMEOUT_DURATION_SECS";
+    /// `--cb-window-duration-secs`.
+    pub const CB_WINDOW_DURATION_SECS: &str = "MOONGATE_CB_WINDOW_DURATION_SECS";
+    /// `--disable-circuit-breaker`.
+    pub const DISABLE_CIRCUIT_BREAKER: &str = "MOONGATE_DISABLE_CIRCUIT_BREAKER";
+    /// `--max-concurrent-requests`.
+    pub const MAX_CONCURRENT_REQUESTS: &str = "MOONGATE_MAX_CONCURRENT_REQUESTS";
+    /// `--queue-size`.
+    pub const QUEUE_SIZE: &str = "MOONGATE_QUEUE_SIZE";
+    /// `--queue-timeout-secs`.
+    pub const QUEUE_TIMEOUT_SECS: &str = "MOONGATE_QUEUE_TIMEOUT_SECS";
+    /// `--rate-limit-tokens-per-second`.
+    pub const RATE_LIMIT_TOKENS_PER_SECOND: &str = "MOONGATE_RATE_LIMIT_TOKENS_PER_SECOND";
+    /// `--cache-threshold`.
+    pub const CACHE_THRESHOLD: &str = "MOONGATE_CACHE_THRESHOLD";
+    /// `--balance-abs-threshold`.
+    pub const BALANCE_ABS_THRESHOLD: &str = "MOONGATE_BALANCE_ABS_THRESHOLD";
+    /// `--balance-rel-threshold`.
+    pub const BALANCE_REL_THRESHOLD: &str = "MOONGATE_BALANCE_REL_THRESHOLD";
+    /// `--eviction-interval-secs`.
+    pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
+    /// `--max-tree-size`.
+    pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
+    /// `--request-id-headers` (comma-separated in the environment).
+    pub const REQUEST_ID_HEADERS: &str = "MOONGATE_REQUEST_ID_HEADERS";
 }
 
 /// The clap id of `--prefill` (grouped into [`ServeConfig::prefill`] by `resolve`).
@@ -101,6 +139,10 @@ pub enum PolicyKind {
     RoundRobin,
     /// Two random workers, the one with fewer requests in flight.
     PowerOfTwo,
+    /// The worker whose approximate prefix cache (a radix tree of the prompts it was sent)
+    /// matches the prompt best, when the match passes `--cache-threshold`; else the least
+    /// loaded worker. Shortest queue while the load is imbalanced (`--balance-*-threshold`).
+    CacheAware,
 }
 
 impl fmt::Display for PolicyKind {
@@ -109,6 +151,7 @@ impl fmt::Display for PolicyKind {
             Self::Random => "random",
             Self::RoundRobin => "round_robin",
             Self::PowerOfTwo => "power_of_two",
+            Self::CacheAware => "cache_aware",
         })
     }
 }
@@ -195,13 +238,83 @@ pub struct ServeConfig {
     /// so new workers join and dead ones leave quickly.
     #[arg(long, env = env::HEALTH_CHECK_PENDING_INTERVAL_MS, default_value_t = ServeConfig::default().health_check_pending_interval_ms)]
     pub health_check_pending_interval_ms: u64,
-    /// How many other workers a request may be retried on when its worker cannot be reached
-    /// (only before any response byte; each retry selects again, excluding workers that failed).
+    /// Attempts per request, the first included (sglang-router's meaning; 0 or 1: no retry).
+    /// A request is retried only before any byte of the answer reached the client: when its
+    /// worker cannot be reached, breaks the connection, or answers 408/429/500/502/503/504.
+    /// Each retry selects again, preferring workers not tried yet (PD: a new pair, new rooms).
     #[arg(long, env = env::RETRY_MAX_RETRIES, default_value_t = ServeConfig::default().retry_max_retries)]
     pub retry_max_retries: u32,
+    /// Milliseconds to wait before the first retry.
+    #[arg(long, env = env::RETRY_INITIAL_BACKOFF_MS, default_value_t = ServeConfig::default().retry_initial_backoff_ms)]
+    pub retry_initial_backoff_ms: u64,
+    /// Longest wait between two attempts, in milliseconds.
+    #[arg(long, env = env::RETRY_MAX_BACKOFF_MS, default_value_t = ServeConfig::default().retry_max_backoff_ms)]
+    pub retry_max_backoff_ms: u64,
+    /// Each wait is the previous one times this.
+    #[arg(long, env = env::RETRY_BACKOFF_MULTIPLIER, default_value_t = ServeConfig::default().retry_backoff_multiplier)]
+    pub retry_backoff_multiplier: f64,
+    /// Each wait is moved by a random fraction up to this, either way (0.0-1.0).
+    #[arg(long, env = env::RETRY_JITTER_FACTOR, default_value_t = ServeConfig::default().retry_jitter_factor)]
+    pub retry_jitter_factor: f64,
     /// Never retry.
     #[arg(long, env = env::DISABLE_RETRIES)]
     pub disable_retries: bool,
+    /// Failed requests in a row (connection failures, timeouts, 5xx; within
+    /// `--cb-window-duration-secs`) that open a worker's circuit breaker: no traffic to it
+    /// until `--cb-timeout-duration-secs` have passed.
+    #[arg(long, env = env::CB_FAILURE_THRESHOLD, default_value_t = ServeConfig::default().cb_failure_threshold)]
+    pub cb_failure_threshold: u32,
+    /// Successful trial requests in a row that close a half-open breaker (also how many
+    /// trial requests it lets through at a time).
+    #[arg(long, env = env::CB_SUCCESS_THRESHOLD, default_value_t = ServeConfig::default().cb_success_threshold)]
+    pub cb_success_threshold: u32,
+    /// Seconds an open breaker keeps its worker out before trial requests go through.
+    #[arg(long, env = env::CB_TIMEOUT_DURATION_SECS, default_value_t = ServeConfig::default().cb_timeout_duration_secs)]
+    pub cb_timeout_duration_secs: u64,
+    /// A failure streak whose first failure is older than this (seconds) starts over.
+    #[arg(long, env = env::CB_WINDOW_DURATION_SECS, default_value_t = ServeConfig::default().cb_window_duration_secs)]
+    pub cb_window_duration_secs: u64,
+    /// No circuit breakers: workers leave rotation only by failing health checks.
+    #[arg(long, env = env::DISABLE_CIRCUIT_BREAKER)]
+    pub disable_circuit_breaker: bool,
+    /// Inference requests handled at once (-1: no limit). More wait in a queue; a full
+    /// queue or a wait past `--queue-timeout-secs` is answered 429.
+    #[arg(long, env = env::MAX_CONCURRENT_REQUESTS, allow_negative_numbers = true,
+          default_value_t = ServeConfig::default().max_concurrent_requests)]
+    pub max_concurrent_requests: i64,
+    /// Requests that may wait for a slot (0: answer 429 at once when all are taken).
+    #[arg(long, env = env::QUEUE_SIZE, default_value_t = ServeConfig::default().queue_size)]
+    pub queue_size: usize,
+    /// Longest wait in the queue, in seconds, before a 429.
+    #[arg(long, env = env::QUEUE_TIMEOUT_SECS, default_value_t = ServeConfig::default().queue_timeout_secs)]
+    pub queue_timeout_secs: u64,
+    /// Inference requests admitted per second, bursts up to one second's worth (token
+    /// bucket; absent: no rate limit). Requests over the rate wait in the queue.
+    #[arg(long, env = env::RATE_LIMIT_TOKENS_PER_SECOND)]
+    pub rate_limit_tokens_per_second: Option<u64>,
+    /// `cache_aware`: the share of the prompt (0.0-1.0) a worker's tree must match for the
+    /// request to go to that worker rather than the least loaded one.
+    #[arg(long, env = env::CACHE_THRESHOLD, default_value_t = ServeConfig::default().cache_threshold)]
+    pub cache_threshold: f64,
+    /// `cache_aware`: the load is imbalanced (shortest queue wins) when the busiest and the
+    /// idlest worker differ by more than this many requests ...
+    #[arg(long, env = env::BALANCE_ABS_THRESHOLD, default_value_t = ServeConfig::default().balance_abs_threshold)]
+    pub balance_abs_threshold: usize,
+    /// ... and the busiest has more than this times the idlest's load.
+    #[arg(long, env = env::BALANCE_REL_THRESHOLD, default_value_t = ServeConfig::default().balance_rel_threshold)]
+    pub balance_rel_threshold: f64,
+    /// `cache_aware`: seconds between evictions of the prompt trees.
+    #[arg(long, env = env::EVICTION_INTERVAL_SECS, default_value_t = ServeConfig::default().eviction_interval_secs)]
+    pub eviction_interval_secs: u64,
+    /// `cache_aware`: bytes of prompt text each worker's tree may hold; the least recently
+    /// used prompts beyond it are evicted.
+    #[arg(long, env = env::MAX_TREE_SIZE, default_value_t = ServeConfig::default().max_tree_size)]
+    pub max_tree_size: usize,
+    /// Request headers holding the client's request id, first found wins (else one is
+    /// minted); it is sent to workers and echoed back as `x-request-id`.
+    #[arg(long, env = env::REQUEST_ID_HEADERS, num_args = 1.., value_delimiter = ',',
+          default_values_t = ServeConfig::default().request_id_headers)]
+    pub request_id_headers: Vec<String>,
     /// Seconds to let in-flight requests finish on shutdown.
     #[arg(long, env = env::SHUTDOWN_GRACE_PERIOD_SECS, default_value_t = ServeConfig::default().shutdown_grace_period_secs)]
     pub shutdown_grace_period_secs: u64,
@@ -281,7 +394,33 @@ impl Default for ServeConfig {
             disable_health_check: false,
             health_check_pending_interval_ms: 500,
             retry_max_retries: 5,
+            retry_initial_backoff_ms: 50,
+            retry_max_backoff_ms: 30_000,
+            retry_backoff_multiplier: 1.5,
+            retry_jitter_factor: 0.2,
             disable_retries: false,
+            cb_failure_threshold: 10,
+            cb_success_threshold: 3,
+            cb_timeout_duration_secs: 60,
+            cb_window_duration_secs: 120,
+            disable_circuit_breaker: false,
+            max_concurrent_requests: -1,
+            queue_size: 100,
+            queue_timeout_secs: 60,
+            rate_limit_tokens_per_second: None,
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval_secs: 60,
+            max_tree_size: 64 * 1024 * 1024,
+            request_id_headers: [
+                "x-request-id",
+                "x-correlation-id",
+                "x-trace-id",
+                "request-id",
+            ]
+            .map(String::from)
+            .into(),
             shutdown_grace_period_secs: 180,
             prometheus_host: "0.0.0.0".into(),
             prometheus_port: None,
@@ -375,12 +514,24 @@ impl ServeConfig {
                 "shutdown_grace_period_secs",
                 self.shutdown_grace_period_secs,
             ),
+            ("cb_failure_threshold", u64::from(self.cb_failure_threshold)),
+            ("cb_success_threshold", u64::from(self.cb_success_threshold)),
+            ("cb_timeout_duration_secs", self.cb_timeout_duration_secs),
+            ("cb_window_duration_secs", self.cb_window_duration_secs),
+            ("queue_timeout_secs", self.queue_timeout_secs),
+            ("eviction_interval_secs", self.eviction_interval_secs),
+            ("max_tree_size", self.max_tree_size as u64),
+            (
+                "rate_limit_tokens_per_second",
+                self.rate_limit_tokens_per_second.unwrap_or(1),
+            ),
         ];
         for (name, v) in positive {
             if v == 0 {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
+        errs.extend(self.flow_control_problems());
         if !self.health_check_endpoint.starts_with('/') {
             errs.push(format!(
                 "health_check_endpoint must start with '/', got {:?}",
@@ -408,6 +559,47 @@ impl ServeConfig {
         errs.extend(admin_key_problem(&self.admin_api_key));
         errs.extend(master_problem(&self.master));
         ConfigError::check(errs)
+    }
+
+    /// What is wrong with the retry, admission, cache-aware and request-id settings.
+    fn flow_control_problems(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        if self.max_concurrent_requests == 0 || self.max_concurrent_requests < -1 {
+            errs.push(format!(
+                "max_concurrent_requests must be -1 (no limit) or at least 1, got {}",
+                self.max_concurrent_requests
+            ));
+        }
+        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
+            errs.push("retry_initial_backoff_ms must not exceed retry_max_backoff_ms".into());
+        }
+        let ranges = [
+            (
+                "retry_backoff_multiplier",
+                self.retry_backoff_multiplier,
+                1.0,
+                1e6,
+            ),
+            ("retry_jitter_factor", self.retry_jitter_factor, 0.0, 1.0),
+            ("cache_threshold", self.cache_threshold, 0.0, 1.0),
+            (
+                "balance_rel_threshold",
+                self.balance_rel_threshold,
+                0.0,
+                1e9,
+            ),
+        ];
+        for (name, v, lo, hi) in ranges {
+            if !(lo..=hi).contains(&v) {
+                errs.push(format!("{name} must be within {lo}..={hi}, got {v}"));
+            }
+        }
+        for h in &self.request_id_headers {
+            if http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()).is_err() {
+                errs.push(format!("request_id_headers: {h:?} is not a header name"));
+            }
+        }
+        errs
     }
 
     /// The `--prefill` entries, parsed (each an error message when it does not parse).
@@ -602,258 +794,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::{CommandFactory, FromArgMatches, Parser};
-
-    #[derive(Parser, Debug)]
-    struct Cmd {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[command(flatten)]
-        serve: ServeConfig,
-    }
-
-    fn resolve(args: &[&str]) -> Result<ServeConfig, ConfigError> {
-        let matches = Cmd::command()
-            .try_get_matches_from(args)
-            .expect("args parse");
-        let cmd = Cmd::from_arg_matches(&matches).expect("from matches");
-        ServeConfig::resolve(&cmd.serve, cmd.config.as_deref(), &matches)
-    }
-
-    #[test]
-    fn defaults_come_from_the_struct() {
-        assert_eq!(resolve(&["x"]).unwrap(), ServeConfig::default());
-        let help = Cmd::command().render_long_help().to_string();
-        assert!(help.contains("[default: 30000]"), "{help}");
-        assert!(help.contains("[default: power_of_two]"));
-    }
-
-    #[test]
-    fn sglang_router_command_line_is_accepted() {
-        let cfg = resolve(&[
-            "x",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "34001",
-            "--policy",
-            "round_robin",
-            "--worker-urls",
-            "http://127.0.0.1:31001",
-            "http://127.0.0.1:31002",
-            "--api-key",
-            "k",
-            "--max-payload-size",
-            "1024",
-            "--request-timeout-secs",
-            "9",
-            "--log-level",
-            "warn",
-            "--health-check-interval-secs",
-            "10",
-            "--health-failure-threshold",
-            "2",
-            "--health-success-threshold",
-            "1",
-            "--health-check-timeout-secs",
-            "3",
-            "--health-check-endpoint",
-            "/healthz",
-        ])
-        .unwrap();
-        assert_eq!(cfg.port, 34001);
-        assert_eq!(cfg.policy, PolicyKind::RoundRobin);
-        assert_eq!(cfg.worker_urls.len(), 2);
-        assert_eq!(cfg.api_key.as_deref(), Some("k"));
-        assert_eq!((cfg.max_payload_size, cfg.request_timeout_secs), (1024, 9));
-        assert_eq!(cfg.log_level, LogLevel::Warn);
-        assert_eq!(cfg.health_check_interval_secs, 10);
-        assert_eq!(
-            (cfg.health_failure_threshold, cfg.health_success_threshold),
-            (2, 1)
-        );
-        assert_eq!(cfg.health_check_endpoint, "/healthz");
-    }
-
-    #[test]
-    fn sglang_router_pd_command_line_is_accepted() {
-        // Exactly how the shared router bench starts a PD router.
-        let cfg = resolve(&[
-            "x",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "34002",
-            "--policy",
-            "round_robin",
-            "--pd-disaggregation",
-            "--prefill",
-            "http://127.0.0.1:31011",
-            "38998",
-            "--decode",
-            "http://127.0.0.1:31021",
-        ])
-        .unwrap();
-        assert!(cfg.pd_disaggregation);
-        let p: Vec<_> = cfg
-            .prefill_specs()
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        assert_eq!(
-            p,
-            vec![PrefillSpec {
-                url: "http://127.0.0.1:31011".into(),
-                bootstrap_port: Some(38998)
-            }]
-        );
-        assert_eq!(cfg.decode, vec!["http://127.0.0.1:31021".to_string()]);
-        assert_eq!(
-            (cfg.prefill_policy(), cfg.decode_policy()),
-            (PolicyKind::RoundRobin, PolicyKind::RoundRobin)
-        );
-
-        let cfg = resolve(&[
-            "x",
-            "--pd-disaggregation",
-            "--prefill",
-            "http://p1:1",
-            "none",
-            "--prefill",
-            "http://p2:1",
-            "--decode",
-            "http://d1:1",
-            "--decode",
-            "http://d2:1",
-            "--prefill-policy",
-            "random",
-            "--decode-policy",
-            "power_of_two",
-        ])
-        .unwrap();
-        let ports: Vec<_> = cfg
-            .prefill_specs()
-            .into_iter()
-            .map(|p| p.unwrap().bootstrap_port)
-            .collect();
-        assert_eq!(ports, vec![None, None]);
-        assert_eq!(cfg.decode.len(), 2);
-        assert_eq!(
-            (cfg.prefill_policy(), cfg.decode_policy()),
-            (PolicyKind::Random, PolicyKind::PowerOfTwo)
-        );
-        // The TOML form round-trips.
-        let back: ServeConfig = toml::from_str(&cfg.to_toml()).unwrap();
-        assert_eq!(back, cfg);
-
-        for (args, needle) in [
-            (
-                &[
-                    "x",
-                    "--pd-disaggregation",
-                    "--prefill",
-                    "http://p:1",
-                    "port",
-                ][..],
-                "bootstrap port",
-            ),
-            (
-                &["x", "--prefill", "http://p:1"][..],
-                "need --pd-disaggregation",
-            ),
-            (
-                &[
-                    "x",
-                    "--pd-disaggregation",
-                    "--worker-urls",
-                    "http://w:1",
-                    "--decode",
-                    "http://d:1",
-                ][..],
-                "PD mode",
-            ),
-            (
-                &[
-                    "x",
-                    "--pd-disaggregation",
-                    "--prefill",
-                    "http://a:1",
-                    "--decode",
-                    "http://a:1",
-                ][..],
-                "listed twice",
-            ),
-            (
-                &["x", "--pd-disaggregation", "--decode", "d:1"][..],
-                "missing scheme",
-            ),
-        ] {
-            let err = resolve(args).unwrap_err().to_string();
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn file_then_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.toml");
-        std::fs::write(
-            &path,
-            "port = 4000\npolicy = \"random\"\nworker_urls = [\"http://a:1\"]\n",
-        )
-        .unwrap();
-        let p = path.to_str().unwrap();
-        let cfg = resolve(&["x", "--config", p]).unwrap();
-        assert_eq!(
-            (cfg.port, cfg.policy, cfg.host.as_str()),
-            (4000, PolicyKind::Random, "0.0.0.0")
-        );
-        // A flag beats the file; a flag left at its default does not.
-        let cfg = resolve(&["x", "--config", p, "--port", "5000"]).unwrap();
-        assert_eq!((cfg.port, cfg.policy), (5000, PolicyKind::Random));
-        assert_eq!(cfg.worker_urls, vec!["http://a:1".to_string()]);
-    }
-
-    #[test]
-    fn bad_file_and_bad_values_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.toml");
-        std::fs::write(&path, "prot = 4000\n").unwrap();
-        let err = resolve(&["x", "--config", path.to_str().unwrap()]).unwrap_err();
-        assert!(err.to_string().contains("prot"), "{err}");
-        let err = resolve(&["x", "--config", "/nonexistent/m.toml"]).unwrap_err();
-        assert!(matches!(err, ConfigError::Read { .. }));
-
-        let err = resolve(&[
-            "x",
-            "--worker-urls",
-            "localhost:8000",
-            "http://a:1",
-            "http://a:1/",
-            "--health-failure-threshold",
-            "0",
-            "--health-check-endpoint",
-            "health",
-        ])
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("localhost:8000"), "{err}");
-        assert!(err.contains("listed twice"), "{err}");
-        assert!(err.contains("health_failure_threshold"), "{err}");
-        assert!(err.contains("health_check_endpoint"), "{err}");
-    }
-
-    #[test]
-    fn toml_round_trip_hides_the_key() {
-        let cfg = ServeConfig {
-            api_key: Some("secret".into()),
-            ..ServeConfig::default()
-        };
-        let text = cfg.to_toml();
-        assert!(!text.contains("secret") && text.contains("<hidden>"));
-        let back: ServeConfig = toml::from_str(&text).unwrap();
-        assert_eq!(back.port, cfg.port);
-    }
-}
+mod tests;

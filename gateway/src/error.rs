@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use openapi::error::ErrorResponse;
 
+use crate::admission::Refusal;
 use crate::select::NoWorker;
 use crate::workers::manager::AddError;
 
@@ -84,6 +85,28 @@ pub enum GatewayError {
         /// The model asked for.
         model: Option<String>,
     },
+    /// Workers serve the model and are ready, but every one's circuit breaker is open.
+    #[error("no available worker{}: every ready worker's circuit breaker is open", .model.as_ref().map(|m| format!(" for model '{m}'")).unwrap_or_default())]
+    CircuitOpen {
+        /// The model asked for.
+        model: Option<String>,
+    },
+    /// PD: every ready worker of one side has its circuit breaker open.
+    #[error("no available {side} worker: every ready one's circuit breaker is open")]
+    PdCircuitOpen {
+        /// The side.
+        side: PdSide,
+    },
+    /// Admission control refused the request (429).
+    #[error("{}", match .0 {
+        Refusal::QueueFull { queue_size } => format!(
+            "too many requests: every slot (--max-concurrent-requests) is taken and the queue (--queue-size {queue_size}) is full"),
+        Refusal::QueueTimeout { timeout } => format!(
+            "too many requests: no slot freed within {}s (--queue-timeout-secs)", timeout.as_secs()),
+        Refusal::RateLimited { per_second, .. } => format!(
+            "too many requests: over the rate limit of {per_second} per second (--rate-limit-tokens-per-second)"),
+    })]
+    Overloaded(Refusal),
     /// Connecting to the worker failed, or it reset the connection before answering.
     #[error("worker unreachable")]
     WorkerUnreachable {
@@ -160,7 +183,11 @@ impl GatewayError {
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
-            NoReadyWorker { .. } | NoReadyPdWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            NoReadyWorker { .. }
+            | NoReadyPdWorker { .. }
+            | CircuitOpen { .. }
+            | PdCircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             PdUpstream {
                 failure: PdFailure::Timeout(_),
                 ..
@@ -182,6 +209,22 @@ impl GatewayError {
             PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
             ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             NoReadyWorker { .. } => ("service_unavailable_error", "no_ready_worker"),
+            CircuitOpen { .. } => ("service_unavailable_error", "circuit_open"),
+            PdCircuitOpen { side } => (
+                "service_unavailable_error",
+                match side {
+                    PdSide::Prefill => "prefill_circuit_open",
+                    PdSide::Decode => "decode_circuit_open",
+                },
+            ),
+            Overloaded(r) => (
+                "rate_limit_error",
+                match r {
+                    Refusal::QueueFull { .. } => "queue_full",
+                    Refusal::QueueTimeout { .. } => "queue_timeout",
+                    Refusal::RateLimited { .. } => "rate_limited",
+                },
+            ),
             WorkerUnreachable { .. } => ("upstream_error", "worker_unreachable"),
             NoReadyPdWorker { side, .. } => (
                 "service_unavailable_error",
@@ -233,6 +276,7 @@ impl From<NoWorker> for GatewayError {
         match e {
             NoWorker::UnknownModel(m) => Self::ModelNotFound(m),
             NoWorker::NoneReady => Self::NoReadyWorker { model: None },
+            NoWorker::CircuitOpen => Self::CircuitOpen { model: None },
         }
     }
 }
@@ -271,6 +315,10 @@ impl IntoResponse for GatewayError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Self::Overloaded(r) = &self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_secs()));
+        }
         resp
     }
 }
@@ -359,6 +407,38 @@ mod tests {
                 "no_ready_prefill_worker",
             ),
             (GatewayError::Unauthorized, 401, "invalid_api_key"),
+            (
+                GatewayError::CircuitOpen { model: None },
+                503,
+                "circuit_open",
+            ),
+            (
+                GatewayError::PdCircuitOpen {
+                    side: PdSide::Decode,
+                },
+                503,
+                "decode_circuit_open",
+            ),
+            (
+                GatewayError::Overloaded(Refusal::QueueFull { queue_size: 3 }),
+                429,
+                "queue_full",
+            ),
+            (
+                GatewayError::Overloaded(Refusal::QueueTimeout {
+                    timeout: std::time::Duration::from_secs(2),
+                }),
+                429,
+                "queue_timeout",
+            ),
+            (
+                GatewayError::Overloaded(Refusal::RateLimited {
+                    per_second: 5,
+                    retry_after: std::time::Duration::from_millis(1500),
+                }),
+                429,
+                "rate_limited",
+            ),
         ];
         for (e, status, code) in cases {
             assert_eq!(e.status().as_u16(), status);
@@ -378,5 +458,11 @@ mod tests {
             Side::Upstream
         );
         assert_eq!(GatewayError::InvalidJson("x".into()).side(), Side::Client);
+        let resp = GatewayError::Overloaded(Refusal::RateLimited {
+            per_second: 5,
+            retry_after: std::time::Duration::from_millis(1500),
+        })
+        .into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
     }
 }

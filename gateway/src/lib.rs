@@ -1,9 +1,10 @@
 //! Moongate gateway: the OpenAI-compatible front door in front of SGLang workers.
 //!
 //! A request goes through the modules in this order: [`server::front`] (request id,
-//! metrics) ->
-//! [`proxy::inspect`] (body, `model`) -> [`select`] (worker by policy) -> [`proxy::dispatch`]
-//! (pooled client) -> [`proxy::respond`] (streamed relay, load released at body end).
+//! metrics) -> [`admission`] (slot, queue, rate) -> [`proxy::inspect`] (body, `model`) ->
+//! [`select`] (worker by policy and circuit breaker) -> [`proxy::dispatch`] (pooled client)
+//! -> [`proxy::retry`] (backoff, another worker) -> [`proxy::respond`] (streamed relay,
+//! load and admission slot released at body end).
 //!
 //! # Layout
 //! - [`config`]: `moongate serve` and `moongate master` settings: defaults, TOML file,
@@ -11,17 +12,21 @@
 //! - [`auth`]: the admin API key: the check on guarded routes and its OpenAPI marking.
 //! - [`docs`]: the OpenAPI document (`/api-docs/openapi.json`) and Swagger UI (`/docs`).
 //! - [`hosting`]: the KV master hosted by `serve`, and `moongate master` (the master alone).
+//! - [`admission`]: admission control for inference requests (concurrency limit, bounded
+//!   wait queue, rate limit; 429 when refused).
 //! - [`server`]: the HTTP application: state, the front door (the one middleware stack and
 //!   the inference fast path), route table + OpenAPI, handlers.
-//! - [`proxy`]: the request path (inspect, dispatch, respond), the regular-mode router and
-//!   the PD router (`proxy::pd`: bootstrap rewrite, both sides at once, logprob merge).
-//! - [`select`]: load-balancing policies over the available workers.
-//! - [`workers`]: worker records, the swappable registry, health checks, model discovery,
-//!   the worker control plane.
+//! - [`proxy`]: the request path (inspect, prompt key, dispatch, retry, respond), the
+//!   regular-mode router and the PD router (`proxy::pd`: bootstrap rewrite, both sides at
+//!   once, logprob merge).
+//! - [`select`]: load-balancing policies over the available workers (`cache_aware` with its
+//!   prefix tree).
+//! - [`workers`]: worker records, the swappable registry, health checks, circuit breakers,
+//!   model discovery, the worker control plane.
 //! - [`client`]: the pooled upstream HTTP client.
 //! - [`error`]: the one error type, mapped once to status + OpenAI error envelope.
 //! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
-//! - [`request_id`]: `x-request-id` kept or minted.
+//! - [`request_id`]: the request id, read from `--request-id-headers` or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
@@ -31,6 +36,7 @@
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
 pub mod auth;
+pub mod admission;
 pub mod client;
 pub mod config;
 pub mod demo;

@@ -2,8 +2,10 @@
 //! `moongate_master_*` metrics) and the gateway's `moongate_gateway_*` series.
 //!
 //! Hot-path handles are registered once and cached (`OnceLock` per route and status), so
-//! recording a request is two atomic operations and no lookup. Per-worker gauges
-//! (in-flight, ready) are read from the registry when `/metrics` is scraped.
+//! recording a request is two atomic operations and no lookup. Per-worker series
+//! (`moongate_gateway_worker_*`: in flight, ready, failures, circuit breaker) are written
+//! from the registry when `/metrics` is scraped, so a removed worker's series disappear
+//! with it (they are not kept by the recorder).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -11,7 +13,12 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use std::fmt::Write as _;
+
+use openapi::workers::CircuitState;
+
 use crate::error::{PdFailure, PdSide};
+use crate::select::cache_aware::Decision;
 use crate::workers::Registry;
 
 /// Request duration buckets (seconds, to the response head).
@@ -156,7 +163,7 @@ pub fn request(route: Route, status: u16, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// Records one retry on another worker.
+/// Records one retry (after its backoff was decided).
 pub fn retry() {
     HANDLES
         .retries
@@ -202,24 +209,107 @@ pub fn pd_decode_first_byte(elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// Renders all metrics, with the per-worker gauges refreshed from `registry`.
-pub fn render(handle: &PrometheusHandle, registry: &Registry) -> String {
-    let set = registry.snapshot();
-    for w in set.iter() {
-        let labels = [
-            ("worker", w.url().as_str().to_string()),
-            ("worker_type", w.worker_type().as_str().to_string()),
-        ];
-        metrics::gauge!("moongate_gateway_worker_in_flight", &labels).set(w.load() as f64);
-        metrics::counter!("moongate_gateway_worker_failures_total", &labels).absolute(w.failures());
-        metrics::gauge!("moongate_gateway_worker_ready", &labels).set(if w.is_available() {
-            1.0
-        } else {
-            0.0
-        });
-    }
+/// Records one admission decision (`admitted`, `queued`, `queue_full`, `queue_timeout`,
+/// `rate_limited`).
+pub fn admission(outcome: &'static str) {
+    metrics::counter!("moongate_gateway_admission_total", "outcome" => outcome).increment(1);
+}
+
+/// Records one `cache_aware` decision.
+#[inline]
+pub fn cache_aware_decision(d: Decision) {
+    static C: [OnceLock<Counter>; 4] = [const { OnceLock::new() }; 4];
+    C[d as usize]
+        .get_or_init(|| {
+            metrics::counter!("moongate_gateway_cache_aware_decisions_total", "decision" => d.as_str())
+        })
+        .increment(1);
+}
+
+/// Renders all metrics: the recorder's, then the per-worker series of the workers in
+/// `registry` now, and `extra` gauges (name, value) computed by the caller.
+pub fn render(handle: &PrometheusHandle, registry: &Registry, extra: &[(&str, f64)]) -> String {
     let (ready, total) = registry.counts();
     metrics::gauge!("moongate_gateway_workers", "state" => "ready").set(ready as f64);
     metrics::gauge!("moongate_gateway_workers", "state" => "total").set(total as f64);
-    handle.render()
+    for (name, v) in extra {
+        metrics::gauge!(name.to_string()).set(*v);
+    }
+    let mut out = handle.render();
+    render_workers(&mut out, registry);
+    out
+}
+
+/// Appends the `moongate_gateway_worker_*` series of every registered worker.
+fn render_workers(out: &mut String, registry: &Registry) {
+    let set = registry.snapshot();
+    if set.is_empty() {
+        return;
+    }
+    let labels: Vec<String> = set
+        .iter()
+        .map(|w| {
+            format!(
+                "worker=\"{}\",worker_type=\"{}\"",
+                escape_label(w.url().as_str()),
+                w.worker_type().as_str()
+            )
+        })
+        .collect();
+    type Series = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&crate::workers::Worker) -> f64,
+    );
+    let series: [Series; 5] = [
+        (
+            "moongate_gateway_worker_in_flight",
+            "gauge",
+            "Requests in flight on the worker.",
+            |w| w.load() as f64,
+        ),
+        (
+            "moongate_gateway_worker_ready",
+            "gauge",
+            "1 if the worker is ready and not draining.",
+            |w| f64::from(u8::from(w.is_available())),
+        ),
+        (
+            "moongate_gateway_worker_failures_total",
+            "counter",
+            "Requests charged to the worker as failed.",
+            |w| w.failures() as f64,
+        ),
+        (
+            "moongate_gateway_worker_circuit_state",
+            "gauge",
+            "Circuit breaker: 0 closed, 1 open, 2 half-open.",
+            |w| match w.breaker().state() {
+                CircuitState::Closed => 0.0,
+                CircuitState::Open => 1.0,
+                CircuitState::HalfOpen => 2.0,
+            },
+        ),
+        (
+            "moongate_gateway_worker_circuit_opened_total",
+            "counter",
+            "Times the worker's circuit breaker opened.",
+            |w| w.breaker().info().opened_total as f64,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (w, l) in set.iter().zip(&labels) {
+            let _ = writeln!(out, "{name}{{{l}}} {}", value(w));
+        }
+        out.push('\n');
+    }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

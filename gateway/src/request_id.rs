@@ -1,28 +1,68 @@
-//! Request ids: the client's `x-request-id` when it sends a usable one, else a fresh
-//! UUID-shaped id from a per-process random prefix and a counter (no syscall, no lock).
+//! Request ids: the client's id when it sends a usable one in one of the
+//! `--request-id-headers` (sglang-router's default: `x-request-id`, `x-correlation-id`,
+//! `x-trace-id`, `request-id`; the first found wins), else a fresh UUID-shaped id from a
+//! per-process random prefix and a counter (no syscall, no lock). Either way it is the
+//! request's `x-request-id` from then on: sent to the worker, echoed to the client.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::proxy::dispatch::X_REQUEST_ID;
 
 /// Longest client-supplied id kept.
 const MAX_LEN: usize = 256;
 
-/// Returns the request's id, inserting a minted one into `headers` when the client sent
-/// none (or an empty or oversized one).
-pub fn ensure(headers: &mut HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID)
-        && !v.is_empty()
-        && v.len() <= MAX_LEN
-    {
-        return v.clone();
+/// The headers a request id is read from, in order.
+#[derive(Debug, Clone)]
+pub struct RequestIds {
+    names: Vec<HeaderName>,
+}
+
+impl Default for RequestIds {
+    /// `x-request-id` only.
+    fn default() -> Self {
+        Self {
+            names: vec![X_REQUEST_ID.clone()],
+        }
     }
-    let id = mint();
-    headers.insert(X_REQUEST_ID.clone(), id.clone());
-    id
+}
+
+impl RequestIds {
+    /// Reads ids from `names` (case-insensitive; names that are not header names are
+    /// skipped, configuration validation reports them).
+    pub fn new(names: &[String]) -> Self {
+        let names = names
+            .iter()
+            .filter_map(|n| HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).ok())
+            .collect();
+        Self { names }
+    }
+
+    /// Returns the request's id and makes it the request's `x-request-id` header.
+    pub fn ensure(&self, headers: &mut HeaderMap) -> HeaderValue {
+        for name in &self.names {
+            if let Some(v) = headers.get(name)
+                && !v.is_empty()
+                && v.len() <= MAX_LEN
+            {
+                let v = v.clone();
+                if *name != X_REQUEST_ID {
+                    headers.insert(X_REQUEST_ID.clone(), v.clone());
+                }
+                return v;
+            }
+        }
+        let id = mint();
+        headers.insert(X_REQUEST_ID.clone(), id.clone());
+        id
+    }
+}
+
+/// [`RequestIds::ensure`] with `x-request-id` only.
+pub fn ensure(headers: &mut HeaderMap) -> HeaderValue {
+    RequestIds::default().ensure(headers)
 }
 
 /// A new id, `xxxxxxxx-xxxx-4xxx-8xxx-xxxxxxxxxxxx`.
@@ -74,5 +114,28 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(X_REQUEST_ID.clone(), HeaderValue::from_static(""));
         assert_ne!(ensure(&mut h), "");
+    }
+
+    #[test]
+    fn configured_headers_are_read_in_order() {
+        let ids = RequestIds::new(&[
+            "X-Trace-Id".into(),
+            "x-request-id".into(),
+            "bad name".into(),
+        ]);
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("req"));
+        h.insert("x-trace-id", HeaderValue::from_static("trace"));
+        assert_eq!(ids.ensure(&mut h), "trace");
+        assert_eq!(h[&X_REQUEST_ID], "trace", "the id becomes the x-request-id");
+        let mut h = HeaderMap::new();
+        h.insert("x-trace-id", HeaderValue::from_static(""));
+        h.insert("x-request-id", HeaderValue::from_static("req"));
+        assert_eq!(ids.ensure(&mut h), "req", "an empty one is skipped");
+        let mut h = HeaderMap::new();
+        h.insert("x-correlation-id", HeaderValue::from_static("c"));
+        let minted = ids.ensure(&mut h);
+        assert_ne!(minted, "c", "not a configured header");
+        assert_eq!(h[&X_REQUEST_ID], minted);
     }
 }

@@ -1,6 +1,8 @@
 //! `moongate serve`: bind, register the static workers, mount the KV master (unless
-//! `--disable-master`), serve until Ctrl-C / SIGTERM, then shut down gracefully (in-flight
-//! requests get `--shutdown-grace-period-secs`; the master's background task stops).
+//! `--disable-master`), serve until Ctrl-C / SIGTERM, then shut down gracefully: stop
+//! accepting, let in-flight requests finish for up to `--shutdown-grace-period-secs`, then
+//! cut the connections still open (a stream that never ends cannot hold the process), and
+//! stop the master's background task.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use kvstore::Master;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -49,16 +51,16 @@ impl Gateway {
         self.state.master()
     }
 
-    /// Stops accepting, lets in-flight requests finish (up to the grace period), stops the
-    /// health loops and the master's background task.
+    /// Stops accepting, lets in-flight requests finish (up to the grace period, then cuts
+    /// them), stops the health loops and the master's background task. Returns within the
+    /// grace period (plus a moment).
     pub async fn shutdown(self) {
         self.state.cancel_token().cancel();
         let mut task = self.task;
-        if tokio::time::timeout(self.grace, &mut task).await.is_err() {
-            tracing::warn!(
-                grace_secs = self.grace.as_secs(),
-                "in-flight requests cut at the end of the grace period"
-            );
+        // The accept loop bounds its own wait by the grace period; this is a backstop.
+        let backstop = self.grace + Duration::from_secs(5);
+        if tokio::time::timeout(backstop, &mut task).await.is_err() {
+            tracing::error!("the accept loop did not stop; aborting it");
             task.abort();
         }
         if let Some(background) = self.master_task {
@@ -124,7 +126,12 @@ pub async fn spawn_with(
     let grace = Duration::from_secs(state.config().shutdown_grace_period_secs);
     let addr = listener.local_addr()?;
     let app = server::app_with(state.clone(), extra);
-    let task = tokio::spawn(accept_loop(listener, app, state.cancel_token().clone()));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        app,
+        state.cancel_token().clone(),
+        grace,
+    ));
     if let Some(port) = state.config().prometheus_port {
         let host = state.config().prometheus_host.clone();
         let metrics_listener = TcpListener::bind((host.as_str(), port))
@@ -150,17 +157,23 @@ pub async fn spawn_with(
 }
 
 /// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
-/// TCP_NODELAY on every connection) until `stop` fires; then stops accepting and waits for
-/// open connections to finish their current requests (the caller bounds that wait).
+/// TCP_NODELAY on every connection) until `stop` fires; then stops accepting, asks every
+/// connection to finish its current request and close, waits up to `grace` for that, and
+/// aborts the connections still open. Connection tasks live in a [`JoinSet`], so none
+/// outlives this function.
 pub async fn accept_loop(
     listener: TcpListener,
     svc: Front,
     stop: CancellationToken,
+    grace: Duration,
 ) -> std::io::Result<()> {
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
+    let mut conns = JoinSet::new();
     loop {
         let tcp = tokio::select! {
+            // Reap finished connections so the set does not grow.
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             r = listener.accept() => match r {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
@@ -177,14 +190,26 @@ pub async fn accept_loop(
             .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc.clone()))
             .into_owned();
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let drained = tokio::time::timeout(grace, async {
+        graceful.shutdown().await;
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = conns.len(),
+            grace_secs = grace.as_secs(),
+            "in-flight requests cut at the end of the grace period"
+        );
+        conns.shutdown().await;
+    }
     Ok(())
 }
 

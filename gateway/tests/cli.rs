@@ -112,11 +112,31 @@ fn invalid_settings_fail_before_start_with_every_problem() {
         "{err}"
     );
     let out = moongate()
-        .args(["serve", "--policy", "cache_aware"])
+        .args(["serve", "--policy", "least_busy"])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("power_of_two"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("power_of_two") && err.contains("cache_aware"),
+        "{err}"
+    );
+    let out = moongate()
+        .args([
+            "serve",
+            "--max-concurrent-requests",
+            "0",
+            "--cache-threshold",
+            "1.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_concurrent_requests") && err.contains("cache_threshold"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -129,6 +149,10 @@ fn help_shows_defaults_from_the_config_struct() {
         "[default: 536870912]",
         "MOONGATE_PORT",
         "--worker-urls",
+        "[default: -1]",
+        "--cb-failure-threshold",
+        "[default: 67108864]",
+        "[default: x-request-id x-correlation-id x-trace-id request-id]",
     ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }

@@ -128,6 +128,48 @@ pub struct WorkerHealth {
     pub last_checked_unix_ms: Option<u64>,
 }
 
+/// Where a worker's circuit breaker is: `closed -> open -> half_open -> closed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    /// Normal operation: the worker gets traffic.
+    #[default]
+    Closed,
+    /// Tripped by `cb_failure_threshold` failures in a row (within `cb_window_duration_secs`):
+    /// no traffic until `cb_timeout_duration_secs` have passed.
+    Open,
+    /// Trial: a few requests at a time (`cb_success_threshold`); that many successes in a
+    /// row close it, one failure opens it again.
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// The wire name (`closed`, `open`, `half_open`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// A worker's circuit breaker, fed by the outcomes of the requests sent to it (connection
+/// failures, timeouts and server errors count against it; answers up to 4xx count for it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerCircuit {
+    /// Current state.
+    pub state: CircuitState,
+    /// Failed requests in a row (the current streak).
+    pub consecutive_failures: u32,
+    /// Successful trial requests in a row (half-open).
+    pub consecutive_successes: u32,
+    /// How many times the breaker opened since the worker was registered.
+    pub opened_total: u64,
+    /// Open: milliseconds until it lets trial requests through.
+    pub retry_in_ms: Option<u64>,
+}
+
 /// A worker as the admin API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WorkerInfo {
@@ -154,6 +196,8 @@ pub struct WorkerInfo {
     pub load: u64,
     /// Being removed: gets no new requests, in-flight ones finish first.
     pub draining: bool,
+    /// The circuit breaker (an open breaker keeps the worker out of rotation).
+    pub circuit: WorkerCircuit,
     /// Whether an api key is sent to this worker (the key itself is never shown).
     pub has_api_key: bool,
 }

@@ -3,7 +3,8 @@
 //! Everything listens on `127.0.0.1:0` and is driven over real sockets.
 //!
 //! # Layout
-//! - [`start_gateway`]: a real `moongate serve` (the library behind it) on a free port.
+//! - [`start_gateway`]: a real `moongate serve` (the library behind it) on a free port;
+//!   [`start_regular_gateway`] and [`start_pd_gateway`] in front of given workers.
 //! - [`Backend`]: a scripted SGLang-shaped HTTP backend that records what reaches it
 //!   byte for byte and can be made slow, unhealthy or dead (for the fault tests that a
 //!   well-behaved simulated worker cannot play).
@@ -52,6 +53,63 @@ pub async fn start_gateway(cfg: ServeConfig) -> Gateway {
     gateway::serve::spawn(cfg, listener)
         .await
         .expect("start gateway")
+}
+
+/// Starts a PD gateway in front of `prefill` (URL, bootstrap port) and `decode` URLs, with
+/// [`fast_config`] changed by `tweak`.
+pub async fn start_pd_gateway(
+    prefill: &[(&str, Option<u16>)],
+    decode: &[&str],
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> Gateway {
+    let mut cfg = ServeConfig {
+        pd_disaggregation: true,
+        prefill: prefill
+            .iter()
+            .map(|(u, p)| vec![u.to_string(), p.map_or("none".into(), |p| p.to_string())])
+            .collect(),
+        decode: decode.iter().map(|s| s.to_string()).collect(),
+        ..fast_config()
+    };
+    tweak(&mut cfg);
+    cfg.validate().expect("valid PD config");
+    start_gateway(cfg).await
+}
+
+/// Two scripted prefills (`p1`, `p2`, bootstrap port 8998) and a decode behind a ready PD
+/// gateway configured by `tweak`.
+pub async fn start_two_prefill_pd(
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> (Backend, Backend, Backend, Gateway) {
+    let p1 = Backend::start("p1", "m").await;
+    let p2 = Backend::start("p2", "m").await;
+    let d = Backend::start("decode", "m").await;
+    let gw = start_pd_gateway(
+        &[(&p1.url(), Some(8998)), (&p2.url(), Some(8998))],
+        &[&d.url()],
+        tweak,
+    )
+    .await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 3).await;
+    (p1, p2, d, gw)
+}
+
+/// Starts a regular gateway in front of `workers` (static `--worker-urls`), with
+/// [`fast_config`] changed by `tweak`, and waits until they are all ready.
+pub async fn start_regular_gateway(
+    workers: &[&Backend],
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> Gateway {
+    let mut cfg = ServeConfig {
+        worker_urls: workers.iter().map(|b| b.url()).collect(),
+        ..fast_config()
+    };
+    tweak(&mut cfg);
+    cfg.validate().expect("valid config");
+    let gw = start_gateway(cfg).await;
+    let n = workers.len();
+    eventually("workers ready", || gw.state().registry().counts().0 == n).await;
+    gw
 }
 
 /// Polls `cond` every 20 ms for up to 5 s.

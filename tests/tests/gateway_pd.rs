@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use gateway::config::ServeConfig;
 use gateway::serve::Gateway;
-use moongate_tests::{
-    Backend, Reply, eventually, fast_config, get_text, post, sse_json, start_gateway,
-};
+use moongate_tests::{Backend, Reply, eventually, get_text, post, sse_json, start_pd_gateway};
 use serde_json::{Value, json};
 
 /// A PD gateway in front of `prefill` (with bootstrap ports) and `decode` URLs.
@@ -20,22 +18,7 @@ async fn pd_gateway(
     decode: &[&str],
     tweak: impl FnOnce(&mut ServeConfig),
 ) -> Gateway {
-    let mut cfg = ServeConfig {
-        pd_disaggregation: true,
-        prefill: prefill
-            .iter()
-            .map(|(u, p)| {
-                let mut v = vec![u.to_string()];
-                v.push(p.map_or("none".into(), |p| p.to_string()));
-                v
-            })
-            .collect(),
-        decode: decode.iter().map(|s| s.to_string()).collect(),
-        ..fast_config()
-    };
-    tweak(&mut cfg);
-    cfg.validate().expect("valid PD config");
-    start_gateway(cfg).await
+    start_pd_gateway(prefill, decode, tweak).await
 }
 
 /// A scripted prefill (bootstrap port 8998) and decode behind a ready PD gateway.
@@ -223,7 +206,8 @@ async fn batches_get_one_room_per_item_with_the_same_host_and_port() {
 
 #[tokio::test]
 async fn a_failing_prefill_cancels_decode_and_is_named() {
-    let (p, d, gw, c) = pair(|_| {}).await;
+    // Two attempts: a 500 is retried (on the same pair: there is no other).
+    let (p, d, gw, c) = pair(|c| c.retry_max_retries = 2).await;
     // Decode waits (for KV that will not come); prefill answers 500 at once.
     d.knobs().head_delay_ms.store(10_000, Ordering::Relaxed);
     p.knobs().status.store(500, Ordering::Relaxed);
@@ -239,7 +223,12 @@ async fn a_failing_prefill_cancels_decode_and_is_named() {
         "answered without waiting for decode"
     );
     eventually("decode's request cancelled", || d.in_flight() == 0).await;
-    assert_eq!(failures(&gw, &p.url()), 1, "charged to prefill");
+    assert_eq!(p.hits(), 2, "retried once");
+    assert_eq!(
+        failures(&gw, &p.url()),
+        2,
+        "charged to prefill, each attempt"
+    );
     assert_eq!(failures(&gw, &d.url()), 0, "not to decode");
 
     // A prefill client error is the client's: passed through, nobody charged.
@@ -248,7 +237,8 @@ async fn a_failing_prefill_cancels_decode_and_is_named() {
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["message"], "scripted 400");
-    assert_eq!(failures(&gw, &p.url()), 1);
+    assert_eq!(p.hits(), 3, "a client error is not retried");
+    assert_eq!(failures(&gw, &p.url()), 2);
     eventually("decode's request cancelled", || d.in_flight() == 0).await;
 
     let metrics = get_text(&c, &format!("{}/metrics", gw.url())).await;
@@ -262,7 +252,7 @@ async fn a_failing_prefill_cancels_decode_and_is_named() {
 
 #[tokio::test]
 async fn a_failing_decode_cancels_prefill_and_is_named() {
-    let (p, d, gw, c) = pair(|_| {}).await;
+    let (p, d, gw, c) = pair(|c| c.disable_retries = true).await;
     p.knobs().head_delay_ms.store(10_000, Ordering::Relaxed);
     d.knobs().status.store(503, Ordering::Relaxed);
     let r = post(

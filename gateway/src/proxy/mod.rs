@@ -1,16 +1,20 @@
 //! The request path, in the order a request takes it:
-//! [`inspect`] (read the body, pull `model`/`stream`) -> [`crate::select`] (pick a worker)
-//! -> rewrite (none in regular mode; the PD router injects bootstrap fields here) ->
-//! [`dispatch`] (send over the pooled client, retry elsewhere if the worker cannot be
-//! reached) -> [`respond`] (relay the response, release the load guard at body end).
+//! [`inspect`] (read the body, pull `model`/`stream`) -> [`prompt`] (the prompt key, for
+//! `cache_aware` only) -> [`crate::select`] (pick a worker) -> rewrite (none in regular
+//! mode; the PD router injects bootstrap fields here) -> [`dispatch`] (send over the pooled
+//! client) -> [`retry`] (another worker after a backoff, while nothing reached the client)
+//! -> [`respond`] (relay the response, release the load guard at body end).
 //!
 //! [`RegularRouter`] composes them for regular workers; [`pd::PdRouter`] for prefill/decode
 //! pairs (`select` twice, the bootstrap rewrite, `dispatch` to both, decode's response).
+//! Both record each attempt's outcome with the worker's circuit breaker.
 
 pub mod dispatch;
 pub mod inspect;
 pub mod pd;
+pub mod prompt;
 pub mod respond;
+pub mod retry;
 
 use std::sync::Arc;
 
@@ -21,11 +25,14 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use openapi::workers::WorkerType;
 
+use hyper::body::Incoming;
+
 use crate::error::GatewayError;
 use crate::select::{NoWorker, Policy, Want};
-use crate::workers::{LoadGuard, Registry, Worker};
+use crate::workers::{LoadGuard, Outcome, Registry};
 use dispatch::{DispatchError, Dispatcher, Outgoing};
 use inspect::RoutingFields;
+use retry::{RetryPolicy, Tries, is_retryable_status};
 
 /// The inference endpoints the gateway proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,31 +78,59 @@ pub struct RegularRouter {
     registry: Arc<Registry>,
     policy: Policy,
     dispatcher: Dispatcher,
-    max_retries: u32,
+    retry: RetryPolicy,
+}
+
+/// What a failed attempt leaves for the client if no later attempt succeeds.
+enum Last {
+    /// The gateway's error.
+    Error(GatewayError),
+    /// The worker's own (retryable) answer, relayed as it is.
+    Answer(http::Response<Incoming>, LoadGuard),
+}
+
+/// The breaker outcome of a response status: a server error counts against the worker.
+#[inline]
+pub fn outcome_of(status: http::StatusCode) -> Outcome {
+    if status.is_server_error() {
+        Outcome::Failure
+    } else {
+        Outcome::Success
+    }
 }
 
 impl RegularRouter {
-    /// A router over `registry`; `max_retries` other workers are tried when one cannot be
-    /// reached.
+    /// A router over `registry`, retrying per `retry`.
     pub fn new(
         registry: Arc<Registry>,
         policy: Policy,
         dispatcher: Dispatcher,
-        max_retries: u32,
+        retry: RetryPolicy,
     ) -> Self {
         Self {
             registry,
             policy,
             dispatcher,
-            max_retries,
+            retry,
         }
     }
 
-    /// Selects a worker, sends the request, relays the response.
+    /// The load-balancing policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Selects a worker, sends the request, relays the response; retries (another worker
+    /// when there is one, after a backoff) while no byte reached the client.
     pub async fn route(&self, req: Inbound<'_>) -> Result<Response, GatewayError> {
         let model = req.fields.model();
-        let mut failed: Vec<Arc<Worker>> = Vec::new();
-        let mut last_error: Option<GatewayError> = None;
+        let key = if self.policy.needs_key() {
+            prompt::prompt_key(req.endpoint, &req.body)
+        } else {
+            None
+        };
+        let mut tries = Tries::default();
+        let mut last: Option<Last> = None;
         let mut deadline = self.dispatcher.deadline();
         let out = Outgoing {
             method: &req.parts.method,
@@ -113,46 +148,69 @@ impl RegularRouter {
             let want = Want {
                 worker_type: WorkerType::Regular,
                 model,
-                exclude: &failed,
+                exclude: &[],
+                key: key.as_deref(),
             };
-            let worker = match self.policy.select(&self.registry.snapshot(), &want) {
+            let worker = match tries.select(&self.policy, &self.registry.snapshot(), want) {
                 Ok(w) => w,
-                // After failures, report the last one rather than "none ready".
-                Err(NoWorker::NoneReady) => {
-                    return Err(last_error.unwrap_or_else(|| GatewayError::NoReadyWorker {
-                        model: model.map(str::to_string),
-                    }));
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let guard = LoadGuard::new(worker);
-            let sent = self
-                .dispatcher
-                .send(guard.worker(), &out, &mut deadline)
-                .await;
-            match sent {
-                Ok(resp) => return Ok(respond::relay(resp, guard, deadline)),
                 Err(e) => {
-                    let worker = guard.worker().clone();
+                    return match last {
+                        // After failures, report the last one rather than "none ready".
+                        Some(Last::Answer(resp, guard)) => {
+                            Ok(respond::relay(resp, guard, deadline))
+                        }
+                        Some(Last::Error(err)) => Err(err),
+                        None => Err(no_worker(e, model)),
+                    };
+                }
+            };
+            let Some(guard) = LoadGuard::admit(worker.clone()) else {
+                tries.refused(worker);
+                continue;
+            };
+            tries.attempts += 1;
+            let sent = self.dispatcher.send(&worker, &out, &mut deadline).await;
+            match sent {
+                Ok(resp) => {
+                    let status = resp.status();
+                    worker.record(outcome_of(status));
+                    if is_retryable_status(status)
+                        && self.retry.pause(tries.attempts, deadline.deadline()).await
+                    {
+                        tracing::debug!(worker = worker.url().as_str(), %status,
+                            "retryable answer, retrying");
+                        tries.failed(worker);
+                        last = Some(Last::Answer(resp, guard));
+                        continue;
+                    }
+                    return Ok(respond::relay(resp, guard, deadline));
+                }
+                Err(e) => {
                     drop(guard);
-                    let retry = matches!(e, DispatchError::Connect(_))
-                        && (failed.len() as u32) < self.max_retries;
-                    if matches!(e, DispatchError::Connect(_) | DispatchError::Failed(_)) {
-                        worker.record_failure();
+                    let retryable =
+                        matches!(e, DispatchError::Connect(_) | DispatchError::Failed(_));
+                    if !matches!(e, DispatchError::Build(_)) {
+                        worker.record(Outcome::Failure);
                     }
                     let err = e.into_gateway_error(&worker, self.dispatcher.timeout());
-                    if !retry {
+                    if !(retryable && self.retry.pause(tries.attempts, deadline.deadline()).await) {
                         return Err(err);
                     }
-                    tracing::debug!(
-                        worker = worker.url().as_str(),
-                        "worker unreachable, retrying on another"
-                    );
-                    crate::metrics::retry();
-                    last_error = Some(err);
-                    failed.push(worker);
+                    tracing::debug!(worker = worker.url().as_str(), "worker failed, retrying");
+                    tries.failed(worker);
+                    last = Some(Last::Error(err));
                 }
             }
         }
+    }
+}
+
+/// The error for a selection that found no worker.
+fn no_worker(e: NoWorker, model: Option<&str>) -> GatewayError {
+    match e {
+        NoWorker::NoneReady => GatewayError::NoReadyWorker {
+            model: model.map(str::to_string),
+        },
+        other => other.into(),
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! The response body owns the request's [`LoadGuard`]: the worker's in-flight count drops
 //! when the body ends, or when the client goes away and the server drops the body. It also
-//! owns the request deadline: a body still streaming at `--request-timeout-secs` is cut.
+//! owns the request deadline: a body still streaming at `--request-timeout-secs` is cut. A
+//! body the worker breaks counts against its circuit breaker.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,7 +51,11 @@ impl http_body::Body for RelayBody {
             }
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(Some(Err(e))) => {
-                this.guard = None;
+                // The worker broke the answer: a failure for its breaker (the client has
+                // bytes already, so nothing is retried).
+                if let Some(g) = this.guard.take() {
+                    g.worker().record(crate::workers::Outcome::Failure);
+                }
                 tracing::debug!(error = %e, "worker response body failed");
                 Poll::Ready(Some(Err(e.into())))
             }

@@ -1,7 +1,8 @@
 //! The front door: the gateway's one middleware stack, in one place, and the fast path.
 //!
-//! Every request passes through [`Front`], in this order: request id (the client's
-//! `x-request-id`, else a minted one; forwarded to workers and echoed on the response) ->
+//! Every request passes through [`Front`], in this order: request id (the client's, from
+//! the first of `--request-id-headers` it sent, else a minted one; forwarded to workers as
+//! `x-request-id` and echoed on the response) ->
 //! dispatch (a `POST` to an inference route goes straight to the proxy, without the generic
 //! router's per-request boxing; everything else goes to the axum router) -> metrics (count
 //! by route and status, time to the response head) and a debug log line.
@@ -23,7 +24,6 @@ use super::{AppState, inference};
 use crate::metrics::{self, Route};
 use crate::proxy::Endpoint;
 use crate::proxy::dispatch::X_REQUEST_ID;
-use crate::request_id;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -70,7 +70,7 @@ where
         let start = Instant::now();
         let (mut parts, body) = req.into_parts();
         let route = Route::of(parts.uri.path());
-        let id = request_id::ensure(&mut parts.headers);
+        let id = self.state.request_ids().ensure(&mut parts.headers);
         let fast = endpoint(route, &parts.method);
         let state = self.state.clone();
         let router = self.router.clone();

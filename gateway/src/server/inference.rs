@@ -36,6 +36,31 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // Admission first: a queued request holds no body in memory. The permit rides on the
+    // response body, so the slot is held until the answer is over.
+    if st.admission().is_active() {
+        let permit = match st.admission().admit().await {
+            Ok(p) => p,
+            Err(r) => return GatewayError::Overloaded(r).into_response(),
+        };
+        let resp = admitted(st, endpoint, parts, body, request_id).await;
+        return permit.attach(resp);
+    }
+    admitted(st, endpoint, parts, body, request_id).await
+}
+
+/// The request, admitted: read, inspect, route.
+async fn admitted<B>(
+    st: &AppState,
+    endpoint: Endpoint,
+    parts: Parts,
+    body: B,
+    request_id: HeaderValue,
+) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let body = match read_body(body, &parts.headers, st.config().max_payload_size).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -93,8 +118,9 @@ async fn routed(st: AppState, endpoint: Endpoint, req: Request) -> Response {
         (status = 400, description = "Malformed JSON", body = ErrorResponse),
         (status = 404, description = "No worker serves the model", body = ErrorResponse),
         (status = 413, description = "Body over --max-payload-size", body = ErrorResponse),
+        (status = 429, description = "Admission refused: queue full, queue wait timed out, or over the rate limit (`Retry-After` set)", body = ErrorResponse),
         (status = 502, description = "Worker unreachable", body = ErrorResponse),
-        (status = 503, description = "No ready worker", body = ErrorResponse),
+        (status = 503, description = "No ready worker, or every ready worker's circuit breaker is open", body = ErrorResponse),
         (status = 504, description = "Worker timeout", body = ErrorResponse),
     ))]
 pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Response {

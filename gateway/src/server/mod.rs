@@ -29,14 +29,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::{AdminKey, Rejection};
+use crate::admission::{Admission, AdmissionConfig};
 use crate::client::HttpClient;
-use crate::config::ServeConfig;
+use crate::config::{PolicyKind, ServeConfig};
 use crate::error::GatewayError;
 use crate::metrics;
 use crate::proxy::RegularRouter;
 use crate::proxy::dispatch::Dispatcher;
 use crate::proxy::pd::PdRouter;
+use crate::proxy::retry::RetryPolicy;
+use crate::request_id::RequestIds;
 use crate::select::Policy;
+use crate::select::cache_aware::CacheAwareConfig;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvstore::Master;
@@ -52,6 +56,8 @@ struct Inner {
     router: RegularRouter,
     pd: Option<PdRouter>,
     client: HttpClient,
+    admission: Admission,
+    request_ids: RequestIds,
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
     master: OnceLock<Arc<Master>>,
@@ -66,26 +72,26 @@ impl AppState {
         let client = HttpClient::new();
         let registry = Arc::new(Registry::new());
         let manager = WorkerManager::new(registry.clone(), client.clone(), &config, cancel.clone());
-        let retries = if config.disable_retries {
-            0
-        } else {
-            config.retry_max_retries
-        };
+        let retry = RetryPolicy::from(&config);
         let dispatcher = Dispatcher::new(
             client.clone(),
             Duration::from_secs(config.request_timeout_secs),
         );
+        let policy =
+            |kind: PolicyKind| Policy::with_cache_config(kind, CacheAwareConfig::from(&config));
         let pd = config.pd_disaggregation.then(|| {
             PdRouter::new(
                 registry.clone(),
-                Policy::new(config.prefill_policy()),
-                Policy::new(config.decode_policy()),
+                policy(config.prefill_policy()),
+                policy(config.decode_policy()),
                 dispatcher.clone(),
-                retries,
+                retry.clone(),
             )
         });
-        let router = RegularRouter::new(registry, Policy::new(config.policy), dispatcher, retries);
-        Self(Arc::new(Inner {
+        let router = RegularRouter::new(registry, policy(config.policy), dispatcher, retry);
+        let state = Self(Arc::new(Inner {
+            admission: Admission::new(&AdmissionConfig::from(&config)),
+            request_ids: RequestIds::new(&config.request_id_headers),
             config,
             manager,
             router,
@@ -94,7 +100,47 @@ impl AppState {
             prometheus,
             cancel,
             master: OnceLock::new(),
-        }))
+        }));
+        state.spawn_cache_upkeep();
+        state
+    }
+
+    /// The `cache_aware` policies in use (regular, or PD prefill and decode).
+    pub fn cache_aware_policies(
+        &self,
+    ) -> impl Iterator<Item = &crate::select::cache_aware::CacheAware> {
+        let pd = self.pd_router().into_iter().flat_map(|pd| pd.policies());
+        std::iter::once(self.router().policy())
+            .chain(pd)
+            .filter_map(Policy::cache_aware)
+    }
+
+    /// Every `--eviction-interval-secs`, each `cache_aware` tree forgets removed workers
+    /// and evicts beyond `--max-tree-size` (nothing is spawned without such a policy).
+    fn spawn_cache_upkeep(&self) {
+        if self.cache_aware_policies().next().is_none() {
+            return;
+        }
+        let st = self.clone();
+        let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    _ = st.cancel_token().cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let alive: std::collections::HashSet<u64> =
+                    st.registry().snapshot().iter().map(|w| w.uid()).collect();
+                let evicted: usize = st
+                    .cache_aware_policies()
+                    .map(|p| p.maintain(|t| alive.contains(&t)))
+                    .sum();
+                if evicted > 0 {
+                    tracing::debug!(evicted, "cache_aware trees evicted");
+                }
+            }
+        });
     }
 
     /// Registers the configured workers: `--worker-urls`, or in PD mode `--prefill` and
@@ -137,6 +183,16 @@ impl AppState {
     /// The pooled upstream client (for routers added beside the regular one).
     pub fn client(&self) -> &HttpClient {
         &self.0.client
+    }
+
+    /// Admission control for inference requests.
+    pub fn admission(&self) -> &Admission {
+        &self.0.admission
+    }
+
+    /// Where request ids are read from.
+    pub fn request_ids(&self) -> &RequestIds {
+        &self.0.request_ids
     }
 
     /// The Prometheus handle.

@@ -34,8 +34,8 @@ pub async fn liveness(State(st): State<AppState>) -> Json<HealthStatus> {
     Json(status(&st, "alive"))
 }
 
-/// Ready when at least one worker is ready (in PD mode: one prefill and one decode
-/// worker); 503 until then.
+/// Ready when at least one worker is ready and its circuit breaker not open (in PD mode:
+/// one prefill and one decode worker); 503 until then.
 #[utoipa::path(get, path = "/readiness", tag = "ops",
     responses(
         (status = 200, description = "At least one worker is ready (PD: a prefill and a decode worker)", body = HealthStatus),
@@ -66,7 +66,11 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     if let Some(master) = st.master() {
         kvstore::metrics::publish(master);
     }
-    let text = crate::metrics::render(st.prometheus(), st.registry());
+    let extra = [(
+        "moongate_gateway_admission_waiting",
+        st.admission().waiting() as f64,
+    )];
+    let text = crate::metrics::render(st.prometheus(), st.registry(), &extra);
     (
         [(
             header::CONTENT_TYPE,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use openapi::workers::{CreateWorkerRequest, UpdateWorkerRequest, WorkerStatus, WorkerType};
 use tokio_util::sync::CancellationToken;
 
+use super::breaker::BreakerConfig;
 use super::health::{self, HealthConfig, HttpProbe};
 use super::registry::Duplicate;
 use super::{DEFAULT_PRIORITY, Registry, UrlError, Worker, WorkerSpec, WorkerUrl};
@@ -38,6 +39,7 @@ pub struct WorkerManager {
     registry: Arc<Registry>,
     probe: Arc<HttpProbe>,
     health: HealthConfig,
+    breaker: Arc<BreakerConfig>,
     default_key: Option<String>,
     root: CancellationToken,
 }
@@ -55,6 +57,7 @@ impl WorkerManager {
             probe: Arc::new(HttpProbe::new(client, &health)),
             registry,
             health,
+            breaker: Arc::new(BreakerConfig::from(cfg)),
             default_key: cfg.api_key.clone(),
             root,
         }
@@ -93,11 +96,10 @@ impl WorkerManager {
             labels: req.labels,
             priority: req.priority.unwrap_or(DEFAULT_PRIORITY),
         };
-        let worker = Arc::new(Worker::new(
-            spec,
-            self.default_key.as_deref(),
-            self.root.child_token(),
-        ));
+        let worker = Arc::new(
+            Worker::new(spec, self.default_key.as_deref(), self.root.child_token())
+                .with_breaker(self.breaker.clone()),
+        );
         self.registry.insert(worker.clone())?;
         tracing::info!(
             id = worker.id(),

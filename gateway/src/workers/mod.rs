@@ -1,13 +1,17 @@
 //! The worker set: who the workers are, their state, and the swappable set requests are
 //! routed over.
 //!
-//! - [`Worker`]: one backend (URL, type, model, health status, in-flight load, api key).
+//! - [`Worker`]: one backend (URL, type, model, health status, in-flight load, api key,
+//!   circuit breaker).
 //! - [`Registry`]: the current set of workers, an atomically swapped snapshot; readers on
 //!   the request path never lock.
 //! - [`health`]: the per-worker probe loop and its `pending -> ready <-> not_ready` rules.
+//! - [`breaker`]: the per-worker circuit breaker (`closed -> open -> half_open`), fed by
+//!   request outcomes.
 //! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`.
 //! - [`manager`]: the control plane tying them together (add, update, drain, remove).
 
+pub mod breaker;
 pub mod discovery;
 pub mod health;
 pub mod manager;
@@ -25,6 +29,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use breaker::{Breaker, BreakerConfig, Outcome};
 pub use manager::WorkerManager;
 pub use registry::Registry;
 
@@ -149,6 +154,7 @@ const NOT_READY: u8 = 2;
 #[derive(Debug)]
 pub struct Worker {
     id: String,
+    uid: u64,
     url: WorkerUrl,
     worker_type: WorkerType,
     bootstrap_port: Option<u16>,
@@ -156,6 +162,7 @@ pub struct Worker {
     status: AtomicU8,
     in_flight: AtomicUsize,
     failures: AtomicU64,
+    breaker: Breaker,
     draining: AtomicBool,
     own_key: AtomicBool,
     bearer: ArcSwapOption<HeaderValue>,
@@ -176,8 +183,10 @@ impl Worker {
     /// A new worker in `pending` state. `default_key` is the gateway's `--api-key`, used
     /// when the spec has none. `cancel` stops the worker's background tasks.
     pub fn new(spec: WorkerSpec, default_key: Option<&str>, cancel: CancellationToken) -> Self {
+        static NEXT_UID: AtomicU64 = AtomicU64::new(1);
         let w = Self {
             id: uuid::Uuid::new_v4().to_string(),
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             url: spec.url,
             worker_type: spec.worker_type,
             bootstrap_port: spec.bootstrap_port,
@@ -185,6 +194,7 @@ impl Worker {
             status: AtomicU8::new(PENDING),
             in_flight: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
+            breaker: Breaker::default(),
             draining: AtomicBool::new(false),
             own_key: AtomicBool::new(false),
             bearer: ArcSwapOption::empty(),
@@ -201,9 +211,23 @@ impl Worker {
         w
     }
 
+    /// The same worker with its circuit breaker set up by `cfg` (a new worker's breaker
+    /// has sglang-router's default settings).
+    pub fn with_breaker(mut self, cfg: Arc<BreakerConfig>) -> Self {
+        self.breaker = Breaker::new(cfg);
+        self
+    }
+
     /// Gateway-assigned id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// A small number unique to this worker in this process (never reused), for data
+    /// structures that key on workers.
+    #[inline]
+    pub fn uid(&self) -> u64 {
+        self.uid
     }
 
     /// Base URL.
@@ -271,11 +295,34 @@ impl Worker {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Ready, not draining and its breaker not open: counts as serving (readiness).
+    #[inline]
+    pub fn is_usable(&self) -> bool {
+        self.is_available() && self.breaker.is_usable()
+    }
+
     /// Charges one failed request to this worker (it could not be reached, answered a
-    /// server error, broke the connection or timed out) and asks for a health probe.
+    /// server error, broke the connection or timed out): the failure count, the circuit
+    /// breaker, and a health probe.
     pub fn record_failure(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
-        self.request_probe();
+        self.record(Outcome::Failure);
+    }
+
+    /// Records one request's outcome with the worker's circuit breaker (and, for a
+    /// failure, its failure count and a health probe).
+    #[inline]
+    pub fn record(&self, outcome: Outcome) {
+        self.breaker.record(outcome);
+        if outcome == Outcome::Failure {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.request_probe();
+        }
+    }
+
+    /// The circuit breaker.
+    #[inline]
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
     }
 
     /// Requests charged to this worker as failed since it was registered.
@@ -364,6 +411,7 @@ impl Worker {
             health: self.health.lock().clone(),
             load: self.load() as u64,
             draining: self.is_draining(),
+            circuit: self.breaker.info(),
             has_api_key: self.own_key.load(Ordering::Acquire),
         }
     }
@@ -371,30 +419,50 @@ impl Worker {
 
 /// Counts one request in flight on a worker for as long as it lives: created when a
 /// request is dispatched, dropped when its response body ends or the client goes away.
+/// A guard made by [`LoadGuard::admit`] on a half-open breaker also holds one of its trial
+/// slots until then.
 #[derive(Debug)]
-pub struct LoadGuard(Arc<Worker>);
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    trial: bool,
+}
 
 impl LoadGuard {
-    /// Counts one more request on `worker`.
+    /// Counts one more request on `worker` (whatever its breaker says).
     #[inline]
     pub fn new(worker: Arc<Worker>) -> Self {
         worker.in_flight.fetch_add(1, Ordering::AcqRel);
-        Self(worker)
+        Self {
+            worker,
+            trial: false,
+        }
+    }
+
+    /// Counts one more request on `worker` if its circuit breaker lets it through (taking a
+    /// trial slot when half-open); `None` if the breaker refuses.
+    #[inline]
+    pub fn admit(worker: Arc<Worker>) -> Option<Self> {
+        let trial = worker.breaker.try_acquire()?;
+        worker.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(Self { worker, trial })
     }
 
     /// The worker this guard counts on.
     #[inline]
     pub fn worker(&self) -> &Arc<Worker> {
-        &self.0
+        &self.worker
     }
 }
 
 impl Drop for LoadGuard {
     #[inline]
     fn drop(&mut self) {
-        let before = self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if before == 1 && self.0.draining.load(Ordering::Acquire) {
-            self.0.drained.notify_one();
+        if self.trial {
+            self.worker.breaker.release_trial();
+        }
+        let before = self.worker.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if before == 1 && self.worker.draining.load(Ordering::Acquire) {
+            self.worker.drained.notify_one();
         }
     }
 }

@@ -93,18 +93,18 @@ impl Registry {
         models
     }
 
-    /// The first available worker of `worker_type`.
+    /// The first usable worker of `worker_type` (ready, not draining, breaker not open).
     pub fn first_available(&self, worker_type: WorkerType) -> Option<Arc<Worker>> {
         self.snapshot()
             .iter()
-            .find(|w| w.worker_type() == worker_type && w.is_available())
+            .find(|w| w.worker_type() == worker_type && w.is_usable())
             .cloned()
     }
 
-    /// `(available, total)` worker counts.
+    /// `(usable, total)` worker counts (usable: ready, not draining, breaker not open).
     pub fn counts(&self) -> (usize, usize) {
         let s = self.snapshot();
-        (s.iter().filter(|w| w.is_available()).count(), s.len())
+        (s.iter().filter(|w| w.is_usable()).count(), s.len())
     }
 }
 

@@ -5,10 +5,13 @@
 //! Before the client gets a response head, the attempt waits (until the request deadline)
 //! for decode's head and the prefill's head (and the prefill's whole body when its
 //! logprobs are merged). Whichever fails first decides: a connection refused, a server
-//! error, a broken connection or the deadline is charged to that side's worker, the other
-//! request is dropped (which closes its connection: a decode waiting for KV that will
-//! never come stops at once), and the client gets 502/504 naming the side. A worker's
-//! client error (4xx) is passed through as the worker sent it.
+//! error, a broken connection or the deadline is charged to that side's worker (its
+//! failure count and circuit breaker), the other request is dropped (which closes its
+//! connection: a decode waiting for KV that will never come stops at once), and the
+//! client gets 502/504 naming the side. A worker's client error (4xx) is handed back as
+//! the worker sent it, charged to nobody. The router may retry a [`Failure`] on a new
+//! pair ([`Failure::retryable`]); nothing has reached the client yet. A side whose head
+//! arrives with a success status is recorded as a success with its breaker.
 //!
 //! Once decode's head is relayed, [`PdBody`] keeps driving the prefill's body while it
 //! relays decode's: if the prefill breaks during a stream, the stream ends with an error
@@ -34,7 +37,8 @@ use crate::error::{GatewayError, PdFailure, PdSide};
 use crate::metrics;
 use crate::proxy::dispatch::DispatchError;
 use crate::proxy::respond::{self, BodyTimeout, strip_hop_by_hop};
-use crate::workers::{LoadGuard, Worker};
+use crate::proxy::retry::is_retryable_status;
+use crate::workers::{LoadGuard, Outcome, Worker};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -60,30 +64,41 @@ pub struct Failure {
     pub failure: PdFailure,
     /// The cause, for the log.
     pub cause: String,
-    /// Nothing reached the worker (the request may be retried on another pair).
+    /// Worth another attempt on a new pair (the worker could not be reached, broke the
+    /// connection, or answered 408/429/500/502/503/504; not a timeout).
     pub retryable: bool,
+    /// The worker's own answer, when it refused the request with a client error (4xx):
+    /// relayed as it is unless the request is retried.
+    pub answer: Option<http::Response<Incoming>>,
 }
 
 impl Failure {
     fn new(side: PdSide, worker: &Arc<Worker>, e: SideError, timeout_secs: u64) -> Self {
+        let mut answer = None;
         let (failure, cause, retryable) = match e {
             SideError::Dispatch(DispatchError::Connect(c)) => (PdFailure::Unavailable, c, true),
-            SideError::Dispatch(DispatchError::Failed(c)) => (PdFailure::BadGateway, c, false),
+            SideError::Dispatch(DispatchError::Failed(c)) => (PdFailure::BadGateway, c, true),
             SideError::Dispatch(DispatchError::Timeout) => (
                 PdFailure::Timeout(timeout_secs),
                 "no answer before the request deadline".into(),
                 false,
             ),
             SideError::Dispatch(DispatchError::Build(c)) => (PdFailure::BadGateway, c, false),
-            SideError::Status(r) => (
-                PdFailure::BadGateway,
-                format!("answered {}", r.status()),
-                false,
-            ),
+            SideError::Status(r) => {
+                let status = r.status();
+                if status.is_client_error() {
+                    answer = Some(r);
+                }
+                (
+                    PdFailure::BadGateway,
+                    format!("answered {status}"),
+                    is_retryable_status(status),
+                )
+            }
             SideError::Body(c) => (
                 PdFailure::BadGateway,
                 format!("response body broke: {c}"),
-                false,
+                true,
             ),
         };
         Self {
@@ -92,13 +107,31 @@ impl Failure {
             failure,
             cause,
             retryable,
+            answer,
         }
     }
 
-    /// Counts the failure against its worker (and asks for a health probe) and in metrics.
+    /// Counts the failure in metrics and, unless the worker answered a client error,
+    /// against its worker (failure count, circuit breaker, a health probe).
     pub fn charge(&self) {
-        self.worker.record_failure();
+        if self.answer.is_some() {
+            metrics::pd_failure(self.side, None);
+            return;
+        }
+        self.worker.record(Outcome::Failure);
         metrics::pd_failure(self.side, Some(self.failure));
+    }
+
+    /// What the client gets when the request is not retried: the worker's own answer
+    /// (a client error, relayed until `deadline`), or the gateway's error.
+    pub fn finish(self, deadline: &mut Pin<Box<Sleep>>) -> Result<Response, GatewayError> {
+        match self.answer {
+            Some(resp) => {
+                let guard = LoadGuard::new(self.worker.clone());
+                Ok(respond::relay(resp, guard, reset(deadline)))
+            }
+            None => Err(self.into_error()),
+        }
     }
 
     /// The client-facing error.
@@ -177,7 +210,10 @@ impl PrefillSide {
                         self.finish();
                         return Poll::Ready(Err(SideError::Status(resp)));
                     }
-                    Poll::Ready(Ok(resp)) => self.state = State::Body(resp.into_body()),
+                    Poll::Ready(Ok(resp)) => {
+                        self.worker.record(Outcome::Success);
+                        self.state = State::Body(resp.into_body());
+                    }
                 },
                 State::Body(body) => match Pin::new(body).poll_frame(cx) {
                     Poll::Pending => return Poll::Pending,
@@ -277,36 +313,24 @@ pub async fn run(
     })
     .await;
 
-    match waited {
-        Err((PdSide::Prefill, SideError::Status(resp))) if resp.status().is_client_error() => {
-            // The prefill refused the request: the client's fault, passed through.
-            metrics::pd_failure(PdSide::Prefill, None);
-            let guard = LoadGuard::new(prefill.worker().clone());
-            return Ok(respond::relay(resp, guard, reset(deadline)));
-        }
-        Err((side, e)) => {
-            let worker = match side {
-                PdSide::Prefill => prefill.worker().clone(),
-                PdSide::Decode => decode_worker,
-            };
-            return Err(fail(side, &worker, e));
-        }
-        Ok(()) => {}
+    if let Err((side, e)) = waited {
+        let worker = match side {
+            PdSide::Prefill => prefill.worker().clone(),
+            PdSide::Decode => decode_worker,
+        };
+        return Err(fail(side, &worker, e));
     }
     let Some(head) = head else {
         unreachable!("phase 1 ends with decode's head or an error")
     };
     if !head.status().is_success() {
-        if head.status().is_client_error() {
-            metrics::pd_failure(PdSide::Decode, None);
-            return Ok(respond::relay(head, decode_guard, reset(deadline)));
-        }
         return Err(fail(
             PdSide::Decode,
             &decode_worker,
             SideError::Status(head),
         ));
     }
+    decode_worker.record(Outcome::Success);
 
     // Phase 2: decode's answer.
     let (mut parts, body) = head.into_parts();

@@ -7,9 +7,10 @@
 //! decode's answer relayed) -> [`merge`] (the prefill's prompt logprobs put into decode's
 //! answer when asked for).
 //!
-//! A side that could not be reached is excluded and the request retried (up to
-//! `--retry-max-retries`) on a new pair with new rooms; the other side's request was
-//! dropped. Any other failure answers at once.
+//! A failure before decode's answer is relayed (a side unreachable, broken, or answering
+//! 408/429/500/502/503/504) is retried after a backoff (up to `--retry-max-retries`
+//! attempts) on a new pair with new rooms, preferring workers not tried yet; the other
+//! side's request was dropped. Only the failing side is charged (its breaker too).
 
 pub mod exchange;
 pub mod fields;
@@ -25,11 +26,13 @@ use openapi::workers::WorkerType;
 
 use super::Inbound;
 use super::dispatch::{Dispatcher, Outgoing};
+use super::prompt;
+use super::retry::{RetryPolicy, Tries};
 use crate::error::{GatewayError, PdSide};
 use crate::metrics::{self, Route};
 use crate::select::{NoWorker, Policy, Want};
 use crate::workers::{LoadGuard, Registry, Worker};
-use exchange::{Plan, PrefillSide};
+use exchange::{Failure, Plan, PrefillSide};
 use fields::{MergeKind, PdFields};
 use rewrite::Rooms;
 
@@ -43,7 +46,7 @@ pub struct PdRouter {
     prefill_policy: Policy,
     decode_policy: Policy,
     dispatcher: Dispatcher,
-    max_retries: u32,
+    retry: RetryPolicy,
 }
 
 impl PdRouter {
@@ -53,14 +56,14 @@ impl PdRouter {
         prefill_policy: Policy,
         decode_policy: Policy,
         dispatcher: Dispatcher,
-        max_retries: u32,
+        retry: RetryPolicy,
     ) -> Self {
         Self {
             registry,
             prefill_policy,
             decode_policy,
             dispatcher,
-            max_retries,
+            retry,
         }
     }
 
@@ -69,13 +72,19 @@ impl PdRouter {
         self.dispatcher.timeout()
     }
 
-    /// Picks a worker of `side` for `model`, skipping `failed`.
+    /// The prefill and decode policies.
+    pub fn policies(&self) -> [&Policy; 2] {
+        [&self.prefill_policy, &self.decode_policy]
+    }
+
+    /// Picks a worker of `side` for `model`, given what this request went through.
     fn pick(
         &self,
         side: PdSide,
         model: Option<&str>,
-        failed: &[Arc<Worker>],
-    ) -> Result<Arc<Worker>, NoWorker> {
+        key: Option<&[u8]>,
+        tries: &Tries,
+    ) -> Result<Arc<Worker>, (PdSide, NoWorker)> {
         let (policy, worker_type) = match side {
             PdSide::Prefill => (&self.prefill_policy, WorkerType::Prefill),
             PdSide::Decode => (&self.decode_policy, WorkerType::Decode),
@@ -83,9 +92,12 @@ impl PdRouter {
         let want = Want {
             worker_type,
             model,
-            exclude: failed,
+            exclude: &[],
+            key: key.filter(|_| policy.needs_key()),
         };
-        policy.select(&self.registry.snapshot(), &want)
+        tries
+            .select(policy, &self.registry.snapshot(), want)
+            .map_err(|e| (side, e))
     }
 
     /// Selects a pair, sends the request to both, relays decode's answer.
@@ -99,37 +111,49 @@ impl PdRouter {
             timeout_secs: self.dispatcher.timeout().as_secs(),
         };
         let replace = req.fields.has_bootstrap();
+        let key = if self.prefill_policy.needs_key() || self.decode_policy.needs_key() {
+            prompt::prompt_key(req.endpoint, &req.body)
+        } else {
+            None
+        };
         let path_and_query = req
             .parts
             .uri
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static(req.endpoint.path()));
-        let mut failed: Vec<Arc<Worker>> = Vec::new();
-        let mut last_error: Option<GatewayError> = None;
+        let mut tries = Tries::default();
+        let mut last: Option<Failure> = None;
         let mut deadline = self.dispatcher.deadline();
         loop {
             let pair = self
-                .pick(PdSide::Prefill, model, &failed)
-                .map_err(|e| (PdSide::Prefill, e))
-                .and_then(|p| {
-                    let d = self
-                        .pick(PdSide::Decode, model, &failed)
-                        .map_err(|e| (PdSide::Decode, e))?;
-                    Ok((p, d))
-                });
+                .pick(PdSide::Prefill, model, key.as_deref(), &tries)
+                .and_then(|p| Ok((p, self.pick(PdSide::Decode, model, key.as_deref(), &tries)?)));
             let (prefill, decode) = match pair {
                 Ok(pair) => pair,
                 Err((side, e)) => {
-                    return Err(last_error.unwrap_or_else(|| match e {
+                    if let Some(f) = last {
+                        return f.finish(&mut deadline);
+                    }
+                    return Err(match e {
                         NoWorker::UnknownModel(m) => GatewayError::ModelNotFound(m),
                         NoWorker::NoneReady => GatewayError::NoReadyPdWorker {
                             side,
                             model: model.map(str::to_string),
                         },
-                    }));
+                        NoWorker::CircuitOpen => GatewayError::PdCircuitOpen { side },
+                    });
                 }
             };
+            let Some(p_guard) = LoadGuard::admit(prefill.clone()) else {
+                tries.refused(prefill);
+                continue;
+            };
+            let Some(d_guard) = LoadGuard::admit(decode.clone()) else {
+                tries.refused(decode);
+                continue;
+            };
+            tries.attempts += 1;
             // A new pair gets new rooms: a retried request never reuses a cancelled room.
             let rooms = Rooms::mint(batch);
             let host = prefill.url().authority().host();
@@ -150,24 +174,22 @@ impl PdRouter {
             let client = self.dispatcher.client();
             let p_side = PrefillSide::new(
                 client.request(p_req),
-                LoadGuard::new(prefill.clone()),
+                p_guard,
                 plan.merge != MergeKind::None,
             );
-            let d_guard = LoadGuard::new(decode.clone());
             let d_fut = client.request(d_req);
             match exchange::run(p_side, d_fut, d_guard, plan, &mut deadline).await {
                 Ok(resp) => return Ok(resp),
                 Err(f) => {
                     f.charge();
-                    let retry = f.retryable && (failed.len() as u32) < self.max_retries;
-                    if !retry {
-                        return Err(f.into_error());
+                    if !(f.retryable && self.retry.pause(tries.attempts, deadline.deadline()).await)
+                    {
+                        return f.finish(&mut deadline);
                     }
                     tracing::debug!(side = %f.side, worker = f.worker.url().as_str(),
-                        "PD worker unreachable, retrying on a new pair");
-                    metrics::retry();
-                    failed.push(f.worker.clone());
-                    last_error = Some(f.into_error());
+                        cause = %f.cause, "PD attempt failed, retrying on a new pair");
+                    tries.failed(f.worker.clone());
+                    last = Some(f);
                 }
             }
         }

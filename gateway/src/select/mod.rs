@@ -1,9 +1,16 @@
 //! Selection: which worker gets a request.
 //!
 //! Candidates are the available (ready, not draining) workers of one [`WorkerType`] that
-//! serve the requested model, minus any that already failed this request. A [`Policy`]
-//! picks one of them without allocating: it counts the candidates, then takes the n-th.
-//! The PD router uses the same function twice (prefill, decode) with its own policies.
+//! serve the requested model and whose circuit breaker lets a request through, minus any
+//! that already failed this request. A [`Policy`] picks one of them; the simple policies do
+//! so without allocating (count the candidates, take the n-th). The PD router uses the same
+//! function twice (prefill, decode) with its own policies.
+//!
+//! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
+//! - [`tree`]: its approximate radix tree of prompt keys.
+
+pub mod cache_aware;
+pub mod tree;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,12 +19,14 @@ use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
 use crate::workers::{Worker, registry::WorkerSet};
+use cache_aware::{CacheAware, CacheAwareConfig};
 
-/// A load-balancing policy with its state (the round-robin cursor).
+/// A load-balancing policy with its state (the round-robin cursor, the prefix trees).
 #[derive(Debug)]
 pub struct Policy {
     kind: PolicyKind,
     cursor: AtomicUsize,
+    cache: Option<CacheAware>,
 }
 
 /// Why no worker was selected.
@@ -27,6 +36,8 @@ pub enum NoWorker {
     UnknownModel(String),
     /// Workers serve it (or any model was asked) but none is available.
     NoneReady,
+    /// Ready workers serve it, but every one's circuit breaker is open.
+    CircuitOpen,
 }
 
 /// What a request asks of selection.
@@ -38,24 +49,38 @@ pub struct Want<'a> {
     pub model: Option<&'a str>,
     /// Workers that already failed this request (retries skip them).
     pub exclude: &'a [Arc<Worker>],
+    /// The prompt key ([`crate::proxy::prompt`]), for policies that route by it.
+    pub key: Option<&'a [u8]>,
 }
 
 impl<'a> Want<'a> {
+    /// Every check but the circuit breaker's.
     #[inline]
-    fn admits(&self, w: &Arc<Worker>) -> bool {
+    fn fits(&self, w: &Arc<Worker>) -> bool {
         w.worker_type() == self.worker_type
             && w.is_available()
             && w.serves(self.model)
             && !self.exclude.iter().any(|x| Arc::ptr_eq(x, w))
     }
+
+    #[inline]
+    fn admits(&self, w: &Arc<Worker>) -> bool {
+        self.fits(w) && w.breaker().admits()
+    }
 }
 
 impl Policy {
-    /// A fresh policy.
+    /// A fresh policy (`cache_aware` with sglang-router's default settings).
     pub fn new(kind: PolicyKind) -> Self {
+        Self::with_cache_config(kind, CacheAwareConfig::default())
+    }
+
+    /// A fresh policy; `cache` configures `cache_aware` (ignored by the others).
+    pub fn with_cache_config(kind: PolicyKind, cache: CacheAwareConfig) -> Self {
         Self {
             kind,
             cursor: AtomicUsize::new(0),
+            cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(cache)),
         }
     }
 
@@ -64,13 +89,24 @@ impl Policy {
         self.kind
     }
 
+    /// Whether this policy routes by the prompt (the caller then passes [`Want::key`]).
+    #[inline]
+    pub fn needs_key(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// The `cache_aware` state, for this policy's upkeep.
+    pub fn cache_aware(&self) -> Option<&CacheAware> {
+        self.cache.as_ref()
+    }
+
     /// Picks a worker from `set` for `want`.
     pub fn select(&self, set: &WorkerSet, want: &Want<'_>) -> Result<Arc<Worker>, NoWorker> {
         let candidates = || set.iter().filter(|w| want.admits(w));
         let n = candidates().count();
         let pick = match n {
             0 => None,
-            1 => candidates().next(),
+            1 if self.cache.is_none() => candidates().next(),
             _ => match self.kind {
                 PolicyKind::Random => candidates().nth(rand::random_range(0..n)),
                 PolicyKind::RoundRobin => {
@@ -85,11 +121,21 @@ impl Policy {
                         (x, y) => x.or(y),
                     }
                 }
+                PolicyKind::CacheAware => match &self.cache {
+                    Some(c) => {
+                        let all: Vec<&Arc<Worker>> = candidates().collect();
+                        (!all.is_empty()).then(|| c.pick(&all, want.key))
+                    }
+                    None => candidates().next(),
+                },
             },
         };
         // The set can change between counting and picking; fall back to any candidate.
         if let Some(w) = pick.or_else(|| candidates().next()) {
             return Ok(w.clone());
+        }
+        if set.iter().any(|w| want.fits(w)) {
+            return Err(NoWorker::CircuitOpen);
         }
         // 503 if there is no worker of this type at all, or one is known to serve the
         // model, or might (still pending, model not yet discovered); 404 otherwise.
@@ -137,6 +183,7 @@ mod tests {
             worker_type: WorkerType::Regular,
             model,
             exclude: &[],
+            key: None,
         }
     }
 

@@ -1,0 +1,286 @@
+//! Prompt keys: the bytes a prefix-aware policy (`cache_aware`) routes by, read from the
+//! request body in one pass, only when such a policy is in use.
+//!
+//! - chat (`/v1/chat/completions`): the `messages`, flattened in order: every string in
+//!   them (roles, contents, content parts' text) followed by a `0x1f` separator, so the
+//!   key grows the way the rendered conversation does;
+//! - completions: `prompt`; `/generate`: `text`, or `input_ids` when there is no text;
+//! - a string is its UTF-8 bytes; a token id is four little-endian bytes (numbers appear
+//!   only in token-id prompts); a list (a batch) is its items in order.
+//!
+//! The key starts with a tag byte (`c` chat, `t` text prompt, `i` token ids) so the three
+//! kinds never share a prefix, and is cut at [`MAX_KEY_BYTES`] (the prefix is what
+//! matters; matching stays cheap). A body this pass cannot read yields no key (the policy
+//! then balances by load); the proxy's own parse already rejected malformed JSON.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::Endpoint;
+
+/// Longest key kept, in bytes.
+pub const MAX_KEY_BYTES: usize = 64 * 1024;
+
+const SEPARATOR: u8 = 0x1f;
+
+/// The prompt key of a request body (see the module doc), if it has one.
+pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let found = Top { endpoint }.deserialize(&mut de).ok()?;
+    let (tag, flat) = match (endpoint, found) {
+        (Endpoint::ChatCompletions, Found { main, .. }) => (b'c', main),
+        (_, Found { main, fallback }) => {
+            let flat = if main.bytes.is_empty() && !main.numeric {
+                fallback
+            } else {
+                main
+            };
+            (if flat.numeric { b'i' } else { b't' }, flat)
+        }
+    };
+    if flat.bytes.is_empty() {
+        return None;
+    }
+    let mut key = Vec::with_capacity(flat.bytes.len() + 1);
+    key.push(tag);
+    key.extend_from_slice(&flat.bytes);
+    key.truncate(MAX_KEY_BYTES);
+    Some(key)
+}
+
+/// A flattened value.
+#[derive(Debug, Default)]
+struct Flat {
+    bytes: Vec<u8>,
+    /// Its first leaf was a number (token ids).
+    numeric: bool,
+    leaves: usize,
+}
+
+impl Flat {
+    fn full(&self) -> bool {
+        self.bytes.len() >= MAX_KEY_BYTES
+    }
+
+    fn text(&mut self, s: &str) {
+        if !self.full() {
+            self.bytes.extend_from_slice(s.as_bytes());
+            self.bytes.push(SEPARATOR);
+        }
+        self.leaves += 1;
+    }
+
+    fn number(&mut self, n: u64) {
+        if self.leaves == 0 {
+            self.numeric = true;
+        }
+        if !self.full() {
+            self.bytes
+                .extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+        }
+        self.leaves += 1;
+    }
+}
+
+/// What the top-level pass found: the endpoint's main field and its fallback
+/// (`/generate`'s `input_ids`).
+#[derive(Debug, Default)]
+struct Found {
+    main: Flat,
+    fallback: Flat,
+}
+
+struct Top {
+    endpoint: Endpoint,
+}
+
+impl<'de> DeserializeSeed<'de> for Top {
+    type Value = Found;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Found, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Top {
+    type Value = Found;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+        let (main, fallback) = match self.endpoint {
+            Endpoint::ChatCompletions => ("messages", None),
+            Endpoint::Completions => ("prompt", None),
+            Endpoint::Generate => ("text", Some("input_ids")),
+        };
+        let mut found = Found::default();
+        while let Some(k) = map.next_key::<KeyName<'de>>()? {
+            if k.0 == main {
+                map.next_value_seed(Flatten(&mut found.main))?;
+            } else if Some(k.0.as_ref()) == fallback {
+                map.next_value_seed(Flatten(&mut found.fallback))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// A map key, borrowed when it has no escapes.
+struct KeyName<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for KeyName<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyName<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(KeyName(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(KeyName(v.to_owned().into()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Appends every leaf of a value, depth first, to a [`Flat`].
+struct Flatten<'f>(&'f mut Flat);
+
+impl<'de> DeserializeSeed<'de> for Flatten<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Flatten<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.text(v);
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        self.0.number(v);
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        self.0.number(u64::try_from(v).unwrap_or(0));
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key::<IgnoredAny>()?.is_some() {
+            map.next_value_seed(Flatten(&mut *self.0))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ep: Endpoint, body: &str) -> Option<Vec<u8>> {
+        prompt_key(ep, body.as_bytes())
+    }
+
+    #[test]
+    fn chat_keys_follow_the_conversation() {
+        let one = r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"stream":true}"#;
+        let two = r#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}],"model":"m"}"#;
+        let k1 = key(Endpoint::ChatCompletions, one).unwrap();
+        let k2 = key(Endpoint::ChatCompletions, two).unwrap();
+        assert_eq!(k1, b"csystem\x1fBe brief.\x1fuser\x1fHi\x1f");
+        assert!(k2.starts_with(&k1), "a longer conversation extends the key");
+        // Content parts and escapes.
+        let parts =
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a\u00e9\n"}]}]}"#;
+        assert_eq!(
+            key(Endpoint::ChatCompletions, parts).unwrap(),
+            "cuser\x1ftext\x1fa\u{e9}\n\x1f".as_bytes()
+        );
+        assert_eq!(key(Endpoint::ChatCompletions, r#"{"model":"m"}"#), None);
+    }
+
+    #[test]
+    fn prompts_text_and_token_ids() {
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":"Once upon"}"#).unwrap(),
+            b"tOnce upon\x1f"
+        );
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":["a","b"]}"#).unwrap(),
+            b"ta\x1fb\x1f"
+        );
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":[1,2]}"#).unwrap(),
+            b"i\x01\x00\x00\x00\x02\x00\x00\x00"
+        );
+        assert_eq!(
+            key(
+                Endpoint::Generate,
+                r#"{"input_ids":[[7],[8]],"sampling_params":{"max_new_tokens":3}}"#
+            )
+            .unwrap(),
+            b"i\x07\x00\x00\x00\x08\x00\x00\x00"
+        );
+        assert_eq!(
+            key(Endpoint::Generate, r#"{"input_ids":[9],"text":"wins"}"#).unwrap(),
+            b"twins\x1f"
+        );
+        assert_eq!(key(Endpoint::Generate, r#"{"text":null}"#), None);
+        assert_eq!(key(Endpoint::Generate, "not json"), None);
+        assert_eq!(key(Endpoint::Generate, "[1]"), None);
+    }
+
+    #[test]
+    fn long_prompts_are_cut() {
+        let long = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(3 * MAX_KEY_BYTES));
+        assert_eq!(
+            key(Endpoint::Completions, &long).unwrap().len(),
+            MAX_KEY_BYTES
+        );
+    }
+
+    proptest::proptest! {
+        /// Any bytes: a key or none, never a panic.
+        #[test]
+        fn never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            for ep in [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Generate] {
+                let _ = prompt_key(ep, &body);
+            }
+        }
+    }
+}

@@ -35,8 +35,8 @@
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
-pub mod auth;
 pub mod admission;
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod demo;

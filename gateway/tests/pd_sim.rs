@@ -40,8 +40,9 @@ async fn gateway(prefill: &[(String, u16)], decode: &[String]) -> Gateway {
     gateway_with(prefill, decode, false).await
 }
 
-/// `no_probes` turns health checks off (a dead worker stays in rotation).
-async fn gateway_with(prefill: &[(String, u16)], decode: &[String], no_probes: bool) -> Gateway {
+/// `fault_test` turns health checks off (a dead worker stays in rotation) and retries off
+/// (each failure reaches the client as it happened).
+async fn gateway_with(prefill: &[(String, u16)], decode: &[String], fault_test: bool) -> Gateway {
     let cfg = ServeConfig {
         host: "127.0.0.1".into(),
         port: 0,
@@ -55,7 +56,12 @@ async fn gateway_with(prefill: &[(String, u16)], decode: &[String], no_probes: b
         health_check_pending_interval_ms: 50,
         health_check_timeout_secs: 1,
         shutdown_grace_period_secs: 1,
-        disable_health_check: no_probes,
+        disable_health_check: fault_test,
+        retry_max_retries: if fault_test {
+            1
+        } else {
+            ServeConfig::default().retry_max_retries
+        },
         ..ServeConfig::default()
     };
     cfg.validate().unwrap();

@@ -28,8 +28,8 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{AdminKey, Rejection};
 use crate::admission::{Admission, AdmissionConfig};
+use crate::auth::{AdminKey, Rejection};
 use crate::client::HttpClient;
 use crate::config::{PolicyKind, ServeConfig};
 use crate::error::GatewayError;

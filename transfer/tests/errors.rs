@@ -182,6 +182,62 @@ async fn a_shut_down_peer_is_unreachable() {
     assert!(err.is_retryable());
 }
 
+/// A target shutting down finishes the write it is in the middle of receiving: the rest of
+/// the payload is read into its memory, the write is acknowledged, then the connection
+/// closes and `shutdown` returns.
+#[tokio::test]
+async fn a_target_shutting_down_finishes_the_write_it_is_receiving() {
+    let (_meta, target, _initiator, remote) = pair().await;
+    let token = target.descriptor().regions[0].token;
+    let mut s = tokio::net::TcpStream::connect(target.local_addr())
+        .await
+        .unwrap();
+    // Large enough to be read straight into the region as it arrives; never a zero byte.
+    let payload: Vec<u8> = (0..512 << 10).map(|i| (i % 251 + 1) as u8).collect();
+    let first = 64 << 10;
+    let h = RequestHeader {
+        op: Opcode::Write,
+        request_id: 7,
+        remote_addr: remote.addr(),
+        len: payload.len() as u64,
+        token,
+    };
+    s.write_all(&h.encode()).await.unwrap();
+    s.write_all(&payload[..first]).await.unwrap();
+    // The first part's last byte in the region: the target is inside this frame.
+    for _ in 0..500 {
+        if remote.to_vec(first - 1, 1).unwrap()[0] != 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_ne!(
+        remote.to_vec(first - 1, 1).unwrap()[0],
+        0,
+        "the target never started"
+    );
+    let target = Arc::new(target);
+    let stopping = tokio::spawn({
+        let target = target.clone();
+        async move { target.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !stopping.is_finished(),
+        "shutdown waits for the frame in progress"
+    );
+    s.write_all(&payload[first..]).await.unwrap();
+    let (h, _) = read_response(&mut s).await;
+    assert_eq!((h.status, h.request_id), (Status::Ok, 7));
+    let mut rest = Vec::new();
+    assert_eq!(s.read_to_end(&mut rest).await.unwrap(), 0, "then it closes");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("shutdown returns once the frame is done")
+        .unwrap();
+    assert!(remote.to_vec(0, payload.len()).unwrap() == payload);
+}
+
 /// A peer that accepts connections and reads, but never answers.
 async fn stalled_peer(meta: &InMemoryMetadata, name: &str) -> tokio::task::JoinHandle<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -202,3 +202,19 @@ async fn an_initiator_killed_mid_transfer_leaves_the_target_serving() {
     write_checked(&other, &local, 0, &seg, &remote, 0, 64 << 20).await;
     assert_eq!(target.registered_regions(), 1);
 }
+
+/// `transfer-bench ... | head -1`: a reader that leaves early is not a crash.
+#[test]
+fn a_closed_standard_output_is_not_a_crash() {
+    let mut child = Command::new(BENCH)
+        .args(["--mode", "memcpy", "--buffer-size", "1M", "--duration", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}

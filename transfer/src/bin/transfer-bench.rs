@@ -178,6 +178,15 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
+/// `println!` that ignores a closed standard output (`transfer-bench ... | head` must not
+/// panic on a broken pipe: the reader has what it wanted).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -218,7 +227,7 @@ async fn target(args: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     fill_pattern(&buf, TARGET_SEED).map_err(|e| e.to_string())?;
     engine.publish().await.map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "transfer-bench target ready: segment {} buffer {:#x} len {} protocol {:?}",
         engine.segment_name(),
         buf.addr(),
@@ -331,7 +340,7 @@ fn initiator(args: &Args) -> Result<(), String> {
         );
         if !args.no_verify {
             let checked = verify(&args, &plan).await?;
-            println!("verified: {checked} bytes match");
+            out!("verified: {checked} bytes match");
         }
         plan.engine.shutdown().await;
         Ok(())
@@ -501,34 +510,55 @@ fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration, cpu_s: 
     let mean_lat =
         samples.iter().map(|s| s.3.as_secs_f64() * 1e3).sum::<f64>() / samples.len().max(1) as f64;
     let (total_gbps, total_rps) = (bytes as f64 / secs / 1e9, reqs as f64 / secs);
-    println!(
+    out!(
         "transfer-bench: {:?} {:?}, block {} B, batch {}, threads {}, {:.1} s, segment {name}",
-        args.protocol, args.op, args.block_size, args.batch_size, args.threads, secs
+        args.protocol,
+        args.op,
+        args.block_size,
+        args.batch_size,
+        args.threads,
+        secs
     );
-    println!(
+    out!(
         "{:<18}{:>12}{:>12}{:>12}{:>12}",
-        "", "total", "min", "median", "max"
+        "",
+        "total",
+        "min",
+        "median",
+        "max"
     );
-    println!(
+    out!(
         "{:<18}{:>12.3}{:>12.3}{:>12.3}{:>12.3}",
-        "GB/s", total_gbps, gbps.0, gbps.1, gbps.2
+        "GB/s",
+        total_gbps,
+        gbps.0,
+        gbps.1,
+        gbps.2
     );
-    println!(
+    out!(
         "{:<18}{:>12.0}{:>12.0}{:>12.0}{:>12.0}",
-        "requests/s", total_rps, rps.0, rps.1, rps.2
+        "requests/s",
+        total_rps,
+        rps.0,
+        rps.1,
+        rps.2
     );
-    println!(
+    out!(
         "{:<18}{:>12.3}{:>12.3}{:>12.3}{:>12.3}",
-        "batch ms (mean)", mean_lat, lat.0, lat.1, lat.2
+        "batch ms (mean)",
+        mean_lat,
+        lat.0,
+        lat.1,
+        lat.2
     );
     let cpu_ms_per_gb = if bytes > 0 {
         cpu_s * 1e3 / (bytes as f64 / 1e9)
     } else {
         0.0
     };
-    println!("cpu: {cpu_s:.2} s in this process ({cpu_ms_per_gb:.0} ms per GB)");
+    out!("cpu: {cpu_s:.2} s in this process ({cpu_ms_per_gb:.0} ms per GB)");
     if args.json {
-        println!(
+        out!(
             "{{\"bench\":\"transfer-bench\",\"protocol\":\"{:?}\",\"op\":\"{:?}\",\"block_bytes\":{},\"batch\":{},\"threads\":{},\"seconds\":{secs:.3},\"GBps\":{total_gbps:.4},\"GBps_min\":{:.4},\"GBps_median\":{:.4},\"GBps_max\":{:.4},\"req_per_s\":{total_rps:.1},\"batch_ms_median\":{:.4},\"cpu_s\":{cpu_s:.3}}}",
             args.protocol,
             args.op,

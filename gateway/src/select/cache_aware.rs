@@ -195,23 +195,10 @@ impl CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::{LoadGuard, tests::spec};
-    use openapi::workers::WorkerStatus;
-    use tokio_util::sync::CancellationToken;
+    use crate::workers::{LoadGuard, tests::ready_workers};
 
     fn workers(n: usize) -> Vec<Arc<Worker>> {
-        (0..n)
-            .map(|i| {
-                let w = Worker::new(
-                    spec(&format!("http://w{i}:1")),
-                    None,
-                    CancellationToken::new(),
-                );
-                w.set_status(WorkerStatus::Ready);
-                w.set_model("m".into());
-                Arc::new(w)
-            })
-            .collect()
+        ready_workers(n).into_iter().collect()
     }
 
     fn cfg() -> CacheAwareConfig {

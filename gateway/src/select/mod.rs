@@ -160,22 +160,14 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::{LoadGuard, tests::spec};
+    use crate::workers::{
+        LoadGuard,
+        tests::{ready_workers, spec},
+    };
     use tokio_util::sync::CancellationToken;
 
     fn set(n: usize) -> WorkerSet {
-        (0..n)
-            .map(|i| {
-                let w = Worker::new(
-                    spec(&format!("http://w{i}:1")),
-                    None,
-                    CancellationToken::new(),
-                );
-                w.set_status(WorkerStatus::Ready);
-                w.set_model("m".into());
-                Arc::new(w)
-            })
-            .collect()
+        ready_workers(n).into_iter().collect()
     }
 
     fn want(model: Option<&str>) -> Want<'_> {

@@ -483,6 +483,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// `n` ready regular workers `http://w{i}:1` serving model `m`.
+    pub(crate) fn ready_workers(n: usize) -> Vec<Arc<Worker>> {
+        (0..n)
+            .map(|i| {
+                let w = Worker::new(
+                    spec(&format!("http://w{i}:1")),
+                    None,
+                    CancellationToken::new(),
+                );
+                w.set_status(WorkerStatus::Ready);
+                w.set_model("m".into());
+                Arc::new(w)
+            })
+            .collect()
+    }
+
     #[test]
     fn urls_are_checked_and_normalized() {
         let u = WorkerUrl::parse("http://LocalHost:8000/").unwrap();

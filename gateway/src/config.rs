@@ -707,7 +707,7 @@ fn render_toml<T: Serialize>(value: &T) -> String {
 }
 
 /// What `--print-config` shows instead of a secret.
-fn hidden() -> Secret {
+pub fn hidden() -> Secret {
     Secret::new("<hidden>")
 }
 

@@ -28,9 +28,9 @@ enum Command {
     /// (`--pd`: a simulated prefill and decode moving real KV pages).
     Demo(gateway::demo::DemoConfig),
     /// Run a simulated SGLang worker (same endpoints and shapes, deterministic output).
-    SimWorker(gateway::sim::SimConfig),
+    SimWorker(SimWorkerArgs),
     /// Run a storage node: contribute memory to the KV store and serve transfers.
-    Store(kvstore::node::StoreNodeConfig),
+    Store(StoreArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -55,6 +55,25 @@ struct MasterArgs {
     print_config: bool,
     #[command(flatten)]
     host: MasterHostConfig,
+}
+
+#[derive(clap::Args, Debug)]
+struct SimWorkerArgs {
+    /// Print the validated configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    sim: gateway::sim::SimConfig,
+}
+
+#[derive(clap::Args, Debug)]
+struct StoreArgs {
+    /// Print the merged (`MOONGATE_STORE_*` environment < flags), validated configuration as
+    /// TOML and exit (the master API key hidden).
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    node: kvstore::node::StoreNodeConfig,
 }
 
 /// Which server's document to print.
@@ -136,20 +155,41 @@ fn main() -> anyhow::Result<()> {
             gateway::logging::init(config::LogLevel::Warn);
             runtime(0)?.block_on(gateway::demo::run(cfg))
         }
-        Command::SimWorker(cfg) => {
+        Command::SimWorker(SimWorkerArgs { print_config, sim }) => {
+            if print_config {
+                sim.validate().map_err(anyhow::Error::msg)?;
+                return print_toml(&sim);
+            }
             gateway::logging::init(config::LogLevel::Info);
-            runtime(0)?.block_on(gateway::sim::run(cfg))
+            runtime(0)?.block_on(gateway::sim::run(sim))
         }
-        Command::Store(cfg) => {
+        Command::Store(StoreArgs { print_config, node }) => {
+            if print_config {
+                node.validate()?;
+                let mut shown = node;
+                if shown.client.master_api_key.is_some() {
+                    shown.client.master_api_key = Some(config::hidden());
+                }
+                return print_toml(&shown);
+            }
             gateway::logging::init(config::LogLevel::Info);
             let metrics = gateway::metrics::install();
             runtime(0)?.block_on(async move {
                 let shutdown = gateway::serve::shutdown_signal();
-                kvstore::node::run(cfg, move || metrics.render(), shutdown).await
+                kvstore::node::run(node, move || metrics.render(), shutdown).await
             })?;
             Ok(())
         }
     }
+}
+
+/// Prints `value` as TOML (the `--print-config` of the subcommands without a `to_toml`).
+fn print_toml(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    print!(
+        "{}",
+        toml::to_string(value).context("rendering the configuration as TOML")?
+    );
+    Ok(())
 }
 
 /// A tokio runtime: the single-threaded scheduler for `threads == 1` (no work stealing or

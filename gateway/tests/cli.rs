@@ -212,3 +212,39 @@ fn demo_prints_examples_serves_them_and_exits_on_ctrl_c() {
     assert!(resp.contains("\"ready_workers\":2"), "{resp}");
     signal_and_expect_clean_exit(&mut child, "-INT");
 }
+
+#[test]
+fn store_and_sim_worker_print_their_validated_settings() {
+    let out = print_config(
+        moongate()
+            .args([
+                "store",
+                "--print-config",
+                "--master-api-key",
+                "n0de-key-value",
+            ])
+            .env("MOONGATE_STORE_SEGMENT_SIZE", "1G"),
+    );
+    assert!(
+        out.contains("segment_size = 1073741824"),
+        "env applied: {out}"
+    );
+    assert!(out.contains("http_listen = "), "{out}");
+    assert!(
+        out.contains("master_api_key = \"<hidden>\"") && !out.contains("n0de"),
+        "{out}"
+    );
+    let out = print_config(moongate().args(["sim-worker", "--print-config", "--mode", "decode"]));
+    assert!(
+        out.contains("mode = \"decode\"") && out.contains("kv_timeout = "),
+        "{out}"
+    );
+    // Values that parse but cannot work are refused, as when the process starts.
+    for args in [
+        &["store", "--print-config", "--segment-size", "0"][..],
+        &["sim-worker", "--print-config", "--context-length", "1"],
+    ] {
+        let out = moongate().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} accepted");
+    }
+}

@@ -1,13 +1,20 @@
 //! The upstream HTTP client: one pooled, keep-alive HTTP/1.1 client (TCP_NODELAY) shared by
-//! the proxy, the health checker and model discovery.
+//! the proxy, the health checker and model discovery. `http://` workers are spoken to in
+//! the clear, `https://` ones over TLS (rustls), verified against the system's trust roots
+//! plus the ones `--worker-ca-cert` adds.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture, connect::HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 
 /// Largest control-plane response read (health, model discovery).
 const SMALL_BODY_LIMIT: usize = 1024 * 1024;
@@ -15,7 +22,7 @@ const SMALL_BODY_LIMIT: usize = 1024 * 1024;
 /// The shared client (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    inner: Client<HttpConnector, Full<Bytes>>,
+    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl Default for HttpClient {
@@ -24,18 +31,60 @@ impl Default for HttpClient {
     }
 }
 
+/// The trust roots for `https://` workers: the system's, plus every certificate in the PEM
+/// file `extra` (a private CA). An unreadable file, or one without a certificate, is an
+/// error naming it; system roots that do not load are skipped (a host without any can still
+/// trust `extra`).
+pub fn worker_roots(extra: Option<&Path>) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let system = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(system.certs);
+    if let Some(path) = extra {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no PEM certificate in it", path.display()));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(roots)
+}
+
 impl HttpClient {
-    /// A client with keep-alive pooling, no Nagle, and connect timeout.
+    /// A client with keep-alive pooling, no Nagle, and connect timeout, trusting the
+    /// system's roots for `https://` workers.
     pub fn new() -> Self {
+        Self::with_roots(worker_roots(None).unwrap_or_else(|_| rustls::RootCertStore::empty()))
+    }
+
+    /// [`HttpClient::new`] trusting `roots` (see [`worker_roots`]) for `https://` workers.
+    pub fn with_roots(roots: rustls::RootCertStore) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_keepalive(Some(Duration::from_secs(60)));
         conn.set_connect_timeout(Some(Duration::from_secs(5)));
-        conn.enforce_http(true);
+        conn.enforce_http(false);
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("aws-lc-rs supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(conn);
         let inner = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .build(conn);
+            .build(https);
         Self { inner }
     }
 

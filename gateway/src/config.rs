@@ -27,103 +27,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub use master::MasterHostConfig;
 
-/// Environment variable names, one per setting (`MOONGATE_` + the field name in capitals).
-pub mod env {
-    /// `--config`.
-    pub const CONFIG: &str = "MOONGATE_CONFIG";
-    /// `--host`.
-    pub const HOST: &str = "MOONGATE_HOST";
-    /// `--port`.
-    pub const PORT: &str = "MOONGATE_PORT";
-    /// `--worker-urls` (comma-separated in the environment).
-    pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
-    /// `--policy`.
-    pub const POLICY: &str = "MOONGATE_POLICY";
-    /// `--api-key`.
-    pub const API_KEY: &str = "MOONGATE_API_KEY";
-    /// `--max-payload-size`.
-    pub const MAX_PAYLOAD_SIZE: &str = "MOONGATE_MAX_PAYLOAD_SIZE";
-    /// `--request-timeout-secs`.
-    pub const REQUEST_TIMEOUT_SECS: &str = "MOONGATE_REQUEST_TIMEOUT_SECS";
-    /// `--log-level`.
-    pub const LOG_LEVEL: &str = "MOONGATE_LOG_LEVEL";
-    /// `--health-check-interval-secs`.
-    pub const HEALTH_CHECK_INTERVAL_SECS: &str = "MOONGATE_HEALTH_CHECK_INTERVAL_SECS";
-    /// `--health-check-timeout-secs`.
-    pub const HEALTH_CHECK_TIMEOUT_SECS: &str = "MOONGATE_HEALTH_CHECK_TIMEOUT_SECS";
-    /// `--health-failure-threshold`.
-    pub const HEALTH_FAILURE_THRESHOLD: &str = "MOONGATE_HEALTH_FAILURE_THRESHOLD";
-    /// `--health-success-threshold`.
-    pub const HEALTH_SUCCESS_THRESHOLD: &str = "MOONGATE_HEALTH_SUCCESS_THRESHOLD";
-    /// `--health-check-endpoint`.
-    pub const HEALTH_CHECK_ENDPOINT: &str = "MOONGATE_HEALTH_CHECK_ENDPOINT";
-    /// `--disable-health-check`.
-    pub const DISABLE_HEALTH_CHECK: &str = "MOONGATE_DISABLE_HEALTH_CHECK";
-    /// `--health-check-pending-interval-ms`.
-    pub const HEALTH_CHECK_PENDING_INTERVAL_MS: &str = "MOONGATE_HEALTH_CHECK_PENDING_INTERVAL_MS";
-    /// `--retry-max-retries`.
-    pub const RETRY_MAX_RETRIES: &str = "MOONGATE_RETRY_MAX_RETRIES";
-    /// `--disable-retries`.
-    pub const DISABLE_RETRIES: &str = "MOONGATE_DISABLE_RETRIES";
-    /// `--shutdown-grace-period-secs`.
-    pub const SHUTDOWN_GRACE_PERIOD_SECS: &str = "MOONGATE_SHUTDOWN_GRACE_PERIOD_SECS";
-    /// `--prometheus-host`.
-    pub const PROMETHEUS_HOST: &str = "MOONGATE_PROMETHEUS_HOST";
-    /// `--prometheus-port`.
-    pub const PROMETHEUS_PORT: &str = "MOONGATE_PROMETHEUS_PORT";
-    /// `--worker-threads`.
-    pub const WORKER_THREADS: &str = "MOONGATE_WORKER_THREADS";
-    /// `--pd-disaggregation`.
-    pub const PD_DISAGGREGATION: &str = "MOONGATE_PD_DISAGGREGATION";
-    /// `--decode` (comma-separated in the environment).
-    pub const DECODE: &str = "MOONGATE_DECODE";
-    /// `--prefill-policy`.
-    pub const PREFILL_POLICY: &str = "MOONGATE_PREFILL_POLICY";
-    /// `--decode-policy`.
-    pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
-    /// `--disable-master`.
-    pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
-    /// `--admin-api-key`.
-    pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
-    /// `--retry-initial-backoff-ms`.
-    pub const RETRY_INITIAL_BACKOFF_MS: &str = "MOONGATE_RETRY_INITIAL_BACKOFF_MS";
-    /// `--retry-max-backoff-ms`.
-    pub const RETRY_MAX_BACKOFF_MS: &str = "MOONGATE_RETRY_MAX_BACKOFF_MS";
-    /// `--retry-backoff-multiplier`.
-    pub const RETRY_BACKOFF_MULTIPLIER: &str = "MOONGATE_RETRY_BACKOFF_MULTIPLIER";
-    /// `--retry-jitter-factor`.
-    pub const RETRY_JITTER_FACTOR: &str = "MOONGATE_RETRY_JITTER_FACTOR";
-    /// `--cb-failure-threshold`.
-    pub const CB_FAILURE_THRESHOLD: &str = "MOONGATE_CB_FAILURE_THRESHOLD";
-    /// `--cb-success-threshold`.
-    pub const CB_SUCCESS_THRESHOLD: &str = "MOONGATE_CB_SUCCESS_THRESHOLD";
-    /// `--cb-timeout-duration-secs`.
-    pub const CB_TIMEOUT_DURATION_SECS: &str = "MOONGATE_CB_TIMEOUT_DURATION_SECS";
-    /// `--cb-window-duration-secs`.
-    pub const CB_WINDOW_DURATION_SECS: &str = "MOONGATE_CB_WINDOW_DURATION_SECS";
-    /// `--disable-circuit-breaker`.
-    pub const DISABLE_CIRCUIT_BREAKER: &str = "MOONGATE_DISABLE_CIRCUIT_BREAKER";
-    /// `--max-concurrent-requests`.
-    pub const MAX_CONCURRENT_REQUESTS: &str = "MOONGATE_MAX_CONCURRENT_REQUESTS";
-    /// `--queue-size`.
-    pub const QUEUE_SIZE: &str = "MOONGATE_QUEUE_SIZE";
-    /// `--queue-timeout-secs`.
-    pub const QUEUE_TIMEOUT_SECS: &str = "MOONGATE_QUEUE_TIMEOUT_SECS";
-    /// `--rate-limit-tokens-per-second`.
-    pub const RATE_LIMIT_TOKENS_PER_SECOND: &str = "MOONGATE_RATE_LIMIT_TOKENS_PER_SECOND";
-    /// `--cache-threshold`.
-    pub const CACHE_THRESHOLD: &str = "MOONGATE_CACHE_THRESHOLD";
-    /// `--balance-abs-threshold`.
-    pub const BALANCE_ABS_THRESHOLD: &str = "MOONGATE_BALANCE_ABS_THRESHOLD";
-    /// `--balance-rel-threshold`.
-    pub const BALANCE_REL_THRESHOLD: &str = "MOONGATE_BALANCE_REL_THRESHOLD";
-    /// `--eviction-interval-secs`.
-    pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
-    /// `--max-tree-size`.
-    pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
-    /// `--request-id-headers` (comma-separated in the environment).
-    pub const REQUEST_ID_HEADERS: &str = "MOONGATE_REQUEST_ID_HEADERS";
-}
+pub mod env;
 
 /// The clap id of `--prefill` (grouped into [`ServeConfig::prefill`] by `resolve`).
 const PREFILL_CLI: &str = "prefill_cli";
@@ -205,6 +109,10 @@ pub struct ServeConfig {
     /// API key sent to workers as `Authorization: Bearer` (a worker's own key wins).
     #[arg(long, env = env::API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
+    /// PEM file of extra CA certificates trusted for `https://` workers (on top of the
+    /// system's roots).
+    #[arg(long, env = env::WORKER_CA_CERT)]
+    pub worker_ca_cert: Option<std::path::PathBuf>,
     /// Largest request body accepted, in bytes (bodies are read whole, up to this size, to
     /// route by model; larger ones get 413).
     #[arg(long, env = env::MAX_PAYLOAD_SIZE, default_value_t = ServeConfig::default().max_payload_size)]
@@ -383,6 +291,7 @@ impl Default for ServeConfig {
             worker_urls: Vec::new(),
             policy: PolicyKind::PowerOfTwo,
             api_key: None,
+            worker_ca_cert: None,
             max_payload_size: 512 * 1024 * 1024,
             request_timeout_secs: 1800,
             log_level: LogLevel::Info,
@@ -557,6 +466,9 @@ impl ServeConfig {
             errs.push("prefill, decode and their policies need --pd-disaggregation".into());
         }
         errs.extend(admin_key_problem(&self.admin_api_key));
+        if let Err(e) = crate::client::worker_roots(self.worker_ca_cert.as_deref()) {
+            errs.push(format!("worker_ca_cert: {e}"));
+        }
         errs.extend(master_problem(&self.master));
         ConfigError::check(errs)
     }

@@ -76,7 +76,7 @@ impl Gateway {
 /// static workers registered and the KV master mounted (unless `cfg.disable_master`).
 /// Needs a tokio runtime.
 pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Gateway> {
-    let state = AppState::new(cfg);
+    let state = AppState::new(cfg)?;
     state
         .add_static_workers()
         .context("registering --worker-urls")?;
@@ -111,7 +111,7 @@ fn master_routes(state: &AppState, hosted: Option<&HostedMaster>) -> OpenApiRout
 /// (built the way [`spawn`] builds the server, without listening). Needs a tokio runtime.
 pub fn document(cfg: ServeConfig) -> anyhow::Result<utoipa::openapi::OpenApi> {
     let hosted = hosted_master(&cfg)?;
-    let state = AppState::new(cfg);
+    let state = AppState::new(cfg)?;
     let extra = master_routes(&state, hosted.as_ref());
     Ok(server::build(state, extra).1)
 }

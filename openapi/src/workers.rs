@@ -63,7 +63,7 @@ impl WorkerStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWorkerRequest {
-    /// Base URL with scheme and host, e.g. `http://10.0.0.5:30001`.
+    /// Base URL with scheme (`http` or `https`) and host, e.g. `http://10.0.0.5:30001`.
     pub url: String,
     /// `regular` (default), `prefill` or `decode`.
     #[serde(default)]

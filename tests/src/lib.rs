@@ -9,6 +9,8 @@
 //!   byte for byte and can be made slow, unhealthy or dead (for the fault tests that a
 //!   well-behaved simulated worker cannot play).
 //! - [`fast_config`]: a gateway configuration with short health intervals for tests.
+//! - [`tls`]: a TLS front that makes any backend an `https://` worker (test certificates
+//!   in `tests/fixtures/tls`).
 //!
 //! The tests themselves live in `tests/tests/*.rs`.
 
@@ -29,6 +31,8 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+pub mod tls;
 
 /// A gateway configuration suited to tests: loopback, port 0, fast health checks.
 pub fn fast_config() -> ServeConfig {

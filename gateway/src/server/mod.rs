@@ -65,11 +65,14 @@ struct Inner {
 
 impl AppState {
     /// Builds the state for `config` (must run inside a tokio runtime; registers nothing
-    /// yet: see [`AppState::add_static_workers`]).
-    pub fn new(config: ServeConfig) -> Self {
+    /// yet: see [`AppState::add_static_workers`]). Fails when `--worker-ca-cert` cannot be
+    /// read.
+    pub fn new(config: ServeConfig) -> anyhow::Result<Self> {
+        let roots = crate::client::worker_roots(config.worker_ca_cert.as_deref())
+            .map_err(|e| anyhow::anyhow!("worker_ca_cert: {e}"))?;
         let prometheus = metrics::install();
         let cancel = CancellationToken::new();
-        let client = HttpClient::new();
+        let client = HttpClient::with_roots(roots);
         let registry = Arc::new(Registry::new());
         let manager = WorkerManager::new(registry.clone(), client.clone(), &config, cancel.clone());
         let retry = RetryPolicy::from(&config);
@@ -102,7 +105,7 @@ impl AppState {
             master: OnceLock::new(),
         }));
         state.spawn_cache_upkeep();
-        state
+        Ok(state)
     }
 
     /// The `cache_aware` policies in use (regular, or PD prefill and decode).

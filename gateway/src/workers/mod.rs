@@ -33,10 +33,12 @@ pub use breaker::{Breaker, BreakerConfig, Outcome};
 pub use manager::WorkerManager;
 pub use registry::Registry;
 
-/// A worker base URL: `http://host[:port][/prefix]`, normalized (no trailing slash).
+/// A worker base URL: `http://` or `https://host[:port][/prefix]`, normalized (no trailing
+/// slash).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerUrl {
     text: String,
+    scheme: Scheme,
     authority: Authority,
     prefix: String,
 }
@@ -48,10 +50,10 @@ pub enum UrlError {
     #[error("not a valid URL: {0}")]
     Syntax(String),
     /// `host:port` without `http://`.
-    #[error("missing scheme (expected http://host:port)")]
+    #[error("missing scheme (expected http://host:port or https://host:port)")]
     NoScheme,
-    /// `https://`, `grpc://` ...
-    #[error("unsupported scheme {0:?} (workers are reached over plain http://)")]
+    /// `grpc://`, `ftp://` ...
+    #[error("unsupported scheme {0:?} (workers are reached over http:// or https://)")]
     Scheme(String),
     /// `http://` with nothing after it, or `http://:80`.
     #[error("missing host")]
@@ -62,17 +64,18 @@ pub enum UrlError {
 }
 
 impl WorkerUrl {
-    /// Parses and normalizes a worker URL; only `http` is accepted.
+    /// Parses and normalizes a worker URL; `http` and `https` are accepted.
     pub fn parse(raw: &str) -> Result<Self, UrlError> {
         let raw = raw.trim();
         let uri: Uri = raw
             .parse()
             .map_err(|e: http::uri::InvalidUri| UrlError::Syntax(e.to_string()))?;
-        match uri.scheme_str() {
+        let scheme = match uri.scheme_str() {
             None => return Err(UrlError::NoScheme),
-            Some(s) if s.eq_ignore_ascii_case("http") => {}
+            Some(s) if s.eq_ignore_ascii_case("http") => Scheme::HTTP,
+            Some(s) if s.eq_ignore_ascii_case("https") => Scheme::HTTPS,
             Some(s) => return Err(UrlError::Scheme(s.to_string())),
-        }
+        };
         let authority = uri.authority().cloned().ok_or(UrlError::NoHost)?;
         if authority.host().is_empty() || authority.as_str().contains('@') {
             return Err(UrlError::NoHost);
@@ -82,12 +85,14 @@ impl WorkerUrl {
         }
         let prefix = uri.path().trim_end_matches('/').to_string();
         let text = format!(
-            "http://{}{}",
+            "{}://{}{}",
+            scheme.as_str(),
             authority.as_str().to_ascii_lowercase(),
             prefix
         );
         Ok(Self {
             text,
+            scheme,
             authority,
             prefix,
         })
@@ -116,7 +121,7 @@ impl WorkerUrl {
             PathAndQuery::try_from(format!("{}{}", self.prefix, pq.as_str()))?
         };
         Uri::builder()
-            .scheme(Scheme::HTTP)
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(pq)
             .build()
@@ -520,8 +525,14 @@ pub(crate) mod tests {
             WorkerUrl::parse("/just/a/path").unwrap_err(),
             UrlError::NoScheme
         );
+        let tls = WorkerUrl::parse("HTTPS://H:1/sgl").unwrap();
+        assert_eq!(tls.as_str(), "https://h:1/sgl");
+        assert_eq!(
+            tls.join("/health").unwrap().to_string(),
+            "https://H:1/sgl/health"
+        );
         assert!(matches!(
-            WorkerUrl::parse("https://h:1"),
+            WorkerUrl::parse("grpc://h:1"),
             Err(UrlError::Scheme(_))
         ));
         assert!(matches!(

@@ -1,0 +1,98 @@
+//! Environment variable names, one per setting (`MOONGATE_` + the field name in capitals).
+
+/// `--config`.
+pub const CONFIG: &str = "MOONGATE_CONFIG";
+/// `--host`.
+pub const HOST: &str = "MOONGATE_HOST";
+/// `--port`.
+pub const PORT: &str = "MOONGATE_PORT";
+/// `--worker-urls` (comma-separated in the environment).
+pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
+/// `--policy`.
+pub const POLICY: &str = "MOONGATE_POLICY";
+/// `--api-key`.
+pub const API_KEY: &str = "MOONGATE_API_KEY";
+/// `--worker-ca-cert`.
+pub const WORKER_CA_CERT: &str = "MOONGATE_WORKER_CA_CERT";
+/// `--max-payload-size`.
+pub const MAX_PAYLOAD_SIZE: &str = "MOONGATE_MAX_PAYLOAD_SIZE";
+/// `--request-timeout-secs`.
+pub const REQUEST_TIMEOUT_SECS: &str = "MOONGATE_REQUEST_TIMEOUT_SECS";
+/// `--log-level`.
+pub const LOG_LEVEL: &str = "MOONGATE_LOG_LEVEL";
+/// `--health-check-interval-secs`.
+pub const HEALTH_CHECK_INTERVAL_SECS: &str = "MOONGATE_HEALTH_CHECK_INTERVAL_SECS";
+/// `--health-check-timeout-secs`.
+pub const HEALTH_CHECK_TIMEOUT_SECS: &str = "MOONGATE_HEALTH_CHECK_TIMEOUT_SECS";
+/// `--health-failure-threshold`.
+pub const HEALTH_FAILURE_THRESHOLD: &str = "MOONGATE_HEALTH_FAILURE_THRESHOLD";
+/// `--health-success-threshold`.
+pub const HEALTH_SUCCESS_THRESHOLD: &str = "MOONGATE_HEALTH_SUCCESS_THRESHOLD";
+/// `--health-check-endpoint`.
+pub const HEALTH_CHECK_ENDPOINT: &str = "MOONGATE_HEALTH_CHECK_ENDPOINT";
+/// `--disable-health-check`.
+pub const DISABLE_HEALTH_CHECK: &str = "MOONGATE_DISABLE_HEALTH_CHECK";
+/// `--health-check-pending-interval-ms`.
+pub const HEALTH_CHECK_PENDING_INTERVAL_MS: &str = "MOONGATE_HEALTH_CHECK_PENDING_INTERVAL_MS";
+/// `--retry-max-retries`.
+pub const RETRY_MAX_RETRIES: &str = "MOONGATE_RETRY_MAX_RETRIES";
+/// `--disable-retries`.
+pub const DISABLE_RETRIES: &str = "MOONGATE_DISABLE_RETRIES";
+/// `--shutdown-grace-period-secs`.
+pub const SHUTDOWN_GRACE_PERIOD_SECS: &str = "MOONGATE_SHUTDOWN_GRACE_PERIOD_SECS";
+/// `--prometheus-host`.
+pub const PROMETHEUS_HOST: &str = "MOONGATE_PROMETHEUS_HOST";
+/// `--prometheus-port`.
+pub const PROMETHEUS_PORT: &str = "MOONGATE_PROMETHEUS_PORT";
+/// `--worker-threads`.
+pub const WORKER_THREADS: &str = "MOONGATE_WORKER_THREADS";
+/// `--pd-disaggregation`.
+pub const PD_DISAGGREGATION: &str = "MOONGATE_PD_DISAGGREGATION";
+/// `--decode` (comma-separated in the environment).
+pub const DECODE: &str = "MOONGATE_DECODE";
+/// `--prefill-policy`.
+pub const PREFILL_POLICY: &str = "MOONGATE_PREFILL_POLICY";
+/// `--decode-policy`.
+pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
+/// `--disable-master`.
+pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
+/// `--admin-api-key`.
+pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
+/// `--retry-initial-backoff-ms`.
+pub const RETRY_INITIAL_BACKOFF_MS: &str = "MOONGATE_RETRY_INITIAL_BACKOFF_MS";
+/// `--retry-max-backoff-ms`.
+pub const RETRY_MAX_BACKOFF_MS: &str = "MOONGATE_RETRY_MAX_BACKOFF_MS";
+/// `--retry-backoff-multiplier`.
+pub const RETRY_BACKOFF_MULTIPLIER: &str = "MOONGATE_RETRY_BACKOFF_MULTIPLIER";
+/// `--retry-jitter-factor`.
+pub const RETRY_JITTER_FACTOR: &str = "MOONGATE_RETRY_JITTER_FACTOR";
+/// `--cb-failure-threshold`.
+pub const CB_FAILURE_THRESHOLD: &str = "MOONGATE_CB_FAILURE_THRESHOLD";
+/// `--cb-success-threshold`.
+pub const CB_SUCCESS_THRESHOLD: &str = "MOONGATE_CB_SUCCESS_THRESHOLD";
+/// `--cb-timeout-duration-secs`.
+pub const CB_TIMEOUT_DURATION_SECS: &str = "MOONGATE_CB_TIMEOUT_DURATION_SECS";
+/// `--cb-window-duration-secs`.
+pub const CB_WINDOW_DURATION_SECS: &str = "MOONGATE_CB_WINDOW_DURATION_SECS";
+/// `--disable-circuit-breaker`.
+pub const DISABLE_CIRCUIT_BREAKER: &str = "MOONGATE_DISABLE_CIRCUIT_BREAKER";
+/// `--max-concurrent-requests`.
+pub const MAX_CONCURRENT_REQUESTS: &str = "MOONGATE_MAX_CONCURRENT_REQUESTS";
+/// `--queue-size`.
+pub const QUEUE_SIZE: &str = "MOONGATE_QUEUE_SIZE";
+/// `--queue-timeout-secs`.
+pub const QUEUE_TIMEOUT_SECS: &str = "MOONGATE_QUEUE_TIMEOUT_SECS";
+/// `--rate-limit-tokens-per-second`.
+pub const RATE_LIMIT_TOKENS_PER_SECOND: &str = "MOONGATE_RATE_LIMIT_TOKENS_PER_SECOND";
+/// `--cache-threshold`.
+pub const CACHE_THRESHOLD: &str = "MOONGATE_CACHE_THRESHOLD";
+/// `--balance-abs-threshold`.
+pub const BALANCE_ABS_THRESHOLD: &str = "MOONGATE_BALANCE_ABS_THRESHOLD";
+/// `--balance-rel-threshold`.
+pub const BALANCE_REL_THRESHOLD: &str = "MOONGATE_BALANCE_REL_THRESHOLD";
+/// `--eviction-interval-secs`.
+pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
+/// `--max-tree-size`.
+pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
+/// `--request-id-headers` (comma-separated in the environment).
+pub const REQUEST_ID_HEADERS: &str = "MOONGATE_REQUEST_ID_HEADERS";

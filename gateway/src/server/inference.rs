@@ -110,18 +110,53 @@ async fn routed(st: AppState, endpoint: Endpoint, req: Request) -> Response {
     proxy(&st, endpoint, parts, body, id).await
 }
 
+/// The error answers of every proxied inference route (the OpenAI envelope; a worker's own
+/// 4xx is relayed as it answered). In PD mode the 502 / 504 codes name the side:
+/// `prefill_unavailable`, `decode_bad_gateway`, `prefill_timeout`, ...
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // a description for the OpenAPI document, never built
+enum ProxyErrors {
+    /// Malformed JSON.
+    #[response(
+        status = 400,
+        description = "Malformed JSON (with the parser's message)"
+    )]
+    BadRequest(ErrorResponse),
+    /// Unknown model.
+    #[response(status = 404, description = "No worker serves the model")]
+    NotFound(ErrorResponse),
+    /// Too large.
+    #[response(status = 413, description = "Body over --max-payload-size")]
+    TooLarge(ErrorResponse),
+    /// Admission control.
+    #[response(
+        status = 429,
+        description = "Admission refused: queue full, queue wait timed out, or over the rate limit (`Retry-After` set)"
+    )]
+    Overloaded(ErrorResponse),
+    /// Worker unreachable.
+    #[response(
+        status = 502,
+        description = "Worker unreachable, or its connection broke"
+    )]
+    BadGateway(ErrorResponse),
+    /// No ready worker.
+    #[response(
+        status = 503,
+        description = "No ready worker, or every ready worker's circuit breaker is open"
+    )]
+    Unavailable(ErrorResponse),
+    /// Worker timeout.
+    #[response(status = 504, description = "No answer before --request-timeout-secs")]
+    Timeout(ErrorResponse),
+}
+
 /// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "inference",
     request_body(content = ChatCompletionRequest, description = "OpenAI chat completion request; fields the gateway does not know are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer: JSON, or `text/event-stream` of `ChatCompletionChunk`s ending with `data: [DONE]`", body = ChatCompletionResponse),
-        (status = 400, description = "Malformed JSON", body = ErrorResponse),
-        (status = 404, description = "No worker serves the model", body = ErrorResponse),
-        (status = 413, description = "Body over --max-payload-size", body = ErrorResponse),
-        (status = 429, description = "Admission refused: queue full, queue wait timed out, or over the rate limit (`Retry-After` set)", body = ErrorResponse),
-        (status = 502, description = "Worker unreachable", body = ErrorResponse),
-        (status = 503, description = "No ready worker, or every ready worker's circuit breaker is open", body = ErrorResponse),
-        (status = 504, description = "Worker timeout", body = ErrorResponse),
+        ProxyErrors,
     ))]
 pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Response {
     routed(st, Endpoint::ChatCompletions, req).await
@@ -132,8 +167,7 @@ pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Respo
     request_body(content = CompletionRequest, description = "OpenAI completion request; unknown fields are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer (JSON or SSE)", body = CompletionResponse),
-        (status = "4XX", description = "Client error", body = ErrorResponse),
-        (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
+        ProxyErrors,
     ))]
 pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
     routed(st, Endpoint::Completions, req).await
@@ -144,8 +178,7 @@ pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
     request_body(content = GenerateRequest, description = "SGLang /generate request (text or input_ids, single or batch); unknown fields are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer (JSON or SSE)"),
-        (status = "4XX", description = "Client error", body = ErrorResponse),
-        (status = "5XX", description = "No worker, or the worker failed", body = ErrorResponse),
+        ProxyErrors,
     ))]
 pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
     routed(st, Endpoint::Generate, req).await

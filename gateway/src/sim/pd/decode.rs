@@ -301,33 +301,17 @@ mod tests {
     use crate::client::HttpClient;
     use crate::sim::pd::bootstrap::Heartbeat;
     use tokio_util::sync::CancellationToken;
-    use transfer::EngineConfig;
 
     #[tokio::test(start_paused = true)]
     async fn quarantined_pages_come_back_when_the_prefill_answers_dies_or_times_out() {
-        let engine =
-            TransferEngine::new(EngineConfig::listening_on("127.0.0.1:0".parse().unwrap()))
-                .await
-                .unwrap();
-        let layout = Layout {
-            bytes_per_token: 128,
-            page_tokens: 4,
-        };
-        let pool = Arc::new(KvPool::new(&engine, layout.page_bytes(), 6).unwrap());
         let timeout = Duration::from_secs(5);
         let hb = Heartbeat {
             interval: Duration::from_secs(1),
             max_failures: 2,
         };
         let links = Arc::new(Links::new(HttpClient::new(), hb, CancellationToken::new()));
-        let common = Common {
-            engine: engine.clone(),
-            pool: pool.clone(),
-            layout,
-            timeout,
-            stats: Arc::default(),
-            events: tokio::sync::broadcast::channel(4).0,
-        };
+        let common = Common::for_tests(6, timeout).await;
+        let pool = common.pool.clone();
         let d = Decode::new(common, links);
         let link = || {
             Arc::new(PrefillLink {

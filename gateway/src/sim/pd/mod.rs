@@ -231,6 +231,32 @@ pub struct Common {
     pub events: broadcast::Sender<KvEvent>,
 }
 
+#[cfg(test)]
+impl Common {
+    /// A loopback engine with a pool of `pages` pages of 4 tokens x 128 bytes, for the
+    /// side tests (`timeout` bounds a room).
+    pub(crate) async fn for_tests(pages: usize, timeout: Duration) -> Self {
+        let engine = TransferEngine::new(transfer::EngineConfig::listening_on(
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .await
+        .unwrap();
+        let layout = Layout {
+            bytes_per_token: 128,
+            page_tokens: 4,
+        };
+        let pool = Arc::new(KvPool::new(&engine, layout.page_bytes(), pages).unwrap());
+        Self {
+            engine,
+            pool,
+            layout,
+            timeout,
+            stats: Arc::default(),
+            events: broadcast::channel(4).0,
+        }
+    }
+}
+
 /// KV pages a decode answer holds until it ends.
 #[derive(Debug, Default)]
 pub struct KvHold(Vec<PageLease>);

@@ -506,26 +506,10 @@ fn coalesce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use transfer::EngineConfig;
 
     async fn prefill(timeout: Duration) -> (Arc<Prefill>, TransferEngine) {
-        let engine =
-            TransferEngine::new(EngineConfig::listening_on("127.0.0.1:0".parse().unwrap()))
-                .await
-                .unwrap();
-        let layout = Layout {
-            bytes_per_token: 128,
-            page_tokens: 4,
-        };
-        let pool = Arc::new(KvPool::new(&engine, layout.page_bytes(), 8).unwrap());
-        let common = Common {
-            engine: engine.clone(),
-            pool,
-            layout,
-            timeout,
-            stats: Arc::default(),
-            events: tokio::sync::broadcast::channel(4).0,
-        };
+        let common = Common::for_tests(8, timeout).await;
+        let engine = common.engine.clone();
         (Arc::new(Prefill::new(common, Duration::ZERO)), engine)
     }
 

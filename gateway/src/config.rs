@@ -113,6 +113,10 @@ pub struct ServeConfig {
     /// system's roots).
     #[arg(long, env = env::WORKER_CA_CERT)]
     pub worker_ca_cert: Option<std::path::PathBuf>,
+    /// OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`): export a span per
+    /// inference request and send its `traceparent` to the worker. Off when unset.
+    #[arg(long, env = env::OTLP_TRACES_ENDPOINT)]
+    pub otlp_traces_endpoint: Option<String>,
     /// Largest request body accepted, in bytes (bodies are read whole, up to this size, to
     /// route by model; larger ones get 413).
     #[arg(long, env = env::MAX_PAYLOAD_SIZE, default_value_t = ServeConfig::default().max_payload_size)]
@@ -292,6 +296,7 @@ impl Default for ServeConfig {
             policy: PolicyKind::PowerOfTwo,
             api_key: None,
             worker_ca_cert: None,
+            otlp_traces_endpoint: None,
             max_payload_size: 512 * 1024 * 1024,
             request_timeout_secs: 1800,
             log_level: LogLevel::Info,
@@ -468,6 +473,15 @@ impl ServeConfig {
         errs.extend(admin_key_problem(&self.admin_api_key));
         if let Err(e) = crate::client::worker_roots(self.worker_ca_cert.as_deref()) {
             errs.push(format!("worker_ca_cert: {e}"));
+        }
+        if let Some(url) = &self.otlp_traces_endpoint {
+            match url.parse::<http::Uri>() {
+                Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
+                }
+                _ => errs.push(format!(
+                    "otlp_traces_endpoint {url:?} is not an http(s):// URL"
+                )),
+            }
         }
         errs.extend(master_problem(&self.master));
         ConfigError::check(errs)

@@ -1,18 +1,143 @@
-//! Logging setup: `tracing` to stderr at `--log-level`, or as `RUST_LOG` says when set.
+//! Logging and tracing setup: `tracing` to stderr at `--log-level` (or as `RUST_LOG` says
+//! when set), and, with `--otlp-traces-endpoint`, OpenTelemetry traces exported over
+//! OTLP/HTTP (protobuf).
+//!
+//! With traces on, every inference request gets a server span (`POST /v1/chat/completions`
+//! ...: method, path, request id, the chosen worker, the answer's status), parented on the
+//! client's W3C `traceparent` when it sends one, and each upstream request carries the
+//! span's own `traceparent`, so a worker that traces (SGLang with OpenTelemetry) continues
+//! the same trace. The span ends with the response head; a stream's body is not part of
+//! it. With traces off no span is created on the request path.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogLevel;
 
+/// Set once traces are exported (read on the request path: one relaxed load).
+static TRACES: AtomicBool = AtomicBool::new(false);
+
+/// Whether request spans are created and propagated.
+#[inline]
+pub fn traces_enabled() -> bool {
+    TRACES.load(Ordering::Relaxed)
+}
+
+/// The trace export pipeline; [`Traces::shutdown`] flushes what is still buffered.
+pub struct Traces {
+    provider: SdkTracerProvider,
+}
+
+impl Traces {
+    /// Flushes the buffered spans and stops the exporter (blocking: call it outside the
+    /// async runtime, or from `spawn_blocking`).
+    pub fn shutdown(self) {
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("moongate: flushing traces failed: {e}");
+        }
+    }
+
+    /// Exports every finished span now (blocking, as [`Traces::shutdown`]).
+    pub fn flush(&self) {
+        if let Err(e) = self.provider.force_flush() {
+            eprintln!("moongate: flushing traces failed: {e}");
+        }
+    }
+}
+
 /// Installs the global subscriber (no-op if one is installed already).
 pub fn init(level: LogLevel) {
+    let _ = init_with_traces(level, None);
+}
+
+/// Installs the global subscriber and, when `otlp_endpoint` is given (an OTLP/HTTP traces
+/// URL such as `http://collector:4318/v1/traces`), the OpenTelemetry exporter and the W3C
+/// trace-context propagator. Call it before entering the tokio runtime (the exporter runs
+/// on its own thread with a blocking HTTP client).
+pub fn init_with_traces(
+    level: LogLevel,
+    otlp_endpoint: Option<&str>,
+) -> anyhow::Result<Option<Traces>> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.to_string()));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_filter(filter);
+    let Some(endpoint) = otlp_endpoint else {
+        let _ = tracing_subscriber::registry().with(fmt).try_init();
+        return Ok(None);
+    };
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| anyhow::anyhow!("OTLP exporter for {endpoint}: {e}"))?;
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name("moongate")
+                .build(),
+        )
+        .build();
+    // Moongate's own spans only, whatever `--log-level` keeps on stderr.
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("moongate"))
+        .with_filter(Targets::new().with_target("gateway", tracing::Level::INFO));
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("installing the tracing subscriber: {e}"))?;
+    TRACES.store(true, Ordering::Relaxed);
+    Ok(Some(Traces { provider }))
+}
+
+/// The server span of one inference request, parented on the client's `traceparent`.
+pub(crate) fn request_span(
+    method: &http::Method,
+    path: &str,
+    headers: &http::HeaderMap,
+    request_id: &http::HeaderValue,
+) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %format_args!("{method} {path}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        url.path = path,
+        request_id = request_id.to_str().unwrap_or(""),
+        worker = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|p| {
+        p.extract(&opentelemetry_http::HeaderExtractor(headers))
+    });
+    let _ = span.set_parent(parent);
+    span
+}
+
+/// Writes the current span's `traceparent` (and `tracestate`) into an upstream request to
+/// `worker`, and names the worker on the span.
+pub(crate) fn propagate(headers: &mut http::HeaderMap, worker: &str) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    span.record("worker", worker);
+    let cx = span.context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers))
+    });
 }

@@ -123,8 +123,15 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", cfg.to_toml());
                 return Ok(());
             }
-            gateway::logging::init(cfg.log_level);
-            runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg))
+            let traces = gateway::logging::init_with_traces(
+                cfg.log_level,
+                cfg.otlp_traces_endpoint.as_deref(),
+            )?;
+            let served = runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg));
+            if let Some(t) = traces {
+                t.shutdown();
+            }
+            served
         }
         Command::Master(args) => {
             let sub = matches

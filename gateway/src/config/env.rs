@@ -14,6 +14,8 @@ pub const POLICY: &str = "MOONGATE_POLICY";
 pub const API_KEY: &str = "MOONGATE_API_KEY";
 /// `--worker-ca-cert`.
 pub const WORKER_CA_CERT: &str = "MOONGATE_WORKER_CA_CERT";
+/// `--otlp-traces-endpoint`.
+pub const OTLP_TRACES_ENDPOINT: &str = "MOONGATE_OTLP_TRACES_ENDPOINT";
 /// `--max-payload-size`.
 pub const MAX_PAYLOAD_SIZE: &str = "MOONGATE_MAX_PAYLOAD_SIZE";
 /// `--request-timeout-secs`.

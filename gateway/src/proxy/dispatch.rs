@@ -123,6 +123,9 @@ impl Dispatcher {
         if let Some(b) = bearer {
             out.insert(header::AUTHORIZATION, (*b).clone());
         }
+        if crate::logging::traces_enabled() {
+            crate::logging::propagate(out, worker.url().as_str());
+        }
         Ok(req)
     }
 

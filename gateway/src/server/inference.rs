@@ -36,6 +36,35 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    if crate::logging::traces_enabled() {
+        use tracing::Instrument;
+        let span = crate::logging::request_span(
+            &parts.method,
+            parts.uri.path(),
+            &parts.headers,
+            &request_id,
+        );
+        let resp = admit(st, endpoint, parts, body, request_id)
+            .instrument(span.clone())
+            .await;
+        span.record("http.response.status_code", resp.status().as_u16());
+        return resp;
+    }
+    admit(st, endpoint, parts, body, request_id).await
+}
+
+/// Admission control, then the request.
+async fn admit<B>(
+    st: &AppState,
+    endpoint: Endpoint,
+    parts: Parts,
+    body: B,
+    request_id: HeaderValue,
+) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     // Admission first: a queued request holds no body in memory. The permit rides on the
     // response body, so the slot is held until the answer is over.
     if st.admission().is_active() {

@@ -40,19 +40,25 @@ pub fn worker_roots(extra: Option<&Path>) -> Result<rustls::RootCertStore, Strin
     let system = rustls_native_certs::load_native_certs();
     roots.add_parsable_certificates(system.certs);
     if let Some(path) = extra {
-        let certs = CertificateDer::pem_file_iter(path)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if certs.is_empty() {
-            return Err(format!("{}: no PEM certificate in it", path.display()));
-        }
-        for c in certs {
+        for c in ca_certificates(path)? {
             roots
                 .add(c)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
     Ok(roots)
+}
+
+/// The certificates of the PEM file `path` (`--worker-ca-cert`): at least one, or an error
+/// naming the file.
+pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
 }
 
 impl HttpClient {

@@ -471,7 +471,11 @@ impl ServeConfig {
             errs.push("prefill, decode and their policies need --pd-disaggregation".into());
         }
         errs.extend(admin_key_problem(&self.admin_api_key));
-        if let Err(e) = crate::client::worker_roots(self.worker_ca_cert.as_deref()) {
+        if let Some(Err(e)) = self
+            .worker_ca_cert
+            .as_deref()
+            .map(crate::client::ca_certificates)
+        {
             errs.push(format!("worker_ca_cert: {e}"));
         }
         if let Some(url) = &self.otlp_traces_endpoint {

@@ -202,8 +202,7 @@ async fn a_target_shutting_down_finishes_the_write_it_is_receiving() {
         len: payload.len() as u64,
         token,
     };
-    s.write_all(&h.encode()).await.unwrap();
-    s.write_all(&payload[..first]).await.unwrap();
+    send_frame(&mut s, h, &payload[..first]).await;
     // The first part's last byte in the region: the target is inside this frame.
     for _ in 0..500 {
         if remote.to_vec(first - 1, 1).unwrap()[0] != 0 {

@@ -71,7 +71,9 @@ async fn an_https_worker_with_an_unknown_issuer_gets_nothing() {
     let mut last = Value::Null;
     for _ in 0..250 {
         last = get_json(&c, &url).await;
-        if last["workers"][0]["health"]["last_error"].is_string() {
+        // Settled: probed and failed enough to be not_ready (pending would still answer 503
+        // for its undiscovered model; not_ready without a model answers 404 for "m").
+        if last["workers"][0]["status"] == "not_ready" {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -80,13 +82,20 @@ async fn an_https_worker_with_an_unknown_issuer_gets_nothing() {
         .as_str()
         .unwrap_or_else(|| panic!("no health error: {last}"));
     assert!(err.to_lowercase().contains("certificate"), "{err}");
-    assert_ne!(last["workers"][0]["status"], "ready", "{last}");
+    assert_eq!(last["workers"][0]["status"], "not_ready", "{last}");
+    assert!(
+        last["workers"][0]["model_id"].is_null(),
+        "nothing discovered: {last}"
+    );
     let r = post(
         &c,
         &format!("{}/v1/chat/completions", gw.url()),
         &chat(false),
     )
     .await;
+    assert_eq!(r.status(), 404, "the model was never discovered");
+    let no_model = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&c, &format!("{}/v1/chat/completions", gw.url()), &no_model).await;
     assert_eq!(r.status(), 503, "no ready worker");
     assert_eq!(b.hits(), 0, "no request reached an unverified worker");
     gw.shutdown().await;

@@ -143,6 +143,21 @@ pub enum TransferError {
     /// The engine (or the peer) is shutting down and takes no new requests.
     #[error("engine is shut down")]
     Shutdown,
+    /// The peer and this node could not authenticate each other (different cluster
+    /// secrets, a peer of protocol v1, or a peer that is not a transfer engine).
+    #[error("segment {segment}: not authenticated: {reason}")]
+    Unauthenticated {
+        /// Peer segment (or address).
+        segment: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The cluster secret could not be read or created.
+    #[error("transfer secret: {reason}")]
+    Secret {
+        /// The file and what is wrong with it.
+        reason: String,
+    },
 }
 
 impl TransferError {

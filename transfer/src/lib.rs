@@ -12,6 +12,8 @@
 //! tokens; failures are typed ([`TransferError`]) and name the peer and range.
 //!
 //! # Layout
+//! - [`auth`]: the cluster secret and the mutual handshake every transfer connection opens
+//!   with (the security design is written down there).
 //! - [`error`]: the crate's error type (`TransferError`, `RemoteRange`).
 //! - [`memory`]: memory regions (anonymous, shared-memory, hugepage, caller-owned), RAII.
 //! - `registry`: the engine's registration table and the [`RegisteredBuffer`] handle.
@@ -29,6 +31,7 @@
 //!   with the feature only.
 //! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
 
+pub mod auth;
 pub mod error;
 pub mod memory;
 pub mod metadata;
@@ -40,6 +43,7 @@ mod engine;
 mod registry;
 mod shm;
 
+pub use auth::ClusterSecret;
 pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
 pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode};
 pub use engine::notify::{Notification, Notifications};

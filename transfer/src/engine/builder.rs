@@ -15,6 +15,7 @@ use super::config::{EngineConfig, MetadataConfig};
 use super::notify::Notifications;
 use super::segments::{DescribeFn, Segment};
 use super::{Counters, Inner, TransferEngine};
+use crate::auth::ClusterSecret;
 use crate::error::{Result, TransferError};
 use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
 use crate::registry::LocalRegions;
@@ -27,6 +28,7 @@ use crate::tcp::server::{ServerCtx, accept_loop};
 pub struct EngineBuilder {
     config: EngineConfig,
     metadata: Option<Arc<dyn Metadata>>,
+    secret: Option<ClusterSecret>,
 }
 
 impl EngineBuilder {
@@ -49,11 +51,22 @@ impl EngineBuilder {
         self
     }
 
+    /// Authenticates peers with `secret` instead of the one `config.transfer_secret_file`
+    /// (or its default) names: for processes that hold the secret already.
+    pub fn secret(mut self, secret: ClusterSecret) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+
     /// Validates the configuration, opens the transports, starts serving and publishes the
     /// descriptor. Must run inside a tokio runtime (the engine's tasks run on it).
     pub async fn build(self) -> Result<TransferEngine> {
         let config = self.config;
         config.validate()?;
+        let secret = match self.secret {
+            Some(s) => s,
+            None => ClusterSecret::resolve(config.transfer_secret_file.as_deref())?,
+        };
         let rdma = crate::rdma::start(&config)?;
         let listener = TcpListener::bind(config.listen)
             .await
@@ -155,6 +168,7 @@ impl EngineBuilder {
                 rdma,
                 rdma_devices,
                 counters: Counters::default(),
+                secret,
                 config,
             }),
         })

@@ -2,6 +2,7 @@
 //! the docs and the crates embedding the engine read them from [`EngineConfig::default`]).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -112,6 +113,10 @@ pub struct EngineConfig {
     /// How long `shutdown` waits for in-flight requests.
     #[serde(with = "duration_text")]
     pub drain_timeout: Duration,
+    /// The cluster secret file peers authenticate with (see [`crate::auth`]); default:
+    /// the file `MOONGATE_TRANSFER_SECRET_FILE` names, else the per-user file
+    /// `$XDG_CONFIG_HOME/moongate/transfer-secret`, created on first use.
+    pub transfer_secret_file: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +140,7 @@ impl Default for EngineConfig {
             descriptor_ttl: Duration::from_secs(300),
             notification_queue: 4096,
             drain_timeout: Duration::from_secs(10),
+            transfer_secret_file: None,
         }
     }
 }

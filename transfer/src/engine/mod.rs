@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::ClusterSecret;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{AllocOptions, MemoryRegion};
 use crate::metadata::Metadata;
@@ -133,6 +134,7 @@ struct Inner {
     rdma: Option<Arc<crate::rdma::Transport>>,
     rdma_devices: Vec<String>,
     counters: Counters,
+    secret: ClusterSecret,
 }
 
 impl Drop for Inner {
@@ -210,6 +212,12 @@ impl TransferEngine {
     /// This engine's current descriptor.
     pub fn descriptor(&self) -> SegmentDescriptor {
         (*self.inner.local_segment.descriptor()).clone()
+    }
+
+    /// The cluster secret this engine authenticates peers with (e.g. to derive the store
+    /// plane's key from it: [`ClusterSecret::store_api_key`]).
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.inner.secret
     }
 
     /// Host identity used to decide when shared memory can be used.

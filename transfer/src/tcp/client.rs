@@ -398,6 +398,10 @@ pub(crate) fn status_error(
             transport: "peer",
             reason: message.to_owned(),
         },
+        Status::Unauthenticated => TransferError::Unauthenticated {
+            segment,
+            reason: message.to_owned(),
+        },
         Status::Ok | Status::BadRequest | Status::TooLarge => TransferError::Protocol {
             segment,
             reason: format!("peer answered {status:?}: {message}"),

@@ -20,7 +20,7 @@ pub const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"MGTQ");
 /// Response header magic, "MGTR".
 pub const RESPONSE_MAGIC: u32 = u32::from_le_bytes(*b"MGTR");
 /// Protocol version spoken by this build.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Encoded request header size.
 pub const REQUEST_HEADER_LEN: usize = 40;
 /// Encoded response header size.
@@ -91,6 +91,8 @@ pub enum Status {
     Busy = 7,
     /// The node is shutting down.
     ShuttingDown = 8,
+    /// The handshake failed (only ever sent before the connection closes).
+    Unauthenticated = 9,
 }
 
 impl Status {
@@ -105,6 +107,7 @@ impl Status {
             6 => Status::Unsupported,
             7 => Status::Busy,
             8 => Status::ShuttingDown,
+            9 => Status::Unauthenticated,
             _ => return None,
         })
     }

@@ -189,9 +189,7 @@ async fn a_shut_down_peer_is_unreachable() {
 async fn a_target_shutting_down_finishes_the_write_it_is_receiving() {
     let (_meta, target, _initiator, remote) = pair().await;
     let token = target.descriptor().regions[0].token;
-    let mut s = tokio::net::TcpStream::connect(target.local_addr())
-        .await
-        .unwrap();
+    let mut s = authenticated(target.local_addr()).await;
     // Large enough to be read straight into the region as it arrives; never a zero byte.
     let payload: Vec<u8> = (0..512 << 10).map(|i| (i % 251 + 1) as u8).collect();
     let first = 64 << 10;
@@ -237,8 +235,8 @@ async fn a_target_shutting_down_finishes_the_write_it_is_receiving() {
     assert!(remote.to_vec(0, payload.len()).unwrap() == payload);
 }
 
-/// A peer that accepts connections and reads, but never answers.
-async fn stalled_peer(meta: &InMemoryMetadata, name: &str) -> tokio::task::JoinHandle<()> {
+/// A peer that accepts connections and authenticates them, then reads but never answers.
+async fn stalled_peer(meta: &InMemoryMetadata, name: &str) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let desc = SegmentDescriptor::from_json(
@@ -251,16 +249,10 @@ async fn stalled_peer(meta: &InMemoryMetadata, name: &str) -> tokio::task::JoinH
     )
     .unwrap();
     meta.publish(&desc).await.unwrap();
-    tokio::spawn(async move {
-        let mut conns = Vec::new();
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut sink = vec![0u8; 1 << 16];
-            conns.push(tokio::spawn(async move {
-                while s.read(&mut sink).await.map(|n| n > 0).unwrap_or(false) {}
-            }));
-        }
-    })
+    authenticating_listener(listener, |mut s| async move {
+        let mut sink = vec![0u8; 1 << 16];
+        while s.read(&mut sink).await.map(|n| n > 0).unwrap_or(false) {}
+    });
 }
 
 #[tokio::test(start_paused = true)]
@@ -271,7 +263,7 @@ async fn requests_time_out_or_are_cancelled_and_stalled_lanes_die() {
         ..config(false)
     };
     let e = engine_with(meta.clone(), cfg).await;
-    let _peer = stalled_peer(&meta, "stalled").await;
+    stalled_peer(&meta, "stalled").await;
     let local = e.alloc(65536).unwrap();
     let seg = e.open_segment("stalled").await.unwrap();
 
@@ -325,7 +317,7 @@ async fn requests_time_out_or_are_cancelled_and_stalled_lanes_die() {
         ..config(false)
     };
     let e2 = engine_with(meta2.clone(), cfg).await;
-    let _peer2 = stalled_peer(&meta2, "stalled").await;
+    stalled_peer(&meta2, "stalled").await;
     let local2 = e2.alloc(4096).unwrap();
     let seg2: Segment = e2.open_segment("stalled").await.unwrap();
     let started = tokio::time::Instant::now();
@@ -375,7 +367,7 @@ async fn a_peer_speaking_another_protocol_is_a_protocol_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, TransferError::Protocol { reason, .. } if reason.contains("bad magic")),
+        matches!(&err, TransferError::Protocol { reason, .. } if reason.contains("not a Moongate transfer handshake")),
         "{err}"
     );
 }
@@ -446,9 +438,7 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> (ResponseHeader, Vec<u8
 async fn the_target_answers_bad_frames_and_keeps_the_connection() {
     let (_meta, target, initiator, remote) = pair().await;
     let token = target.descriptor().regions[0].token;
-    let mut s = tokio::net::TcpStream::connect(target.local_addr())
-        .await
-        .unwrap();
+    let mut s = authenticated(target.local_addr()).await;
     let w = |id, addr, len, token| RequestHeader {
         op: Opcode::Write,
         request_id: id,

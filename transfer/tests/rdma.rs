@@ -47,7 +47,8 @@ async fn rdma_on_without_a_device_fails_naming_tcp_and_auto_falls_back() {
     assert_eq!(auto.stats().tcp_bytes, 4096);
 }
 
-/// A peer asking this node for an RDMA queue pair while RDMA is off gets a clear refusal.
+/// An authenticated peer asking this node for an RDMA queue pair while RDMA is off gets a
+/// clear refusal.
 #[tokio::test]
 async fn rdma_handshake_to_a_tcp_only_node_is_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,9 +67,7 @@ async fn rdma_handshake_to_a_tcp_only_node_is_refused() {
         },
     }
     .encode();
-    let mut s = tokio::net::TcpStream::connect(target.local_addr())
-        .await
-        .unwrap();
+    let mut s = authenticated(target.local_addr()).await;
     let h = RequestHeader {
         op: Opcode::RdmaConnect,
         request_id: 1,

@@ -87,6 +87,8 @@ impl EngineBuilder {
         let host_id = host_id();
         let regions = LocalRegions::new(engine_id);
         let tcp = Arc::new(TcpClient::new(ClientConfig {
+            secret: secret.clone(),
+            local_name: Arc::from(name.as_str()),
             lanes: config.lanes_per_peer,
             slice_size: config.slice_size as u64,
             max_inflight: config.max_inflight_per_lane,
@@ -133,6 +135,12 @@ impl EngineBuilder {
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
             io_timeout: config.io_timeout,
+            secret: secret.clone(),
+            name: name.clone(),
+            handshakes: Arc::new(tokio::sync::Semaphore::new(
+                crate::tcp::server::MAX_HANDSHAKES,
+            )),
+            handshake_timeout: config.connect_timeout,
         });
         tokio::spawn(accept_loop(listener, ctx));
         metadata.publish(&describe()).await?;

@@ -42,7 +42,7 @@ use crate::registry::{LocalEntry, LocalRegions, RegisteredBuffer};
 use crate::segment::{RegionDescriptor, SegmentDescriptor, ShmRegion};
 use crate::shm::{CopyJob, CopyTarget};
 use crate::tcp::client::{TcpClient, status_error};
-use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status, encode_notify};
+use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status};
 
 use batch::{Batch, BatchState, TransferRequest};
 use config::EngineConfig;
@@ -528,8 +528,7 @@ impl TransferEngine {
     /// memory. `Busy` when the peer's queue is full.
     pub async fn notify(&self, segment: &Segment, message: &[u8]) -> Result<()> {
         self.check_open()?;
-        let payload = encode_notify(&self.inner.name, message);
-        if payload.len() as u64 > MAX_CONTROL_LEN {
+        if message.len() as u64 > MAX_CONTROL_LEN {
             return Err(TransferError::invalid(format!(
                 "notification of {} bytes exceeds the {MAX_CONTROL_LEN}-byte limit",
                 message.len()
@@ -538,6 +537,7 @@ impl TransferEngine {
         if segment.same(&self.inner.local_segment) {
             let n = Notification {
                 from: self.inner.name.clone(),
+                peer_addr: None,
                 message: message.to_vec(),
             };
             return self
@@ -552,7 +552,9 @@ impl TransferEngine {
         let addr = segment.descriptor().tcp_addr()?;
         let peer = self.inner.tcp.peer(addr, segment.name());
         let deadline = Instant::now() + self.inner.config.request_timeout;
-        let (status, answer) = peer.call(Opcode::Notify, payload, deadline).await?;
+        let (status, answer) = peer
+            .call(Opcode::Notify, message.to_vec(), deadline)
+            .await?;
         if status == Status::Ok {
             Ok(())
         } else {

@@ -10,9 +10,12 @@ use tokio::sync::{Mutex, mpsc};
 /// A message from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
-    /// The sender's segment name.
+    /// The sender's segment name, as it authenticated (bound to its proof of the cluster
+    /// secret in the connection's handshake; never taken from the message).
     pub from: String,
-    /// The message bytes (at most 64 KiB minus the sender name).
+    /// The sender's socket address (`None` for a notification this engine sent itself).
+    pub peer_addr: Option<std::net::SocketAddr>,
+    /// The message bytes (at most 64 KiB).
     pub message: Vec<u8>,
 }
 

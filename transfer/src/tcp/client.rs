@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::auth::ClusterSecret;
+use crate::auth::handshake::{self, HandshakeError};
 use crate::engine::batch::{BatchState, Completion, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::tcp::frame::{
@@ -42,6 +44,10 @@ const DIRECT_READ_MIN: u64 = 32 << 10;
 /// Tuning of the TCP initiator (from `EngineConfig`).
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
+    /// The secret this side proves it holds (and checks the target holds).
+    pub(crate) secret: ClusterSecret,
+    /// This engine's segment name, declared in the handshake.
+    pub(crate) local_name: Arc<str>,
     pub(crate) lanes: usize,
     pub(crate) slice_size: u64,
     pub(crate) max_inflight: usize,
@@ -194,7 +200,7 @@ impl Peer {
     }
 
     async fn connect(&self) -> Result<Arc<Lane>> {
-        let stream =
+        let mut stream =
             match tokio::time::timeout(self.cfg.connect_timeout, TcpStream::connect(self.addr))
                 .await
             {
@@ -215,6 +221,17 @@ impl Peer {
                     ));
                 }
             };
+        let _ = stream.set_nodelay(true);
+        if let Err(e) = handshake::initiate(
+            &mut stream,
+            &self.cfg.secret,
+            &self.cfg.local_name,
+            self.cfg.connect_timeout,
+        )
+        .await
+        {
+            return Err(handshake_error(&self.name, self.addr, e));
+        }
         let conn = Conn::new(stream)
             .map_err(|e| TransferError::unreachable(&self.name, format!("socket setup: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -368,6 +385,25 @@ impl TcpClient {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+}
+
+/// What a failed handshake means: a connection problem (retryable) or a peer that is not,
+/// or does not accept us as, a member of this cluster.
+fn handshake_error(segment: &str, addr: SocketAddr, e: HandshakeError) -> TransferError {
+    match e {
+        HandshakeError::TimedOut(_) | HandshakeError::Io(_) => {
+            TransferError::unreachable(segment, format!("handshake with {addr}: {e}"))
+        }
+        HandshakeError::BadMagic(_)
+        | HandshakeError::Malformed(_)
+        | HandshakeError::UnsupportedVersion(_) => {
+            TransferError::protocol(segment, format!("handshake with {addr}: {e}"))
+        }
+        other => TransferError::Unauthenticated {
+            segment: segment.to_owned(),
+            reason: format!("{addr}: {other}"),
+        },
     }
 }
 

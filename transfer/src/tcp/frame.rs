@@ -11,6 +11,10 @@
 //!                      the RDMA handshake reply, or an error message (status != Ok)
 //! ```
 //!
+//! Every connection first runs the handshake of [`crate::auth::handshake`]; frames follow
+//! only once both sides proved they hold the cluster secret. A Notify payload is the
+//! message alone: its sender is the name the peer authenticated with.
+//!
 //! Responses on one connection come in request order. A Write is answered only once its
 //! bytes are in the target's memory; a Read's status comes before its data, so a refused
 //! read carries no data.
@@ -288,30 +292,6 @@ impl ResponseHeader {
     }
 }
 
-/// Encodes a notification payload: sender name (u16 length + UTF-8) then the message.
-pub fn encode_notify(sender: &str, message: &[u8]) -> Vec<u8> {
-    let name = &sender.as_bytes()[..sender.len().min(u16::MAX as usize)];
-    let mut v = Vec::with_capacity(2 + name.len() + message.len());
-    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    v.extend_from_slice(name);
-    v.extend_from_slice(message);
-    v
-}
-
-/// Decodes a notification payload into (sender, message).
-pub fn decode_notify(payload: &[u8]) -> Result<(String, Vec<u8>), FrameError> {
-    if payload.len() < 2 {
-        return Err(FrameError::Truncated(payload.len()));
-    }
-    let n = u16::from_le_bytes([payload[0], payload[1]]) as usize;
-    let rest = &payload[2..];
-    if rest.len() < n {
-        return Err(FrameError::Truncated(payload.len()));
-    }
-    let sender = String::from_utf8_lossy(&rest[..n]).into_owned();
-    Ok((sender, rest[n..].to_vec()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,10 +324,10 @@ mod tests {
             Err(FrameError::Truncated(39))
         );
         let mut bad = b;
-        bad[4] = 2;
+        bad[4] = 1;
         assert_eq!(
             RequestHeader::decode(&bad),
-            Err(FrameError::UnsupportedVersion(2))
+            Err(FrameError::UnsupportedVersion(1))
         );
         let mut bad = b;
         bad[5] = 99;
@@ -419,17 +399,6 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn notify_payload_round_trip() {
-        let p = encode_notify("10.0.0.1:7000", b"pages 0..64 done");
-        assert_eq!(
-            decode_notify(&p).unwrap(),
-            ("10.0.0.1:7000".to_string(), b"pages 0..64 done".to_vec())
-        );
-        assert!(decode_notify(&[5, 0, b'a']).is_err());
-        assert!(decode_notify(&[]).is_err());
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
@@ -437,7 +406,6 @@ mod tests {
         fn decoders_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = RequestHeader::decode(&bytes);
             let _ = ResponseHeader::decode(&bytes);
-            let _ = decode_notify(&bytes);
         }
 
         #[test]

@@ -1,5 +1,7 @@
-//! Target side of the TCP transport: accepts connections and serves the frames of
-//! `tcp::frame`. Every Write and Read is checked against the registered regions and their
+//! Target side of the TCP transport: accepts connections, authenticates each peer with the
+//! handshake of [`crate::auth::handshake`] (nothing else is read or sent before it
+//! succeeded; at most [`MAX_HANDSHAKES`] run at once and each is bounded in time), then
+//! serves the frames of `tcp::frame`. Every Write and Read is checked against the registered regions and their
 //! tokens before any byte of memory is touched; a refused request gets an error frame (its
 //! payload, if any, is drained) and the connection stays usable. A header that does not
 //! decode ends the connection (framing cannot be recovered), never the process.
@@ -14,17 +16,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::ClusterSecret;
+use crate::auth::handshake::{self, PeerIdentity};
 use crate::engine::notify::Notification;
 use crate::memory::MemoryRegion;
 use crate::registry::LocalRegions;
 use crate::tcp::frame::{
     FrameError, MAX_CONTROL_LEN, Opcode, REQUEST_HEADER_LEN, RequestHeader, ResponseHeader, Status,
-    decode_notify,
 };
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
 
@@ -35,11 +39,24 @@ const LARGE_PAYLOAD: u64 = 64 << 10;
 /// Flush coalesced responses once this many bytes or pieces are waiting.
 const FLUSH_BYTES: usize = 256 << 10;
 const FLUSH_PIECES: usize = 512;
+/// Connections authenticating at once at most; more are closed at once (an unauthenticated
+/// peer holds at most a task and a few hundred bytes, for at most the handshake timeout).
+pub(crate) const MAX_HANDSHAKES: usize = 256;
+/// What a refused peer may still send, and for how long, before the socket closes (so it
+/// reads the refusal instead of a reset).
+const LINGER_BYTES: usize = 64 << 10;
+const LINGER: Duration = Duration::from_millis(500);
 
 /// Handles the RDMA handshake control request (present when RDMA is active).
 pub(crate) trait RdmaAcceptor: Send + Sync {
-    /// Answers a handshake payload with the reply payload, or a refusal.
-    fn accept(&self, peer: SocketAddr, payload: &[u8]) -> Result<Vec<u8>, (Status, String)>;
+    /// Answers a handshake payload from the authenticated `peer` (at `addr`) with the reply
+    /// payload, or a refusal.
+    fn accept(
+        &self,
+        peer: &PeerIdentity,
+        addr: SocketAddr,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, (Status, String)>;
 }
 
 /// What the server needs from its engine.
@@ -51,6 +68,14 @@ pub(crate) struct ServerCtx {
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) io_timeout: Duration,
+    /// The secret peers must prove they hold.
+    pub(crate) secret: ClusterSecret,
+    /// This node's segment name (declared in the handshake).
+    pub(crate) name: String,
+    /// Bounds the handshakes in progress ([`MAX_HANDSHAKES`]).
+    pub(crate) handshakes: Arc<Semaphore>,
+    /// Time a peer has to complete the handshake.
+    pub(crate) handshake_timeout: Duration,
 }
 
 /// Accepts until shutdown; every connection runs in its own task on `ctx.tracker`.
@@ -189,8 +214,12 @@ fn describe_refusal(h: &RequestHeader, status: Status) -> String {
     format!("{:?} [{:#x}, +{}]: {what}", h.op, h.remote_addr, h.len)
 }
 
-/// Serves one connection until end of stream, an I/O error, a framing error or shutdown.
-async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ServerCtx>) {
+/// Authenticates the peer, then serves the connection until end of stream, an I/O error, a
+/// framing error or shutdown.
+async fn serve_conn(mut stream: TcpStream, peer: SocketAddr, ctx: Arc<ServerCtx>) {
+    let Some(identity) = authenticate(&mut stream, peer, &ctx).await else {
+        return;
+    };
     let conn = match Conn::new(stream) {
         Ok(c) => c,
         Err(e) => {
@@ -198,12 +227,64 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ServerCtx>) {
             return;
         }
     };
-    if let Err(e) = serve_frames(&conn, peer, &ctx).await {
+    if let Err(e) = serve_frames(&conn, peer, &identity, &ctx).await {
         tracing::debug!(%peer, error = %e, "connection ended");
     }
 }
 
-async fn serve_frames(conn: &Conn, peer: SocketAddr, ctx: &ServerCtx) -> std::io::Result<()> {
+/// Runs the accepting side of the handshake; `None` (connection to be closed) on failure,
+/// after the refusal had a moment to reach the peer.
+async fn authenticate(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+) -> Option<PeerIdentity> {
+    let Ok(_permit) = ctx.handshakes.clone().try_acquire_owned() else {
+        tracing::warn!(%peer, "{MAX_HANDSHAKES} transfer handshakes already in progress; closing");
+        return None;
+    };
+    let _ = stream.set_nodelay(true);
+    let r = tokio::select! {
+        biased;
+        _ = ctx.shutdown.cancelled() => return None,
+        r = handshake::accept(stream, &ctx.secret, &ctx.name, ctx.handshake_timeout) => r,
+    };
+    match r {
+        Ok(id) => {
+            tracing::debug!(%peer, name = %id.name, "transfer peer authenticated");
+            Some(id)
+        }
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "transfer peer refused");
+            linger_close(stream).await;
+            None
+        }
+    }
+}
+
+/// Half-closes and drains what the peer still sends (bounded in bytes and time), so the
+/// refusal already written is read rather than lost to a reset.
+async fn linger_close(stream: &mut TcpStream) {
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut left = LINGER_BYTES;
+    let _ = tokio::time::timeout(LINGER, async {
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve_frames(
+    conn: &Conn,
+    peer: SocketAddr,
+    identity: &PeerIdentity,
+    ctx: &ServerCtx,
+) -> std::io::Result<()> {
     let idle = ctx.io_timeout;
     let mut inbuf = InBuf::new(INBUF_LEN);
     let mut out = Outbox::new();
@@ -299,31 +380,26 @@ async fn serve_frames(conn: &Conn, peer: SocketAddr, ctx: &ServerCtx) -> std::io
             },
             Opcode::Descriptor => out.answer(Status::Ok, h.request_id, &(ctx.describe)()),
             Opcode::Notify => {
-                let payload = read_small(conn, &mut inbuf, h.len as usize, idle).await?;
-                match decode_notify(&payload) {
-                    Ok((from, message)) => match ctx
-                        .notifications
-                        .try_send(Notification { from, message })
-                    {
-                        Ok(()) => out.answer(Status::Ok, h.request_id, &[]),
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            out.refuse(Status::Busy, h.request_id, "notification queue is full")
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            out.refuse(Status::ShuttingDown, h.request_id, "node is shutting down")
-                        }
-                    },
-                    Err(e) => out.refuse(
-                        Status::BadRequest,
-                        h.request_id,
-                        &format!("bad notification: {e}"),
-                    ),
+                let message = read_small(conn, &mut inbuf, h.len as usize, idle).await?;
+                let n = Notification {
+                    from: identity.name.clone(),
+                    peer_addr: Some(peer),
+                    message,
+                };
+                match ctx.notifications.try_send(n) {
+                    Ok(()) => out.answer(Status::Ok, h.request_id, &[]),
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        out.refuse(Status::Busy, h.request_id, "notification queue is full")
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        out.refuse(Status::ShuttingDown, h.request_id, "node is shutting down")
+                    }
                 }
             }
             Opcode::RdmaConnect => {
                 let payload = read_small(conn, &mut inbuf, h.len as usize, idle).await?;
                 match &ctx.rdma {
-                    Some(acceptor) => match acceptor.accept(peer, &payload) {
+                    Some(acceptor) => match acceptor.accept(identity, peer, &payload) {
                         Ok(reply) => out.answer(Status::Ok, h.request_id, &reply),
                         Err((status, msg)) => out.refuse(status, h.request_id, &msg),
                     },

@@ -34,6 +34,51 @@ pub async fn engine_with(metadata: Arc<dyn Metadata>, cfg: EngineConfig) -> Tran
         .expect("engine starts")
 }
 
+/// A raw TCP connection to `addr` that has completed the handshake with the secret the
+/// test engines use (the per-user default), so a test can speak frames by hand.
+pub async fn authenticated(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let secret = transfer::ClusterSecret::resolve(None).unwrap();
+    transfer::auth::handshake::initiate(&mut s, &secret, "raw-test", Duration::from_secs(5))
+        .await
+        .expect("handshake with the test engine");
+    s
+}
+
+/// Accepts on `listener` like a transfer target would, up to the end of the handshake, and
+/// hands each authenticated connection to `then`.
+pub fn authenticating_listener<F, Fut>(listener: tokio::net::TcpListener, then: F)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let secret = transfer::ClusterSecret::resolve(None).unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let secret = secret.clone();
+            let fut = async move {
+                transfer::auth::handshake::accept(
+                    &mut s,
+                    &secret,
+                    "fake-peer",
+                    Duration::from_secs(5),
+                )
+                .await
+                .map(|_| s)
+            };
+            match fut.await {
+                Ok(s) => {
+                    tokio::spawn(then(s));
+                }
+                Err(_) => continue,
+            }
+        }
+    });
+}
+
 /// Deterministic pseudo-random bytes.
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];

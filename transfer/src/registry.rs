@@ -21,12 +21,29 @@ use crate::tcp::frame::Status;
 pub(crate) struct LocalEntry {
     pub(crate) id: u64,
     pub(crate) token: u64,
+    /// The memory (possibly shared with in-flight transfers); outlives `rdma_mrs` (see Drop).
     pub(crate) region: Arc<MemoryRegion>,
     /// Remote keys published for RDMA (empty without RDMA).
     pub(crate) rdma_keys: Vec<RdmaKey>,
     /// Memory-region registrations with each RDMA device (deregistered on drop).
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub(crate) rdma_mrs: Vec<crate::rdma::MrHandle>,
+}
+
+impl Drop for LocalEntry {
+    fn drop(&mut self) {
+        // The NICs' registrations of the memory end before the memory can be unmapped (the
+        // fields would drop `region` first, and it may be the last reference). Deregistering
+        // is a driver call: off the async threads.
+        let mrs = std::mem::take(&mut self.rdma_mrs);
+        if mrs.is_empty() {
+            return;
+        }
+        #[cfg(feature = "rdma")]
+        crate::rdma::device::run_blocking(move || drop(mrs));
+        #[cfg(not(feature = "rdma"))]
+        drop(mrs);
+    }
 }
 
 /// The registration table of one engine.
@@ -158,6 +175,8 @@ impl LocalRegions {
                     fd: l.fd,
                     name: l.name,
                     data_offset: l.data_offset,
+                    dev: l.dev,
+                    ino: l.ino,
                 }),
                 rdma: e.rdma_keys.clone(),
             })

@@ -85,6 +85,12 @@ pub struct ShmRegion {
     pub name: String,
     /// Offset of the data in the memfd (after the control page).
     pub data_offset: u64,
+    /// Device of the memfd (with `ino`, the exact file a mapper accepts).
+    #[serde(default)]
+    pub dev: u64,
+    /// Inode of the memfd (0: unknown, and then the region is never mapped).
+    #[serde(default)]
+    pub ino: u64,
 }
 
 /// An RDMA remote key of a region on one device.
@@ -259,6 +265,8 @@ mod tests {
                         fd: 5,
                         name: "moongate-x".into(),
                         data_offset: 4096,
+                        dev: 0,
+                        ino: 0,
                     }),
                     rdma: vec![],
                 },

@@ -1,12 +1,15 @@
 //! Shared-memory transport for peers on the same host (and the engine's own segment).
 //!
-//! A peer's shared region is a memfd; this side opens it as `/proc/<pid>/fd/<fd>` (after
-//! checking the link names the expected memfd, which guards against pid reuse), maps it,
-//! and copies with `memcpy`. Before and after each copy it checks the region's control page
-//! (same registration id and token, still registered) and, after the copy, that the owner
-//! process still holds its lock on the memfd (it is alive): the same bounds and token
-//! rules as the TCP target applies, and a dead or retired peer is an error, not silent
-//! success. Requests into the engine's own segment are plain copies checked against the
+//! A peer's shared region is a memfd; this side opens it as `/proc/<pid>/fd/<fd>` and maps
+//! it only once it checked that it is exactly the file the descriptor names (the link names
+//! the memfd, guarding against pid reuse; its device and inode match), that it is sealed
+//! against shrinking and growing (`memory::SHM_SEALS`: nobody can truncate it under the
+//! mapping, so a copy never faults past its end), that it is large enough, and that its
+//! control page carries the magic and the region's length. Then it copies with `memcpy`.
+//! Before each copy it checks that the owner process is alive (it still holds its lock on
+//! the memfd) and, before and after, the region's control page (same registration id and
+//! token, still registered): the same bounds and token rules as the TCP target applies,
+//! and a dead or retired peer is an error, not silent success. Requests into the engine's own segment are plain copies checked against the
 //! registration table.
 
 use std::collections::HashMap;
@@ -19,7 +22,10 @@ use parking_lot::Mutex;
 
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{RemoteRange, Result, TransferError};
-use crate::memory::{Mapping, SHM_STATE_REGISTERED, ShmControl, ofd_lock_held};
+use crate::memory::{
+    Access, CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, ShmControl, lock_all,
+    ofd_lock_held, shared_lock,
+};
 use crate::registry::{LocalEntry, LocalRegions};
 use crate::segment::{RegionDescriptor, ShmRegion};
 use crate::tcp::io::SendPtr;
@@ -38,6 +44,9 @@ const CHUNK: usize = 4 << 20;
 /// A peer's shared region mapped into this process.
 pub(crate) struct PeerMapping {
     map: Mapping,
+    /// The owner's CPU lock when the owner is this very process (two engines of one
+    /// process): copies through this mapping then hold it like any in-process copy.
+    owner_lock: Option<Arc<CpuLock>>,
     file: File,
     data_offset: usize,
     region: RegionDescriptor,
@@ -49,6 +58,9 @@ impl PeerMapping {
         let fail = |reason: String| {
             TransferError::unreachable(segment, format!("shared memory: {reason}"))
         };
+        if shm.ino == 0 {
+            return Err(fail("the descriptor names no memfd inode".into()));
+        }
         let path = format!("/proc/{}/fd/{}", shm.pid, shm.fd);
         let link = std::fs::read_link(&path).map_err(|e| fail(format!("{path}: {e}")))?;
         if !link
@@ -65,10 +77,28 @@ impl PeerMapping {
             .write(true)
             .open(&path)
             .map_err(|e| fail(format!("{path}: {e}")))?;
-        let size = file
+        let meta = file
             .metadata()
-            .map_err(|e| fail(format!("fstat {path}: {e}")))?
-            .len();
+            .map_err(|e| fail(format!("fstat {path}: {e}")))?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            if (meta.dev(), meta.ino()) != (shm.dev, shm.ino) {
+                return Err(fail(format!(
+                    "{path} is not the memfd the descriptor names (inode {} instead of {})",
+                    meta.ino(),
+                    shm.ino
+                )));
+            }
+        }
+        // SAFETY: fcntl on our own open descriptor with integer arguments.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SHM_SEALS != SHM_SEALS {
+            return Err(fail(format!(
+                "memfd {} is not sealed against resizing (seals {seals:#x}); refusing to map it",
+                shm.name
+            )));
+        }
+        let size = meta.len();
         let need = shm
             .data_offset
             .checked_add(region.len)
@@ -84,8 +114,9 @@ impl PeerMapping {
             file.as_raw_fd(),
             "mmap(peer memfd)",
         )?;
-        let m = Self {
+        let mut m = Self {
             map,
+            owner_lock: None,
             file,
             data_offset: shm.data_offset as usize,
             region: region.clone(),
@@ -93,7 +124,23 @@ impl PeerMapping {
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
         };
+        let c = m.control();
+        if c.magic.load(Ordering::Acquire) != SHM_MAGIC
+            || c.data_len.load(Ordering::Acquire) != region.len
+        {
+            return Err(fail(format!(
+                "memfd {} is not a region of {} bytes (bad control page)",
+                shm.name, region.len
+            )));
+        }
         m.check(segment, RemoteRange::new(region.addr, region.len))?;
+        m.check_owner(segment)?;
+        if shm.pid == std::process::id() {
+            m.owner_lock = Some(
+                shared_lock(shm.dev, shm.ino)
+                    .ok_or_else(|| fail("the region's owner in this process is gone".into()))?,
+            );
+        }
         Ok(m)
     }
 
@@ -249,34 +296,46 @@ pub(crate) fn local_target(
 }
 
 /// Copies one request, `CHUNK` bytes at a time, yielding between chunks when `yield_between`
-/// (so other tasks of the runtime run and cancellation or the deadline is seen).
-async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Result<()> {
+/// (so other tasks of the runtime run and cancellation or the deadline is seen). Each chunk
+/// is a landing of the request (none once it is decided) and holds the CPU locks of the
+/// bytes it reads and writes in this process.
+async fn run_one(batch: &Arc<BatchState>, job: &CopyJob, yield_between: bool) -> Result<()> {
     let req = &batch.requests[job.idx];
     let seg = req.segment.name();
     let range = req.remote_range();
-    let remote = match &job.target {
+    let (remote, remote_lock, remote_off) = match &job.target {
         CopyTarget::Peer(m) => {
             m.check(seg, range)?;
+            m.check_owner(seg)?;
             m.prefault(req.remote_addr, req.len, req.op == Op::Write);
-            m.ptr_of(req.remote_addr)
+            (
+                m.ptr_of(req.remote_addr),
+                m.owner_lock.as_deref(),
+                (req.remote_addr - m.region.addr) as usize,
+            )
         }
-        CopyTarget::Local(e) => SendPtr(
-            e.region
-                .as_ptr()
-                .wrapping_add((req.remote_addr - e.region.addr()) as usize),
-        ),
+        CopyTarget::Local(e) => {
+            let off = (req.remote_addr - e.region.addr()) as usize;
+            (
+                SendPtr(e.region.as_ptr().wrapping_add(off)),
+                Some(&**e.region.cpu()),
+                off,
+            )
+        }
     };
     let local = SendPtr(req.local_ptr());
-    let (src, dst) = if req.op == Op::Write {
-        (local, remote)
+    let local_lock = &**req.local.region().cpu();
+    let (src, dst, local_access) = if req.op == Op::Write {
+        (local, remote, Access::Read)
     } else {
-        (remote, local)
+        (remote, local, Access::Write)
+    };
+    let remote_access = match local_access {
+        Access::Read => Access::Write,
+        Access::Write => Access::Read,
     };
     let mut done = 0;
     while done < req.len {
-        if !batch.is_live(job.idx) {
-            return Ok(()); // cancelled or expired: its status is already set
-        }
         if tokio::time::Instant::now() >= batch.deadline {
             return Err(TransferError::TimedOut {
                 segment: seg.to_owned(),
@@ -284,18 +343,29 @@ async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Resu
                 timeout: batch.timeout,
             });
         }
+        let Some(landing) = batch.begin_landing(job.idx, None) else {
+            return Ok(()); // cancelled or expired: its status is already set
+        };
         let n = CHUNK.min(req.len - done);
+        let mut parts = vec![(local_lock, req.local_offset + done, n, local_access)];
+        if let Some(l) = remote_lock {
+            parts.push((l, remote_off + done, n, remote_access));
+        }
+        let held = lock_all(&parts);
         let (s, d) = (src.add(done).0, dst.add(done).0);
         if overlapping(s, d, n) {
             // SAFETY: src and dst are inside registered memory validated for req.len bytes
             // (the local range at submit, the remote one against the descriptor and control
-            // page or the registration table), kept alive by the batch and the job; `copy`
-            // tolerates the overlap (a buffer copied into itself on the local segment).
+            // page or the registration table), kept alive by the batch and the job; no other
+            // thread of this process copies them (the stripes are held); `copy` tolerates
+            // the overlap (a buffer copied into itself on the local segment).
             unsafe { std::ptr::copy(s, d, n) };
         } else {
             // SAFETY: as above, and the ranges do not overlap.
             unsafe { crate::memory::copy_nonoverlapping_large(s, d, n) };
         }
+        drop(held);
+        drop(landing);
         done += n;
         if yield_between && done < req.len {
             tokio::task::yield_now().await;
@@ -303,7 +373,6 @@ async fn run_one(batch: &BatchState, job: &CopyJob, yield_between: bool) -> Resu
     }
     if let CopyTarget::Peer(m) = &job.target {
         m.check(seg, range)?;
-        m.check_owner(seg)?;
     }
     Ok(())
 }
@@ -335,4 +404,138 @@ pub(crate) async fn run(batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
             batch.finish(job.idx, r);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::memory::MemoryRegion;
+    use crate::registry::LocalRegions;
+
+    fn registered(len: usize) -> (Arc<LocalRegions>, crate::RegisteredBuffer, RegionDescriptor) {
+        let regions = LocalRegions::new(1);
+        let buf = regions
+            .insert(LocalEntry {
+                id: regions.next_id(),
+                token: 77,
+                region: Arc::new(MemoryRegion::alloc_shared(len).unwrap()),
+                rdma_keys: vec![],
+                rdma_mrs: vec![],
+            })
+            .unwrap();
+        let desc = regions.describe().remove(0);
+        (regions, buf, desc)
+    }
+
+    /// A memfd made by hand (as a hostile same-user process would), sealed or not.
+    fn raw_memfd(len: u64, seal: bool) -> (File, ShmRegion) {
+        let name = format!("moongate-test-{:08x}", rand::random::<u32>());
+        let cname = std::ffi::CString::new(name.clone()).unwrap();
+        // SAFETY: a valid C string; the result is checked.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor nobody else owns.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        file.set_len(len).unwrap();
+        if seal {
+            // SAFETY: fcntl on our own descriptor.
+            let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, SHM_SEALS) };
+            assert_eq!(rc, 0);
+        }
+        let meta = file.metadata().unwrap();
+        let shm = ShmRegion {
+            pid: std::process::id(),
+            fd: file.as_raw_fd(),
+            name,
+            data_offset: 4096,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        (file, shm)
+    }
+
+    #[test]
+    fn a_sealed_region_cannot_be_resized_and_its_mapper_lives_on() {
+        let (_regions, buf, desc) = registered(8192);
+        let shm = desc.shm.clone().unwrap();
+        let m = PeerMapping::open("self", &desc, &shm).unwrap();
+        // Another process of the same user opens the memfd and tries to truncate it.
+        let peer = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", shm.fd))
+            .unwrap();
+        for len in [0, 4096, 1 << 30] {
+            let e = peer.set_len(len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "ftruncate({len})");
+        }
+        // SAFETY: fcntl on our own descriptor.
+        let unseal =
+            unsafe { libc::fcntl(peer.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+        assert_eq!(unseal, -1, "no more seals can be added or removed");
+        // The mapping still works, both ways.
+        let p = m.ptr_of(desc.addr + 100);
+        // SAFETY: inside the mapped region (checked against the descriptor above).
+        unsafe { std::ptr::copy_nonoverlapping(b"sealed".as_ptr(), p.0, 6) };
+        assert_eq!(buf.to_vec(100, 6).unwrap(), b"sealed");
+        m.check("self", RemoteRange::new(desc.addr, 1)).unwrap();
+    }
+
+    #[test]
+    fn the_mapper_refuses_anything_but_the_exact_sealed_region() {
+        let (_regions, _buf, desc) = registered(8192);
+        let shm = desc.shm.clone().unwrap();
+        let err = |shm: &ShmRegion, region: &RegionDescriptor| match PeerMapping::open(
+            "self", region, shm,
+        ) {
+            Ok(_) => panic!("mapped {shm:?}"),
+            Err(e) => e.to_string(),
+        };
+        // Another inode under the same name and fd.
+        let e = err(
+            &ShmRegion {
+                ino: shm.ino + 1,
+                ..shm.clone()
+            },
+            &desc,
+        );
+        assert!(e.contains("not the memfd"), "{e}");
+        let e = err(
+            &ShmRegion {
+                ino: 0,
+                ..shm.clone()
+            },
+            &desc,
+        );
+        assert!(e.contains("no memfd inode"), "{e}");
+        // An unsealed memfd (a peer could shrink it under the mapping: SIGBUS).
+        let (_f, raw) = raw_memfd(8192 + 4096, false);
+        let doctored = RegionDescriptor {
+            shm: Some(raw.clone()),
+            ..desc.clone()
+        };
+        let e = err(&raw, &doctored);
+        assert!(e.contains("not sealed"), "{e}");
+        // Sealed, but not a Moongate region (no magic in its control page).
+        let (_f, raw) = raw_memfd(8192 + 4096, true);
+        let doctored = RegionDescriptor {
+            shm: Some(raw.clone()),
+            ..desc.clone()
+        };
+        let e = err(&raw, &doctored);
+        assert!(e.contains("bad control page"), "{e}");
+        // Sealed and too small for the region the descriptor claims.
+        let (_f, raw) = raw_memfd(4096 + 4096, true);
+        let doctored = RegionDescriptor {
+            shm: Some(raw.clone()),
+            ..desc.clone()
+        };
+        let e = err(&raw, &doctored);
+        assert!(e.contains("needs"), "{e}");
+        // The real one maps.
+        PeerMapping::open("self", &desc, &shm).unwrap();
+    }
 }

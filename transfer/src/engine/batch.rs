@@ -1,13 +1,14 @@
 //! Requests, batches and their completion tracking.
 //!
 //! A batch holds its requests (and so their local buffers and segments) until the last
-//! slice of the last request is done. Each request completes exactly once: the first error
+//! slice of the last request is done. Each request is decided exactly once: the first error
 //! of any of its slices, or success when every slice succeeded, or cancellation, or its
-//! timeout. A slice that is dropped without completing (its connection died, its queue was
+//! timeout; and it is reported (settled) once no transport writes into its local buffer any
+//! more. A slice that is dropped without completing (its connection died, its queue was
 //! closed) fails its request: nothing can wait forever.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -108,13 +109,39 @@ pub enum RequestStatus {
     Failed(TransferError),
 }
 
+/// A way to stop a landing in progress at once (kill the connection or queue pair that is
+/// writing into the local buffer), used when its request times out or is cancelled.
+pub(crate) type Abort = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct SlotState {
+    /// The outcome, once decided (first error, all slices done, cancel or timeout).
+    result: Option<Result<()>>,
+    /// Slices that must still succeed for the request to succeed.
+    slices_left: u32,
+    /// Landings in progress: transports writing into the request's local buffer now.
+    landing: u32,
+    /// Abort handles of the landings in progress.
+    aborts: Vec<Abort>,
+    /// Decided and no landing in progress: final, visible to waiters.
+    settled: bool,
+}
+
 struct Slot {
-    done: AtomicBool,
-    slices_left: AtomicU32,
-    result: Mutex<Option<Result<()>>>,
+    /// `state.result.is_some()`, readable without the lock (slices check it before sending).
+    decided: AtomicBool,
+    state: Mutex<SlotState>,
 }
 
 /// Shared state of a submitted batch.
+///
+/// A request is **settled** once its outcome is decided and no transport is writing into
+/// its local buffer any more: only then do waiters see it. A transport that writes into a
+/// local buffer (a TCP read's data, a shared-memory copy, an RDMA READ) brackets the writes
+/// with [`Completion::begin_landing`], which refuses once the outcome is decided; a timeout
+/// or cancellation aborts the landings in progress (their connection or queue pair is
+/// killed), so waiting for them is short. So a read that timed out never goes on landing
+/// bytes in a buffer its caller took back.
 pub(crate) struct BatchState {
     pub(crate) requests: Vec<TransferRequest>,
     slots: Box<[Slot]>,
@@ -129,9 +156,11 @@ impl BatchState {
         let slots = requests
             .iter()
             .map(|_| Slot {
-                done: AtomicBool::new(false),
-                slices_left: AtomicU32::new(1),
-                result: Mutex::new(None),
+                decided: AtomicBool::new(false),
+                state: Mutex::new(SlotState {
+                    slices_left: 1,
+                    ..SlotState::default()
+                }),
             })
             .collect();
         Arc::new(Self {
@@ -146,22 +175,25 @@ impl BatchState {
 
     /// Sets how many slices request `idx` was cut into (before any is dispatched).
     pub(crate) fn set_slices(&self, idx: usize, n: u32) {
-        self.slots[idx]
-            .slices_left
-            .store(n.max(1), Ordering::Relaxed);
+        self.slots[idx].state.lock().slices_left = n.max(1);
     }
 
-    /// Whether request `idx` is still pending (its slices should still run).
+    /// Whether request `idx` is still undecided (its slices should still run).
     pub(crate) fn is_live(&self, idx: usize) -> bool {
-        !self.slots[idx].done.load(Ordering::Acquire)
+        !self.slots[idx].decided.load(Ordering::Acquire)
     }
 
-    /// Completes request `idx` unless it already completed; returns whether this call did.
+    /// Decides request `idx` unless it already is; returns whether this call did.
     pub(crate) fn finish(&self, idx: usize, r: Result<()>) -> bool {
+        self.decide(idx, r, false)
+    }
+
+    /// Decides `idx` as `r`; with `abort`, also aborts its landings in progress.
+    fn decide(&self, idx: usize, r: Result<()>, abort: bool) -> bool {
         let slot = &self.slots[idx];
-        {
-            let mut res = slot.result.lock();
-            if res.is_some() {
+        let (settle, aborts) = {
+            let mut st = slot.state.lock();
+            if st.result.is_some() {
                 return false;
             }
             if let Err(e) = &r
@@ -169,13 +201,33 @@ impl BatchState {
             {
                 self.requests[idx].segment.mark_stale();
             }
-            *res = Some(r);
-            slot.done.store(true, Ordering::Release);
+            st.result = Some(r);
+            slot.decided.store(true, Ordering::Release);
+            let aborts = if abort { st.aborts.clone() } else { Vec::new() };
+            (self.try_settle(&mut st), aborts)
+        };
+        for a in aborts {
+            a();
         }
+        if settle {
+            self.settled_one();
+        }
+        true
+    }
+
+    /// Marks the slot settled if it is decided and nothing lands; true if this call did.
+    fn try_settle(&self, st: &mut SlotState) -> bool {
+        if st.settled || st.result.is_none() || st.landing > 0 {
+            return false;
+        }
+        st.settled = true;
+        true
+    }
+
+    fn settled_one(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.notify.notify_waiters();
         }
-        true
     }
 
     /// Records one slice's outcome: the first error fails the request, the last success
@@ -186,7 +238,12 @@ impl BatchState {
                 self.finish(idx, Err(e));
             }
             Ok(()) => {
-                if self.slots[idx].slices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let last = {
+                    let mut st = self.slots[idx].state.lock();
+                    st.slices_left = st.slices_left.saturating_sub(1);
+                    st.slices_left == 0
+                };
+                if last {
                     self.finish(idx, Ok(()));
                 }
             }
@@ -202,35 +259,88 @@ impl BatchState {
         }
     }
 
+    /// Starts writing into request `idx`'s local buffer, unless the request is decided
+    /// (then the caller must not write, and should discard what it was about to land).
+    pub(crate) fn begin_landing(
+        self: &Arc<Self>,
+        idx: usize,
+        abort: Option<Abort>,
+    ) -> Option<Landing> {
+        let mut st = self.slots[idx].state.lock();
+        if st.result.is_some() {
+            return None;
+        }
+        st.landing += 1;
+        if let Some(a) = &abort {
+            st.aborts.push(a.clone());
+        }
+        Some(Landing {
+            batch: self.clone(),
+            idx,
+            abort,
+        })
+    }
+
+    fn end_landing(&self, idx: usize, abort: Option<&Abort>) {
+        let settle = {
+            let mut st = self.slots[idx].state.lock();
+            st.landing -= 1;
+            if let Some(a) = abort
+                && let Some(i) = st.aborts.iter().position(|x| Arc::ptr_eq(x, a))
+            {
+                st.aborts.swap_remove(i);
+            }
+            self.try_settle(&mut st)
+        };
+        if settle {
+            self.settled_one();
+        }
+    }
+
+    /// Fails every undecided request with `TimedOut`, aborting their landings.
     fn expire(&self) {
         for (i, req) in self.requests.iter().enumerate() {
             if self.is_live(i) {
-                self.finish(
+                self.decide(
                     i,
                     Err(TransferError::TimedOut {
                         segment: req.segment.name().to_owned(),
                         range: req.remote_range(),
                         timeout: self.timeout,
                     }),
+                    true,
                 );
             }
         }
     }
 
-    fn all_done(&self) -> bool {
+    fn all_settled(&self) -> bool {
         self.remaining.load(Ordering::Acquire) == 0
     }
 
-    async fn wait_done(&self) {
+    async fn wait_settled(&self) {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.all_done() {
+            if self.all_settled() {
                 return;
             }
             notified.await;
         }
+    }
+}
+
+/// A transport writing into a request's local buffer; dropping it ends the landing.
+pub(crate) struct Landing {
+    batch: Arc<BatchState>,
+    idx: usize,
+    abort: Option<Abort>,
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        self.batch.end_landing(self.idx, self.abort.as_ref());
     }
 }
 
@@ -256,6 +366,12 @@ impl Completion {
     /// The batch (keeps the request's buffers alive).
     pub(crate) fn batch(&self) -> Arc<BatchState> {
         self.batch.clone()
+    }
+
+    /// Starts landing this slice's bytes in the local buffer (see
+    /// [`BatchState::begin_landing`]); `None`: the request is decided, discard the bytes.
+    pub(crate) fn begin_landing(&self, abort: Option<Abort>) -> Option<Landing> {
+        self.batch.begin_landing(self.idx, abort)
     }
 
     /// Reports the slice's outcome.
@@ -315,7 +431,9 @@ impl Batch {
         if self.state.is_live(i) && Instant::now() >= self.state.deadline {
             self.state.expire();
         }
-        match &*self.state.slots[i].result.lock() {
+        let st = self.state.slots[i].state.lock();
+        match &st.result {
+            _ if !st.settled => RequestStatus::Pending,
             None => RequestStatus::Pending,
             Some(Ok(())) => RequestStatus::Completed,
             Some(Err(e)) => RequestStatus::Failed(e.clone()),
@@ -324,7 +442,7 @@ impl Batch {
 
     /// Whether every request has completed (successfully or not).
     pub fn is_complete(&self) -> bool {
-        self.state.all_done()
+        self.state.all_settled()
     }
 
     /// Waits until every request completed or the batch deadline passed (pending requests
@@ -335,31 +453,43 @@ impl Batch {
 
     /// Like [`Batch::wait`], but returns every request's outcome, in request order.
     pub async fn wait_all(&self) -> Vec<Result<()>> {
-        if tokio::time::timeout_at(self.state.deadline, self.state.wait_done())
+        if tokio::time::timeout_at(self.state.deadline, self.state.wait_settled())
             .await
             .is_err()
         {
             self.state.expire();
+            // Landings in progress were aborted: they end promptly.
+            self.state.wait_settled().await;
         }
         self.state
             .slots
             .iter()
-            .map(|s| s.result.lock().clone().expect("every request completed"))
+            .map(|s| {
+                s.state
+                    .lock()
+                    .result
+                    .clone()
+                    .expect("every request is settled")
+            })
             .collect()
     }
 
-    /// Cancels every pending request: slices not yet sent are dropped, their requests fail
-    /// with `Cancelled`. Bytes already handed to the network may still land (a cancelled
-    /// write may have reached the peer; a cancelled read's local range is unspecified).
+    /// Cancels every pending request: slices not yet sent are dropped, landings in
+    /// progress are aborted (their connection is closed), and the requests fail with
+    /// `Cancelled` once nothing writes into their local buffers any more ([`Batch::wait`]
+    /// returns then). A cancelled write may still have reached the peer; a cancelled
+    /// read's local range holds unspecified bytes, but nothing lands there after the
+    /// request is reported failed.
     pub fn cancel(&self) {
         for (i, req) in self.state.requests.iter().enumerate() {
             if self.state.is_live(i) {
-                self.state.finish(
+                self.state.decide(
                     i,
                     Err(TransferError::Cancelled {
                         segment: req.segment.name().to_owned(),
                         range: req.remote_range(),
                     }),
+                    true,
                 );
             }
         }

@@ -613,6 +613,8 @@ mod tests {
                 fd: 3,
                 name: "m".into(),
                 data_offset: 4096,
+                dev: 0,
+                ino: 0,
             }),
             rdma: if keys {
                 vec![RdmaKey {

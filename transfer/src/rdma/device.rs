@@ -2,6 +2,12 @@
 //! completion queue, port attributes), registering memory regions, creating reliable-connection
 //! queue pairs and moving them through INIT, RTR and RTS against a peer's endpoint.
 //!
+//! Lifetimes: a [`Device`] (context, protection domain, completion queue) lives in an
+//! `Arc` that every memory region ([`MrHandle`]) and queue pair ([`Qp`]) registered on it
+//! holds, so the context outlives everything created from it, whatever order the engine's
+//! parts are dropped in. These calls go to the kernel driver and can take milliseconds:
+//! callers run them off the async threads (`run_blocking`).
+//!
 //! Not exercised on the machines this was written on (no RDMA in their kernel): compiled
 //! and linted only. See `verbs` for the data path.
 
@@ -53,17 +59,18 @@ pub(crate) struct Device {
 }
 
 // SAFETY: verbs objects are thread safe (libibverbs serialises per object internally); the
-// pointers are owned by this struct and released once, in Drop, after the pollers stopped.
+// pointers are owned by this struct and released once, in Drop, which runs only after every
+// MR, QP and poller (each holding an `Arc<Device>`) is gone.
 unsafe impl Send for Device {}
 // SAFETY: as above.
 unsafe impl Sync for Device {}
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: cq was created by this device and no queue pair uses it any more (they are
-        // destroyed before the transport drops its devices).
+        // SAFETY: cq was created by this device; no queue pair uses it any more (each holds
+        // an Arc of this device) and its poller thread, which holds one too, has stopped.
         unsafe { ffi::ibv_destroy_cq(self.cq) };
-        // SAFETY: every MR and QP of this PD is gone (they hold the transport alive).
+        // SAFETY: every MR and QP of this PD is gone (each holds an Arc of this device).
         unsafe { ffi::ibv_dealloc_pd(self.pd) };
         // SAFETY: the context is closed once, last.
         unsafe { ffi::ibv_close_device(self.ctx) };
@@ -160,11 +167,13 @@ pub(crate) fn open_device(name: &str, gid_index: u8) -> Result<Device> {
     })
 }
 
-/// A memory region registered with one device (deregistered on drop).
+/// A memory region registered with one device (deregistered on drop, before the device
+/// it holds can close).
 pub(crate) struct MrHandle {
     pub(crate) mr: *mut ffi::ibv_mr,
     pub(crate) device: usize,
     pub(crate) lkey: u32,
+    pub(crate) _dev: Arc<Device>,
 }
 
 // SAFETY: the MR pointer is owned here and only released in Drop.
@@ -174,13 +183,14 @@ unsafe impl Sync for MrHandle {}
 
 impl Drop for MrHandle {
     fn drop(&mut self) {
-        // SAFETY: mr came from ibv_reg_mr and is deregistered once. The registration entry
-        // holding it lives as long as any transfer using the memory.
+        // SAFETY: mr came from ibv_reg_mr and is deregistered once, while its device (held
+        // by `_dev`) is open. The registration entry drops its MRs before its memory (see
+        // `registry::LocalEntry`), so the memory is still mapped here.
         unsafe { ffi::ibv_dereg_mr(self.mr) };
     }
 }
 
-/// A reliable-connection queue pair.
+/// A reliable-connection queue pair (destroyed on drop, before the device it holds).
 pub(crate) struct Qp {
     pub(crate) qp: *mut ffi::ibv_qp,
     pub(crate) num: u32,
@@ -188,6 +198,10 @@ pub(crate) struct Qp {
     pub(crate) device: usize,
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) broken: AtomicBool,
+    /// Moves this queue pair to the error state (flushing its work requests), off the
+    /// async threads: how a timed-out RDMA READ is stopped from landing.
+    pub(crate) abort: crate::engine::batch::Abort,
+    pub(crate) _dev: Arc<Device>,
 }
 
 // SAFETY: posting to one QP from several threads is allowed by libibverbs; the pointer is
@@ -198,8 +212,8 @@ unsafe impl Sync for Qp {}
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp, destroyed once; in-flight work requests hold an
-        // Arc to this Qp, so none is outstanding.
+        // SAFETY: created by ibv_create_qp, destroyed once while its device (held by `_dev`)
+        // is open; in-flight work requests hold an Arc to this Qp, so none is outstanding.
         unsafe { ffi::ibv_destroy_qp(self.qp) };
     }
 }
@@ -226,7 +240,40 @@ fn modify(
     }
 }
 
-pub(crate) fn create_qp(dev: &Device, device: usize) -> Result<Qp> {
+/// Runs a slow verbs call on a blocking thread when inside a multi-threaded tokio runtime
+/// (so async worker threads never wait on the driver), else right here.
+pub(crate) fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// Moves `qp` to the error state: every work request still queued completes with a flush
+/// error, and nothing more is read or written through it.
+pub(crate) fn set_error(qp: *mut ffi::ibv_qp) {
+    // SAFETY: plain data.
+    let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+    let _ = modify(
+        qp,
+        &mut attr,
+        ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+        "QP to ERR",
+    );
+}
+
+/// A raw QP pointer moved into the abort closure (used only while the `Qp` lives: the
+/// closure upgrades a `Weak` first).
+struct QpPtr(*mut ffi::ibv_qp);
+// SAFETY: modifying a QP from any thread is allowed by libibverbs.
+unsafe impl Send for QpPtr {}
+// SAFETY: as above.
+unsafe impl Sync for QpPtr {}
+
+pub(crate) fn create_qp(dev: &Arc<Device>, device: usize) -> Result<Arc<Qp>> {
     // SAFETY: plain data; zero is a valid start.
     let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
     init.send_cq = dev.cq;
@@ -246,14 +293,25 @@ pub(crate) fn create_qp(dev: &Device, device: usize) -> Result<Qp> {
     }
     // SAFETY: qp is non-null and live.
     let num = unsafe { (*qp).qp_num };
-    let q = Qp {
-        qp,
-        num,
-        psn: rand::random::<u32>() & 0xff_ffff,
-        device,
-        slots: Arc::new(Semaphore::new(MAX_SEND_WR as usize)),
-        broken: AtomicBool::new(false),
-    };
+    let q = Arc::new_cyclic(|me: &std::sync::Weak<Qp>| {
+        let (me, raw) = (me.clone(), QpPtr(qp));
+        Qp {
+            qp,
+            num,
+            psn: rand::random::<u32>() & 0xff_ffff,
+            device,
+            slots: Arc::new(Semaphore::new(MAX_SEND_WR as usize)),
+            broken: AtomicBool::new(false),
+            abort: Arc::new(move || {
+                if let Some(q) = me.upgrade() {
+                    q.broken.store(true, std::sync::atomic::Ordering::Release);
+                    let raw = &raw;
+                    run_blocking(|| set_error(raw.0));
+                }
+            }),
+            _dev: dev.clone(),
+        }
+    });
     // SAFETY: plain data.
     let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
     attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;

@@ -19,12 +19,13 @@ use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 
-use crate::engine::batch::{BatchState, Completion, Op};
+use crate::auth::PeerIdentity;
+use crate::engine::batch::{BatchState, Completion, Landing, Op};
 use crate::engine::config::EngineConfig;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::MemoryRegion;
 use crate::rdma::device::{
-    Device, Qp, access_flags, connect_qp, create_qp, open_device, verbs_err,
+    Device, Qp, access_flags, connect_qp, create_qp, open_device, run_blocking, verbs_err,
 };
 use crate::rdma::{
     HANDSHAKE_VERSION, QpEndpoint, RdmaHandshake, RdmaPath, gid_to_hex, plan_slices,
@@ -36,7 +37,10 @@ use crate::tcp::server::RdmaAcceptor;
 
 pub(crate) use crate::rdma::device::{MrHandle, device_names};
 
-/// Queue pairs accepted from peers kept at most (the oldest is destroyed beyond this).
+/// Queue pairs accepted from one peer (by its authenticated name) kept at most: the peer's
+/// oldest is destroyed beyond this, never another peer's.
+const MAX_ACCEPTED_PER_PEER: usize = 64;
+/// Queue pairs accepted in all kept at most: a new peer beyond this is refused (busy).
 const MAX_ACCEPTED: usize = 4096;
 
 /// One slice in flight (or waiting to be retried on another path).
@@ -55,6 +59,8 @@ struct SliceJob {
     deadline: Instant,
     qp: Option<Arc<Qp>>,
     permit: Option<OwnedSemaphorePermit>,
+    /// A READ's landing in the local buffer while its work request is posted.
+    landing: Option<Landing>,
 }
 
 impl SliceJob {
@@ -62,6 +68,7 @@ impl SliceJob {
     fn next_path(&mut self) -> bool {
         self.attempts += 1;
         self.path = (self.path + 1) % self.paths.len();
+        self.landing = None;
         self.qp = None;
         self.permit = None;
         self.attempts < self.paths.len()
@@ -105,10 +112,10 @@ type ConnKey = (u64, usize, String);
 
 /// The RDMA transport of one engine.
 pub(crate) struct Transport {
-    devices: Vec<Device>,
+    devices: Vec<Arc<Device>>,
     conns: Mutex<HashMap<ConnKey, Arc<Qp>>>,
     connecting: tokio::sync::Mutex<()>,
-    accepted: Mutex<VecDeque<Arc<Qp>>>,
+    accepted: Mutex<Accepted>,
     pending: Arc<Pending>,
     retry_tx: mpsc::UnboundedSender<SliceJob>,
     running: Arc<AtomicBool>,
@@ -128,10 +135,43 @@ impl Drop for Transport {
     }
 }
 
+/// Queue pairs accepted from peers, by the peer's authenticated name.
+#[derive(Default)]
+struct Accepted {
+    by_peer: HashMap<String, VecDeque<Arc<Qp>>>,
+    total: usize,
+}
+
+impl Accepted {
+    /// Keeps `q` for `peer`: evicts the peer's oldest beyond [`MAX_ACCEPTED_PER_PEER`];
+    /// refuses a peer with nothing kept yet once [`MAX_ACCEPTED`] are kept.
+    fn insert(&mut self, peer: &str, q: Arc<Qp>) -> std::result::Result<(), (Status, String)> {
+        if !self.by_peer.contains_key(peer) && self.total >= MAX_ACCEPTED {
+            return Err((
+                Status::Busy,
+                format!("{MAX_ACCEPTED} RDMA queue pairs already accepted; try later"),
+            ));
+        }
+        let list = self.by_peer.entry(peer.to_owned()).or_default();
+        list.push_back(q);
+        self.total += 1;
+        while list.len() > MAX_ACCEPTED_PER_PEER {
+            list.pop_front();
+            self.total -= 1;
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.by_peer.clear();
+        self.total = 0;
+    }
+}
+
 /// A completion-queue pointer handed to a poller thread.
-struct CqPtr(*mut ffi::ibv_cq);
-// SAFETY: polling a CQ from one dedicated thread is allowed; the transport joins the thread
-// before destroying the CQ.
+struct CqPtr(*mut ffi::ibv_cq, #[allow(dead_code)] Arc<Device>);
+// SAFETY: polling a CQ from one dedicated thread is allowed; the device (and so the CQ) is
+// kept open by the Arc this value holds until the thread ends.
 unsafe impl Send for CqPtr {}
 
 impl Transport {
@@ -139,14 +179,14 @@ impl Transport {
     pub(crate) fn open(devices: &[String], config: &EngineConfig) -> Result<Arc<Self>> {
         let opened = devices
             .iter()
-            .map(|d| open_device(d, config.rdma_gid_index))
+            .map(|d| open_device(d, config.rdma_gid_index).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         let (retry_tx, retry_rx) = mpsc::unbounded_channel();
         let t = Arc::new(Self {
             devices: opened,
             conns: Mutex::new(HashMap::new()),
             connecting: tokio::sync::Mutex::new(()),
-            accepted: Mutex::new(VecDeque::new()),
+            accepted: Mutex::new(Accepted::default()),
             pending: Arc::new(Pending::default()),
             retry_tx,
             running: Arc::new(AtomicBool::new(true)),
@@ -156,7 +196,7 @@ impl Transport {
         });
         for dev in &t.devices {
             let (cq, pending, running, retry) = (
-                CqPtr(dev.cq),
+                CqPtr(dev.cq, dev.clone()),
                 t.pending.clone(),
                 t.running.clone(),
                 t.retry_tx.clone(),
@@ -186,21 +226,22 @@ impl Transport {
             .collect()
     }
 
-    /// Registers `region` with every device: remote keys for the descriptor, local handles.
+    /// Registers `region` with every device: remote keys for the descriptor, local handles
+    /// (the driver pins the pages: off the async threads).
     pub(crate) fn register(&self, region: &MemoryRegion) -> Result<(Vec<RdmaKey>, Vec<MrHandle>)> {
         let mut keys = Vec::new();
         let mut mrs = Vec::new();
         for (i, dev) in self.devices.iter().enumerate() {
             // SAFETY: the region is valid for its length while the MR lives (the MR is held by
-            // the registration entry, which holds the region).
-            let mr = unsafe {
+            // the registration entry, which drops it before the region).
+            let mr = run_blocking(|| unsafe {
                 ffi::ibv_reg_mr(
                     dev.pd,
                     region.as_ptr().cast(),
                     region.len(),
                     access_flags() as i32,
                 )
-            };
+            });
             if mr.is_null() {
                 return Err(verbs_err("ibv_reg_mr", std::io::Error::last_os_error()));
             }
@@ -211,6 +252,7 @@ impl Transport {
                 mr,
                 device: i,
                 lkey,
+                _dev: dev.clone(),
             });
             keys.push(RdmaKey {
                 device: dev.name.clone(),
@@ -274,6 +316,7 @@ impl Transport {
                 deadline: batch.deadline,
                 qp: None,
                 permit: None,
+                landing: None,
             };
             self.post(job).await;
         }
@@ -298,7 +341,7 @@ impl Transport {
             return Ok(q.clone());
         }
         let dev = &self.devices[path.local];
-        let q = create_qp(dev, path.local)?;
+        let q = run_blocking(|| create_qp(dev, path.local))?;
         let hello = RdmaHandshake {
             version: HANDSHAKE_VERSION,
             target_device: path.remote.clone(),
@@ -322,8 +365,7 @@ impl Transport {
         }
         let answer =
             RdmaHandshake::decode(&reply).map_err(|e| TransferError::protocol("rdma peer", e))?;
-        connect_qp(&q, dev, &answer.endpoint)?;
-        let q = Arc::new(q);
+        run_blocking(|| connect_qp(&q, dev, &answer.endpoint))?;
         self.conns.lock().insert(key, q.clone());
         Ok(q)
     }
@@ -357,6 +399,14 @@ impl Transport {
                     Ok(Ok(p)) => p,
                     _ => return, // deadline passed: the batch reports TimedOut
                 };
+            if job.op == Op::Read {
+                // The NIC writes the local buffer until the work request completes; a timeout
+                // or cancel meanwhile flushes the queue pair.
+                match job.completion.begin_landing(Some(qp.abort.clone())) {
+                    Some(l) => job.landing = Some(l),
+                    None => return,
+                }
+            }
             let (op, local, remote, len, rkey) =
                 (job.op, job.local, job.remote, job.len, path.rkey);
             job.qp = Some(qp.clone());
@@ -467,6 +517,7 @@ fn poll_loop(
             };
             match wc.error() {
                 None => {
+                    job.landing = None;
                     job.qp = None;
                     job.permit = None;
                     job.completion.complete(Ok(()));
@@ -481,6 +532,7 @@ fn poll_loop(
                                 .complete(Err(verbs_err("RDMA retry", "transport stopped")));
                         }
                     } else {
+                        job.landing = None;
                         let seg = job.completion.request().segment.name().to_owned();
                         let e = TransferError::unreachable(
                             &seg,
@@ -502,12 +554,14 @@ async fn retry_loop(transport: Weak<Transport>, mut rx: mpsc::UnboundedReceiver<
     }
 }
 
-/// Target side of the handshake: a queue pair per initiator queue pair.
+/// Target side of the handshake: a queue pair per initiator queue pair. The TCP server runs
+/// it on a blocking thread (it creates and connects a queue pair: driver calls).
 struct Acceptor(Arc<Transport>);
 
 impl RdmaAcceptor for Acceptor {
     fn accept(
         &self,
+        identity: &PeerIdentity,
         peer: SocketAddr,
         payload: &[u8],
     ) -> std::result::Result<Vec<u8>, (Status, String)> {
@@ -521,18 +575,15 @@ impl RdmaAcceptor for Acceptor {
         };
         let dev = &t.devices[idx];
         let q = create_qp(dev, idx).map_err(|e| (Status::Unsupported, e.to_string()))?;
+        // (Runs on a blocking thread: the TCP server hands handshakes to spawn_blocking.)
         connect_qp(&q, dev, &hello.endpoint).map_err(|e| (Status::Unsupported, e.to_string()))?;
         let reply = RdmaHandshake {
             version: HANDSHAKE_VERSION,
             target_device: hello.endpoint.device.clone(),
             endpoint: t.endpoint_of(&q),
         };
-        tracing::debug!(%peer, device = %dev.name, qp = q.num, "accepted RDMA queue pair");
-        let mut accepted = t.accepted.lock();
-        accepted.push_back(Arc::new(q));
-        while accepted.len() > MAX_ACCEPTED {
-            accepted.pop_front();
-        }
+        tracing::debug!(%peer, name = %identity.name, device = %dev.name, qp = q.num, "accepted RDMA queue pair");
+        t.accepted.lock().insert(&identity.name, q)?;
         Ok(reply.encode())
     }
 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::auth::ClusterSecret;
 use crate::auth::handshake::{self, HandshakeError};
-use crate::engine::batch::{BatchState, Completion, Op};
+use crate::engine::batch::{Abort, BatchState, Completion, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::tcp::frame::{
     MAX_CONTROL_LEN, MAX_DESCRIPTOR_LEN, Opcode, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
@@ -561,6 +561,17 @@ impl KeepAlive {
 /// Reader task: matches responses to pending frames in order and completes them.
 async fn read_loop(lane: Arc<Lane>) {
     let mut inbuf = InBuf::new(INBUF_LEN);
+    let abort: Abort = {
+        let lane = Arc::downgrade(&lane);
+        Arc::new(move || {
+            if let Some(l) = lane.upgrade() {
+                l.kill(TransferError::unreachable(
+                    &l.peer,
+                    "a read timed out or was cancelled while its data was arriving",
+                ));
+            }
+        })
+    };
     let err = loop {
         if let Err(e) = fill_header(&lane, &mut inbuf).await {
             break e;
@@ -586,7 +597,7 @@ async fn read_loop(lane: Arc<Lane>) {
                 ),
             );
         }
-        if let Err(e) = handle_response(&lane, &mut inbuf, h, item).await {
+        if let Err(e) = handle_response(&lane, &mut inbuf, h, item, &abort).await {
             break e;
         }
     };
@@ -649,6 +660,7 @@ async fn handle_response(
     inbuf: &mut InBuf,
     h: ResponseHeader,
     item: Item,
+    abort: &Abort,
 ) -> Result<(), TransferError> {
     let io = |e: std::io::Error| TransferError::unreachable(&lane.peer, format!("receive: {e}"));
     match item {
@@ -674,18 +686,32 @@ async fn handle_response(
                 return Err(e);
             }
             if s.op == Op::Read {
-                // Data of a request that is no longer wanted is drained, not delivered.
-                let dst = if s.completion.is_live() {
-                    s.local
+                // Data of a request that is no longer wanted is drained, not delivered; while
+                // it lands, a timeout or cancel of the request kills this lane.
+                let landing = s.completion.begin_landing(Some(abort.clone()));
+                let region = s.completion.request().local.region();
+                let (dst, dest) = if landing.is_some() {
+                    let off = s.local.0 as usize - region.as_ptr() as usize;
+                    (s.local, Some((&**region.cpu(), off)))
                 } else {
-                    SendPtr::NULL
+                    (SendPtr::NULL, None)
                 };
                 // SAFETY: `dst` points into the request's registered local buffer (bounds
-                // checked at submit, len bytes), kept alive by the batch the completion holds.
+                // checked at submit, len bytes) at offset `off` of `region`, kept alive by the
+                // batch the completion holds.
                 unsafe {
-                    read_payload(&lane.conn, inbuf, dst, s.len as usize, lane.io_timeout).await
+                    read_payload(
+                        &lane.conn,
+                        inbuf,
+                        dst,
+                        s.len as usize,
+                        lane.io_timeout,
+                        dest,
+                    )
+                    .await
                 }
                 .map_err(io)?;
+                drop(landing);
             }
             s.completion.complete(Ok(()));
         }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use crate::memory::{Access, CpuLock};
+
 /// Largest iovec count handed to one `sendmsg` (Linux `IOV_MAX`).
 pub(crate) const MAX_IOV: usize = 1024;
 
@@ -287,21 +289,32 @@ impl InBuf {
     }
 }
 
+/// Where a payload lands in registered memory: the region's CPU lock and the offset of the
+/// destination in it. The buffered head of the payload is copied by this thread, under the
+/// lock (see `memory`); the rest is written by the kernel (`recv`).
+pub(crate) type Dest<'a> = Option<(&'a CpuLock, usize)>;
+
 /// Reads `len` payload bytes, taking the buffered part from `inbuf` and receiving the rest
 /// straight into `dst` (or discarding everything if `dst` is null).
 ///
 /// # Safety
 /// A non-null `dst` must be valid for `len` bytes of writes until the future completes or is
-/// dropped.
+/// dropped, and `dest`, when given, must be the lock of the region `dst` points into, with
+/// `dst`'s offset in it.
 pub(crate) async unsafe fn read_payload(
     conn: &Conn,
     inbuf: &mut InBuf,
     dst: SendPtr,
     len: usize,
     idle: Duration,
+    dest: Dest<'_>,
 ) -> io::Result<()> {
-    // SAFETY: forwarded caller contract.
-    let took = unsafe { inbuf.take_into(dst, len) };
+    let took = {
+        let head = len.min(inbuf.available());
+        let _held = dest.map(|(lock, off)| lock.lock(off, head, Access::Write));
+        // SAFETY: forwarded caller contract; the stripes written are held exclusively.
+        unsafe { inbuf.take_into(dst, len) }
+    };
     let rest = len - took;
     if rest == 0 {
         return Ok(());
@@ -333,6 +346,6 @@ pub(crate) async fn read_small(
 ) -> io::Result<Vec<u8>> {
     let mut v = vec![0u8; len];
     // SAFETY: v is a private buffer of len bytes that outlives the call.
-    unsafe { read_payload(conn, inbuf, SendPtr(v.as_mut_ptr()), len, idle).await? };
+    unsafe { read_payload(conn, inbuf, SendPtr(v.as_mut_ptr()), len, idle, None).await? };
     Ok(v)
 }

@@ -342,8 +342,9 @@ async fn serve_frames(
         match h.op {
             Opcode::Write => match ctx.regions.lookup(h.remote_addr, h.len, h.token) {
                 Ok(region) => {
+                    let off = (h.remote_addr - region.addr()) as usize;
                     // SAFETY: lookup proved [remote_addr, +len) lies inside `region`, which
-                    // this frame keeps alive until the payload is in.
+                    // this frame keeps alive until the payload is in; `off` is its offset.
                     unsafe {
                         read_payload(
                             conn,
@@ -351,6 +352,7 @@ async fn serve_frames(
                             SendPtr(h.remote_addr as *mut u8),
                             h.len as usize,
                             idle,
+                            Some((region.cpu(), off)),
                         )
                         .await?
                     };
@@ -360,7 +362,8 @@ async fn serve_frames(
                 Err(status) => {
                     // SAFETY: a null destination only drains the payload.
                     unsafe {
-                        read_payload(conn, &mut inbuf, SendPtr::NULL, h.len as usize, idle).await?
+                        read_payload(conn, &mut inbuf, SendPtr::NULL, h.len as usize, idle, None)
+                            .await?
                     };
                     tracing::warn!(%peer, status = ?status, "{}", describe_refusal(&h, status));
                     out.refuse(status, h.request_id, &describe_refusal(&h, status));
@@ -399,10 +402,20 @@ async fn serve_frames(
             Opcode::RdmaConnect => {
                 let payload = read_small(conn, &mut inbuf, h.len as usize, idle).await?;
                 match &ctx.rdma {
-                    Some(acceptor) => match acceptor.accept(identity, peer, &payload) {
-                        Ok(reply) => out.answer(Status::Ok, h.request_id, &reply),
-                        Err((status, msg)) => out.refuse(status, h.request_id, &msg),
-                    },
+                    Some(acceptor) => {
+                        // Creating and connecting a queue pair are driver calls: off the
+                        // async threads.
+                        let (a, id) = (acceptor.clone(), identity.clone());
+                        let r = tokio::task::spawn_blocking(move || a.accept(&id, peer, &payload))
+                            .await
+                            .unwrap_or_else(|e| {
+                                Err((Status::Unsupported, format!("RDMA handshake failed: {e}")))
+                            });
+                        match r {
+                            Ok(reply) => out.answer(Status::Ok, h.request_id, &reply),
+                            Err((status, msg)) => out.refuse(status, h.request_id, &msg),
+                        }
+                    }
                     None => out.refuse(
                         Status::Unsupported,
                         h.request_id,

@@ -2,52 +2,48 @@
 //! shared-memory buffers (a `memfd` a same-host peer can map), hugepage buffers, memory the
 //! caller owns (moved in, or lent through an `unsafe` contract).
 //!
-//! A [`MemoryRegion`] is only ever touched through raw pointers by the engine (the kernel
-//! copies into it with `recv`, out of it with `writev`; a peer maps it), never through Rust
-//! references, so concurrent transfers into one region are byte-level races at worst, as
-//! with DMA, never undefined behaviour in this crate. Callers read and write it with the
-//! bounds-checked copies [`MemoryRegion::write_at`] / [`MemoryRegion::read_at`], or borrow it
-//! as a slice under the documented `unsafe` contract.
+//! A [`MemoryRegion`] is never touched through Rust references by the engine: the kernel
+//! copies into it with `recv` and out of it with `sendmsg`, a NIC or a peer process writes it
+//! directly (outside the Rust memory model, as DMA is: racing with them yields bytes of
+//! unspecified value, never undefined behaviour), and every copy made by a thread of this
+//! process, the callers' safe [`MemoryRegion::write_at`] / [`MemoryRegion::read_at`] /
+//! [`MemoryRegion::to_vec`] included, holds the region's striped CPU access lock (`cpu`) over
+//! the bytes it touches. So **the safe methods cannot cause a data race between Rust
+//! threads**: this is the contract (it used to be only "byte-level races at worst", which
+//! two threads copying at once did not meet). Borrowing the region as a slice stays
+//! `unsafe`, under its documented contract. A same-host peer region that happens to live in
+//! this process is copied under its owner's lock too (`shared_lock`).
 //!
 //! Lifetime: regions are held in `Arc`s. The engine's registration table, every in-flight
 //! request using the region (as its local side) and every request being served into it (as
 //! its remote side) hold a clone, so memory is released only when the last one finishes.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
+
+use parking_lot::Mutex;
 
 use crate::error::{Result, TransferError};
 
+mod cpu;
+mod raw;
+
+pub(crate) use cpu::{Access, CpuLock, lock_all};
+pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};
+pub use raw::{huge_page_size, page_size};
+
 /// Size of the control page in front of every shared-memory region.
 pub(crate) const SHM_CONTROL_LEN: usize = 4096;
-const SHM_MAGIC: u64 = 0x4d47_5348_4d31_0001; // "MGSHM1" + layout version
+pub(crate) const SHM_MAGIC: u64 = 0x4d47_5348_4d31_0001; // "MGSHM1" + layout version
 /// Control-page state: the region is registered and may be written by peers.
 pub(crate) const SHM_STATE_REGISTERED: u64 = 1;
 /// Control-page state: the region was unregistered; peers must not use it.
 pub(crate) const SHM_STATE_RETIRED: u64 = 2;
-
-/// The system page size.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 { n as usize } else { 4096 }
-}
-
-/// Default huge page size from `/proc/meminfo` (2 MiB when it cannot be read).
-pub fn huge_page_size() -> usize {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Hugepagesize:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(2 << 20)
-}
 
 fn round_up(len: usize, to: usize) -> Result<usize> {
     len.checked_next_multiple_of(to)
@@ -65,59 +61,6 @@ pub struct AllocOptions {
     pub huge_pages: bool,
     /// Fault every page in now (`MAP_POPULATE`) instead of on first touch.
     pub populate: bool,
-}
-
-/// An owned `mmap` (unmapped on drop).
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: a Mapping is an address range plus its length; it is unmapped exactly once, in
-// Drop, and all access to the bytes goes through raw pointers (see the module doc).
-unsafe impl Send for Mapping {}
-// SAFETY: as above; `&Mapping` only exposes the address and length.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// `mmap(NULL, len, RW, flags, fd, 0)`.
-    pub(crate) fn map(len: usize, flags: libc::c_int, fd: libc::c_int, what: &str) -> Result<Self> {
-        // SAFETY: a fresh mapping at a kernel-chosen address aliases no Rust object; the
-        // arguments are plain integers and the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(TransferError::memory(
-                what,
-                &std::io::Error::last_os_error(),
-            ));
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| TransferError::Memory {
-            reason: format!("{what}: mmap returned null"),
-        })?;
-        Ok(Self { base, len })
-    }
-
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: base/len came from a successful mmap and are unmapped only here; every user
-        // of the bytes holds (through an Arc) the owner of this Mapping.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-    }
 }
 
 /// The control page at the start of a shared-memory region: lets a peer that mapped the
@@ -153,13 +96,31 @@ pub struct ShmLocation {
     pub name: String,
     /// Bytes before the data (the control page).
     pub data_offset: u64,
+    /// Device and inode of the memfd: the peer maps only this exact file.
+    pub dev: u64,
+    /// See `dev`.
+    pub ino: u64,
+}
+
+/// The seals every published memfd carries, and every mapper requires: nobody can shrink
+/// or grow it (so no mapper can be made to fault on a page past its end: no SIGBUS), and
+/// the seals themselves cannot be changed.
+pub(crate) const SHM_SEALS: libc::c_int =
+    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// The memfd behind a shared region.
+struct SharedFile {
+    fd: OwnedFd,
+    name: String,
+    dev: u64,
+    ino: u64,
 }
 
 enum Backing {
     /// Anonymous or memfd mapping owned by the region.
     Mapped {
         map: Mapping,
-        shm: Option<(OwnedFd, String)>,
+        shm: Option<SharedFile>,
     },
     /// Memory owned by a caller-supplied container, dropped with the region.
     Owned(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
@@ -176,7 +137,34 @@ enum Backing {
 pub struct MemoryRegion {
     ptr: NonNull<u8>,
     len: usize,
+    cpu: Arc<CpuLock>,
     backing: Backing,
+}
+
+/// CPU locks of the shared regions alive in this process, by memfd (device, inode): a
+/// mapping of a same-host peer that turns out to be in this process copies under them.
+static SHARED_LOCKS: LazyLock<Mutex<SharedLocks>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// CPU locks by memfd (device, inode).
+type SharedLocks = HashMap<(u64, u64), Weak<CpuLock>>;
+
+/// The CPU lock of the shared region of this process backed by memfd `(dev, ino)`.
+pub(crate) fn shared_lock(dev: u64, ino: u64) -> Option<Arc<CpuLock>> {
+    SHARED_LOCKS.lock().get(&(dev, ino)).and_then(Weak::upgrade)
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        if let Backing::Mapped { shm: Some(f), .. } = &self.backing {
+            let mut locks = SHARED_LOCKS.lock();
+            if locks
+                .get(&(f.dev, f.ino))
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.cpu)))
+            {
+                locks.remove(&(f.dev, f.ino));
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -258,6 +246,7 @@ impl MemoryRegion {
             return Ok(Self {
                 ptr,
                 len,
+                cpu: Arc::new(CpuLock::new(len)),
                 backing: Backing::Mapped { map, shm: None },
             });
         }
@@ -273,7 +262,7 @@ impl MemoryRegion {
         })?;
         let name = format!("moongate-{:016x}", rand::random::<u64>());
         let cname = std::ffi::CString::new(name.clone()).expect("no interior NUL");
-        let mut mfd_flags = libc::MFD_CLOEXEC;
+        let mut mfd_flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if opts.huge_pages {
             mfd_flags |= libc::MFD_HUGETLB;
         }
@@ -290,6 +279,21 @@ impl MemoryRegion {
         let file = File::from(fd);
         file.set_len(total as u64)
             .map_err(|e| TransferError::memory("ftruncate(memfd)", &e))?;
+        // Sealed before anyone can learn of it: its size is fixed for good.
+        // SAFETY: fcntl on our own open descriptor with integer arguments.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, SHM_SEALS) } < 0 {
+            return Err(TransferError::memory(
+                "fcntl(F_ADD_SEALS)",
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        let meta = file
+            .metadata()
+            .map_err(|e| TransferError::memory("fstat(memfd)", &e))?;
+        let (dev, ino) = (
+            std::os::unix::fs::MetadataExt::dev(&meta),
+            std::os::unix::fs::MetadataExt::ino(&meta),
+        );
         let fd = OwnedFd::from(file);
         let map = Mapping::map(
             total,
@@ -306,12 +310,15 @@ impl MemoryRegion {
         ctl.data_len.store(len as u64, Ordering::Release);
         // SAFETY: control < total, so the data pointer stays inside the mapping.
         let data = unsafe { map.ptr().add(control) };
+        let cpu = Arc::new(CpuLock::new(len));
+        SHARED_LOCKS.lock().insert((dev, ino), Arc::downgrade(&cpu));
         Ok(Self {
             ptr: NonNull::new(data).expect("inside a non-null mapping"),
             len,
+            cpu,
             backing: Backing::Mapped {
                 map,
-                shm: Some((fd, name)),
+                shm: Some(SharedFile { fd, name, dev, ino }),
             },
         })
     }
@@ -336,6 +343,7 @@ impl MemoryRegion {
         Ok(Self {
             ptr,
             len,
+            cpu: Arc::new(CpuLock::new(len)),
             backing: Backing::Owned(boxed),
         })
     }
@@ -363,6 +371,7 @@ impl MemoryRegion {
         Ok(Self {
             ptr,
             len,
+            cpu: Arc::new(CpuLock::new(len)),
             backing: Backing::Lent(Box::new(keep_alive)),
         })
     }
@@ -396,17 +405,21 @@ impl MemoryRegion {
     /// Where a same-host peer finds this region, if it is shared.
     pub fn shm_location(&self) -> Option<ShmLocation> {
         match &self.backing {
-            Backing::Mapped {
-                map,
-                shm: Some((fd, name)),
-            } => Some(ShmLocation {
+            Backing::Mapped { map, shm: Some(f) } => Some(ShmLocation {
                 pid: std::process::id(),
-                fd: fd.as_raw_fd(),
-                name: name.clone(),
+                fd: f.fd.as_raw_fd(),
+                name: f.name.clone(),
                 data_offset: self.addr() - map.ptr() as u64,
+                dev: f.dev,
+                ino: f.ino,
             }),
             _ => None,
         }
+    }
+
+    /// The CPU access lock every in-process copy into or out of the region holds.
+    pub(crate) fn cpu(&self) -> &Arc<CpuLock> {
+        &self.cpu
     }
 
     /// The control page of a shared region.
@@ -431,8 +444,10 @@ impl MemoryRegion {
     /// Copies `src` into the region at `offset`.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
+        let _held = self.cpu.lock(offset, src.len(), Access::Write);
         // SAFETY: bounds checked above; `src` is a distinct Rust allocation so the ranges
-        // cannot overlap; the region's bytes are valid for writes while self lives.
+        // cannot overlap; the region's bytes are valid for writes while self lives, and no
+        // other thread of this process copies them while the stripes are held exclusively.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 src.as_ptr(),
@@ -446,7 +461,9 @@ impl MemoryRegion {
     /// Copies `dst.len()` bytes from the region at `offset` into `dst`.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
-        // SAFETY: bounds checked above; `dst` is a distinct exclusive Rust borrow.
+        let _held = self.cpu.lock(offset, dst.len(), Access::Read);
+        // SAFETY: bounds checked above; `dst` is a distinct exclusive Rust borrow; no thread
+        // of this process writes these bytes while the stripes are held shared.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.as_ptr().wrapping_add(offset),
@@ -461,9 +478,11 @@ impl MemoryRegion {
     /// first).
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         self.check(offset, len)?;
+        let _held = self.cpu.lock(offset, len, Access::Read);
         let mut v = Vec::with_capacity(len);
-        // SAFETY: bounds checked above, so the source holds `len` readable bytes; the vector
-        // has capacity `len` and is a distinct allocation, so the ranges cannot overlap.
+        // SAFETY: bounds checked above, so the source holds `len` readable bytes (not written
+        // by a thread of this process while the stripes are held shared); the vector has
+        // capacity `len` and is a distinct allocation, so the ranges cannot overlap.
         unsafe {
             std::ptr::copy_nonoverlapping(self.as_ptr().wrapping_add(offset), v.as_mut_ptr(), len)
         };
@@ -492,110 +511,6 @@ impl MemoryRegion {
         // SAFETY: valid for len bytes while self lives; the caller guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
     }
-}
-
-/// Copies of at least this many bytes use non-temporal stores.
-pub(crate) const STREAM_COPY_MIN: usize = 1 << 20;
-
-/// Copies `len` bytes from `src` to `dst`, which must not overlap. Large copies on x86-64
-/// write with non-temporal (streaming) stores: the destination is not read first and not
-/// left in this core's cache (the bytes are for another process, or too many to stay
-/// cached anyway), which is what makes a big copy into cold memory fast.
-///
-/// # Safety
-/// `src` must be valid for `len` bytes of reads, `dst` for `len` bytes of writes, and the
-/// ranges must not overlap.
-pub(crate) unsafe fn copy_nonoverlapping_large(src: *const u8, dst: *mut u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if len >= STREAM_COPY_MIN {
-        // SAFETY: forwarded caller contract.
-        unsafe { stream_copy(src, dst, len) };
-        return;
-    }
-    // SAFETY: forwarded caller contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    // Head: bring dst to a 16-byte boundary with an ordinary copy.
-    let head = dst.align_offset(16).min(len);
-    // SAFETY: head <= len; caller contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-    let mut off = head;
-    while off + 64 <= len {
-        for k in 0..4 {
-            let at = off + 16 * k;
-            let s = src.wrapping_add(at) as *const __m128i;
-            let d = dst.wrapping_add(at) as *mut __m128i;
-            // SAFETY: at + 16 <= len, so the unaligned 16-byte load stays inside src.
-            let v = unsafe { _mm_loadu_si128(s) };
-            // SAFETY: d is 16-byte aligned (dst + head is, and `at - head` is a multiple of
-            // 16) and its 16 bytes are inside dst; SSE2 is part of the x86-64 baseline.
-            unsafe { _mm_stream_si128(d, v) };
-        }
-        off += 64;
-    }
-    // SAFETY: the tail lies inside both ranges.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.wrapping_add(off), dst.wrapping_add(off), len - off)
-    };
-    // Streaming stores are weakly ordered: fence so later stores (and the caller's release of
-    // the completion) are ordered after them.
-    // SAFETY: sfence has no preconditions.
-    unsafe { _mm_sfence() };
-}
-
-/// Faults every page of a fresh private mapping in (`MADV_POPULATE_WRITE`, or by touching
-/// one byte per page where the kernel lacks it).
-fn populate(map: &Mapping, len: usize) {
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
-    // SAFETY: advising on our own mapping of `len` bytes.
-    if unsafe { libc::madvise(map.ptr().cast(), len, MADV_POPULATE_WRITE) } == 0 {
-        return;
-    }
-    let page = page_size();
-    for off in (0..len).step_by(page) {
-        // SAFETY: off < len, inside our fresh private mapping that nothing else uses yet.
-        unsafe { map.ptr().wrapping_add(off).write_volatile(0) };
-    }
-}
-
-/// Takes an OFD write lock on byte 0 of `fd` (released when every descriptor of this open
-/// file description is closed, including by process death).
-fn lock_ofd(fd: libc::c_int) -> std::io::Result<()> {
-    let mut fl = ofd_flock(libc::F_WRLCK as libc::c_short);
-    // SAFETY: fl is a valid flock for the duration of the call.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Whether some other open file description holds the write lock taken by [`lock_ofd`]:
-/// the owner of a shared region is alive.
-pub(crate) fn ofd_lock_held(fd: libc::c_int) -> std::io::Result<bool> {
-    let mut fl = ofd_flock(libc::F_WRLCK as libc::c_short);
-    // SAFETY: fl is a valid flock for the duration of the call.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
-}
-
-fn ofd_flock(kind: libc::c_short) -> libc::flock {
-    // SAFETY: flock is plain old data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = 0;
-    fl.l_len = 1;
-    fl.l_pid = 0;
-    fl
 }
 
 #[cfg(test)]
@@ -663,27 +578,6 @@ mod tests {
         drop(lent);
         assert!(dropped.load(Ordering::SeqCst));
         assert_eq!(backing[1], 9);
-    }
-
-    #[test]
-    fn large_copies_are_exact_at_every_alignment() {
-        let len = STREAM_COPY_MIN + 777;
-        let src: Vec<u8> = (0..len + 64).map(|i| (i * 31 % 251) as u8).collect();
-        for (so, dof) in [(0usize, 0usize), (1, 0), (0, 3), (5, 11), (15, 1)] {
-            let mut dst = vec![0u8; len + 64];
-            let (s, d) = (
-                src.as_ptr().wrapping_add(so),
-                dst.as_mut_ptr().wrapping_add(dof),
-            );
-            // SAFETY: both vectors have len + 64 bytes; offsets are below 16; distinct vectors.
-            unsafe { copy_nonoverlapping_large(s, d, len) };
-            assert_eq!(
-                &dst[dof..dof + len],
-                &src[so..so + len],
-                "src+{so} dst+{dof}"
-            );
-            assert!(dst[..dof].iter().all(|&b| b == 0) && dst[dof + len..].iter().all(|&b| b == 0));
-        }
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! The operating-system side of memory: page sizes, owned mappings, fast large copies,
+//! populating fresh mappings, and the open-file-description lock that tells a shared
+//! region's peers that its owner is alive.
+
+use std::ptr::NonNull;
+
+use crate::error::{Result, TransferError};
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as usize } else { 4096 }
+}
+
+/// Default huge page size from `/proc/meminfo` (2 MiB when it cannot be read).
+pub fn huge_page_size() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Hugepagesize:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(2 << 20)
+}
+
+/// An owned `mmap` (unmapped on drop).
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is an address range plus its length; it is unmapped exactly once, in
+// Drop, and all access to the bytes goes through raw pointers (see the module doc).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only exposes the address and length.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// `mmap(NULL, len, RW, flags, fd, 0)`.
+    pub(crate) fn map(len: usize, flags: libc::c_int, fd: libc::c_int, what: &str) -> Result<Self> {
+        // SAFETY: a fresh mapping at a kernel-chosen address aliases no Rust object; the
+        // arguments are plain integers and the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(TransferError::memory(
+                what,
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| TransferError::Memory {
+            reason: format!("{what}: mmap returned null"),
+        })?;
+        Ok(Self { base, len })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len came from a successful mmap and are unmapped only here; every user
+        // of the bytes holds (through an Arc) the owner of this Mapping.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Copies of at least this many bytes use non-temporal stores.
+pub(crate) const STREAM_COPY_MIN: usize = 1 << 20;
+
+/// Copies `len` bytes from `src` to `dst`, which must not overlap. Large copies on x86-64
+/// write with non-temporal (streaming) stores: the destination is not read first and not
+/// left in this core's cache (the bytes are for another process, or too many to stay
+/// cached anyway), which is what makes a big copy into cold memory fast.
+///
+/// # Safety
+/// `src` must be valid for `len` bytes of reads, `dst` for `len` bytes of writes, and the
+/// ranges must not overlap.
+pub(crate) unsafe fn copy_nonoverlapping_large(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if len >= STREAM_COPY_MIN {
+        // SAFETY: forwarded caller contract.
+        unsafe { stream_copy(src, dst, len) };
+        return;
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // Head: bring dst to a 16-byte boundary with an ordinary copy.
+    let head = dst.align_offset(16).min(len);
+    // SAFETY: head <= len; caller contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut off = head;
+    while off + 64 <= len {
+        for k in 0..4 {
+            let at = off + 16 * k;
+            let s = src.wrapping_add(at) as *const __m128i;
+            let d = dst.wrapping_add(at) as *mut __m128i;
+            // SAFETY: at + 16 <= len, so the unaligned 16-byte load stays inside src.
+            let v = unsafe { _mm_loadu_si128(s) };
+            // SAFETY: d is 16-byte aligned (dst + head is, and `at - head` is a multiple of
+            // 16) and its 16 bytes are inside dst; SSE2 is part of the x86-64 baseline.
+            unsafe { _mm_stream_si128(d, v) };
+        }
+        off += 64;
+    }
+    // SAFETY: the tail lies inside both ranges.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.wrapping_add(off), dst.wrapping_add(off), len - off)
+    };
+    // Streaming stores are weakly ordered: fence so later stores (and the caller's release of
+    // the completion) are ordered after them.
+    // SAFETY: sfence has no preconditions.
+    unsafe { _mm_sfence() };
+}
+
+/// Faults every page of a fresh private mapping in (`MADV_POPULATE_WRITE`, or by touching
+/// one byte per page where the kernel lacks it).
+pub(crate) fn populate(map: &Mapping, len: usize) {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: advising on our own mapping of `len` bytes.
+    if unsafe { libc::madvise(map.ptr().cast(), len, MADV_POPULATE_WRITE) } == 0 {
+        return;
+    }
+    let page = page_size();
+    for off in (0..len).step_by(page) {
+        // SAFETY: off < len, inside our fresh private mapping that nothing else uses yet.
+        unsafe { map.ptr().wrapping_add(off).write_volatile(0) };
+    }
+}
+
+/// Takes an OFD write lock on byte 0 of `fd` (released when every descriptor of this open
+/// file description is closed, including by process death).
+pub(crate) fn lock_ofd(fd: libc::c_int) -> std::io::Result<()> {
+    let mut fl = ofd_flock(libc::F_WRLCK as libc::c_short);
+    // SAFETY: fl is a valid flock for the duration of the call.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether some other open file description holds the write lock taken by [`lock_ofd`]:
+/// the owner of a shared region is alive.
+pub(crate) fn ofd_lock_held(fd: libc::c_int) -> std::io::Result<bool> {
+    let mut fl = ofd_flock(libc::F_WRLCK as libc::c_short);
+    // SAFETY: fl is a valid flock for the duration of the call.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+fn ofd_flock(kind: libc::c_short) -> libc::flock {
+    // SAFETY: flock is plain old data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    fl.l_pid = 0;
+    fl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_copies_are_exact_at_every_alignment() {
+        let len = STREAM_COPY_MIN + 777;
+        let src: Vec<u8> = (0..len + 64).map(|i| (i * 31 % 251) as u8).collect();
+        for (so, dof) in [(0usize, 0usize), (1, 0), (0, 3), (5, 11), (15, 1)] {
+            let mut dst = vec![0u8; len + 64];
+            let (s, d) = (
+                src.as_ptr().wrapping_add(so),
+                dst.as_mut_ptr().wrapping_add(dof),
+            );
+            // SAFETY: both vectors have len + 64 bytes; offsets are below 16; distinct vectors.
+            unsafe { copy_nonoverlapping_large(s, d, len) };
+            assert_eq!(
+                &dst[dof..dof + len],
+                &src[so..so + len],
+                "src+{so} dst+{dof}"
+            );
+            assert!(dst[..dof].iter().all(|&b| b == 0) && dst[dof + len..].iter().all(|&b| b == 0));
+        }
+    }
+}

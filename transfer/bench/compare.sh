@@ -6,6 +6,11 @@
 #
 #   cargo build --release -p transfer --bin transfer-bench
 #   transfer/bench/compare.sh                  # ROUNDS=3 DUR=3 PORT=41000
+#   OLD_BENCH=/path/to/old/transfer-bench transfer/bench/compare.sh
+#       A/B against an earlier build instead: every case run with both binaries (each
+#       talking to a target of its own build), interleaved, and the new/old ratios printed
+#       (CASES default: tcp64w tcp64r tcp4kw tcp4kr shm64w shm64r; also the first
+#       open_segment time, connect + handshake + descriptor, from the initiator's log).
 #
 # Env: BENCH (binary), ROUNDS, DUR (seconds per measurement), PORT (uses PORT..PORT+2),
 #      EXTRA (more initiator flags, e.g. "--lanes 4 --slice-size 4M"),
@@ -21,7 +26,11 @@ BENCH=${BENCH:-target/release/transfer-bench}
 ROUNDS=${ROUNDS:-3}
 DUR=${DUR:-3}
 PORT=${PORT:-41000}
-CASES=${CASES:-"iperf memcpy tcp64w tcp64w1 tcp64r tcp128kw tcp128kr tcp4kw tcp4kr shm64w shm64w1 shm64r shm64r1 mooncake64w"}
+if [[ -n ${OLD_BENCH:-} ]]; then
+  CASES=${CASES:-"tcp64w tcp64r tcp4kw tcp4kr shm64w shm64r"}
+else
+  CASES=${CASES:-"iperf memcpy tcp64w tcp64w1 tcp64r tcp128kw tcp128kr tcp4kw tcp4kr shm64w shm64w1 shm64r shm64r1 mooncake64w"}
+fi
 MC_PY=${MC_PY:-$HOME/.cache/moongate-peers/venv/bin/python}
 MC_TE_BENCH=${MC_TE_BENCH:-/work/shared/bench/mooncake/te_bench.py}
 [[ -x $MC_PY && -f $MC_TE_BENCH ]] || CASES=${CASES//mooncake64w/}
@@ -31,25 +40,37 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 declare -A tpid
-start_target() { # protocol port
-  "$BENCH" --mode target --listen "127.0.0.1:$2" --buffer-size 1G --protocol "$1" > "$TMP/target-$1.log" 2>&1 &
+start_target() { # protocol port [binary key]
+  local bin=${3:-$BENCH} key=${4:-}
+  "$bin" --mode target --listen "127.0.0.1:$2" --buffer-size 1G --protocol "$1" > "$TMP/target-$key$1.log" 2>&1 &
   pids+=($!)
-  tpid[$1]=$!
-  for _ in $(seq 1 100); do grep -q ready "$TMP/target-$1.log" && return; sleep 0.1; done
-  echo "target $1 did not start" >&2; cat "$TMP/target-$1.log" >&2; exit 1
+  tpid[$key$1]=$!
+  for _ in $(seq 1 100); do grep -q ready "$TMP/target-$key$1.log" && return; sleep 0.1; done
+  echo "target $key$1 did not start" >&2; cat "$TMP/target-$key$1.log" >&2; exit 1
 }
 start_target tcp "$PORT"
 start_target shm "$((PORT + 2))"
-iperf3 -s -B 127.0.0.1 -p "$((PORT + 1))" > /dev/null 2>&1 &
-pids+=($!)
+if [[ -n ${OLD_BENCH:-} ]]; then
+  start_target tcp "$((PORT + 3))" "$OLD_BENCH" old-
+  start_target shm "$((PORT + 4))" "$OLD_BENCH" old-
+else
+  iperf3 -s -B 127.0.0.1 -p "$((PORT + 1))" > /dev/null 2>&1 &
+  pids+=($!)
+fi
 sleep 0.5
+# Which build a run uses: "" (BENCH) or "old-" (OLD_BENCH, its targets on PORT+3/PORT+4).
+KEY=
 
+median() { tr ';' '\n' | grep -v '^$' | awk -v f="$1" '{print $f}' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+ratio() { python3 -c "a,b=float('$1' or 0),float('$2' or 0); print(f'{a/b:.2f}' if b else 'n/a')"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
 
 # one case -> "GB/s req/s cpu-ms-per-GB" (CPU of both processes: initiator and target)
 run() {
-  local seg=127.0.0.1:$PORT proto=tcp
+  local bin=$BENCH tport=$PORT sport=$((PORT + 2))
+  [[ $KEY == old- ]] && { bin=$OLD_BENCH; tport=$((PORT + 3)); sport=$((PORT + 4)); }
+  local seg=127.0.0.1:$tport proto=tcp
   case $1 in
     iperf)
       iperf3 -c 127.0.0.1 -p "$((PORT + 1))" -t "$DUR" -J | python3 -c '
@@ -70,18 +91,19 @@ print(round(gb / secs, 3), 0, round(cpu * 1e3 / gb))'
     tcp128kr) set -- x --op read --block-size 128K --batch-size 32 ;;
     tcp4kw) set -- x --op write --block-size 4K --batch-size 64 --buffer-size 64M ;;
     tcp4kr) set -- x --op read --block-size 4K --batch-size 64 --buffer-size 64M ;;
-    shm64w) set -- x --op write --block-size 64M --batch-size 1; seg=127.0.0.1:$((PORT + 2)); proto=shm ;;
-    shm64r) set -- x --op read --block-size 64M --batch-size 1; seg=127.0.0.1:$((PORT + 2)); proto=shm ;;
-    shm64w1) set -- x --op write --block-size 64M --buffer-size 64M; seg=127.0.0.1:$((PORT + 2)); proto=shm ;;
-    shm64r1) set -- x --op read --block-size 64M --buffer-size 64M; seg=127.0.0.1:$((PORT + 2)); proto=shm ;;
+    shm64w) set -- x --op write --block-size 64M --batch-size 1; seg=127.0.0.1:$sport; proto=shm ;;
+    shm64r) set -- x --op read --block-size 64M --batch-size 1; seg=127.0.0.1:$sport; proto=shm ;;
+    shm64w1) set -- x --op write --block-size 64M --buffer-size 64M; seg=127.0.0.1:$sport; proto=shm ;;
+    shm64r1) set -- x --op read --block-size 64M --buffer-size 64M; seg=127.0.0.1:$sport; proto=shm ;;
   esac
   shift
   local args=("$@")
   [[ " ${args[*]} " == *" --mode memcpy "* ]] || args=(--mode initiator --segment "$seg" --listen 127.0.0.1:0 --protocol "$proto" --threads 1 "${args[@]}")
   [[ " ${args[*]} " == *" --mode initiator "* ]] && args+=(${EXTRA:-})
-  local t=${tpid[$proto]} t0 t1 out
+  local t=${tpid[$KEY$proto]} t0 t1 out
   t0=$(cpu_ticks "$t")
-  out=$("$BENCH" "${args[@]}" --duration "$DUR" --json) || { echo "transfer-bench failed: $out" >&2; exit 1; }
+  out=$("$bin" "${args[@]}" --duration "$DUR" --json) || { echo "transfer-bench failed: $out" >&2; exit 1; }
+  OPEN_MS=$(grep '^open_segment_ms: ' <<< "$out" | cut -d' ' -f2 || true)
   t1=$(cpu_ticks "$t")
   if [[ " ${args[*]} " == *" --mode initiator "* ]] && ! grep -q '^verified: ' <<< "$out"; then
     echo "transfer-bench did not verify its bytes: $out" >&2; exit 1
@@ -91,8 +113,33 @@ print(round(gb / secs, 3), 0, round(cpu * 1e3 / gb))'
   echo "$out" | python3 -c "
 import json,sys; d=json.load(sys.stdin); gb = d['GBps'] * d['seconds']
 cpu = d.get('cpu_s', 0) + ($t1 - $t0) / $TICK
-print(d['GBps'], d['req_per_s'], round(cpu * 1e3 / gb) if gb and cpu else 0)"
+print(d['GBps'], d['req_per_s'], round(cpu * 1e3 / gb) if gb and cpu else 0, '$OPEN_MS')"
 }
+
+if [[ -n ${OLD_BENCH:-} ]]; then
+  declare -A ab opens
+  for r in $(seq 1 "$ROUNDS"); do
+    for c in $CASES; do
+      for KEY in "" old-; do
+        v=$(run "$c")
+        ab[$KEY$c]+="$v;"
+        echo "round $r ${KEY:-new-}$c: $v" >&2
+      done
+    done
+  done
+  printf '\n%-10s %12s %12s %12s %12s %8s   (median of %s rounds, %s s each; load avg %s)\n' case new-GB/s old-GB/s new-req/s old-req/s ratio "$ROUNDS" "$DUR" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  allnew=""; allold=""
+  for c in $CASES; do
+    n=${ab[$c]} o=${ab[old-$c]}
+    ng=$(echo "$n" | median 1) og=$(echo "$o" | median 1) nr=$(echo "$n" | median 2) or=$(echo "$o" | median 2)
+    case $c in tcp4k*) rat=$(ratio "$nr" "$or") ;; *) rat=$(ratio "$ng" "$og") ;; esac
+    printf '%-10s %12s %12s %12s %12s %8s\n' "$c" "$ng" "$og" "$nr" "$or" "$rat"
+    allnew+="$n"; allold+="$o"
+  done
+  echo
+  echo "first open_segment (connect + handshake + descriptor), median ms: new $(echo "$allnew" | median 4), old $(echo "$allold" | median 4)"
+  exit 0
+fi
 
 declare -A all
 for r in $(seq 1 "$ROUNDS"); do
@@ -103,7 +150,6 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-median() { tr ';' '\n' | grep -v '^$' | awk -v f="$1" '{print $f}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 printf '\n%-12s %10s %12s %10s   (median of %s rounds, %s s each; load avg %s)\n' case GB/s req/s cpu-ms/GB "$ROUNDS" "$DUR" "$(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A gb rq
 for c in $CASES; do
@@ -111,7 +157,6 @@ for c in $CASES; do
   rq[$c]=$(echo "${all[$c]}" | median 2)
   printf '%-12s %10s %12s %10s\n' "$c" "${gb[$c]}" "${rq[$c]}" "$(echo "${all[$c]}" | median 3)"
 done
-ratio() { python3 -c "a,b=float('$1' or 0),float('$2' or 0); print(f'{a/b:.2f}' if b else 'n/a')"; }
 echo
 [[ -n ${gb[iperf]:-} && -n ${gb[tcp64w]:-} ]] && echo "tcp 64M write / iperf3        = $(ratio "${gb[tcp64w]}" "${gb[iperf]}")   (target >= 0.90)"
 [[ -n ${gb[iperf]:-} && -n ${gb[tcp64w1]:-} ]] && echo "tcp 64M write, one block / iperf3 = $(ratio "${gb[tcp64w1]}" "${gb[iperf]}")"

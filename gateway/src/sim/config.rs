@@ -160,6 +160,10 @@ pub struct SimConfig {
     /// PD decode: failed heartbeats in a row after which a prefill is dead (its rooms fail).
     #[arg(long, default_value_t = DEFAULT_HEARTBEAT_MAX_FAILURES)]
     pub heartbeat_max_failures: u32,
+    /// PD: the cluster secret file the transfer engine authenticates peers with (default:
+    /// the per-user `~/.config/moongate/transfer-secret`, created on first use).
+    #[arg(long, env = transfer::auth::SECRET_FILE_ENV)]
+    pub transfer_secret_file: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -185,6 +189,7 @@ impl Default for SimConfig {
             kv_timeout: parse_default(DEFAULT_KV_TIMEOUT),
             heartbeat_interval: parse_default(DEFAULT_HEARTBEAT_INTERVAL),
             heartbeat_max_failures: DEFAULT_HEARTBEAT_MAX_FAILURES,
+            transfer_secret_file: None,
         }
     }
 }

@@ -96,6 +96,10 @@ struct Args {
     /// Also print the result as one JSON line.
     #[arg(long)]
     json: bool,
+    /// The cluster secret file both sides authenticate with (default: the per-user
+    /// `~/.config/moongate/transfer-secret`, created on first use).
+    #[arg(long, env = transfer::auth::SECRET_FILE_ENV)]
+    transfer_secret_file: Option<std::path::PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -161,6 +165,7 @@ fn engine_config(args: &Args, listen: std::net::SocketAddr) -> EngineConfig {
         } else {
             RdmaMode::Off
         },
+        transfer_secret_file: args.transfer_secret_file.clone(),
         ..EngineConfig::default()
     }
 }
@@ -274,10 +279,16 @@ fn initiator(args: &Args) -> Result<(), String> {
         let engine = TransferEngine::new(engine_config(&args, listen))
             .await
             .map_err(|e| e.to_string())?;
+        // The first open: connect, authenticate (handshake) and fetch the descriptor.
+        let opening = Instant::now();
         let seg = engine
             .open_segment(&name)
             .await
             .map_err(|e| e.to_string())?;
+        out!(
+            "open_segment_ms: {:.3}",
+            opening.elapsed().as_secs_f64() * 1e3
+        );
         let region = seg
             .regions()
             .into_iter()

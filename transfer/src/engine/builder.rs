@@ -137,9 +137,7 @@ impl EngineBuilder {
             io_timeout: config.io_timeout,
             secret: secret.clone(),
             name: name.clone(),
-            handshakes: Arc::new(tokio::sync::Semaphore::new(
-                crate::tcp::server::MAX_HANDSHAKES,
-            )),
+            handshakes: crate::tcp::server::HandshakeLimits::new(),
             handshake_timeout: config.connect_timeout,
         });
         tokio::spawn(accept_loop(listener, ctx));

@@ -50,8 +50,9 @@ impl P2pMetadata {
             )
             .await
             .map_err(|e| match e {
-                // A dead peer stays "unreachable" (retryable), not "unknown".
-                TransferError::PeerUnreachable { .. } => e,
+                // A dead peer stays "unreachable" (retryable), not "unknown"; one that is not
+                // of this cluster says so.
+                TransferError::PeerUnreachable { .. } | TransferError::Unauthenticated { .. } => e,
                 other => unknown(format!("descriptor request failed: {other}")),
             })?;
         if status != Status::Ok {

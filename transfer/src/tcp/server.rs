@@ -39,9 +39,57 @@ const LARGE_PAYLOAD: u64 = 64 << 10;
 /// Flush coalesced responses once this many bytes or pieces are waiting.
 const FLUSH_BYTES: usize = 256 << 10;
 const FLUSH_PIECES: usize = 512;
-/// Connections authenticating at once at most; more are closed at once (an unauthenticated
-/// peer holds at most a task and a few hundred bytes, for at most the handshake timeout).
-pub(crate) const MAX_HANDSHAKES: usize = 256;
+/// Connections authenticating at once at most (an unauthenticated peer holds at most a task
+/// and a few hundred bytes, for at most the handshake timeout); more wait for a slot, up to
+/// the handshake timeout.
+pub(crate) const MAX_HANDSHAKES: usize = 1024;
+/// Connections authenticating at once from one IP address at most; more are closed at once,
+/// so one host cannot take every slot.
+pub(crate) const MAX_HANDSHAKES_PER_IP: usize = 64;
+
+/// Bounds on the handshakes in progress.
+pub(crate) struct HandshakeLimits {
+    all: Arc<Semaphore>,
+    per_ip: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl HandshakeLimits {
+    pub(crate) fn new() -> Self {
+        Self {
+            all: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
+            per_ip: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// A slot for a handshake from `ip`, if that address has fewer than
+    /// [`MAX_HANDSHAKES_PER_IP`] in progress.
+    fn per_ip(&self, ip: std::net::IpAddr) -> Option<IpSlot<'_>> {
+        let mut m = self.per_ip.lock();
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_HANDSHAKES_PER_IP {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot { limits: self, ip })
+    }
+}
+
+struct IpSlot<'a> {
+    limits: &'a HandshakeLimits,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for IpSlot<'_> {
+    fn drop(&mut self) {
+        let mut m = self.limits.per_ip.lock();
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
 /// What a refused peer may still send, and for how long, before the socket closes (so it
 /// reads the refusal instead of a reset).
 const LINGER_BYTES: usize = 64 << 10;
@@ -72,8 +120,8 @@ pub(crate) struct ServerCtx {
     pub(crate) secret: ClusterSecret,
     /// This node's segment name (declared in the handshake).
     pub(crate) name: String,
-    /// Bounds the handshakes in progress ([`MAX_HANDSHAKES`]).
-    pub(crate) handshakes: Arc<Semaphore>,
+    /// Bounds the handshakes in progress.
+    pub(crate) handshakes: HandshakeLimits,
     /// Time a peer has to complete the handshake.
     pub(crate) handshake_timeout: Duration,
 }
@@ -239,15 +287,29 @@ async fn authenticate(
     peer: SocketAddr,
     ctx: &ServerCtx,
 ) -> Option<PeerIdentity> {
-    let Ok(_permit) = ctx.handshakes.clone().try_acquire_owned() else {
-        tracing::warn!(%peer, "{MAX_HANDSHAKES} transfer handshakes already in progress; closing");
+    let Some(_ip_slot) = ctx.handshakes.per_ip(peer.ip()) else {
+        tracing::warn!(%peer, "{MAX_HANDSHAKES_PER_IP} transfer handshakes from this address already in progress; closing");
         return None;
     };
+    let limit = ctx.handshake_timeout;
+    let started = tokio::time::Instant::now();
+    let _permit = tokio::select! {
+        biased;
+        _ = ctx.shutdown.cancelled() => return None,
+        p = tokio::time::timeout(limit, ctx.handshakes.all.clone().acquire_owned()) => match p {
+            Ok(Ok(p)) => p,
+            _ => {
+                tracing::warn!(%peer, "{MAX_HANDSHAKES} transfer handshakes in progress for {limit:?}; closing");
+                return None;
+            }
+        },
+    };
     let _ = stream.set_nodelay(true);
+    let left = limit.saturating_sub(started.elapsed());
     let r = tokio::select! {
         biased;
         _ = ctx.shutdown.cancelled() => return None,
-        r = handshake::accept(stream, &ctx.secret, &ctx.name, ctx.handshake_timeout) => r,
+        r = handshake::accept(stream, &ctx.secret, &ctx.name, left) => r,
     };
     match r {
         Ok(id) => {

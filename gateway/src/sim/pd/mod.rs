@@ -297,6 +297,7 @@ impl PdState {
         let engine = TransferEngine::new(EngineConfig {
             shm: cfg.kv_transport == KvTransport::Auto,
             request_timeout: cfg.kv_timeout,
+            transfer_secret_file: cfg.transfer_secret_file.clone(),
             ..EngineConfig::listening_on(listen)
         })
         .await

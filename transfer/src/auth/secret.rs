@@ -98,9 +98,10 @@ impl ClusterSecret {
         Self::from_bytes(random_hex()?.as_bytes())
     }
 
-    /// Reads the secret file `path`: it must belong to this user, be readable by nobody else
-    /// (no group or other permission bits) and hold at least [`MIN_SECRET_LEN`] bytes
-    /// (surrounding whitespace is not part of the secret).
+    /// Reads the secret file `path`: it must belong to this user and be private to it (no
+    /// group or other permission bits), or belong to root and be readable at most by its
+    /// group (a mounted Kubernetes Secret: root, `fsGroup`, 0440); and hold at least
+    /// [`MIN_SECRET_LEN`] bytes (surrounding whitespace is not part of the secret).
     pub fn from_file(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| bad(path, e))?;
         let meta = file.metadata().map_err(|e| bad(path, e))?;
@@ -109,17 +110,23 @@ impl ClusterSecret {
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
-        if meta.uid() != me {
+        let owner = meta.uid();
+        if owner != me && owner != 0 {
             return Err(bad(
                 path,
-                format!("owned by uid {}, not this user (uid {me})", meta.uid()),
+                format!("owned by uid {owner}, not this user (uid {me}) or root"),
             ));
         }
+        // A file of this user's must be private to it (0600, 0400). A root-owned one may be
+        // readable by its group, as a mounted Kubernetes Secret is (root:fsGroup, 0440).
         let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        let forbidden = if owner == 0 { 0o027 } else { 0o077 };
+        if mode & forbidden != 0 {
             return Err(bad(
                 path,
-                format!("mode {mode:03o} lets other users read it; run `chmod 600` on it"),
+                format!(
+                    "mode {mode:03o} lets other users read or change it; run `chmod 600` on it"
+                ),
             ));
         }
         if meta.len() > MAX_SECRET_FILE {
@@ -321,6 +328,14 @@ mod tests {
         assert!(e.contains("chmod 600"), "{e}");
         // load_or_create never overwrites an existing file it cannot use.
         assert!(ClusterSecret::load_or_create(&path).is_err());
+        // Root-owned files may be group-readable (a mounted Kubernetes Secret), never more.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            for (mode, ok) in [(0o640, true), (0o440, true), (0o660, false), (0o604, false)] {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+                assert_eq!(ClusterSecret::from_file(&path).is_ok(), ok, "mode {mode:o}");
+            }
+        }
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = ClusterSecret::from_file(&path).unwrap();
         assert_eq!(s.source(), Some(path.as_path()));

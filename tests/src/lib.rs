@@ -11,6 +11,7 @@
 //! - [`fast_config`]: a gateway configuration with short health intervals for tests.
 //! - [`tls`]: a TLS front that makes any backend an `https://` worker (test certificates
 //!   in `tests/fixtures/tls`).
+//! - [`attack`]: a hostile host against a transfer port (raw frames, a blind handshake).
 //!
 //! The tests themselves live in `tests/tests/*.rs`.
 
@@ -32,6 +33,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod attack;
 pub mod tls;
 
 /// A gateway configuration suited to tests: loopback, port 0, fast health checks.

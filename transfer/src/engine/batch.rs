@@ -423,7 +423,9 @@ impl Batch {
         self.len() == 0
     }
 
-    /// Status of request `i` (a pending request past its deadline reports `TimedOut`).
+    /// Status of request `i`. A pending request past its deadline is failed with
+    /// `TimedOut` (its landings aborted); like every outcome, that is reported once nothing
+    /// writes into its local buffer any more (until then: `Pending`).
     ///
     /// # Panics
     /// If `i >= self.len()`.

@@ -352,6 +352,11 @@ impl PdState {
         Ok(me)
     }
 
+    /// The worker's transfer engine (its segment is where peers move KV pages).
+    pub fn engine(&self) -> &TransferEngine {
+        &self.engine
+    }
+
     /// Dispatches the peers' messages and sweeps stale rooms, until stopped.
     async fn listen(self: Arc<Self>) {
         let inbox = self.engine.notifications();

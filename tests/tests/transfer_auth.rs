@@ -1,18 +1,31 @@
-//! A transfer port attacked as a hostile host would: raw sockets with no credentials, a
-//! wrong secret, a replayed session, a v1 peer, a handshake flood. Every attack is refused
-//! (nothing of the node's memory or descriptor leaves, nothing is written, no notification
-//! is queued) and the node goes on serving authenticated peers.
-
-mod common;
+//! Transfer ports attacked as a hostile host would: raw sockets with no credentials, a wrong
+//! secret, a replayed session, a v1 peer, a handshake flood; against a bare engine, a
+//! storage node and a simulated prefill worker. Every attack is refused (nothing of the
+//! node's memory or descriptor leaves, nothing is written, no notification is queued) and
+//! the node goes on serving authenticated peers.
 
 use std::time::Duration;
 
-use common::*;
+use moongate_tests::attack::{blind_proof, frames, read_all, unauthenticated_frames_get_nothing};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use transfer::auth::handshake;
 use transfer::tcp::frame::{Opcode, RESPONSE_HEADER_LEN, RequestHeader, ResponseHeader, Status};
-use transfer::{ClusterSecret, RegisteredBuffer, TransferEngine, TransferError, TransferRequest};
+use transfer::{
+    ClusterSecret, EngineConfig, RegisteredBuffer, TransferEngine, TransferError, TransferRequest,
+};
+
+fn config(shm: bool) -> EngineConfig {
+    EngineConfig {
+        shm,
+        ..EngineConfig::listening_on("127.0.0.1:0".parse().unwrap())
+    }
+}
+
+/// A loopback engine with the secret every test process shares (the per-user default).
+async fn engine(shm: bool) -> TransferEngine {
+    TransferEngine::new(config(shm)).await.unwrap()
+}
 
 const PATTERN: u8 = 0x5a;
 
@@ -21,56 +34,6 @@ async fn target() -> (TransferEngine, RegisteredBuffer) {
     let r = t.alloc(64 << 10).unwrap();
     r.write_at(0, &[PATTERN; 64 << 10]).unwrap();
     (t, r)
-}
-
-/// Everything the peer sends until it closes (bounded in time and size).
-async fn read_all(s: &mut TcpStream) -> Vec<u8> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    got.extend_from_slice(&buf[..n]);
-                    if got.len() > 1 << 20 {
-                        break;
-                    }
-                }
-            }
-        }
-    })
-    .await;
-    got
-}
-
-fn frames(t: &TransferEngine, r: &RegisteredBuffer) -> Vec<(&'static str, Vec<u8>)> {
-    // The attacker even knows the region's address and token (say, from a leaked descriptor).
-    let token = t.descriptor().regions[0].token;
-    let h = |op, addr, len, token| {
-        RequestHeader {
-            op,
-            request_id: 1,
-            remote_addr: addr,
-            len,
-            token,
-        }
-        .encode()
-        .to_vec()
-    };
-    let mut write = h(Opcode::Write, r.addr(), 16, token);
-    write.extend_from_slice(&[0u8; 16]);
-    let mut notify = h(Opcode::Notify, 0, 9, 0);
-    notify.extend_from_slice(b"from evil");
-    let mut rdma = h(Opcode::RdmaConnect, 0, 2, 0);
-    rdma.extend_from_slice(b"{}");
-    vec![
-        ("descriptor", h(Opcode::Descriptor, 0, 0, 0)),
-        ("read", h(Opcode::Read, r.addr(), 4096, token)),
-        ("write", write),
-        ("notify", notify),
-        ("rdma connect", rdma),
-    ]
 }
 
 async fn still_serves(t: &TransferEngine, r: &RegisteredBuffer) {
@@ -95,16 +58,7 @@ async fn still_serves(t: &TransferEngine, r: &RegisteredBuffer) {
 #[tokio::test]
 async fn a_peer_without_credentials_gets_nothing_and_changes_nothing() {
     let (t, r) = target().await;
-    for (what, bytes) in frames(&t, &r) {
-        let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
-        s.write_all(&bytes).await.unwrap();
-        let got = read_all(&mut s).await;
-        assert!(
-            got.is_empty(),
-            "{what}: the node answered {} bytes",
-            got.len()
-        );
-    }
+    unauthenticated_frames_get_nothing(t.local_addr(), &t.descriptor()).await;
     assert_eq!(
         r.to_vec(0, 64 << 10).unwrap(),
         vec![PATTERN; 64 << 10],
@@ -151,7 +105,7 @@ async fn a_peer_with_another_secret_is_refused_both_ways() {
     );
     let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
     blind_proof(&mut s).await;
-    s.write_all(&frames(&t, &r)[0].1).await.unwrap();
+    s.write_all(&frames(&t.descriptor())[0].1).await.unwrap();
     let got = read_all(&mut s).await;
     let h = ResponseHeader::decode(&got[..RESPONSE_HEADER_LEN]).unwrap();
     assert_eq!(h.status, Status::Unauthenticated);
@@ -162,25 +116,6 @@ async fn a_peer_with_another_secret_is_refused_both_ways() {
     );
     assert!(String::from_utf8_lossy(&got[RESPONSE_HEADER_LEN..]).contains("does not hold"));
     still_serves(&t, &r).await;
-}
-
-/// Sends a hello, reads the challenge, answers it with a made-up proof.
-async fn blind_proof(s: &mut TcpStream) {
-    let mut hello = Vec::new();
-    hello.extend_from_slice(b"MGTA");
-    hello.extend_from_slice(&[2, 1, 0, 0]);
-    hello.extend_from_slice(&[7u8; 32]);
-    s.write_all(&hello).await.unwrap();
-    let mut head = [0u8; 8];
-    s.read_exact(&mut head).await.unwrap();
-    let name_len = u16::from_le_bytes([head[6], head[7]]) as usize;
-    let mut rest = vec![0u8; 64 + name_len];
-    s.read_exact(&mut rest).await.unwrap();
-    let mut proof = Vec::new();
-    proof.extend_from_slice(b"MGTA");
-    proof.extend_from_slice(&[2, 3, 0, 0]);
-    proof.extend_from_slice(&[0x42u8; 32]);
-    s.write_all(&proof).await.unwrap();
 }
 
 /// Records what a stream writes.
@@ -240,7 +175,7 @@ async fn a_recorded_session_replayed_gets_nothing() {
         .await
         .unwrap();
     let mut recorded = tap.sent;
-    let request = &frames(&t, &r)[0].1;
+    let request = &frames(&t.descriptor())[0].1;
     recorded.extend_from_slice(request);
     s.write_all(request).await.unwrap();
     let mut hb = [0u8; RESPONSE_HEADER_LEN];
@@ -369,4 +304,84 @@ async fn stalled_handshakes_are_bounded_per_address() {
         ok,
         "the node serves again once the stalled handshakes are gone"
     );
+}
+
+/// An outsider engine (another cluster's secret) and raw frames against `target`'s
+/// transfer port: nothing answered, nothing opened.
+async fn refuses_outsiders(target: &TransferEngine) {
+    unauthenticated_frames_get_nothing(target.local_addr(), &target.descriptor()).await;
+    let outsider = TransferEngine::builder()
+        .config(config(true))
+        .secret(ClusterSecret::generate().unwrap())
+        .build()
+        .await
+        .unwrap();
+    let e = outsider
+        .open_segment(target.segment_name())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TransferError::Unauthenticated { .. }), "{e}");
+    let mut s = TcpStream::connect(target.local_addr()).await.unwrap();
+    blind_proof(&mut s).await;
+    s.write_all(&frames(&target.descriptor())[0].1)
+        .await
+        .unwrap();
+    let got = read_all(&mut s).await;
+    let h = ResponseHeader::decode(&got[..RESPONSE_HEADER_LEN]).unwrap();
+    assert_eq!(h.status, Status::Unauthenticated);
+    assert_eq!(
+        got.len(),
+        RESPONSE_HEADER_LEN + h.len as usize,
+        "nothing but the refusal"
+    );
+}
+
+/// A storage node (a store client mounting a segment at a real master): its segment, which
+/// holds the stored values, is out of reach of outsiders, and the store works on.
+#[tokio::test]
+async fn a_storage_nodes_transfer_port_refuses_outsiders() {
+    let master = kvstore::MasterServer::start(
+        kvstore::MasterConfig::default(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let node = kvstore::StoreClient::start(kvstore::ClientConfig::local(&master.url(), 16 << 20))
+        .await
+        .unwrap();
+    let value = vec![0x6du8; 100_000];
+    node.put("k", &value).await.unwrap();
+    refuses_outsiders(node.engine()).await;
+    let reader = kvstore::StoreClient::start(kvstore::ClientConfig::local(&master.url(), 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        reader.get("k").await.unwrap(),
+        value,
+        "members still read the value"
+    );
+}
+
+/// A simulated prefill worker's KV transfer engine.
+#[tokio::test]
+async fn a_sim_prefills_transfer_port_refuses_outsiders() {
+    use gateway::sim::{self, SimConfig, SimMode};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let prefill = sim::spawn(
+        SimConfig {
+            mode: SimMode::Prefill,
+            host: "127.0.0.1".into(),
+            bootstrap_port: 0,
+            ..SimConfig::default()
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+    let kv = prefill.pd().unwrap().engine().clone();
+    refuses_outsiders(&kv).await;
+    // A member still opens its segment (what a decode does before registering pages).
+    let member = engine(false).await;
+    member.open_segment(kv.segment_name()).await.unwrap();
+    prefill.shutdown().await;
 }

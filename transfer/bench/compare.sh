@@ -127,12 +127,19 @@ if [[ -n ${OLD_BENCH:-} ]]; then
       done
     done
   done
-  printf '\n%-10s %12s %12s %12s %12s %8s   (median of %s rounds, %s s each; load avg %s)\n' case new-GB/s old-GB/s new-req/s old-req/s ratio "$ROUNDS" "$DUR" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '\n%-10s %12s %12s %12s %12s %8s   (medians of %s rounds of %s s; ratio = median of per-round new/old; load avg %s)\n' case new-GB/s old-GB/s new-req/s old-req/s ratio "$ROUNDS" "$DUR" "$(cut -d' ' -f1-3 /proc/loadavg)"
   allnew=""; allold=""
   for c in $CASES; do
     n=${ab[$c]} o=${ab[old-$c]}
     ng=$(echo "$n" | median 1) og=$(echo "$o" | median 1) nr=$(echo "$n" | median 2) or=$(echo "$o" | median 2)
-    case $c in tcp4k*) rat=$(ratio "$nr" "$or") ;; *) rat=$(ratio "$ng" "$og") ;; esac
+    # The median of the per-round ratios (each new run paired with the old run right after
+    # it): steadier than a ratio of medians on a machine whose load drifts.
+    f=1; case $c in tcp4k*) f=2 ;; esac
+    rat=$(python3 -c "
+import statistics,sys
+n=[float(x.split()[$f-1]) for x in '$n'.split(';') if x.strip()]
+o=[float(x.split()[$f-1]) for x in '$o'.split(';') if x.strip()]
+print(f'{statistics.median(a/b for a,b in zip(n,o) if b):.2f}')")
     printf '%-10s %12s %12s %12s %12s %8s\n' "$c" "$ng" "$og" "$nr" "$or" "$rat"
     allnew+="$n"; allold+="$o"
   done

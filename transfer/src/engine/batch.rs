@@ -113,6 +113,55 @@ pub enum RequestStatus {
 /// writing into the local buffer), used when its request times out or is cancelled.
 pub(crate) type Abort = Arc<dyn Fn() + Send + Sync>;
 
+/// Distinct abort handles with counts.
+#[derive(Default)]
+struct Aborts {
+    first: Option<(Abort, u32)>,
+    more: Vec<(Abort, u32)>,
+}
+
+impl Aborts {
+    fn add(&mut self, a: &Abort) {
+        for e in self.first.iter_mut().chain(self.more.iter_mut()) {
+            if Arc::ptr_eq(&e.0, a) {
+                e.1 += 1;
+                return;
+            }
+        }
+        if self.first.is_none() {
+            self.first = Some((a.clone(), 1));
+        } else {
+            self.more.push((a.clone(), 1));
+        }
+    }
+
+    fn remove(&mut self, a: &Abort) {
+        if let Some(e) = &mut self.first
+            && Arc::ptr_eq(&e.0, a)
+        {
+            e.1 -= 1;
+            if e.1 == 0 {
+                self.first = self.more.pop();
+            }
+            return;
+        }
+        if let Some(i) = self.more.iter().position(|e| Arc::ptr_eq(&e.0, a)) {
+            self.more[i].1 -= 1;
+            if self.more[i].1 == 0 {
+                self.more.swap_remove(i);
+            }
+        }
+    }
+
+    fn all(&self) -> Vec<Abort> {
+        self.first
+            .iter()
+            .chain(self.more.iter())
+            .map(|e| e.0.clone())
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct SlotState {
     /// The outcome, once decided (first error, all slices done, cancel or timeout).
@@ -121,8 +170,9 @@ struct SlotState {
     slices_left: u32,
     /// Landings in progress: transports writing into the request's local buffer now.
     landing: u32,
-    /// Abort handles of the landings in progress.
-    aborts: Vec<Abort>,
+    /// Abort handles of the landings in progress, each with its count of landings (one
+    /// handle per connection or queue pair; the first kept inline, no allocation).
+    aborts: Aborts,
     /// Decided and no landing in progress: final, visible to waiters.
     settled: bool,
 }
@@ -203,7 +253,11 @@ impl BatchState {
             }
             st.result = Some(r);
             slot.decided.store(true, Ordering::Release);
-            let aborts = if abort { st.aborts.clone() } else { Vec::new() };
+            let aborts = if abort && st.landing > 0 {
+                st.aborts.all()
+            } else {
+                Vec::new()
+            };
             (self.try_settle(&mut st), aborts)
         };
         for a in aborts {
@@ -272,23 +326,46 @@ impl BatchState {
         }
         st.landing += 1;
         if let Some(a) = &abort {
-            st.aborts.push(a.clone());
+            st.aborts.add(a);
         }
         Some(Landing {
             batch: self.clone(),
             idx,
             abort,
+            armed: true,
         })
+    }
+
+    /// One slice succeeded and its landing (if any) ended: both recorded under one lock.
+    fn landed_ok(&self, idx: usize, landing: Option<Landing>) {
+        let slot = &self.slots[idx];
+        let settle = {
+            let mut st = slot.state.lock();
+            if let Some(mut l) = landing {
+                l.armed = false;
+                st.landing -= 1;
+                if let Some(a) = &l.abort {
+                    st.aborts.remove(a);
+                }
+            }
+            st.slices_left = st.slices_left.saturating_sub(1);
+            if st.slices_left == 0 && st.result.is_none() {
+                st.result = Some(Ok(()));
+                slot.decided.store(true, Ordering::Release);
+            }
+            self.try_settle(&mut st)
+        };
+        if settle {
+            self.settled_one();
+        }
     }
 
     fn end_landing(&self, idx: usize, abort: Option<&Abort>) {
         let settle = {
             let mut st = self.slots[idx].state.lock();
             st.landing -= 1;
-            if let Some(a) = abort
-                && let Some(i) = st.aborts.iter().position(|x| Arc::ptr_eq(x, a))
-            {
-                st.aborts.swap_remove(i);
+            if let Some(a) = abort {
+                st.aborts.remove(a);
             }
             self.try_settle(&mut st)
         };
@@ -336,11 +413,14 @@ pub(crate) struct Landing {
     batch: Arc<BatchState>,
     idx: usize,
     abort: Option<Abort>,
+    armed: bool,
 }
 
 impl Drop for Landing {
     fn drop(&mut self) {
-        self.batch.end_landing(self.idx, self.abort.as_ref());
+        if self.armed {
+            self.batch.end_landing(self.idx, self.abort.as_ref());
+        }
     }
 }
 
@@ -372,6 +452,12 @@ impl Completion {
     /// [`BatchState::begin_landing`]); `None`: the request is decided, discard the bytes.
     pub(crate) fn begin_landing(&self, abort: Option<Abort>) -> Option<Landing> {
         self.batch.begin_landing(self.idx, abort)
+    }
+
+    /// Reports the slice's success together with the end of its landing (one lock).
+    pub(crate) fn complete_landed(mut self, landing: Option<Landing>) {
+        self.done = true;
+        self.batch.landed_ok(self.idx, landing);
     }
 
     /// Reports the slice's outcome.

@@ -51,26 +51,46 @@ pub(crate) enum Access {
     Write,
 }
 
-enum Guard<'a> {
+pub(crate) enum Guard<'a> {
     Read(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
     Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
 }
 
-/// Stripes held for one copy; released on drop.
-pub(crate) struct Held<'a>(Vec<Guard<'a>>);
+/// Stripes held for one copy; released on drop. One stripe (the common case: a copy of
+/// less than a stripe) is held without allocating.
+pub(crate) enum Held<'a> {
+    /// Nothing (an empty range).
+    Empty,
+    /// One stripe.
+    One(#[allow(dead_code)] Guard<'a>),
+    /// Several stripes, in the order taken.
+    Many(Vec<Guard<'a>>),
+}
 
 impl<'a> Held<'a> {
     fn take(&mut self, stripe: &'a RwLock<()>, access: Access) {
-        self.0.push(match access {
+        let g = match access {
             Access::Read => Guard::Read(stripe.read()),
             Access::Write => Guard::Write(stripe.write()),
-        });
+        };
+        match std::mem::replace(self, Held::Empty) {
+            Held::Empty => *self = Held::One(g),
+            Held::One(first) => *self = Held::Many(vec![first, g]),
+            Held::Many(mut v) => {
+                v.push(g);
+                *self = Held::Many(v);
+            }
+        }
     }
 
     /// Number of stripes held.
     #[cfg(test)]
     pub(crate) fn stripes(&self) -> usize {
-        self.0.len()
+        match self {
+            Held::Empty => 0,
+            Held::One(_) => 1,
+            Held::Many(v) => v.len(),
+        }
     }
 }
 
@@ -101,7 +121,7 @@ impl CpuLock {
     /// Holds `[off, off + len)` for `access` (stripes taken in ascending order).
     pub(crate) fn lock(&self, off: usize, len: usize, access: Access) -> Held<'_> {
         let span = self.span(off, len);
-        let mut held = Held(Vec::with_capacity(span.len()));
+        let mut held = Held::Empty;
         for s in &self.stripes[span] {
             held.take(s, access);
         }
@@ -119,7 +139,7 @@ pub(crate) fn lock_all<'a>(parts: &[(&'a CpuLock, usize, usize, Access)]) -> Hel
         }
     }
     want.sort_by_key(|w| w.0);
-    let mut held = Held(Vec::with_capacity(want.len()));
+    let mut held = Held::Empty;
     let mut i = 0;
     while i < want.len() {
         let mut access = want[i].2;

@@ -711,9 +711,10 @@ async fn handle_response(
                     .await
                 }
                 .map_err(io)?;
-                drop(landing);
+                s.completion.complete_landed(landing);
+                return Ok(());
             }
-            s.completion.complete(Ok(()));
+            s.completion.complete_landed(None);
         }
         Item::Control(c) => {
             let limit = if c.op == Opcode::Descriptor {

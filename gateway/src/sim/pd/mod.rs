@@ -463,10 +463,12 @@ async fn serve_bootstrap(
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)))
         .context("the transfer engine's segment is not host:port")?;
-    table.register(RegisterRank {
-        prefill_http_port: Some(http_port),
-        ..RegisterRank::single(rank_ip, rank_port, cfg.page_size, "bfloat16")
-    });
+    table
+        .register(RegisterRank {
+            prefill_http_port: Some(http_port),
+            ..RegisterRank::single(rank_ip, rank_port, cfg.page_size, "bfloat16")
+        })
+        .map_err(|e| anyhow::anyhow!("registering this worker's rank: {e}"))?;
     let app = bootstrap::router(table);
     let stop = stop.clone();
     tokio::spawn(async move {

@@ -402,6 +402,12 @@ impl PdState {
         self.engine.segment_name()
     }
 
+    /// What this worker's transfer engine moved so far, per transport (which one carried
+    /// the KV pages: TCP, shared memory, RDMA).
+    pub fn transfer_stats(&self) -> transfer::TransferStats {
+        self.engine.stats()
+    }
+
     /// Every room moved from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<KvEvent> {
         self.events.subscribe()

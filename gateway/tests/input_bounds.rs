@@ -274,10 +274,14 @@ proptest! {
         let (r, bytes) = measured(|| pd_rewrite(ep, &body, LIMIT));
         prop_assert!(bytes <= bound(body.len(), 4), "{} bytes for a {}-byte body", bytes, body.len());
         match r {
-            Ok(out) => {
+            // The client's bytes go through as they are: a body strict JSON parsers refuse
+            // but the skipping inspection reads (a lone surrogate escape, which Python's
+            // json accepts) stays so; a strict one stays strict.
+            Ok(out) if serde_json::from_slice::<Value>(&body).is_ok() => {
                 let v: Value = serde_json::from_slice(&out).expect("JSON after the rewrite");
                 prop_assert!(v.get("bootstrap_room").is_some());
             }
+            Ok(out) => prop_assert!(out.len() > body.len()),
             Err(status) => prop_assert_eq!(status, 400),
         }
     }
@@ -340,7 +344,8 @@ proptest! {
             if stream { m.merge_event(&decode) } else { m.merge_whole(&decode) }
         });
         prop_assert!(bytes <= bound(len, 16), "{} bytes for {} bytes of answers", bytes, len);
-        if let Some(out) = merged {
+        let strict = |b: &[u8]| serde_json::from_slice::<Value>(b).is_ok();
+        if let Some(out) = merged.filter(|_| strict(&prefill) && strict(&decode)) {
             prop_assert!(serde_json::from_slice::<Value>(&out).is_ok(), "{}", String::from_utf8_lossy(&out));
         }
     }

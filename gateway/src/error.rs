@@ -192,7 +192,10 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            InvalidJson(_) | InvalidRequest(_) | TooMany { .. } | ClientBody(_)
+            InvalidJson(_)
+            | InvalidRequest(_)
+            | TooMany { .. }
+            | ClientBody(_)
             | InvalidWorker(_) => StatusCode::BAD_REQUEST,
             BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,

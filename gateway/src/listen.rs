@@ -320,7 +320,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_trickling_body_fails_at_the_deadline_from_its_first_read() {
         let late = Arc::new(AtomicBool::new(false));
-        let body = DeadlineBody::new(trickle(100, Duration::from_secs(1)), Duration::from_secs(10), late.clone());
+        let body = DeadlineBody::new(
+            trickle(100, Duration::from_secs(1)),
+            Duration::from_secs(10),
+            late.clone(),
+        );
         // Waiting before the first read costs nothing.
         tokio::time::sleep(Duration::from_secs(60)).await;
         let start = Instant::now();
@@ -333,7 +337,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_in_time_is_untouched() {
         let late = Arc::new(AtomicBool::new(false));
-        let body = DeadlineBody::new(trickle(9, Duration::from_secs(1)), Duration::from_secs(10), late.clone());
+        let body = DeadlineBody::new(
+            trickle(9, Duration::from_secs(1)),
+            Duration::from_secs(10),
+            late.clone(),
+        );
         let got = body.collect().await.unwrap().to_bytes();
         assert_eq!(&got[..], b"xxxxxxxxx");
         assert!(!late.load(Ordering::Relaxed));

@@ -140,9 +140,10 @@ pub async fn spawn_with(
         let metrics_app = axum::Router::new()
             .route("/metrics", axum::routing::get(server::ops::metrics))
             .with_state(state.clone());
-        let svc = tower::ServiceExt::<http::Request<DeadlineBody<hyper::body::Incoming>>>::boxed_clone(
-            metrics_app,
-        );
+        let svc =
+            tower::ServiceExt::<http::Request<DeadlineBody<hyper::body::Incoming>>>::boxed_clone(
+                metrics_app,
+            );
         tokio::spawn(accept_loop(
             metrics_listener,
             svc,

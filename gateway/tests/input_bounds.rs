@@ -48,8 +48,14 @@ fn pd_rewrite(ep: Endpoint, body: &[u8], limit: usize) -> Result<Bytes, u16> {
     let f = pd_fields(body).map_err(|e| e.status().as_u16())?;
     f.check(ep, limit).map_err(|e| e.status().as_u16())?;
     let rooms = Rooms::mint(f.batch(ep), limit).map_err(|e| e.status().as_u16())?;
-    inject(body, "prefill-0.cluster.local", Some(8998), &rooms, f.has_bootstrap())
-        .map_err(|e| e.status().as_u16())
+    inject(
+        body,
+        "prefill-0.cluster.local",
+        Some(8998),
+        &rooms,
+        f.has_bootstrap(),
+    )
+    .map_err(|e| e.status().as_u16())
 }
 
 /// Arbitrary JSON values.
@@ -71,9 +77,22 @@ fn json_value() -> impl Strategy<Value = Value> {
             prop::collection::vec(
                 (
                     prop::sample::select(vec![
-                        "n", "text", "prompt", "input_ids", "sampling_params", "logprobs",
-                        "top_logprobs", "top_logprobs_num", "return_logprob", "echo", "stream",
-                        "model", "bootstrap_room", "bootstrap_host", "messages", "x",
+                        "n",
+                        "text",
+                        "prompt",
+                        "input_ids",
+                        "sampling_params",
+                        "logprobs",
+                        "top_logprobs",
+                        "top_logprobs_num",
+                        "return_logprob",
+                        "echo",
+                        "stream",
+                        "model",
+                        "bootstrap_room",
+                        "bootstrap_host",
+                        "messages",
+                        "x",
                     ])
                     .prop_map(str::to_owned),
                     inner
@@ -90,7 +109,10 @@ fn jsonish() -> impl Strategy<Value = Vec<u8>> {
     (
         json_value(),
         any::<bool>(),
-        prop::option::of((any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 0..4))),
+        prop::option::of((
+            any::<prop::sample::Index>(),
+            prop::collection::vec(any::<u8>(), 0..4),
+        )),
         prop::option::of(any::<prop::sample::Index>()),
     )
         .prop_map(|(v, pretty, splice, cut)| {
@@ -140,7 +162,8 @@ fn prompt() -> impl Strategy<Value = (Value, Option<u64>)> {
     prop_oneof![
         Just((json!("one prompt"), None)),
         prop::collection::vec(0u32..50_000, 1..6).prop_map(|ids| (json!(ids), None)),
-        len.clone().prop_map(|n| (json!(vec!["p"; n]), Some(n as u64))),
+        len.clone()
+            .prop_map(|n| (json!(vec!["p"; n]), Some(n as u64))),
         len.prop_map(|n| (json!(vec![vec![1, 2]; n]), Some(n as u64))),
     ]
 }
@@ -179,50 +202,57 @@ fn counted() -> impl Strategy<Value = Counted> {
         ]),
         any::<bool>(),
     )
-        .prop_map(|(ep, (prompt, items), n, sampling, top, logprobs, top_num, bootstrap)| {
-            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-            let field = match ep {
-                Endpoint::Generate => "text",
-                _ => "prompt",
-            };
-            body[field] = prompt;
-            let mut counts: Vec<u64> = Vec::new();
-            let items = match ep {
-                Endpoint::ChatCompletions => 1,
-                _ => items.unwrap_or(1),
-            };
-            counts.push(items);
-            let mut samples = 1;
-            if let Some((v, c)) = n {
-                body["n"] = v;
-                if ep != Endpoint::Generate {
-                    samples = c.unwrap_or(1);
+        .prop_map(
+            |(ep, (prompt, items), n, sampling, top, logprobs, top_num, bootstrap)| {
+                let mut body =
+                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+                let field = match ep {
+                    Endpoint::Generate => "text",
+                    _ => "prompt",
+                };
+                body[field] = prompt;
+                let mut counts: Vec<u64> = Vec::new();
+                let items = match ep {
+                    Endpoint::ChatCompletions => 1,
+                    _ => items.unwrap_or(1),
+                };
+                counts.push(items);
+                let mut samples = 1;
+                if let Some((v, c)) = n {
+                    body["n"] = v;
+                    if ep != Endpoint::Generate {
+                        samples = c.unwrap_or(1);
+                    }
                 }
-            }
-            if let Some((v, list, c)) = sampling {
-                body["sampling_params"] = v;
-                counts.extend(list);
-                if ep == Endpoint::Generate {
-                    samples = c.unwrap_or(1);
+                if let Some((v, list, c)) = sampling {
+                    body["sampling_params"] = v;
+                    counts.extend(list);
+                    if ep == Endpoint::Generate {
+                        samples = c.unwrap_or(1);
+                    }
                 }
-            }
-            counts.extend([samples, items.saturating_mul(samples)]);
-            for (k, v) in [("top_logprobs", top), ("logprobs", logprobs), ("top_logprobs_num", top_num)] {
-                if let Some((v, c)) = v {
-                    body[k] = v;
-                    counts.extend(c);
+                counts.extend([samples, items.saturating_mul(samples)]);
+                for (k, v) in [
+                    ("top_logprobs", top),
+                    ("logprobs", logprobs),
+                    ("top_logprobs_num", top_num),
+                ] {
+                    if let Some((v, c)) = v {
+                        body[k] = v;
+                        counts.extend(c);
+                    }
                 }
-            }
-            if bootstrap {
-                body["bootstrap_room"] = json!([1, 2]);
-                body["bootstrap_host"] = Value::Null;
-            }
-            Counted {
-                ep,
-                over: counts.iter().any(|&c| c > LIMIT as u64),
-                body: serde_json::to_vec(&body).unwrap(),
-            }
-        })
+                if bootstrap {
+                    body["bootstrap_room"] = json!([1, 2]);
+                    body["bootstrap_host"] = Value::Null;
+                }
+                Counted {
+                    ep,
+                    over: counts.iter().any(|&c| c > LIMIT as u64),
+                    body: serde_json::to_vec(&body).unwrap(),
+                }
+            },
+        )
 }
 
 /// Allocation bound for work on `len` body bytes: proportional to the body, plus the rooms
@@ -291,33 +321,37 @@ proptest! {
 fn answer(kind: MergeKind) -> impl Strategy<Value = Vec<u8>> {
     let entries = || prop::collection::vec(json_value(), 0..12);
     let whole = match kind {
-        MergeKind::CompletionEcho => prop::collection::vec(
-            (0u64..4, entries(), entries()),
-            0..4,
-        )
-        .prop_map(|cs| {
-            let choices: Vec<Value> = cs
-                .into_iter()
-                .map(|(i, t, l)| json!({"index": i, "text": "x", "logprobs": {
-                    "tokens": t, "token_logprobs": l, "top_logprobs": [], "text_offset": [0]}}))
-                .collect();
-            json!({"choices": choices})
-        })
-        .boxed(),
+        MergeKind::CompletionEcho => prop::collection::vec((0u64..4, entries(), entries()), 0..4)
+            .prop_map(|cs| {
+                let choices: Vec<Value> = cs
+                    .into_iter()
+                    .map(|(i, t, l)| {
+                        json!({"index": i, "text": "x", "logprobs": {
+                    "tokens": t, "token_logprobs": l, "top_logprobs": [], "text_offset": [0]}})
+                    })
+                    .collect();
+                json!({"choices": choices})
+            })
+            .boxed(),
         _ => prop::collection::vec((entries(), entries()), 1..4)
             .prop_map(|outs| {
                 let list: Vec<Value> = outs
                     .into_iter()
-                    .map(|(a, b)| json!({"text": "t", "meta_info": {
-                        "input_token_logprobs": a, "input_top_logprobs": b, "id": "x"}}))
+                    .map(|(a, b)| {
+                        json!({"text": "t", "meta_info": {
+                        "input_token_logprobs": a, "input_top_logprobs": b, "id": "x"}})
+                    })
                     .collect();
-                if list.len() == 1 { list[0].clone() } else { json!(list) }
+                if list.len() == 1 {
+                    list[0].clone()
+                } else {
+                    json!(list)
+                }
             })
             .boxed(),
     };
-    (whole, prop_oneof![Just(None), jsonish().prop_map(Some)]).prop_map(|(v, junk)| {
-        junk.unwrap_or_else(|| serde_json::to_vec(&v).unwrap())
-    })
+    (whole, prop_oneof![Just(None), jsonish().prop_map(Some)])
+        .prop_map(|(v, junk)| junk.unwrap_or_else(|| serde_json::to_vec(&v).unwrap()))
 }
 
 proptest! {
@@ -372,8 +406,14 @@ fn huge_counts_at_the_default_limit_allocate_nothing_for_them() {
             Endpoint::ChatCompletions,
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":100000000000}"#,
         ),
-        (Endpoint::Completions, br#"{"prompt":"x","n":1e11,"logprobs":5}"#),
-        (Endpoint::Generate, br#"{"text":"x","sampling_params":{"n":"100000000000"}}"#),
+        (
+            Endpoint::Completions,
+            br#"{"prompt":"x","n":1e11,"logprobs":5}"#,
+        ),
+        (
+            Endpoint::Generate,
+            br#"{"text":"x","sampling_params":{"n":"100000000000"}}"#,
+        ),
         (Endpoint::Generate, &million),
         (Endpoint::Generate, &ids),
     ];

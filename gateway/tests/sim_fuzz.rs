@@ -101,7 +101,14 @@ fn max_tokens(v: &Value) -> Option<bool> {
 /// A chat message: an object with a known role (any case), and a content that is absent,
 /// `null`, a string or a list of typed parts.
 fn is_message(m: &Value) -> bool {
-    const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+    const ROLES: [&str; 6] = [
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+    ];
     let Some(o) = m.as_object() else {
         return false;
     };
@@ -187,7 +194,11 @@ fn expected(route: &str, field: &str, v: &Value) -> Option<u16> {
             .is_some_and(|a| a.len() as u64 == items(GENERATE) && a.iter().all(Value::is_string)),
         (GENERATE, "input_ids") => {
             // `text` wins; the ids must still be ids.
-            or_null(v, v.as_array().is_some_and(|a| a.iter().all(is_u32) || a.iter().all(is_ids)))
+            or_null(
+                v,
+                v.as_array()
+                    .is_some_and(|a| a.iter().all(is_u32) || a.iter().all(is_ids)),
+            )
         }
         (GENERATE, "sampling_params") => match v {
             Value::Null => true,
@@ -196,22 +207,25 @@ fn expected(route: &str, field: &str, v: &Value) -> Option<u16> {
                 for s in a {
                     all &= sampling(s)?;
                 }
-                let ns: Vec<Option<u64>> =
-                    a.iter().map(|s| s.get("n").and_then(Value::as_u64)).collect();
+                let ns: Vec<Option<u64>> = a
+                    .iter()
+                    .map(|s| s.get("n").and_then(Value::as_u64))
+                    .collect();
                 all && ns.iter().all(|n| n.unwrap_or(1) == ns[0].unwrap_or(1))
             }
             Value::Array(_) => false,
             s => sampling(s)?,
         },
         (GENERATE, "return_logprob") => or_null(v, per_item(v, Value::is_boolean)),
-        (GENERATE, "top_logprobs_num") => {
-            or_null(v, per_item(v, |x| u32_in(x, 0, u64::from(MAX_TOP_LOGPROBS))))
-        }
+        (GENERATE, "top_logprobs_num") => or_null(
+            v,
+            per_item(v, |x| u32_in(x, 0, u64::from(MAX_TOP_LOGPROBS))),
+        ),
         (GENERATE, "logprob_start_len") => {
             // -1 (the last position) and 0 are inside any prompt; far positions are not.
             let one = |x: &Value| match x.as_i64() {
                 Some(-1 | 0) => Some(true),
-                Some(s) if s < -1 || s >= 64 => Some(false),
+                Some(s) if !(-1..64).contains(&s) => Some(false),
                 Some(_) => None,
                 None => Some(false),
             };
@@ -236,12 +250,11 @@ fn expected(route: &str, field: &str, v: &Value) -> Option<u16> {
             or_null(v, per_item(v, elem))
         }
         (_, "rid") => or_null(v, is_str_or_strs(v)),
-        (_, "bootstrap_room") => {
-            or_null(v, v.is_u64() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)))
-        }
-        (_, "n") if openai => {
-            or_null(v, u32_in(v, 1, MAX_SEQUENCES as u64 / items(route)))
-        }
+        (_, "bootstrap_room") => or_null(
+            v,
+            v.is_u64() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
+        ),
+        (_, "n") if openai => or_null(v, u32_in(v, 1, MAX_SEQUENCES as u64 / items(route))),
         (_, "max_tokens") if openai => max_tokens(v)?,
         (CHAT, "max_completion_tokens") => max_tokens(v)?,
         (_, "stop") if openai => or_null(v, is_str_or_strs(v)),
@@ -303,8 +316,10 @@ fn any_json() -> impl Strategy<Value = Value> {
 fn value() -> impl Strategy<Value = Value> {
     let plausible = prop_oneof![
         Just(json!([{"role": "user", "content": "hello"}])),
-        Just(json!([{"role": "SYSTEM", "content": [{"type": "text", "text": "be brief"}]},
-                    {"role": "user", "content": "x"}])),
+        Just(
+            json!([{"role": "SYSTEM", "content": [{"type": "text", "text": "be brief"}]},
+                    {"role": "user", "content": "x"}])
+        ),
         Just(json!([{"role": "robot", "content": "x"}])),
         Just(json!(["one", "two"])),
         Just(json!([[5, 6, 7], [8]])),
@@ -425,6 +440,10 @@ fn the_oracle_decides_the_known_cases() {
         (GENERATE, "n", json!("anything"), 200),
         (CHAT, "seed", json!(u64::MAX), 400),
     ] {
-        assert_eq!(expected(route, field, &v), Some(want), "{route} {field} {v}");
+        assert_eq!(
+            expected(route, field, &v),
+            Some(want),
+            "{route} {field} {v}"
+        );
     }
 }

@@ -28,7 +28,8 @@ fn rss() -> u64 {
 /// Bodies whose counts are over the default limit, each with the field its 400 names
 /// (built once: a million-item body takes a while to write).
 fn huge_bodies() -> &'static [(&'static str, &'static str, bytes::Bytes)] {
-    static BODIES: std::sync::OnceLock<Vec<(&str, &str, bytes::Bytes)>> = std::sync::OnceLock::new();
+    static BODIES: std::sync::OnceLock<Vec<(&str, &str, bytes::Bytes)>> =
+        std::sync::OnceLock::new();
     BODIES.get_or_init(|| {
         bodies()
             .into_iter()
@@ -42,7 +43,8 @@ fn bodies() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "/v1/chat/completions",
             "n is 100000000000",
-            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":100000000000}"#.to_vec(),
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":100000000000}"#
+                .to_vec(),
         ),
         (
             "/v1/completions",
@@ -119,7 +121,11 @@ async fn huge_counts_are_400_with_memory_flat_in_regular_and_pd_mode() {
         after.saturating_sub(before) < 32 << 20,
         "RSS grew from {before} to {after}"
     );
-    assert_eq!((a.hits(), p.hits(), d.hits()), (0, 0, 0), "nothing was forwarded");
+    assert_eq!(
+        (a.hits(), p.hits(), d.hits()),
+        (0, 0, 0),
+        "nothing was forwarded"
+    );
     // The limit itself is fine.
     let at_limit = json!({"text": vec!["x"; 4096], "sampling_params": {"max_new_tokens": 1}});
     let r = c
@@ -144,7 +150,11 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
             break i + 4;
         }
         let n = s.read(&mut chunk).await.expect("read");
-        assert!(n > 0, "closed before a response: {:?}", String::from_utf8_lossy(&buf));
+        assert!(
+            n > 0,
+            "closed before a response: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
@@ -279,13 +289,20 @@ async fn connections_without_a_head_in_time_are_closed() {
         .unwrap();
     assert_eq!(read_response(&mut idle).await.0, 200);
     let start = Instant::now();
-    for (name, s) in [("silent", &mut silent), ("half", &mut half), ("idle", &mut idle)] {
+    for (name, s) in [
+        ("silent", &mut silent),
+        ("half", &mut half),
+        ("idle", &mut idle),
+    ] {
         assert!(
             closed_within(s, Duration::from_secs(6)).await,
             "{name} connection still open"
         );
     }
-    assert!(start.elapsed() >= Duration::from_millis(500), "not before the timeout");
+    assert!(
+        start.elapsed() >= Duration::from_millis(500),
+        "not before the timeout"
+    );
     gw.shutdown().await;
 }
 

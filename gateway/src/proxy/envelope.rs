@@ -154,7 +154,10 @@ mod tests {
             wrapped(503, b"")["error"]["message"],
             "the worker answered 503 Service Unavailable"
         );
-        assert_eq!(wrapped(429, br#"{"error":"slow down"}"#)["error"]["type"], "rate_limit_error");
+        assert_eq!(
+            wrapped(429, br#"{"error":"slow down"}"#)["error"]["type"],
+            "rate_limit_error"
+        );
         assert_eq!(wrapped(400, br#"[1,2]"#)["error"]["message"], "[1,2]");
         assert_eq!(
             wrapped(400, br#"{"error":{"message":"m","code":"x_code"}}"#)["error"]["code"],
@@ -169,7 +172,10 @@ mod tests {
         let mut h = HeaderMap::new();
         assert!(needs_wrapping(StatusCode::BAD_GATEWAY, &h));
         assert!(!needs_wrapping(StatusCode::OK, &h));
-        h.insert(header::CONTENT_TYPE, "text/event-stream; charset=utf-8".parse().unwrap());
+        h.insert(
+            header::CONTENT_TYPE,
+            "text/event-stream; charset=utf-8".parse().unwrap(),
+        );
         assert!(!needs_wrapping(StatusCode::BAD_REQUEST, &h));
     }
 
@@ -181,6 +187,9 @@ mod tests {
             assert!(rw.push(&chunk).is_empty());
         }
         let out: Value = serde_json::from_slice(&rw.finish()).unwrap();
-        assert_eq!(out["error"]["message"].as_str().unwrap().len(), MAX_ERROR_BODY);
+        assert_eq!(
+            out["error"]["message"].as_str().unwrap().len(),
+            MAX_ERROR_BODY
+        );
     }
 }

@@ -111,7 +111,12 @@ fn str_count(s: &str) -> Option<u64> {
     let s = s.trim();
     s.parse::<u64>()
         .ok()
-        .or_else(|| s.parse::<f64>().ok().filter(|v| v.is_finite()).and_then(float_count))
+        .or_else(|| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .and_then(float_count)
+        })
         .or_else(|| {
             // Digits beyond u64: a count over any limit.
             (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then_some(u64::MAX)

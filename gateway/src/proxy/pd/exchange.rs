@@ -234,9 +234,11 @@ impl PrefillSide {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let (Some(buf), Ok(data)) = (&mut self.collected, frame.into_data()) {
                             if buf.len() + data.len() > self.limit {
-                                tracing::warn!(worker = self.worker.url().as_str(),
+                                tracing::warn!(
+                                    worker = self.worker.url().as_str(),
                                     limit = self.limit,
-                                    "prefill answer over --max-payload-size: its logprobs are not merged");
+                                    "prefill answer over --max-payload-size: its logprobs are not merged"
+                                );
                                 self.collected = None;
                             } else {
                                 buf.extend_from_slice(&data);
@@ -368,7 +370,8 @@ pub async fn run(
     parts.headers.remove(http::header::CONTENT_LENGTH);
     let logprobs = PrefillLogprobs::from_body(plan.merge, prefill.take_body(), plan.stream);
     if plan.stream {
-        let body = relay(body, decode_guard, reset(deadline)).rewrite(Box::new(SseRewriter::new(logprobs)));
+        let body = relay(body, decode_guard, reset(deadline))
+            .rewrite(Box::new(SseRewriter::new(logprobs)));
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
     // A whole answer: read it before the head goes out (a decode breaking now can still be
@@ -389,8 +392,11 @@ pub async fn run(
             Ok(Response::from_parts(parts, Body::from(merged)))
         }
         Held::Over(first, rest) => {
-            tracing::warn!(worker = decode_worker.url().as_str(), limit = plan.hold_limit,
-                "decode answer over --max-payload-size: relayed without the merge");
+            tracing::warn!(
+                worker = decode_worker.url().as_str(),
+                limit = plan.hold_limit,
+                "decode answer over --max-payload-size: relayed without the merge"
+            );
             let body = relay(rest, decode_guard, reset(deadline)).queue(first);
             Ok(Response::from_parts(parts, Body::new(body)))
         }

@@ -27,7 +27,11 @@ pub fn array(json: &str) -> Option<Vec<&RawValue>> {
 
 /// The value of `key` (the last one, as JSON parsers read duplicates).
 pub fn get<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
-    members.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    members
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| *v)
 }
 
 /// `json` as an unsigned integer.
@@ -123,7 +127,11 @@ mod tests {
         assert_eq!(m[0].1.get(), "[1, 2 ]");
         assert_eq!(get(&m, "a").unwrap().get(), "3");
         let mut out = Vec::new();
-        write_object(&mut out, &m, &[("b1", b"0".to_vec()), ("c", b"[]".to_vec())]);
+        write_object(
+            &mut out,
+            &m,
+            &[("b1", b"0".to_vec()), ("c", b"[]".to_vec())],
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"a":[1, 2 ],"b1":0,"a":3,"c":[]}"#
@@ -131,6 +139,9 @@ mod tests {
         assert!(object("[1]").is_none() && object("{").is_none());
         assert_eq!(array("[1, {\"a\":2}]").unwrap()[1].get(), "{\"a\":2}");
         assert!(array("{}").is_none());
-        assert_eq!(as_u64(get(&object(r#"{"i":7}"#).unwrap(), "i").unwrap()), Some(7));
+        assert_eq!(
+            as_u64(get(&object(r#"{"i":7}"#).unwrap(), "i").unwrap()),
+            Some(7)
+        );
     }
 }

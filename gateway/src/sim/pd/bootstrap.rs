@@ -92,9 +92,8 @@ impl Table {
         }
         let mut t = self.inner.lock();
         if let Some(f) = &t.first {
-            let topology = |r: &RegisterRank| {
-                (Self::dp(r).0, r.attn_cp_size, r.attn_tp_size, r.pp_size)
-            };
+            let topology =
+                |r: &RegisterRank| (Self::dp(r).0, r.attn_cp_size, r.attn_tp_size, r.pp_size);
             if topology(f) != topology(&r) {
                 return Err("the topology differs from the first registration's".into());
             }
@@ -468,10 +467,16 @@ mod tests {
         ] {
             let (s, t) = call(&app, Method::PUT, "/route", &put(r)).await;
             assert_eq!(s, StatusCode::BAD_REQUEST);
-            assert!(t.starts_with("Bad registration: ") && t.contains(why), "{t}");
+            assert!(
+                t.starts_with("Bad registration: ") && t.contains(why),
+                "{t}"
+            );
         }
         // Once a topology is known, another one is refused.
-        assert_eq!(call(&app, Method::PUT, "/route", &put(rank(0, 2))).await.0, StatusCode::OK);
+        assert_eq!(
+            call(&app, Method::PUT, "/route", &put(rank(0, 2))).await.0,
+            StatusCode::OK
+        );
         let (s, t) = call(&app, Method::PUT, "/route", &put(rank(0, 4))).await;
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert!(t.contains("differs from the first"), "{t}");

@@ -13,7 +13,7 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
-use gateway::sim::job::{MAX_SEQUENCES, MAX_TOP_LOGPROBS};
+use gateway::sim::job::{MAX_SEQUENCES, MAX_TOP_LOGPROBS, ROLES};
 use gateway::sim::model::VOCAB_SIZE;
 use gateway::sim::{self, SimConfig};
 use proptest::prelude::*;
@@ -101,14 +101,6 @@ fn max_tokens(v: &Value) -> Option<bool> {
 /// A chat message: an object with a known role (any case), and a content that is absent,
 /// `null`, a string or a list of typed parts.
 fn is_message(m: &Value) -> bool {
-    const ROLES: [&str; 6] = [
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-        "function",
-    ];
     let Some(o) = m.as_object() else {
         return false;
     };

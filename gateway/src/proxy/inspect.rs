@@ -102,6 +102,29 @@ pub(crate) fn borrowed_str<'de, D: serde::Deserializer<'de>>(
     d.deserialize_option(V)
 }
 
+/// An object key, borrowed from the body when it has no escapes (for the passes that
+/// look keys up without building values: prompt keys, the PD rewrites).
+pub(crate) struct KeyName<'de>(pub(crate) Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for KeyName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = KeyName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<KeyName<'de>, E> {
+                Ok(KeyName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<KeyName<'de>, E> {
+                Ok(KeyName(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 impl RoutingFields<'_> {
     /// The model asked for; an empty string counts as none.
     pub fn model(&self) -> Option<&str> {

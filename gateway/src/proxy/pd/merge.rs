@@ -160,14 +160,7 @@ impl PrefillLogprobs {
                         return None;
                     }
                     let mut out = Vec::with_capacity(decode.len() + self.body.len());
-                    out.push(b'[');
-                    for (i, (old, new)) in list.iter().zip(&new).enumerate() {
-                        if i > 0 {
-                            out.push(b',');
-                        }
-                        out.extend_from_slice(new.as_deref().unwrap_or(old.get().as_bytes()));
-                    }
-                    out.push(b']');
+                    raw::write_array(&mut out, &list, &new);
                     Some(out)
                 }
                 None => self.merge_meta(0, v),
@@ -254,14 +247,7 @@ impl PrefillLogprobs {
             return None;
         }
         let mut list = Vec::new();
-        list.push(b'[');
-        for (i, (old, new)) in choices.iter().zip(&new_choices).enumerate() {
-            if i > 0 {
-                list.push(b',');
-            }
-            list.extend_from_slice(new.as_deref().unwrap_or(old.get().as_bytes()));
-        }
-        list.push(b']');
+        raw::write_array(&mut list, &choices, &new_choices);
         let mut out = Vec::with_capacity(v.get().len() + list.len());
         raw::write_object(&mut out, &o, &[("choices", list)]);
         Some(out)

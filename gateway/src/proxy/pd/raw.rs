@@ -9,6 +9,8 @@ use std::fmt;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::proxy::inspect::KeyName;
+
 /// An object's members, in order (a key that appears twice is there twice).
 pub type Members<'a> = Vec<(Cow<'a, str>, &'a RawValue)>;
 
@@ -37,6 +39,20 @@ pub fn get<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
 /// `json` as an unsigned integer.
 pub fn as_u64(json: &RawValue) -> Option<u64> {
     serde_json::from_str(json.get()).ok()
+}
+
+/// Writes `elems` as an array into `out`, element `i` swapped for `new[i]` when that is
+/// `Some`.
+pub fn write_array(out: &mut Vec<u8>, elems: &[&RawValue], new: &[Option<Vec<u8>>]) {
+    out.push(b'[');
+    for (i, old) in elems.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let text = new.get(i).and_then(Option::as_deref);
+        out.extend_from_slice(text.unwrap_or(old.get().as_bytes()));
+    }
+    out.push(b']');
 }
 
 /// Writes `members` as an object into `out`, the value of every key in `replace` swapped
@@ -82,35 +98,13 @@ impl<'de> Deserialize<'de> for Object<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
                 let mut members = Vec::new();
-                while let Some(Key(k)) = map.next_key()? {
+                while let Some(KeyName(k)) = map.next_key()? {
                     members.push((k, map.next_value()?));
                 }
                 Ok(Object(members))
             }
         }
         d.deserialize_map(V)
-    }
-}
-
-/// An object key, borrowed when it has no escapes.
-pub struct Key<'de>(pub Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 

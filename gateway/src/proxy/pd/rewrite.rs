@@ -19,8 +19,8 @@ use bytes::Bytes;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::raw::Key;
 use crate::error::GatewayError;
+use crate::proxy::inspect::KeyName;
 
 /// The keys the rewrite owns.
 const BOOTSTRAP_KEYS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
@@ -114,7 +114,7 @@ impl<'de> Visitor<'de> for Members<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         self.out.push(b'{');
         let mut first = true;
-        while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+        while let Some(KeyName(k)) = map.next_key::<KeyName<'de>>()? {
             let v: &'de RawValue = map.next_value()?;
             if BOOTSTRAP_KEYS.contains(&k.as_ref()) {
                 continue;

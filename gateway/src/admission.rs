@@ -141,6 +141,11 @@ impl Admission {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Slots free right now (`None`: no concurrency limit).
+    pub fn free_slots(&self) -> Option<usize> {
+        self.slots.as_ref().map(|s| s.available_permits())
+    }
+
     /// Admits one request, waiting in the queue if needed (see the module doc).
     pub async fn admit(&self) -> Result<Permit, Refusal> {
         let result = self.admit_inner().await;

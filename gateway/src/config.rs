@@ -121,6 +121,26 @@ pub struct ServeConfig {
     /// route by model; larger ones get 413).
     #[arg(long, env = env::MAX_PAYLOAD_SIZE, default_value_t = ServeConfig::default().max_payload_size)]
     pub max_payload_size: usize,
+    /// Largest count one request may carry, checked before anything is sized by it: `n`,
+    /// the items of a batch (`prompt`, `text`, `input_ids`, `sampling_params` lists), items ×
+    /// `n`, and logprob alternatives (`top_logprobs`, `logprobs`, `top_logprobs_num`); beyond
+    /// it 400. The default is SGLang's own ceiling: a worker's request pool holds at most
+    /// 4096 requests (`max_num_reqs = min(max(tokens / context * 512, 2048), 4096)` in its
+    /// model runner), so a larger batch can never run at once on one worker.
+    #[arg(long, env = env::MAX_BATCH_SIZE, default_value_t = ServeConfig::default().max_batch_size)]
+    pub max_batch_size: usize,
+    /// Seconds a client has to send a request's headers once it started one (also how long
+    /// an idle keep-alive connection, or a new one that sends nothing, stays open).
+    #[arg(long, env = env::CLIENT_HEADER_TIMEOUT_SECS, default_value_t = ServeConfig::default().client_header_timeout_secs)]
+    pub client_header_timeout_secs: u64,
+    /// Seconds a client has to send a whole request body once the gateway starts reading it;
+    /// a body still arriving then is answered 408 and its connection closed.
+    #[arg(long, env = env::CLIENT_BODY_TIMEOUT_SECS, default_value_t = ServeConfig::default().client_body_timeout_secs)]
+    pub client_body_timeout_secs: u64,
+    /// Client connections open at once; beyond it new connections wait in the listen backlog
+    /// until one closes (they are not refused by the gateway).
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = ServeConfig::default().max_connections)]
+    pub max_connections: usize,
     /// Upper bound on one proxied request, in seconds: no response head in that time is a
     /// 504; a body still streaming then is cut.
     #[arg(long, env = env::REQUEST_TIMEOUT_SECS, default_value_t = ServeConfig::default().request_timeout_secs)]
@@ -298,6 +318,10 @@ impl Default for ServeConfig {
             worker_ca_cert: None,
             otlp_traces_endpoint: None,
             max_payload_size: 512 * 1024 * 1024,
+            max_batch_size: 4096,
+            client_header_timeout_secs: 60,
+            client_body_timeout_secs: 60,
+            max_connections: 10_000,
             request_timeout_secs: 1800,
             log_level: LogLevel::Info,
             health_check_interval_secs: 60,
@@ -407,6 +431,13 @@ impl ServeConfig {
         let positive = [
             ("max_payload_size", self.max_payload_size as u64),
             ("request_timeout_secs", self.request_timeout_secs),
+            ("max_batch_size", self.max_batch_size as u64),
+            (
+                "client_header_timeout_secs",
+                self.client_header_timeout_secs,
+            ),
+            ("client_body_timeout_secs", self.client_body_timeout_secs),
+            ("max_connections", self.max_connections as u64),
             (
                 "health_check_interval_secs",
                 self.health_check_interval_secs,

@@ -73,6 +73,23 @@ pub enum GatewayError {
         /// The limit.
         limit: usize,
     },
+    /// A count in the body (`n`, the items of a batch, logprob alternatives) is over
+    /// `--max-batch-size`.
+    #[error("{field} is {count}; at most {limit} is accepted (--max-batch-size)")]
+    TooMany {
+        /// What was counted (a field name, or a product of them).
+        field: &'static str,
+        /// The count asked for (saturated at `u64::MAX`).
+        count: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// The body did not arrive within `--client-body-timeout-secs` of its first read.
+    #[error("the request body did not arrive within {secs}s (--client-body-timeout-secs)")]
+    BodyTimeout {
+        /// The timeout.
+        secs: u64,
+    },
     /// Reading the client's body failed.
     #[error("could not read the request body: {0}")]
     ClientBody(String),
@@ -175,9 +192,12 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            InvalidJson(_) | InvalidRequest(_) | ClientBody(_) | InvalidWorker(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            InvalidJson(_)
+            | InvalidRequest(_)
+            | TooMany { .. }
+            | ClientBody(_)
+            | InvalidWorker(_) => StatusCode::BAD_REQUEST,
+            BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
@@ -205,6 +225,8 @@ impl GatewayError {
         match self {
             InvalidJson(_) => ("invalid_request_error", "invalid_json"),
             InvalidRequest(_) => ("invalid_request_error", "invalid_request"),
+            TooMany { .. } => ("invalid_request_error", "too_many_items"),
+            BodyTimeout { .. } => ("invalid_request_error", "request_timeout"),
             ClientBody(_) => ("invalid_request_error", "body_read_error"),
             PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
             ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
@@ -271,6 +293,33 @@ impl GatewayError {
     }
 }
 
+/// The envelope's `(type, code)` for an error answer with `status` that did not say (a
+/// worker's own error, see [`crate::proxy::envelope`]): the status's class, and the status
+/// named in snake case (`bad_request`, `internal_server_error`, ...).
+pub fn status_kind(status: StatusCode) -> (&'static str, String) {
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        409 => "conflict_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let code = match status.canonical_reason() {
+        Some(r) => r
+            .chars()
+            .filter_map(|c| match c {
+                ' ' | '-' => Some('_'),
+                c if c.is_ascii_alphanumeric() => Some(c.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect(),
+        None => format!("http_{}", status.as_u16()),
+    };
+    (kind, code)
+}
+
 impl From<NoWorker> for GatewayError {
     fn from(e: NoWorker) -> Self {
         match e {
@@ -331,6 +380,20 @@ mod tests {
     fn each_error_has_its_status_and_envelope() {
         let cases = [
             (GatewayError::InvalidJson("x".into()), 400, "invalid_json"),
+            (
+                GatewayError::TooMany {
+                    field: "n",
+                    count: 5,
+                    limit: 4,
+                },
+                400,
+                "too_many_items",
+            ),
+            (
+                GatewayError::BodyTimeout { secs: 3 },
+                408,
+                "request_timeout",
+            ),
             (
                 GatewayError::PayloadTooLarge { limit: 3 },
                 413,

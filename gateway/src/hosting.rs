@@ -8,7 +8,8 @@
 //! the process's one Prometheus recorder and are served at `/metrics`.
 //!
 //! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
-//! OpenAPI document and Swagger UI, and serves it all with [`kvstore::MasterServer`].
+//! OpenAPI document and Swagger UI, and serves it all with the gateway's own accept loop
+//! ([`crate::serve::accept_loop`]), so its listener has the same client limits.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,8 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, header};
-use kvstore::{Master, MasterConfig, MasterError, MasterServer};
+use hyper::body::Incoming;
+use kvstore::{Master, MasterConfig, MasterError};
 use openapi::master::MasterHealth;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -33,6 +35,8 @@ use crate::auth::{AdminKey, Rejection};
 use crate::config::MasterHostConfig;
 use crate::docs;
 use crate::error::GatewayError;
+use crate::listen::{ClientLimits, DeadlineBody};
+use tower::ServiceExt;
 
 /// A master this process hosts.
 #[derive(Debug, Clone)]
@@ -146,35 +150,51 @@ pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
 /// A running `moongate master`.
 #[derive(Debug)]
 pub struct MasterProcess {
-    server: MasterServer,
+    addr: std::net::SocketAddr,
+    master: Arc<Master>,
+    stop: CancellationToken,
+    http: JoinHandle<std::io::Result<()>>,
+    background: JoinHandle<()>,
     grace: Duration,
 }
 
 impl MasterProcess {
     /// `http://addr`.
     pub fn url(&self) -> String {
-        self.server.url()
+        format!("http://{}", self.addr)
     }
 
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
-        self.server.addr()
+        self.addr
     }
 
     /// The master itself.
     pub fn master(&self) -> &Arc<Master> {
-        self.server.master()
+        &self.master
     }
 
-    /// Stops accepting, lets requests in flight finish (up to the grace period), stops the
-    /// background task.
+    /// Stops accepting, lets requests in flight finish (up to the grace period, then cuts
+    /// them), stops the background task.
     pub async fn shutdown(self) {
-        self.server.stop(self.grace).await;
+        self.stop.cancel();
+        let mut http = self.http;
+        // The accept loop bounds its own wait by the grace period; this is a backstop.
+        if tokio::time::timeout(self.grace + Duration::from_secs(5), &mut http)
+            .await
+            .is_err()
+        {
+            tracing::error!("the master's accept loop did not stop; aborting it");
+            http.abort();
+        }
+        if let Err(e) = self.background.await {
+            tracing::warn!(error = %e, "KV master background task failed");
+        }
     }
 }
 
-/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`). Needs a tokio
-/// runtime.
+/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`), with the
+/// gateway's accept loop and its client limits ([`crate::listen`]). Needs a tokio runtime.
 pub async fn spawn_master(
     cfg: MasterHostConfig,
     listener: TcpListener,
@@ -182,11 +202,26 @@ pub async fn spawn_master(
     let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
     let key = AdminKey::new(cfg.admin_api_key.as_ref());
     let (app, _) = master_app(&hosted, &key);
-    let server = MasterServer::serve_app(hosted.master.clone(), listener, app)
-        .context("serving the KV master")?;
+    let addr = listener.local_addr().context("the master's listener")?;
+    let stop = CancellationToken::new();
+    let grace = Duration::from_secs(cfg.shutdown_grace_period_secs);
+    let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
+    let http = tokio::spawn(crate::serve::accept_loop(
+        listener,
+        svc,
+        stop.clone(),
+        grace,
+        ClientLimits::from(&cfg),
+    ));
+    let background = hosted.spawn_background(stop.clone());
+    tracing::info!(%addr, "KV master serving");
     Ok(MasterProcess {
-        server,
-        grace: Duration::from_secs(cfg.shutdown_grace_period_secs),
+        addr,
+        master: hosted.master,
+        stop,
+        http,
+        background,
+        grace,
     })
 }
 

@@ -29,6 +29,8 @@
 //! - [`request_id`]: the request id, read from `--request-id-headers` or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
+//! - [`listen`]: what a client may hold on a listener: the connection cap, the header and
+//!   body deadlines (408).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
@@ -43,6 +45,7 @@ pub mod demo;
 pub mod docs;
 pub mod error;
 pub mod hosting;
+pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

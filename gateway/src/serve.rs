@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use kvstore::Master;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
@@ -22,7 +20,8 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::auth::AdminKey;
 use crate::config::ServeConfig;
 use crate::hosting::HostedMaster;
-use crate::server::{self, AppState, Front};
+use crate::listen::{self, ClientLimits, DeadlineBody};
+use crate::server::{self, AppState};
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]
@@ -131,21 +130,27 @@ pub async fn spawn_with(
         app,
         state.cancel_token().clone(),
         grace,
+        ClientLimits::from(state.config()),
     ));
     if let Some(port) = state.config().prometheus_port {
         let host = state.config().prometheus_host.clone();
         let metrics_listener = TcpListener::bind((host.as_str(), port))
             .await
             .with_context(|| format!("binding the Prometheus listener {host}:{port}"))?;
-        let st = state.clone();
         let metrics_app = axum::Router::new()
             .route("/metrics", axum::routing::get(server::ops::metrics))
-            .with_state(st.clone());
-        tokio::spawn(async move {
-            axum::serve(metrics_listener, metrics_app)
-                .with_graceful_shutdown(st.cancel_token().clone().cancelled_owned())
-                .await
-        });
+            .with_state(state.clone());
+        let svc =
+            tower::ServiceExt::<http::Request<DeadlineBody<hyper::body::Incoming>>>::boxed_clone(
+                metrics_app,
+            );
+        tokio::spawn(accept_loop(
+            metrics_listener,
+            svc,
+            state.cancel_token().clone(),
+            grace,
+            ClientLimits::from(state.config()),
+        ));
     }
     Ok(Gateway {
         addr,
@@ -157,25 +162,39 @@ pub async fn spawn_with(
 }
 
 /// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
-/// TCP_NODELAY on every connection) until `stop` fires; then stops accepting, asks every
+/// TCP_NODELAY on every connection) under `limits` (connection cap, header and body
+/// deadlines: [`crate::listen`]) until `stop` fires; then stops accepting, asks every
 /// connection to finish its current request and close, waits up to `grace` for that, and
 /// aborts the connections still open. Connection tasks live in a [`JoinSet`], so none
 /// outlives this function.
-pub async fn accept_loop(
+pub async fn accept_loop<S>(
     listener: TcpListener,
-    svc: Front,
+    svc: S,
     stop: CancellationToken,
     grace: Duration,
-) -> std::io::Result<()> {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    limits: ClientLimits,
+) -> std::io::Result<()>
+where
+    S: tower::Service<
+            http::Request<DeadlineBody<hyper::body::Incoming>>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Unpin + Send + 'static,
+{
+    let builder = limits.builder();
     let graceful = GracefulShutdown::new();
+    let slots = limits.slots();
     let mut conns = JoinSet::new();
     loop {
-        let tcp = tokio::select! {
+        let (tcp, slot) = tokio::select! {
             // Reap finished connections so the set does not grow.
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
+            // A slot first: at the cap, new connections wait in the listen backlog.
+            r = accept_with_slot(&listener, &slots) => match r {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -186,14 +205,10 @@ pub async fn accept_loop(
             _ = stop.cancelled() => break,
         };
         let _ = tcp.set_nodelay(true);
-        let conn = builder
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc.clone()))
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let conn = listen::serve_connection(tcp, svc.clone(), limits, &builder, &graceful);
         conns.spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection closed with an error");
-            }
+            conn.await;
+            drop(slot);
         });
     }
     drop(listener);
@@ -211,6 +226,21 @@ pub async fn accept_loop(
         conns.shutdown().await;
     }
     Ok(())
+}
+
+/// The next connection, once a connection slot is free.
+async fn accept_with_slot(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> std::io::Result<(tokio::net::TcpStream, OwnedSemaphorePermit)> {
+    // The semaphore is never closed.
+    let slot = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(std::io::Error::other)?;
+    let (tcp, _) = listener.accept().await?;
+    Ok((tcp, slot))
 }
 
 /// A future that resolves when the process is asked to stop (Ctrl-C / SIGINT, or SIGTERM on

@@ -229,6 +229,18 @@ async fn end_to_end(transport: KvTransport) {
             .iter()
             .all(|e| e.bytes == e.tokens as u64 * TOKEN_BYTES)
     );
+    // The pages went over the transport asked for: the prefill wrote them all, through
+    // shared memory (same host) with `auto`, over TCP with `tcp`; none moved by the other.
+    let t = p.pd().unwrap().transfer_stats();
+    let (used, other) = match transport {
+        KvTransport::Auto => (t.shm_bytes, t.tcp_bytes),
+        KvTransport::Tcp => (t.tcp_bytes, t.shm_bytes),
+    };
+    assert_eq!(
+        (used, other, t.rdma_bytes),
+        (ps.bytes, 0, 0),
+        "{transport:?}: {t:?}"
+    );
     wait("pools full, rooms closed", || idle(&p) && idle(&d)).await;
     gw.shutdown().await;
 }

@@ -155,6 +155,9 @@ pub struct Knobs {
     pub status: AtomicU16,
     /// A streamed answer breaks (the connection is cut) after this many chunks.
     pub break_after: AtomicUsize,
+    /// Inference requests wait (after being recorded) until [`Backend::release`].
+    held: AtomicBool,
+    gate: tokio::sync::Notify,
 }
 
 /// A scripted answer: the JSON body of a non-streamed answer, the events of a stream.
@@ -164,6 +167,9 @@ pub struct Reply {
     pub json: Option<serde_json::Value>,
     /// The `data:` events of a streamed answer (`[DONE]` is appended).
     pub events: Option<Vec<serde_json::Value>>,
+    /// The content type and body of a non-2xx answer (default: JSON
+    /// `{"error":{"message":"scripted <status>"}}`).
+    pub error: Option<(String, String)>,
 }
 
 struct Shared {
@@ -212,6 +218,8 @@ impl Backend {
                 head_delay_ms: AtomicUsize::new(0),
                 status: AtomicU16::new(200),
                 break_after: AtomicUsize::new(usize::MAX),
+                held: AtomicBool::new(false),
+                gate: tokio::sync::Notify::new(),
             },
             seen: Mutex::new(Vec::new()),
             reply: Mutex::new(Reply::default()),
@@ -274,6 +282,28 @@ impl Backend {
     pub fn kill(&self) {
         self.stop.cancel();
     }
+
+    /// Waits until the backend refuses connections (after [`Backend::kill`]).
+    pub async fn wait_refusing(&self) {
+        for _ in 0..250 {
+            if tokio::net::TcpStream::connect(self.addr).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{} still accepts connections", self.url());
+    }
+
+    /// Inference requests from now on wait, once recorded, until [`Backend::release`].
+    pub fn hold(&self) {
+        self.shared.knobs.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets every held request (and the ones to come) go on.
+    pub fn release(&self) {
+        self.shared.knobs.held.store(false, Ordering::SeqCst);
+        self.shared.knobs.gate.notify_waiters();
+    }
 }
 
 async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
@@ -312,17 +342,27 @@ async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
         headers: parts.headers,
         body: body.clone(),
     });
+    loop {
+        let released = s.knobs.gate.notified();
+        if !s.knobs.held.load(Ordering::SeqCst) {
+            break;
+        }
+        released.await;
+    }
     let head_delay = s.knobs.head_delay_ms.load(Ordering::Relaxed);
     if head_delay > 0 {
         tokio::time::sleep(Duration::from_millis(head_delay as u64)).await;
     }
     let status = s.knobs.status.load(Ordering::Relaxed);
-    if status != 200 {
-        let body = serde_json::json!({"error": {"message": format!("scripted {status}")}});
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return (status, axum::Json(body)).into_response();
-    }
     let reply = s.reply.lock().clone();
+    if status != 200 {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if let Some((content_type, body)) = reply.error {
+            return (code, [(http::header::CONTENT_TYPE, content_type)], body).into_response();
+        }
+        let body = serde_json::json!({"error": {"message": format!("scripted {status}")}});
+        return (code, axum::Json(body)).into_response();
+    }
     if !stream {
         let v = reply.json.unwrap_or_else(
             || serde_json::json!({"worker": s.name, "model": s.model, "body_len": body.len()}),

@@ -279,7 +279,7 @@ async fn unreachable_sides_are_named_and_retried_on_a_new_pair() {
     .await;
     ready(&gw, 3).await;
     dead.kill();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    dead.wait_refusing().await;
     let c = reqwest::Client::new();
     // Round robin sends one of the two requests to the dead decode first: it is retried on
     // the live one, with a new room; the client never sees the failure.
@@ -381,6 +381,7 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
         events: Some(vec![
             json!({"text": " a", "meta_info": {"id": "r", "input_token_logprobs": input}}),
         ]),
+        ..Reply::default()
     });
     d.reply(Reply {
         json: Some(
@@ -391,6 +392,7 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
             json!({"text": " a", "meta_info": {"id": "r", "input_token_logprobs": []}}),
             json!({"text": " a b", "meta_info": {"id": "r", "input_token_logprobs": []}}),
         ]),
+        ..Reply::default()
     });
     let v: Value = post(
         &c,
@@ -442,6 +444,7 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
         events: Some(vec![
             json!({"choices": [{"index": 0, "text": "x a", "logprobs": plp}]}),
         ]),
+        ..Reply::default()
     });
     d.reply(Reply {
         json: Some(json!({"choices": [{"index": 0, "text": "x a b", "logprobs": dlp}]})),
@@ -449,6 +452,7 @@ async fn prompt_logprobs_come_from_the_prefill_in_both_shapes() {
             json!({"choices": [{"index": 0, "text": "x a", "logprobs": {"tokens": [" a"], "token_logprobs": [-0.1], "top_logprobs": [null], "text_offset": [2]}}]}),
             json!({"choices": [{"index": 0, "text": " b", "logprobs": {"tokens": [" b"], "token_logprobs": [-0.2], "top_logprobs": [null], "text_offset": [4]}}]}),
         ]),
+        ..Reply::default()
     });
     let req = json!({"prompt": "x", "echo": true, "logprobs": 0});
     let v: Value = post(&c, &url("/v1/completions"), &req)
@@ -541,5 +545,34 @@ async fn readiness_needs_both_sides_and_info_comes_from_a_prefill() {
         "no_ready_prefill_worker",
     )
     .await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_decodes_error_answer_is_put_into_the_envelope() {
+    let (p, d, gw, c) = pair(|c| c.disable_retries = true).await;
+    d.knobs().status.store(400, Ordering::Relaxed);
+    d.reply(Reply {
+        error: Some((
+            "application/json".into(),
+            r#"{"error":{"message":"the prompt is too long"}}"#.into(),
+        )),
+        ..Reply::default()
+    });
+    for stream in [false, true] {
+        let r = post(
+            &c,
+            &format!("{}/generate", gw.url()),
+            &json!({"text": "x", "stream": stream}),
+        )
+        .await;
+        let v = expect_error(r, 400, "bad_request").await;
+        assert_eq!(
+            v["error"],
+            json!({"message": "the prompt is too long", "type": "invalid_request_error", "code": "bad_request"})
+        );
+    }
+    // A client error is nobody's failure.
+    assert_eq!((failures(&gw, &p.url()), failures(&gw, &d.url())), (0, 0));
     gw.shutdown().await;
 }

@@ -399,3 +399,88 @@ async fn prometheus_port_serves_metrics_on_its_own_listener() {
     assert!(text.contains("moongate_gateway_requests_total"), "{text}");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_workers_error_answers_are_put_into_the_envelope_with_status_and_message() {
+    use moongate_tests::Reply;
+    let a = Backend::start("a", "m").await;
+    let gw = moongate_tests::start_regular_gateway(&[&a], |c| c.disable_retries = true).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let json_ct = "application/json".to_string();
+    for (status, content_type, body, stream, want) in [
+        // SGLang's OpenAI routes.
+        (
+            400,
+            json_ct.clone(),
+            r#"{"object":"error","message":"n must be at most 8","type":"BadRequestError","param":null,"code":400}"#,
+            false,
+            json!({"message": "n must be at most 8", "type": "BadRequestError", "code": "bad_request"}),
+        ),
+        // SGLang's native routes, answering a streamed request with JSON.
+        (
+            400,
+            json_ct.clone(),
+            r#"{"error":{"message":"prompt is too long"}}"#,
+            true,
+            json!({"message": "prompt is too long", "type": "invalid_request_error", "code": "bad_request"}),
+        ),
+        // A framework's plain text.
+        (
+            500,
+            "text/plain".to_string(),
+            "Internal Server Error",
+            false,
+            json!({"message": "Internal Server Error", "type": "server_error", "code": "internal_server_error"}),
+        ),
+        // FastAPI's validation error.
+        (
+            422,
+            json_ct.clone(),
+            r#"{"detail":[{"loc":["body","messages"],"msg":"field required"}]}"#,
+            false,
+            json!({"message": r#"[{"loc":["body","messages"],"msg":"field required"}]"#,
+                   "type": "invalid_request_error", "code": "unprocessable_entity"}),
+        ),
+    ] {
+        a.knobs()
+            .status
+            .store(status, std::sync::atomic::Ordering::Relaxed);
+        a.reply(Reply {
+            error: Some((content_type, body.to_string())),
+            ..Reply::default()
+        });
+        let r = c
+            .post(&url)
+            .json(&json!({"model": "m", "messages": [], "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "the worker's status is kept");
+        assert_eq!(r.headers()["content-type"], "application/json");
+        let v = json_of(r).await;
+        assert_eq!(v, json!({"error": want}), "{body}");
+    }
+    // An envelope already, or an event stream: relayed byte for byte.
+    for (content_type, body) in [
+        (
+            "application/json",
+            r#"{"error":{"message":"m","type":"t","code":"c"},"extra":true}"#,
+        ),
+        ("text/event-stream", "data: {\"error\":\"x\"}\n\n"),
+    ] {
+        a.reply(Reply {
+            error: Some((content_type.into(), body.into())),
+            ..Reply::default()
+        });
+        let r = c
+            .post(&url)
+            .json(&json!({"model": "m", "messages": []}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422);
+        assert_eq!(r.text().await.unwrap(), body);
+    }
+    gw.shutdown().await;
+}

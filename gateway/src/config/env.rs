@@ -18,6 +18,14 @@ pub const WORKER_CA_CERT: &str = "MOONGATE_WORKER_CA_CERT";
 pub const OTLP_TRACES_ENDPOINT: &str = "MOONGATE_OTLP_TRACES_ENDPOINT";
 /// `--max-payload-size`.
 pub const MAX_PAYLOAD_SIZE: &str = "MOONGATE_MAX_PAYLOAD_SIZE";
+/// `--max-batch-size`.
+pub const MAX_BATCH_SIZE: &str = "MOONGATE_MAX_BATCH_SIZE";
+/// `--client-header-timeout-secs`.
+pub const CLIENT_HEADER_TIMEOUT_SECS: &str = "MOONGATE_CLIENT_HEADER_TIMEOUT_SECS";
+/// `--client-body-timeout-secs`.
+pub const CLIENT_BODY_TIMEOUT_SECS: &str = "MOONGATE_CLIENT_BODY_TIMEOUT_SECS";
+/// `--max-connections`.
+pub const MAX_CONNECTIONS: &str = "MOONGATE_MAX_CONNECTIONS";
 /// `--request-timeout-secs`.
 pub const REQUEST_TIMEOUT_SECS: &str = "MOONGATE_REQUEST_TIMEOUT_SECS";
 /// `--log-level`.

@@ -41,6 +41,16 @@ pub struct MasterHostConfig {
     /// Runtime threads: 0 = one per CPU the process may run on; 1 = a single-threaded runtime.
     #[arg(long, env = env::WORKER_THREADS, default_value_t = MasterHostConfig::default().worker_threads)]
     pub worker_threads: usize,
+    /// Seconds a client has to send a request's headers (also how long an idle keep-alive
+    /// connection stays open), as `serve`'s.
+    #[arg(long, env = env::CLIENT_HEADER_TIMEOUT_SECS, default_value_t = MasterHostConfig::default().client_header_timeout_secs)]
+    pub client_header_timeout_secs: u64,
+    /// Seconds a client has to send a whole request body (408 beyond), as `serve`'s.
+    #[arg(long, env = env::CLIENT_BODY_TIMEOUT_SECS, default_value_t = MasterHostConfig::default().client_body_timeout_secs)]
+    pub client_body_timeout_secs: u64,
+    /// Client connections open at once (more wait in the listen backlog), as `serve`'s.
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = MasterHostConfig::default().max_connections)]
+    pub max_connections: usize,
     /// The master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
@@ -57,6 +67,9 @@ impl Default for MasterHostConfig {
             log_level: serve.log_level,
             shutdown_grace_period_secs: serve.shutdown_grace_period_secs,
             worker_threads: serve.worker_threads,
+            client_header_timeout_secs: serve.client_header_timeout_secs,
+            client_body_timeout_secs: serve.client_body_timeout_secs,
+            max_connections: serve.max_connections,
             master: serve.master,
         }
     }
@@ -69,8 +82,22 @@ impl MasterHostConfig {
         if self.host.trim().is_empty() {
             errs.push("host must not be empty".to_string());
         }
-        if self.shutdown_grace_period_secs == 0 {
-            errs.push("shutdown_grace_period_secs must be at least 1".to_string());
+        let positive = [
+            (
+                "shutdown_grace_period_secs",
+                self.shutdown_grace_period_secs,
+            ),
+            (
+                "client_header_timeout_secs",
+                self.client_header_timeout_secs,
+            ),
+            ("client_body_timeout_secs", self.client_body_timeout_secs),
+            ("max_connections", self.max_connections as u64),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                errs.push(format!("{name} must be at least 1"));
+            }
         }
         errs.extend(admin_key_problem(&self.admin_api_key));
         errs.extend(master_problem(&self.master));

@@ -1,7 +1,13 @@
 //! Inspect: read the request body (up to `--max-payload-size`) and pull out only what
-//! routing needs (`model`, `stream`), borrowing from the bytes. Nothing else is parsed
-//! into values: other fields are skipped by the parser (which still rejects malformed
-//! JSON with its message), and the original bytes are forwarded unchanged.
+//! routing needs, borrowing from the bytes: `model`, `stream`, and the shape of the fields
+//! that say how big the request is ([`shape`]: how many items a batch holds, `n`, logprob
+//! alternatives), which are checked against `--max-batch-size` ([`RoutingFields::check`])
+//! before anything is sized by them. Nothing else is parsed into values: other fields are
+//! skipped by the parser (which still rejects malformed JSON with its message), inspection
+//! allocates nothing whatever the body holds, and the original bytes are forwarded
+//! unchanged.
+
+pub mod shape;
 
 use std::borrow::Cow;
 
@@ -10,9 +16,14 @@ use http::{HeaderMap, header};
 use http_body_util::BodyExt;
 use serde::Deserialize;
 
+use super::Endpoint;
 use crate::error::GatewayError;
+pub use shape::Shape;
 
-/// The fields routing looks at.
+/// The fields routing looks at (the PD router reads the same ones, see
+/// [`crate::proxy::pd::fields`]). Every field besides `model` and `stream` is read leniently:
+/// a value of an unexpected shape counts as "not asked" rather than failing the request (the
+/// workers judge the request; the gateway only routes it and bounds it).
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct RoutingFields<'a> {
     /// `model` (absent or `null`: any model). Borrowed from the body unless it has escapes.
@@ -21,6 +32,45 @@ pub struct RoutingFields<'a> {
     /// `stream` (absent or `null`: false).
     #[serde(default)]
     pub stream: Option<bool>,
+    /// `/generate`'s `text` (a prompt, or a batch of them).
+    #[serde(default)]
+    pub text: Shape,
+    /// `/generate`'s `input_ids` (token ids, or a batch of token-id lists).
+    #[serde(default)]
+    pub input_ids: Shape,
+    /// `/v1/completions`' `prompt`.
+    #[serde(default)]
+    pub prompt: Shape,
+    /// Choices per prompt (chat, completions; for chat in PD mode each is an item).
+    #[serde(default)]
+    pub n: Shape,
+    /// `/generate`'s `sampling_params` (its `n`: samples per item; a list: one per item).
+    #[serde(default)]
+    pub sampling_params: Shape,
+    /// Chat's alternatives per token.
+    #[serde(default)]
+    pub top_logprobs: Shape,
+    /// `logprobs` (completions: alternatives per token; chat: a flag).
+    #[serde(default)]
+    pub logprobs: Shape,
+    /// `/generate`'s alternatives per token (one count, or one per item).
+    #[serde(default)]
+    pub top_logprobs_num: Shape,
+    /// `/generate`'s `return_logprob` (a flag, or one per item).
+    #[serde(default)]
+    pub return_logprob: Shape,
+    /// `echo` (completions: the prompt, and with `logprobs` its logprobs, come back).
+    #[serde(default)]
+    pub echo: Shape,
+    /// A bootstrap field the client sent itself (any value, `null` included).
+    #[serde(default)]
+    pub bootstrap_host: Shape,
+    /// A bootstrap field the client sent itself.
+    #[serde(default)]
+    pub bootstrap_port: Shape,
+    /// A bootstrap field the client sent itself.
+    #[serde(default)]
+    pub bootstrap_room: Shape,
 }
 
 /// `Option<Cow<str>>` that borrows when it can (serde's own `Cow` impl always copies).
@@ -52,6 +102,29 @@ pub(crate) fn borrowed_str<'de, D: serde::Deserializer<'de>>(
     d.deserialize_option(V)
 }
 
+/// An object key, borrowed from the body when it has no escapes (for the passes that
+/// look keys up without building values: prompt keys, the PD rewrites).
+pub(crate) struct KeyName<'de>(pub(crate) Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for KeyName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = KeyName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<KeyName<'de>, E> {
+                Ok(KeyName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<KeyName<'de>, E> {
+                Ok(KeyName(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 impl RoutingFields<'_> {
     /// The model asked for; an empty string counts as none.
     pub fn model(&self) -> Option<&str> {
@@ -61,6 +134,56 @@ impl RoutingFields<'_> {
     /// Whether the client asked for a stream.
     pub fn is_stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// The field holding the prompts and, for a batch, how many it holds (`None`: one
+    /// prompt). `text` wins over `input_ids` when both are sent (as SGLang reads them).
+    pub fn prompts(&self, endpoint: Endpoint) -> (&'static str, Option<usize>) {
+        match endpoint {
+            Endpoint::Generate => match self.text {
+                Shape::Absent | Shape::Null => ("input_ids", self.input_ids.batch()),
+                _ => ("text", self.text.batch()),
+            },
+            Endpoint::Completions => ("prompt", self.prompt.batch()),
+            Endpoint::ChatCompletions => ("messages", None),
+        }
+    }
+
+    /// Checks every count of the request against `limit` (`--max-batch-size`): the items
+    /// of a batch, samples per item (`n`, `sampling_params.n`), their product, one
+    /// `sampling_params` per item, and logprob alternatives. 400 naming the first count over
+    /// it.
+    pub fn check(&self, endpoint: Endpoint, limit: usize) -> Result<(), GatewayError> {
+        let (prompts, items) = self.prompts(endpoint);
+        let items = items.map_or(1, |n| n as u64);
+        let (samples, n) = match endpoint {
+            Endpoint::Generate => ("sampling_params.n", self.sampling_params.max_count()),
+            _ => ("n", self.n.count()),
+        };
+        let n = n.unwrap_or(1);
+        let counts = [
+            (prompts, Some(items)),
+            (samples, Some(n)),
+            ("items × n", Some(items.saturating_mul(n))),
+            (
+                "sampling_params",
+                self.sampling_params.list_len().map(|l| l as u64),
+            ),
+            ("top_logprobs", self.top_logprobs.max_count()),
+            ("logprobs", self.logprobs.count()),
+            ("top_logprobs_num", self.top_logprobs_num.max_count()),
+        ];
+        match counts
+            .into_iter()
+            .find_map(|(field, c)| c.filter(|&c| c > limit as u64).map(|c| (field, c)))
+        {
+            Some((field, count)) => Err(GatewayError::TooMany {
+                field,
+                count,
+                limit,
+            }),
+            None => Ok(()),
+        }
     }
 }
 

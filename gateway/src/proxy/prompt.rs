@@ -15,9 +15,10 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::Endpoint;
+use super::inspect::KeyName;
 
 /// Longest key kept, in bytes.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
@@ -126,28 +127,6 @@ impl<'de> Visitor<'de> for Top {
             }
         }
         Ok(found)
-    }
-}
-
-/// A map key, borrowed when it has no escapes.
-struct KeyName<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> de::Deserialize<'de> for KeyName<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KeyName<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(KeyName(v.into()))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(KeyName(v.to_owned().into()))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use super::AppState;
 use crate::error::{GatewayError, PdSide};
 use crate::proxy::dispatch::X_REQUEST_ID;
+use crate::proxy::envelope;
 use crate::proxy::inspect::{read_body, routing_fields};
 use crate::proxy::pd::PdInbound;
 use crate::proxy::pd::fields::pd_fields;
@@ -94,8 +95,9 @@ where
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
+    let limit = st.config().max_batch_size;
     if let Some(pd) = st.pd_router() {
-        let fields = match pd_fields(&body) {
+        let fields = match pd_fields(&body).and_then(|f| f.check(endpoint, limit).map(|()| f)) {
             Ok(f) => f,
             Err(e) => return e.into_response(),
         };
@@ -111,7 +113,7 @@ where
             Err(e) => e.into_response(),
         };
     }
-    let fields = match routing_fields(&body) {
+    let fields = match routing_fields(&body).and_then(|f| f.check(endpoint, limit).map(|()| f)) {
         Ok(f) => f,
         Err(e) => return e.into_response(),
     };
@@ -145,12 +147,18 @@ async fn routed(st: AppState, endpoint: Endpoint, req: Request) -> Response {
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // a description for the OpenAPI document, never built
 enum ProxyErrors {
-    /// Malformed JSON.
+    /// Malformed JSON, or a count over the limit.
     #[response(
         status = 400,
-        description = "Malformed JSON (with the parser's message)"
+        description = "Malformed JSON (with the parser's message), or a count over --max-batch-size (`too_many_items`: n, the items of a batch, logprob alternatives)"
     )]
     BadRequest(ErrorResponse),
+    /// The body came too slowly.
+    #[response(
+        status = 408,
+        description = "The body did not arrive within --client-body-timeout-secs (`request_timeout`)"
+    )]
+    TooSlow(ErrorResponse),
     /// Unknown model.
     #[response(status = 404, description = "No worker serves the model")]
     NotFound(ErrorResponse),
@@ -178,6 +186,12 @@ enum ProxyErrors {
     /// Worker timeout.
     #[response(status = 504, description = "No answer before --request-timeout-secs")]
     Timeout(ErrorResponse),
+    /// A worker's own error, relayed.
+    #[response(
+        status = "default",
+        description = "Any other error status a worker answered (its 4xx, or its 5xx once retries are spent), with its message in the OpenAI envelope"
+    )]
+    Worker(ErrorResponse),
 }
 
 /// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
@@ -242,6 +256,7 @@ pub async fn models(State(st): State<AppState>) -> Json<ModelList> {
         (status = 200, description = "The worker's server info, as it answered", body = ServerInfo),
         (status = 502, description = "Worker unreachable", body = ErrorResponse),
         (status = 503, description = "No ready worker", body = ErrorResponse),
+        (status = "default", description = "The worker's own error status, its message in the OpenAI envelope", body = ErrorResponse),
     ))]
 pub async fn server_info(State(st): State<AppState>) -> Response {
     from_one_worker(&st, "/get_server_info").await
@@ -253,6 +268,7 @@ pub async fn server_info(State(st): State<AppState>) -> Response {
         (status = 200, description = "The worker's model info, as it answered", body = ModelInfo),
         (status = 502, description = "Worker unreachable", body = ErrorResponse),
         (status = 503, description = "No ready worker", body = ErrorResponse),
+        (status = "default", description = "The worker's own error status, its message in the OpenAI envelope", body = ErrorResponse),
     ))]
 pub async fn model_info(State(st): State<AppState>) -> Response {
     from_one_worker(&st, "/get_model_info").await
@@ -285,6 +301,11 @@ async fn from_one_worker(st: &AppState, path: &str) -> Response {
     let bearer = worker.bearer();
     match st.client().get_small(uri, bearer.as_deref(), timeout).await {
         Ok((status, body)) => {
+            let body = match status.is_success() {
+                true => body,
+                // The worker's error, in the envelope like every other.
+                false => envelope::wrap(status, &body).map_or(body, Bytes::from),
+            };
             let mut resp = Response::new(axum::body::Body::from(body));
             *resp.status_mut() = status;
             resp.headers_mut().insert(

@@ -85,10 +85,13 @@ impl AppState {
         let pd = config.pd_disaggregation.then(|| {
             PdRouter::new(
                 registry.clone(),
-                policy(config.prefill_policy()),
-                policy(config.decode_policy()),
+                [
+                    policy(config.prefill_policy()),
+                    policy(config.decode_policy()),
+                ],
                 dispatcher.clone(),
                 retry.clone(),
+                crate::proxy::pd::Bounds::from(&config),
             )
         });
         let router = RegularRouter::new(registry, policy(config.policy), dispatcher, retry);

@@ -15,7 +15,7 @@ pub const MAX_SEQUENCES: usize = 1024;
 /// Most tokens one request may make the simulator write (over all its sequences).
 pub const MAX_TOTAL_TOKENS: u64 = 1 << 22;
 /// Roles a chat message may have (compared without case, as SGLang does).
-const ROLES: [&str; 6] = [
+pub const ROLES: [&str; 6] = [
     "system",
     "developer",
     "user",

@@ -13,10 +13,14 @@
 //! pair ([`Failure::retryable`]); nothing has reached the client yet. A side whose head
 //! arrives with a success status is recorded as a success with its breaker.
 //!
-//! Once decode's head is relayed, [`PdBody`] keeps driving the prefill's body while it
-//! relays decode's: if the prefill breaks during a stream, the stream ends with an error
-//! event (decode's request is dropped); the prefill's load guard is released when its own
-//! body ends.
+//! Once decode's head is relayed, the response body ([`RelayBody`], with the prefill as its
+//! [`Companion`]) keeps driving the prefill's body while it relays decode's: if the prefill
+//! breaks during a stream, the stream ends with an error event (decode's request is
+//! dropped); the prefill's load guard is released when its own body ends.
+//!
+//! What is held for a logprob merge is bounded by `--max-payload-size`: a prefill answer
+//! over it is not merged (decode's answer is relayed as it is), and a whole decode answer
+//! over it is relayed unmerged as it arrives.
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -26,7 +30,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use http_body::{Body as _, Frame};
+use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::ResponseFuture;
@@ -36,11 +40,9 @@ use super::merge::{PrefillLogprobs, SseRewriter};
 use crate::error::{GatewayError, PdFailure, PdSide};
 use crate::metrics;
 use crate::proxy::dispatch::DispatchError;
-use crate::proxy::respond::{self, BodyTimeout, strip_hop_by_hop};
+use crate::proxy::respond::{self, Companion, RelayBody, strip_hop_by_hop};
 use crate::proxy::retry::is_retryable_status;
 use crate::workers::{LoadGuard, Outcome, Worker};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why one side failed.
 #[derive(Debug)]
@@ -158,16 +160,20 @@ pub struct PrefillSide {
     worker: Arc<Worker>,
     guard: Option<LoadGuard>,
     collected: Option<BytesMut>,
+    /// The most of the body kept.
+    limit: usize,
 }
 
 impl PrefillSide {
-    /// The prefill request `fut` on the worker `guard` counts on; `collect`: keep its body.
-    pub fn new(fut: ResponseFuture, guard: LoadGuard, collect: bool) -> Self {
+    /// The prefill request `fut` on the worker `guard` counts on; `collect`: keep its body,
+    /// up to `limit` bytes (a longer one is not kept at all).
+    pub fn new(fut: ResponseFuture, guard: LoadGuard, collect: Option<usize>) -> Self {
         Self {
             state: State::Head(fut),
             worker: guard.worker().clone(),
             guard: Some(guard),
-            collected: collect.then(BytesMut::new),
+            collected: collect.map(|_| BytesMut::new()),
+            limit: collect.unwrap_or(0),
         }
     }
 
@@ -227,7 +233,16 @@ impl PrefillSide {
                     }
                     Poll::Ready(Some(Ok(frame))) => {
                         if let (Some(buf), Ok(data)) = (&mut self.collected, frame.into_data()) {
-                            buf.extend_from_slice(&data);
+                            if buf.len() + data.len() > self.limit {
+                                tracing::warn!(
+                                    worker = self.worker.url().as_str(),
+                                    limit = self.limit,
+                                    "prefill answer over --max-payload-size: its logprobs are not merged"
+                                );
+                                self.collected = None;
+                            } else {
+                                buf.extend_from_slice(&data);
+                            }
                         }
                     }
                 },
@@ -251,6 +266,8 @@ pub struct Plan {
     pub stream: bool,
     /// The request timeout, for messages.
     pub timeout_secs: u64,
+    /// The most of an answer held for a merge (`--max-payload-size`).
+    pub hold_limit: usize,
 }
 
 /// Runs one attempt: `prefill` and `decode` are both requests already built for their
@@ -335,48 +352,82 @@ pub async fn run(
     // Phase 2: decode's answer.
     let (mut parts, body) = head.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    let relay = |body, guard, deadline| {
+        RelayBody::new(body, guard, deadline)
+            .on_first_frame(started, metrics::pd_decode_first_byte)
+            .on_break(charge_decode_break)
+    };
     if !merging {
-        let body = PdBody {
-            decode: Some(body),
-            guard: Some(decode_guard),
-            prefill: Some(prefill).filter(|p| !p.is_done()),
-            deadline: reset(deadline),
-            started: Some(started),
-            stream: plan.stream,
-            rewriter: None,
-            ending: None,
-        };
+        let mut body = relay(body, decode_guard, reset(deadline));
+        if !prefill.is_done() {
+            body = body.companion(Box::new(PrefillCompanion {
+                side: prefill,
+                stream: plan.stream,
+            }));
+        }
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
-    let logprobs = PrefillLogprobs::from_body(plan.merge, &prefill.take_body(), plan.stream);
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    let logprobs = PrefillLogprobs::from_body(plan.merge, prefill.take_body(), plan.stream);
     if plan.stream {
-        let body = PdBody {
-            decode: Some(body),
-            guard: Some(decode_guard),
-            prefill: None,
-            deadline: reset(deadline),
-            started: Some(started),
-            stream: true,
-            rewriter: Some(SseRewriter::new(logprobs)),
-            ending: None,
-        };
-        parts.headers.remove(http::header::CONTENT_LENGTH);
+        let body = relay(body, decode_guard, reset(deadline))
+            .rewrite(Box::new(SseRewriter::new(logprobs)));
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
-    let whole = tokio::select! {
-        r = body.collect() => r.map(|c| c.to_bytes()).map_err(|e| SideError::Body(e.to_string())),
+    // A whole answer: read it before the head goes out (a decode breaking now can still be
+    // retried), up to the bound.
+    let held = tokio::select! {
+        r = hold(body, plan.hold_limit) => r.map_err(SideError::Body),
         _ = deadline.as_mut() => Err(SideError::Dispatch(DispatchError::Timeout)),
     };
-    let whole = whole.map_err(|e| fail(PdSide::Decode, &decode_worker, e))?;
-    metrics::pd_decode_first_byte(started.elapsed());
-    drop(decode_guard);
-    let mut logprobs = logprobs;
-    let merged = logprobs
-        .merge_whole(&whole)
-        .map(Bytes::from)
-        .unwrap_or(whole);
-    parts.headers.remove(http::header::CONTENT_LENGTH);
-    Ok(Response::from_parts(parts, Body::from(merged)))
+    match held.map_err(|e| fail(PdSide::Decode, &decode_worker, e))? {
+        Held::Whole(whole) => {
+            metrics::pd_decode_first_byte(started.elapsed());
+            drop(decode_guard);
+            let mut logprobs = logprobs;
+            let merged = logprobs
+                .merge_whole(&whole)
+                .map(Bytes::from)
+                .unwrap_or(whole);
+            Ok(Response::from_parts(parts, Body::from(merged)))
+        }
+        Held::Over(first, rest) => {
+            tracing::warn!(
+                worker = decode_worker.url().as_str(),
+                limit = plan.hold_limit,
+                "decode answer over --max-payload-size: relayed without the merge"
+            );
+            let body = relay(rest, decode_guard, reset(deadline)).queue(first);
+            Ok(Response::from_parts(parts, Body::new(body)))
+        }
+    }
+}
+
+/// A body read whole, or (over the bound) what was read and the rest.
+enum Held {
+    Whole(Bytes),
+    Over(Bytes, Incoming),
+}
+
+/// Reads `body` whole if it fits in `limit` bytes.
+async fn hold(mut body: Incoming, limit: usize) -> Result<Held, String> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        if buf.len() > limit {
+            return Ok(Held::Over(buf.freeze(), body));
+        }
+    }
+    Ok(Held::Whole(buf.freeze()))
+}
+
+/// Charges a decode body that broke mid-answer.
+fn charge_decode_break(w: &Worker) {
+    metrics::pd_failure(PdSide::Decode, Some(PdFailure::BadGateway));
+    w.record_failure();
 }
 
 /// The deadline, moved out for the response body (the attempt is over).
@@ -385,124 +436,38 @@ fn reset(deadline: &mut Pin<Box<Sleep>>) -> Pin<Box<Sleep>> {
     std::mem::replace(deadline, Box::pin(tokio::time::sleep_until(at)))
 }
 
-/// Decode's body relayed to the client (see the module doc).
-pub struct PdBody {
-    decode: Option<Incoming>,
-    guard: Option<LoadGuard>,
-    prefill: Option<PrefillSide>,
-    deadline: Pin<Box<Sleep>>,
-    started: Option<Instant>,
+/// The prefill, driven while decode's answer is relayed (see the module doc).
+struct PrefillCompanion {
+    side: PrefillSide,
+    /// The answer is a stream (a prefill failure ends it with an error event).
     stream: bool,
-    rewriter: Option<SseRewriter>,
-    /// An error event to send, then the end.
-    ending: Option<Bytes>,
 }
 
-impl PdBody {
-    /// The prefill broke while decode's answer was being relayed.
-    fn prefill_failed(&mut self, e: SideError) {
-        let Some(p) = self.prefill.take() else {
-            return;
+impl Companion for PrefillCompanion {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Option<Bytes>>> {
+        let e = match std::task::ready!(self.side.poll(cx)) {
+            Ok(()) => return Poll::Ready(Ok(())),
+            Err(e) => e,
         };
-        let failure = Failure::new(PdSide::Prefill, p.worker(), e, 0);
+        let failure = Failure::new(PdSide::Prefill, self.side.worker(), e, 0);
         failure.charge();
-        tracing::warn!(worker = %p.worker().url().as_str(), cause = %failure.cause,
+        tracing::warn!(worker = %self.side.worker().url().as_str(), cause = %failure.cause,
             "prefill failed while decode's answer was relayed");
-        if self.stream {
-            // Decode would wait for KV that is not coming: stop it and tell the client.
-            self.decode = None;
-            self.guard = None;
-            let env = failure.into_error().envelope();
-            let mut event = b"data: ".to_vec();
-            let _ = serde_json::to_writer(&mut event, &env);
-            event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-            self.ending = Some(Bytes::from(event));
+        if !self.stream {
+            return Poll::Ready(Err(None));
         }
+        // Decode would wait for KV that is not coming: stop it and tell the client.
+        let env = failure.into_error().envelope();
+        let mut event = b"data: ".to_vec();
+        let _ = serde_json::to_writer(&mut event, &env);
+        event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        Poll::Ready(Err(Some(Bytes::from(event))))
     }
 
-    /// Decode's body ended: the prefill, if still going, finishes in the background.
-    fn decode_ended(&mut self) {
-        self.guard = None;
-        self.decode = None;
-        if let Some(mut p) = self.prefill.take() {
-            let until = self.deadline.deadline();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout_at(until, poll_fn(|cx| p.poll(cx))).await;
-            });
-        }
-    }
-}
-
-impl http_body::Body for PdBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        if let Some(p) = &mut this.prefill {
-            match p.poll(cx) {
-                Poll::Ready(Ok(())) => this.prefill = None,
-                Poll::Ready(Err(e)) => this.prefill_failed(e),
-                Poll::Pending => {}
-            }
-        }
-        if let Some(event) = this.ending.take() {
-            return Poll::Ready(Some(Ok(Frame::data(event))));
-        }
-        loop {
-            let Some(decode) = &mut this.decode else {
-                return Poll::Ready(None);
-            };
-            match Pin::new(decode).poll_frame(cx) {
-                Poll::Ready(None) => {
-                    let rest = this.rewriter.as_mut().map(SseRewriter::finish);
-                    this.decode_ended();
-                    return match rest {
-                        Some(rest) if !rest.is_empty() => Poll::Ready(Some(Ok(Frame::data(rest)))),
-                        _ => Poll::Ready(None),
-                    };
-                }
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(t) = this.started.take() {
-                        metrics::pd_decode_first_byte(t.elapsed());
-                    }
-                    match (&mut this.rewriter, frame.into_data()) {
-                        (Some(rw), Ok(data)) => {
-                            let out = rw.push(&data);
-                            // A partial event is held back until it is complete.
-                            if out.is_empty() {
-                                continue;
-                            }
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                        (None, Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                        (_, Err(frame)) => return Poll::Ready(Some(Ok(frame))),
-                    }
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    tracing::debug!(error = %e, "decode response body failed");
-                    metrics::pd_failure(PdSide::Decode, Some(PdFailure::BadGateway));
-                    if let Some(g) = &this.guard {
-                        g.worker().record_failure();
-                    }
-                    this.decode_ended();
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Pending => {
-                    if this.deadline.as_mut().poll(cx).is_ready() {
-                        this.decode_ended();
-                        return Poll::Ready(Some(Err(BodyTimeout.into())));
-                    }
-                    return Poll::Pending;
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.decode.is_none() && self.ending.is_none()
+    fn detach(self: Box<Self>, until: Instant) {
+        let mut side = self.side;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout_at(until, poll_fn(|cx| side.poll(cx))).await;
+        });
     }
 }

@@ -12,102 +12,126 @@
 //!   logprob) it is dropped, so no token appears twice. In a stream the prompt entries go
 //!   into each choice's first chunk.
 //!
-//! Anything that does not parse as expected is passed through unchanged: a merge never
-//! turns a good answer into an error.
+//! Nothing is parsed into values ([`super::raw`]): the prefill's entries are kept as byte
+//! ranges of its answer, and decode's answer is written again with only the merged arrays
+//! changed, every other byte copied; the work and the memory are proportional to the two
+//! answers. Anything that does not parse as expected is passed through unchanged: a merge
+//! never turns a good answer into an error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::fields::MergeKind;
+use super::raw::{self, Members};
+use crate::proxy::respond::Rewrite;
 
 const LOGPROB_KEYS: [&str; 4] = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
 const META_KEYS: [&str; 2] = ["input_token_logprobs", "input_top_logprobs"];
 
+/// A JSON array's elements, as byte ranges of the prefill's answer.
+type Entries = Vec<Range<usize>>;
+
 /// The prefill side's prompt logprobs, per output / choice index.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PrefillLogprobs {
-    kind: Option<MergeKind>,
+    kind: MergeKind,
+    /// The prefill's answer, which the entries point into.
+    body: Bytes,
     /// index -> the arrays to put in front (META_KEYS or LOGPROB_KEYS order).
-    items: HashMap<u64, [Vec<Value>; 4]>,
+    items: HashMap<u64, [Entries; 4]>,
     /// Choices (completions stream) already given their prompt entries.
-    done: HashMap<u64, ()>,
+    done: HashSet<u64>,
 }
 
 impl PrefillLogprobs {
     /// Reads the prefill's answer (`stream`: its SSE body).
-    pub fn from_body(kind: MergeKind, body: &[u8], stream: bool) -> Self {
+    pub fn from_body(kind: MergeKind, body: Bytes, stream: bool) -> Self {
         let mut me = Self {
-            kind: Some(kind),
-            ..Self::default()
+            kind,
+            body: Bytes::new(),
+            items: HashMap::new(),
+            done: HashSet::new(),
         };
         if kind == MergeKind::None {
             return me;
         }
+        let base = body.as_ptr() as usize;
+        // A range of the body from a value read out of it.
+        let at = |v: &RawValue| {
+            let start = v.get().as_ptr() as usize - base;
+            start..start + v.get().len()
+        };
         if stream {
-            for data in sse_data(body) {
-                if let Ok(v) = serde_json::from_slice::<Value>(data) {
-                    me.absorb(&v, true);
+            for data in sse_data(&body) {
+                if let Ok(v) = serde_json::from_slice::<&RawValue>(data) {
+                    me.absorb(v, true, &at);
                 }
             }
-        } else if let Ok(v) = serde_json::from_slice::<Value>(body) {
-            me.absorb(&v, false);
+        } else if let Ok(v) = serde_json::from_slice::<&RawValue>(&body) {
+            me.absorb(v, false, &at);
         }
+        me.body = body;
         me
     }
 
-    fn absorb(&mut self, v: &Value, stream: bool) {
-        match (self.kind, v) {
-            (Some(MergeKind::MetaInfo), Value::Array(list)) => {
-                for (i, out) in list.iter().enumerate() {
-                    self.absorb_meta(i as u64, out);
+    fn absorb(&mut self, v: &RawValue, stream: bool, at: &impl Fn(&RawValue) -> Range<usize>) {
+        match self.kind {
+            MergeKind::MetaInfo => {
+                if let Some(list) = raw::array(v.get()) {
+                    for (i, out) in list.into_iter().enumerate() {
+                        self.absorb_meta(i as u64, out, at);
+                    }
+                } else if let Some(o) = raw::object(v.get()) {
+                    let i = raw::get(&o, "index").and_then(raw::as_u64).unwrap_or(0);
+                    self.absorb_meta(i, v, at);
                 }
             }
-            (Some(MergeKind::MetaInfo), out @ Value::Object(o)) => {
-                let i = o.get("index").and_then(Value::as_u64).unwrap_or(0);
-                self.absorb_meta(i, out);
-            }
-            (Some(MergeKind::CompletionEcho), Value::Object(o)) => {
-                let Some(choices) = o.get("choices").and_then(Value::as_array) else {
+            MergeKind::CompletionEcho => {
+                let Some(choices) = raw::object(v.get())
+                    .and_then(|o| raw::get(&o, "choices"))
+                    .and_then(|c| raw::array(c.get()))
+                else {
                     return;
                 };
                 for c in choices {
+                    let Some(c) = raw::object(c.get()) else {
+                        continue;
+                    };
                     let (Some(i), Some(lp)) = (
-                        c.get("index").and_then(Value::as_u64),
-                        c.get("logprobs").and_then(Value::as_object),
+                        raw::get(&c, "index").and_then(raw::as_u64),
+                        raw::get(&c, "logprobs").and_then(|l| raw::object(l.get())),
                     ) else {
                         continue;
                     };
                     let entry = self.items.entry(i).or_default();
                     for (k, key) in LOGPROB_KEYS.iter().enumerate() {
-                        let add = lp
-                            .get(*key)
-                            .and_then(Value::as_array)
-                            .cloned()
-                            .unwrap_or_default();
+                        let add = elements(&lp, key).into_iter().map(at);
                         // A stream sends each choice in steps: they add up.
-                        if stream {
-                            entry[k].extend(add);
-                        } else {
-                            entry[k] = add;
+                        if !stream {
+                            entry[k].clear();
                         }
+                        entry[k].extend(add);
                     }
                 }
             }
-            _ => {}
+            MergeKind::None => {}
         }
     }
 
-    fn absorb_meta(&mut self, i: u64, out: &Value) {
-        let Some(meta) = out.get("meta_info").and_then(Value::as_object) else {
+    fn absorb_meta(&mut self, i: u64, out: &RawValue, at: &impl Fn(&RawValue) -> Range<usize>) {
+        let Some(meta) = raw::object(out.get())
+            .and_then(|o| raw::get(&o, "meta_info"))
+            .and_then(|m| raw::object(m.get()))
+        else {
             return;
         };
-        let mut arrays: [Vec<Value>; 4] = Default::default();
+        let mut arrays: [Entries; 4] = Default::default();
         for (k, key) in META_KEYS.iter().enumerate() {
-            if let Some(a) = meta.get(*key).and_then(Value::as_array) {
-                arrays[k] = a.clone();
-            }
+            arrays[k] = elements(&meta, key).into_iter().map(at).collect();
         }
         self.items.insert(i, arrays);
     }
@@ -123,23 +147,27 @@ impl PrefillLogprobs {
         if self.items.is_empty() {
             return None;
         }
-        let mut v: Value = serde_json::from_slice(decode).ok()?;
-        let changed = match (self.kind?, &mut v) {
-            (MergeKind::MetaInfo, Value::Array(list)) => {
-                let mut any = false;
-                for (i, out) in list.iter_mut().enumerate() {
-                    any |= self.merge_meta(i as u64, out);
+        let v = serde_json::from_slice::<&RawValue>(decode).ok()?;
+        match self.kind {
+            MergeKind::MetaInfo => match raw::array(v.get()) {
+                Some(list) => {
+                    let new: Vec<Option<Vec<u8>>> = list
+                        .iter()
+                        .enumerate()
+                        .map(|(i, out)| self.merge_meta(i as u64, out))
+                        .collect();
+                    if new.iter().all(Option::is_none) {
+                        return None;
+                    }
+                    let mut out = Vec::with_capacity(decode.len() + self.body.len());
+                    raw::write_array(&mut out, &list, &new);
+                    Some(out)
                 }
-                any
-            }
-            (MergeKind::MetaInfo, out @ Value::Object(_)) => self.merge_meta(0, out),
-            (MergeKind::CompletionEcho, Value::Object(o)) => self.merge_choices(o),
-            _ => false,
-        };
-        if !changed {
-            return None;
+                None => self.merge_meta(0, v),
+            },
+            MergeKind::CompletionEcho => self.merge_choices(v),
+            MergeKind::None => None,
         }
-        serde_json::to_vec(&v).ok()
     }
 
     /// One streamed event's JSON with the merge applied; `None`: leave it as it is.
@@ -147,88 +175,130 @@ impl PrefillLogprobs {
         if self.items.is_empty() {
             return None;
         }
-        let mut v: Value = serde_json::from_slice(data).ok()?;
-        let changed = match (self.kind?, &mut v) {
-            (MergeKind::MetaInfo, out @ Value::Object(_)) => {
-                let i = out.get("index").and_then(Value::as_u64).unwrap_or(0);
-                self.merge_meta(i, out)
+        let v = serde_json::from_slice::<&RawValue>(data).ok()?;
+        match self.kind {
+            MergeKind::MetaInfo => {
+                let o = raw::object(v.get())?;
+                let i = raw::get(&o, "index").and_then(raw::as_u64).unwrap_or(0);
+                self.merge_meta(i, v)
             }
-            (MergeKind::CompletionEcho, Value::Object(o)) => self.merge_choices(o),
-            _ => false,
-        };
-        if !changed {
+            MergeKind::CompletionEcho => self.merge_choices(v),
+            MergeKind::None => None,
+        }
+    }
+
+    /// The text of the prefill's entry `r`.
+    fn entry(&self, r: &Range<usize>) -> &[u8] {
+        self.body.get(r.clone()).unwrap_or_default()
+    }
+
+    /// `[prefill entries..., own...]`.
+    fn joined(&self, prefill: &[Range<usize>], own: &[&RawValue]) -> Vec<u8> {
+        let len: usize = prefill.iter().map(|r| r.len() + 1).sum::<usize>()
+            + own.iter().map(|v| v.get().len() + 1).sum::<usize>();
+        let mut out = Vec::with_capacity(len + 2);
+        out.push(b'[');
+        let parts = prefill
+            .iter()
+            .map(|r| self.entry(r))
+            .chain(own.iter().map(|v| v.get().as_bytes()));
+        for (i, p) in parts.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(p);
+        }
+        out.push(b']');
+        out
+    }
+
+    /// One output with its `meta_info` merged (`None`: unchanged).
+    fn merge_meta(&self, i: u64, out: &RawValue) -> Option<Vec<u8>> {
+        let prefill = self.items.get(&i)?;
+        let o = raw::object(out.get())?;
+        let meta = raw::object(raw::get(&o, "meta_info")?.get())?;
+        let mut replace = Vec::new();
+        for (k, key) in META_KEYS.iter().enumerate() {
+            if prefill[k].is_empty() && raw::get(&meta, key).is_none() {
+                continue;
+            }
+            let own = elements(&meta, key);
+            replace.push((*key, self.joined(&prefill[k], &own)));
+        }
+        if replace.is_empty() {
             return None;
         }
-        serde_json::to_vec(&v).ok()
+        let mut new_meta = Vec::new();
+        raw::write_object(&mut new_meta, &meta, &replace);
+        let mut new = Vec::with_capacity(out.get().len() + new_meta.len());
+        raw::write_object(&mut new, &o, &[("meta_info", new_meta)]);
+        Some(new)
     }
 
-    fn merge_meta(&self, i: u64, out: &mut Value) -> bool {
-        let (Some(prefill), Some(meta)) = (
-            self.items.get(&i),
-            out.get_mut("meta_info").and_then(Value::as_object_mut),
-        ) else {
-            return false;
-        };
-        let mut changed = false;
-        for (k, key) in META_KEYS.iter().enumerate() {
-            if prefill[k].is_empty() && !meta.contains_key(*key) {
-                continue;
-            }
-            let own = match meta.remove(*key) {
-                Some(Value::Array(a)) => a,
-                _ => Vec::new(),
-            };
-            let mut merged = Vec::with_capacity(prefill[k].len() + own.len());
-            merged.extend(prefill[k].iter().cloned());
-            merged.extend(own);
-            meta.insert((*key).to_owned(), Value::Array(merged));
-            changed = true;
+    /// An answer (or event) with its choices' logprobs merged (`None`: unchanged).
+    fn merge_choices(&mut self, v: &RawValue) -> Option<Vec<u8>> {
+        let o = raw::object(v.get())?;
+        let choices = raw::array(raw::get(&o, "choices")?.get())?;
+        let mut new_choices: Vec<Option<Vec<u8>>> = Vec::with_capacity(choices.len());
+        for c in &choices {
+            new_choices.push(self.merge_choice(c));
         }
-        changed
+        if new_choices.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut list = Vec::new();
+        raw::write_array(&mut list, &choices, &new_choices);
+        let mut out = Vec::with_capacity(v.get().len() + list.len());
+        raw::write_object(&mut out, &o, &[("choices", list)]);
+        Some(out)
     }
 
-    fn merge_choices(&mut self, o: &mut Map<String, Value>) -> bool {
-        let Some(choices) = o.get_mut("choices").and_then(Value::as_array_mut) else {
-            return false;
-        };
-        let mut changed = false;
-        for c in choices {
-            let Some(i) = c.get("index").and_then(Value::as_u64) else {
-                continue;
-            };
-            if self.done.insert(i, ()).is_some() {
-                continue;
+    /// One choice with the prompt entries in front of its logprobs, the first time it is
+    /// seen (`None`: unchanged).
+    fn merge_choice(&mut self, c: &RawValue) -> Option<Vec<u8>> {
+        let c = raw::object(c.get())?;
+        let i = raw::get(&c, "index").and_then(raw::as_u64)?;
+        if !self.done.insert(i) {
+            return None;
+        }
+        let prefill = self.items.get(&i)?;
+        let lp = raw::object(raw::get(&c, "logprobs")?.get())?;
+        let own: Vec<Vec<&RawValue>> = LOGPROB_KEYS.iter().map(|k| elements(&lp, k)).collect();
+        // The prefill's last entry is decode's first token when token and logprob match.
+        let n = prefill[0].len();
+        let same = |own: Option<&&RawValue>, last: Option<&Range<usize>>| match (own, last) {
+            (Some(a), Some(b)) => {
+                let a = serde_json::from_str::<Value>(a.get()).ok();
+                let b = serde_json::from_slice::<Value>(self.entry(b)).ok();
+                a.is_some() && a == b
             }
-            let (Some(prefill), Some(lp)) = (
-                self.items.get(&i),
-                c.get_mut("logprobs").and_then(Value::as_object_mut),
-            ) else {
-                continue;
-            };
-            let arr = |lp: &Map<String, Value>, key: &str| {
-                lp.get(key)
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-            };
-            let own: Vec<Vec<Value>> = LOGPROB_KEYS.iter().map(|k| arr(lp, k)).collect();
-            // The prefill's last entry is decode's first token when token and logprob match.
-            let n = prefill[0].len();
-            let overlap = n > 0
-                && prefill[1].len() == n
-                && own[0].first() == prefill[0].last()
-                && own[1].first() == prefill[1].last();
-            for (k, key) in LOGPROB_KEYS.iter().enumerate() {
+            _ => false,
+        };
+        let overlap = n > 0
+            && prefill[1].len() == n
+            && same(own[0].first(), prefill[0].last())
+            && same(own[1].first(), prefill[1].last());
+        let replace: Vec<(&str, Vec<u8>)> = LOGPROB_KEYS
+            .iter()
+            .enumerate()
+            .map(|(k, key)| {
                 let keep = prefill[k].len().saturating_sub(usize::from(overlap));
-                let mut merged = Vec::with_capacity(keep + own[k].len());
-                merged.extend(prefill[k][..keep].iter().cloned());
-                merged.extend(own[k].iter().cloned());
-                lp.insert((*key).to_owned(), Value::Array(merged));
-            }
-            changed = true;
-        }
-        changed
+                (*key, self.joined(&prefill[k][..keep], &own[k]))
+            })
+            .collect();
+        let mut new_lp = Vec::new();
+        raw::write_object(&mut new_lp, &lp, &replace);
+        let mut out = Vec::new();
+        raw::write_object(&mut out, &c, &[("logprobs", new_lp)]);
+        Some(out)
     }
+}
+
+/// The elements of `members[key]` when it is an array (else none).
+fn elements<'a>(members: &Members<'a>, key: &str) -> Vec<&'a RawValue> {
+    raw::get(members, key)
+        .and_then(|v| raw::array(v.get()))
+        .unwrap_or_default()
 }
 
 /// The `data:` payloads of an SSE body (without the `[DONE]` marker).
@@ -245,6 +315,8 @@ fn sse_data(body: &[u8]) -> impl Iterator<Item = &[u8]> {
 #[derive(Debug)]
 pub struct SseRewriter {
     buf: BytesMut,
+    /// Bytes of `buf` already searched for an event's end.
+    scanned: usize,
     merge: PrefillLogprobs,
 }
 
@@ -253,6 +325,7 @@ impl SseRewriter {
     pub fn new(merge: PrefillLogprobs) -> Self {
         Self {
             buf: BytesMut::new(),
+            scanned: 0,
             merge,
         }
     }
@@ -261,16 +334,22 @@ impl SseRewriter {
     pub fn push(&mut self, chunk: &[u8]) -> Bytes {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::with_capacity(self.buf.len() + 256);
-        while let Some(end) = find(&self.buf, b"\n\n") {
+        // An event's end may straddle two frames: look again from one byte back.
+        while let Some(end) = find(&self.buf[self.scanned.saturating_sub(1)..], b"\n\n")
+            .map(|e| e + self.scanned.saturating_sub(1))
+        {
             let event = self.buf.split_to(end + 2);
+            self.scanned = 0;
             self.rewrite(&event, &mut out);
         }
+        self.scanned = self.buf.len();
         Bytes::from(out)
     }
 
     /// What is left at the end of the body (an event without its blank line).
     pub fn finish(&mut self) -> Bytes {
         let rest = self.buf.split();
+        self.scanned = 0;
         let mut out = Vec::with_capacity(rest.len());
         if !rest.is_empty() {
             self.rewrite(&rest, &mut out);
@@ -294,6 +373,16 @@ impl SseRewriter {
     }
 }
 
+impl Rewrite for SseRewriter {
+    fn push(&mut self, chunk: &[u8]) -> Bytes {
+        SseRewriter::push(self, chunk)
+    }
+
+    fn finish(&mut self) -> Bytes {
+        SseRewriter::finish(self)
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -305,7 +394,7 @@ mod tests {
 
     /// Decode's whole answer merged with the prefill's.
     fn merged(kind: MergeKind, prefill: &Value, decode: &Value) -> Value {
-        let mut m = PrefillLogprobs::from_body(kind, prefill.to_string().as_bytes(), false);
+        let mut m = PrefillLogprobs::from_body(kind, Bytes::from(prefill.to_string()), false);
         let out = m
             .merge_whole(decode.to_string().as_bytes())
             .expect("a merge");
@@ -355,7 +444,7 @@ mod tests {
     fn meta_info_stream_by_index() {
         let prefill = b"data: {\"index\":1,\"meta_info\":{\"input_token_logprobs\":[[null,5,null]]}}\n\n\
                         data: {\"index\":0,\"meta_info\":{\"input_token_logprobs\":[[null,4,null]]}}\n\ndata: [DONE]\n\n";
-        let m = PrefillLogprobs::from_body(MergeKind::MetaInfo, prefill, true);
+        let m = PrefillLogprobs::from_body(MergeKind::MetaInfo, Bytes::from_static(prefill), true);
         let mut rw = SseRewriter::new(m);
         let events = "data: {\"index\":0,\"text\":\"x\",\"meta_info\":{\"input_token_logprobs\":[]}}\n\n\
                       data: {\"index\":1,\"text\":\"y\",\"meta_info\":{}}\n\ndata: [DONE]\n\n";
@@ -363,7 +452,7 @@ mod tests {
         for cut in 0..events.len() {
             let mut rw2 = SseRewriter::new(PrefillLogprobs::from_body(
                 MergeKind::MetaInfo,
-                prefill,
+                Bytes::from_static(prefill),
                 true,
             ));
             let mut out = rw2.push(&events.as_bytes()[..cut]).to_vec();
@@ -411,7 +500,11 @@ mod tests {
     fn completion_echo_stream_goes_into_each_first_chunk() {
         let prefill = "data: {\"choices\":[{\"index\":0,\"logprobs\":{\"tokens\":[\"<s>\",\" a\"],\"token_logprobs\":[null,-1.0],\"top_logprobs\":[null,null],\"text_offset\":[0,0]}}]}\n\n\
                        data: {\"choices\":[{\"index\":0,\"logprobs\":{\"tokens\":[\" x\"],\"token_logprobs\":[-0.5],\"top_logprobs\":[null],\"text_offset\":[2]}}]}\n\ndata: [DONE]\n\n";
-        let m = PrefillLogprobs::from_body(MergeKind::CompletionEcho, prefill.as_bytes(), true);
+        let m = PrefillLogprobs::from_body(
+            MergeKind::CompletionEcho,
+            Bytes::from_static(prefill.as_bytes()),
+            true,
+        );
         let mut rw = SseRewriter::new(m);
         let d1 = "data: {\"choices\":[{\"index\":0,\"text\":\"a x\",\"logprobs\":{\"tokens\":[\" x\"],\"token_logprobs\":[-0.5],\"top_logprobs\":[null],\"text_offset\":[2]}}]}\n\n";
         let d2 = "data: {\"choices\":[{\"index\":0,\"text\":\" y\",\"logprobs\":{\"tokens\":[\" y\"],\"token_logprobs\":[-0.25],\"top_logprobs\":[null],\"text_offset\":[4]}}]}\n\n";
@@ -425,7 +518,8 @@ mod tests {
 
     #[test]
     fn unexpected_shapes_pass_through() {
-        let mut m = PrefillLogprobs::from_body(MergeKind::MetaInfo, b"not json", false);
+        let mut m =
+            PrefillLogprobs::from_body(MergeKind::MetaInfo, Bytes::from_static(b"not json"), false);
         assert!(m.is_empty());
         assert!(m.merge_whole(b"[1,2]").is_none());
         assert!(m.merge_whole(b"oops").is_none());

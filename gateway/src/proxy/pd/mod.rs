@@ -5,7 +5,7 @@
 //! decode policy) -> [`rewrite`] (bootstrap host, port and fresh rooms spliced into the
 //! body) -> [`exchange`] (both requests in flight, the first failure cancels the other,
 //! decode's answer relayed) -> [`merge`] (the prefill's prompt logprobs put into decode's
-//! answer when asked for).
+//! answer when asked for). [`raw`] reads JSON without building values, for the rewrites.
 //!
 //! A failure before decode's answer is relayed (a side unreachable, broken, or answering
 //! 408/429/500/502/503/504) is retried after a backoff (up to `--retry-max-retries`
@@ -15,6 +15,7 @@
 pub mod exchange;
 pub mod fields;
 pub mod merge;
+pub mod raw;
 pub mod rewrite;
 
 use std::sync::Arc;
@@ -47,16 +48,35 @@ pub struct PdRouter {
     decode_policy: Policy,
     dispatcher: Dispatcher,
     retry: RetryPolicy,
+    bounds: Bounds,
+}
+
+/// What a PD request may size.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Items of a batch, each with its room (`--max-batch-size`).
+    pub max_batch: usize,
+    /// Bytes of an answer held for a logprob merge (`--max-payload-size`).
+    pub hold: usize,
+}
+
+impl From<&crate::config::ServeConfig> for Bounds {
+    fn from(c: &crate::config::ServeConfig) -> Self {
+        Self {
+            max_batch: c.max_batch_size,
+            hold: c.max_payload_size,
+        }
+    }
 }
 
 impl PdRouter {
-    /// A router over `registry`'s prefill and decode workers.
+    /// A router over `registry`'s prefill and decode workers, within `bounds`.
     pub fn new(
         registry: Arc<Registry>,
-        prefill_policy: Policy,
-        decode_policy: Policy,
+        [prefill_policy, decode_policy]: [Policy; 2],
         dispatcher: Dispatcher,
         retry: RetryPolicy,
+        bounds: Bounds,
     ) -> Self {
         Self {
             registry,
@@ -64,6 +84,7 @@ impl PdRouter {
             decode_policy,
             dispatcher,
             retry,
+            bounds,
         }
     }
 
@@ -109,6 +130,7 @@ impl PdRouter {
             merge: req.fields.merge(req.endpoint),
             stream: req.fields.is_stream(),
             timeout_secs: self.dispatcher.timeout().as_secs(),
+            hold_limit: self.bounds.hold,
         };
         let replace = req.fields.has_bootstrap();
         let key = if self.prefill_policy.needs_key() || self.decode_policy.needs_key() {
@@ -155,7 +177,7 @@ impl PdRouter {
             };
             tries.attempts += 1;
             // A new pair gets new rooms: a retried request never reuses a cancelled room.
-            let rooms = Rooms::mint(batch);
+            let rooms = Rooms::mint(batch, self.bounds.max_batch)?;
             let host = prefill.url().authority().host();
             let body = rewrite::inject(&req.body, host, prefill.bootstrap_port(), &rooms, replace)?;
             let out = Outgoing {
@@ -175,7 +197,7 @@ impl PdRouter {
             let p_side = PrefillSide::new(
                 client.request(p_req),
                 p_guard,
-                plan.merge != MergeKind::None,
+                (plan.merge != MergeKind::None).then_some(plan.hold_limit),
             );
             let d_fut = client.request(d_req);
             match exchange::run(p_side, d_fut, d_guard, plan, &mut deadline).await {

@@ -6,15 +6,24 @@
 //!
 //! The body is not re-serialized: the fields are spliced in front of the object's closing
 //! brace, so every byte the client sent reaches both workers unchanged (a copy of the body
-//! plus ~100 bytes is all the work). Only when the client sent bootstrap fields itself is
-//! the object parsed and written again without them, so no key appears twice.
+//! plus ~100 bytes per item is all the work). Only when the client sent bootstrap fields
+//! itself is the object written again without them, so no key appears twice: its members
+//! are copied as the client wrote them (values byte for byte), and only the top-level
+//! bootstrap keys are left out. Either way the new body is the old one's size plus the
+//! fields, and the rooms are minted only for a batch within `--max-batch-size`.
 
+use std::fmt;
 use std::io::Write;
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::error::GatewayError;
+use crate::proxy::inspect::KeyName;
+
+/// The keys the rewrite owns.
+const BOOTSTRAP_KEYS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
 
 /// The rooms of one attempt: one, or one per item of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,11 +35,17 @@ pub enum Rooms {
 }
 
 impl Rooms {
-    /// Fresh rooms for a request (`batch`: `Some(n)` for `n` items).
-    pub fn mint(batch: Option<usize>) -> Self {
+    /// Fresh rooms for a request (`batch`: `Some(n)` for `n` items); a batch over `limit`
+    /// (`--max-batch-size`) gets none.
+    pub fn mint(batch: Option<usize>, limit: usize) -> Result<Self, GatewayError> {
         match batch {
-            None => Rooms::One(new_room()),
-            Some(n) => Rooms::Many((0..n).map(|_| new_room()).collect()),
+            None => Ok(Rooms::One(new_room())),
+            Some(n) if n > limit => Err(GatewayError::TooMany {
+                field: "bootstrap_room",
+                count: n as u64,
+                limit,
+            }),
+            Some(n) => Ok(Rooms::Many((0..n).map(|_| new_room()).collect())),
         }
     }
 
@@ -59,15 +74,62 @@ pub fn inject(
     replace: bool,
 ) -> Result<Bytes, GatewayError> {
     if replace {
-        let mut map: Map<String, Value> = serde_json::from_slice(body)
-            .map_err(|e| GatewayError::InvalidRequest(format!("invalid request: {e}")))?;
-        for k in ["bootstrap_host", "bootstrap_port", "bootstrap_room"] {
-            map.remove(k);
-        }
-        let clean = serde_json::to_vec(&map).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let clean = without_bootstrap(body)?;
         return splice(&clean, host, port, rooms);
     }
     splice(body, host, port, rooms)
+}
+
+/// The object `body` without its top-level bootstrap keys: every other member copied as
+/// the client wrote it (keys re-escaped, values byte for byte).
+fn without_bootstrap(body: &[u8]) -> Result<Vec<u8>, GatewayError> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut de = serde_json::Deserializer::from_slice(body);
+    Members { out: &mut out }
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|e| GatewayError::InvalidRequest(format!("invalid request: {e}")))?;
+    Ok(out)
+}
+
+/// Writes an object's members, bootstrap keys left out, as an object into `out`.
+struct Members<'o> {
+    out: &'o mut Vec<u8>,
+}
+
+impl<'de> DeserializeSeed<'de> for Members<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Members<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.out.push(b'{');
+        let mut first = true;
+        while let Some(KeyName(k)) = map.next_key::<KeyName<'de>>()? {
+            let v: &'de RawValue = map.next_value()?;
+            if BOOTSTRAP_KEYS.contains(&k.as_ref()) {
+                continue;
+            }
+            if !first {
+                self.out.push(b',');
+            }
+            first = false;
+            serde_json::to_writer(&mut *self.out, k.as_ref()).map_err(serde::de::Error::custom)?;
+            self.out.push(b':');
+            self.out.extend_from_slice(v.get().as_bytes());
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
 }
 
 fn splice(
@@ -143,7 +205,7 @@ fn splice(
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{Map, Value, json};
 
     fn parse(b: &[u8]) -> Map<String, Value> {
         serde_json::from_slice(b).expect("valid JSON after the splice")
@@ -192,13 +254,17 @@ mod tests {
 
     #[test]
     fn rooms_are_fresh_63_bit_values() {
-        let Rooms::Many(r) = Rooms::mint(Some(64)) else {
+        let Rooms::Many(r) = Rooms::mint(Some(64), 64).unwrap() else {
             panic!("a batch gets a list");
         };
         let distinct: std::collections::HashSet<_> = r.iter().collect();
         assert_eq!(distinct.len(), 64);
         assert!(r.iter().all(|&x| x < 1 << 63));
-        assert!(matches!(Rooms::mint(None), Rooms::One(x) if x < 1 << 63));
+        assert!(matches!(Rooms::mint(None, 1), Ok(Rooms::One(x)) if x < 1 << 63));
+        // Over the limit: no room is minted at all.
+        let e = Rooms::mint(Some(100_000_000_000), 4096).unwrap_err();
+        assert_eq!(e.status().as_u16(), 400);
+        assert!(e.to_string().contains("--max-batch-size"), "{e}");
     }
 
     /// Arbitrary JSON values (strings with escapes and non-ASCII, nested objects, lists).
@@ -241,7 +307,7 @@ mod tests {
             let mut body = pad.clone().into_bytes();
             body.extend(if pretty { serde_json::to_vec_pretty(&obj) } else { serde_json::to_vec(&obj) }.unwrap());
             body.extend_from_slice(pad.as_bytes());
-            let rooms = Rooms::mint(batch);
+            let rooms = Rooms::mint(batch, 8).unwrap();
             let out = inject(&body, "prefill-0.local", port, &rooms, false).unwrap();
             let mut got = parse(&out);
             let port_v = port.map_or(Value::Null, |p| json!(p));

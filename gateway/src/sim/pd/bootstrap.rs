@@ -40,37 +40,72 @@ struct TableInner {
     ranks: HashMap<RankKey, RankInfo>,
 }
 
+/// Most ranks one prefill server may declare (SGLang deployments have a few hundred).
+pub const MAX_RANKS: u64 = 1 << 16;
+
 impl Table {
-    fn expected(r: &RegisterRank) -> usize {
-        let dp = if r.system_dp_size == 1 {
-            r.attn_dp_size
+    /// The data-parallel size and rank of a registration (SGLang's reading of the two
+    /// kinds of data parallelism).
+    fn dp(r: &RegisterRank) -> (u32, u32) {
+        if r.system_dp_size == 1 {
+            (r.attn_dp_size, r.attn_dp_rank)
         } else {
-            r.system_dp_size
-        };
-        (dp * r.attn_cp_size * r.attn_tp_size * r.pp_size) as usize
+            (r.system_dp_size, r.system_dp_rank)
+        }
+    }
+
+    /// Ranks the topology of `r` has: checked, never overflowing, at most [`MAX_RANKS`].
+    fn expected(r: &RegisterRank) -> Result<u64, String> {
+        let sizes = [Self::dp(r).0, r.attn_cp_size, r.attn_tp_size, r.pp_size];
+        if sizes.contains(&0) {
+            return Err("every parallel size must be at least 1".into());
+        }
+        sizes
+            .iter()
+            .try_fold(1u64, |acc, &s| acc.checked_mul(u64::from(s)))
+            .filter(|&n| n <= MAX_RANKS)
+            .ok_or_else(|| format!("the topology declares more than {MAX_RANKS} ranks"))
     }
 
     fn is_ready(t: &TableInner) -> bool {
         t.first
             .as_ref()
-            .is_some_and(|f| t.ranks.len() >= Self::expected(f))
+            .and_then(|f| Self::expected(f).ok())
+            .is_some_and(|n| t.ranks.len() as u64 >= n)
     }
 
-    /// Registers a rank (what `PUT /route` does).
-    pub fn register(&self, r: RegisterRank) {
-        let dp = if r.system_dp_size == 1 {
-            r.attn_dp_rank
-        } else {
-            r.system_dp_rank
-        };
+    /// Registers a rank (what `PUT /route` does). Refused, with the reason: a topology that
+    /// overflows or declares more than [`MAX_RANKS`] ranks, a topology other than the first
+    /// registration's, or a rank outside it (so the table holds at most one entry per rank
+    /// of one sane topology, whatever a peer sends).
+    pub fn register(&self, r: RegisterRank) -> Result<(), String> {
+        Self::expected(&r)?;
+        let (dp_size, dp) = Self::dp(&r);
+        let ranks = [
+            (dp, dp_size),
+            (r.attn_cp_rank, r.attn_cp_size),
+            (r.attn_tp_rank, r.attn_tp_size),
+            (r.pp_rank, r.pp_size),
+        ];
+        if ranks.iter().any(|&(rank, size)| rank >= size) {
+            return Err("a rank is outside its parallel size".into());
+        }
+        let mut t = self.inner.lock();
+        if let Some(f) = &t.first {
+            let topology =
+                |r: &RegisterRank| (Self::dp(r).0, r.attn_cp_size, r.attn_tp_size, r.pp_size);
+            if topology(f) != topology(&r) {
+                return Err("the topology differs from the first registration's".into());
+            }
+        }
         let key = (dp, r.attn_cp_rank, r.attn_tp_rank, r.pp_rank);
         let info = RankInfo {
             rank_ip: r.rank_ip.clone(),
             rank_port: r.rank_port,
         };
-        let mut t = self.inner.lock();
         t.ranks.insert(key, info);
         t.first.get_or_insert(r);
+        Ok(())
     }
 }
 
@@ -89,11 +124,11 @@ async fn route(
     body: Bytes,
 ) -> Response {
     match method {
-        Method::PUT => match serde_json::from_slice::<RegisterRank>(&body) {
-            Ok(r) => {
-                table.register(r);
-                (StatusCode::OK, "OK").into_response()
-            }
+        Method::PUT => match serde_json::from_slice::<RegisterRank>(&body)
+            .map_err(|e| e.to_string())
+            .and_then(|r| table.register(r))
+        {
+            Ok(()) => (StatusCode::OK, "OK").into_response(),
             Err(e) => (StatusCode::BAD_REQUEST, format!("Bad registration: {e}")).into_response(),
         },
         Method::GET => lookup(&table, query.map(|q| q.0).unwrap_or_default()),
@@ -137,11 +172,7 @@ fn lookup(table: &Table, q: RouteQuery) -> Response {
         let info = PrefillServerInfo {
             attn_tp_size: f.attn_tp_size,
             attn_cp_size: f.attn_cp_size,
-            dp_size: if f.system_dp_size == 1 {
-                f.attn_dp_size
-            } else {
-                f.system_dp_size
-            },
+            dp_size: Table::dp(f).0,
             pp_size: f.pp_size,
             page_size: Some(f.page_size),
             kv_cache_dtype: Some(f.kv_cache_dtype.clone()),
@@ -409,6 +440,56 @@ mod tests {
             call(&app, Method::PUT, "/route", "{}").await.0,
             StatusCode::BAD_REQUEST
         );
+    }
+
+    #[tokio::test]
+    async fn hostile_registrations_are_refused_with_a_reason() {
+        let table = Arc::new(Table::default());
+        let app = router(table.clone());
+        let put = |r: RegisterRank| serde_json::to_string(&r).unwrap();
+        // Sizes whose product overflows u32 (and u64): refused, no panic.
+        let overflow = RegisterRank {
+            attn_tp_size: u32::MAX,
+            attn_cp_size: u32::MAX,
+            attn_dp_size: u32::MAX,
+            pp_size: u32::MAX,
+            ..rank(0, 1)
+        };
+        let zero = RegisterRank {
+            pp_size: 0,
+            ..rank(0, 1)
+        };
+        let outside = rank(5, 2);
+        for (r, why) in [
+            (overflow, "more than 65536 ranks"),
+            (zero, "at least 1"),
+            (outside, "outside its parallel size"),
+        ] {
+            let (s, t) = call(&app, Method::PUT, "/route", &put(r)).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST);
+            assert!(
+                t.starts_with("Bad registration: ") && t.contains(why),
+                "{t}"
+            );
+        }
+        // Once a topology is known, another one is refused.
+        assert_eq!(
+            call(&app, Method::PUT, "/route", &put(rank(0, 2))).await.0,
+            StatusCode::OK
+        );
+        let (s, t) = call(&app, Method::PUT, "/route", &put(rank(0, 4))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(t.contains("differs from the first"), "{t}");
+        assert_eq!(table.inner.lock().ranks.len(), 1);
+        // Bad query numbers are 400s too.
+        let (s, _) = call(
+            &app,
+            Method::GET,
+            "/route?prefill_dp_rank=99999999999999999999&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+            "",
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -408,6 +408,12 @@ impl PdState {
         self.engine.segment_name()
     }
 
+    /// What this worker's transfer engine moved so far, per transport (which one carried
+    /// the KV pages: TCP, shared memory, RDMA).
+    pub fn transfer_stats(&self) -> transfer::TransferStats {
+        self.engine.stats()
+    }
+
     /// Every room moved from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<KvEvent> {
         self.events.subscribe()
@@ -469,10 +475,12 @@ async fn serve_bootstrap(
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)))
         .context("the transfer engine's segment is not host:port")?;
-    table.register(RegisterRank {
-        prefill_http_port: Some(http_port),
-        ..RegisterRank::single(rank_ip, rank_port, cfg.page_size, "bfloat16")
-    });
+    table
+        .register(RegisterRank {
+            prefill_http_port: Some(http_port),
+            ..RegisterRank::single(rank_ip, rank_port, cfg.page_size, "bfloat16")
+        })
+        .map_err(|e| anyhow::anyhow!("registering this worker's rank: {e}"))?;
     let app = bootstrap::router(table);
     let stop = stop.clone();
     tokio::spawn(async move {

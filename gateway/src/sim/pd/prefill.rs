@@ -399,15 +399,8 @@ impl Prefill {
             return Err("the decode side gave the room up".into());
         }
         let page_bytes = self.common.layout.page_bytes() as u64;
-        let dst = wire::pages_of(&reg.runs, page_bytes);
-        if dst.len() != lease.pages().len() {
-            return Err(format!(
-                "the decode registered {} pages for {} tokens; {} are needed",
-                dst.len(),
-                tokens,
-                lease.pages().len()
-            ));
-        }
+        let dst = wire::pages_of(&reg.runs, page_bytes, lease.pages().len())
+            .map_err(|e| format!("the decode's registration for {tokens} tokens: {}", e.0))?;
         let peer: Segment = self
             .common
             .engine
@@ -487,7 +480,9 @@ fn coalesce(
         let used = layout.used_bytes(i, tokens);
         let off = pool.offset(src);
         run = match run {
-            Some((s, a, len)) if s + len == off && a + len as u64 == d && len % page == 0 => {
+            Some((s, a, len))
+                if s + len == off && a.checked_add(len as u64) == Some(d) && len % page == 0 =>
+            {
                 Some((s, a, len + used))
             }
             Some((s, a, len)) => {

@@ -137,7 +137,7 @@ impl Message {
         let msg = match kind {
             1 => {
                 let (tokens, page_tokens, page_bytes, n) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-                if r.0.len() != n as usize * 12 {
+                if Some(r.0.len()) != (n as usize).checked_mul(12) {
                     return Err(bad("run list length does not match its count"));
                 }
                 let mut runs = Vec::with_capacity(n as usize);
@@ -154,7 +154,7 @@ impl Message {
             }
             2 => {
                 let (group, n) = (r.u32()?, r.u32()?);
-                if r.0.len() != n as usize * 4 {
+                if Some(r.0.len()) != (n as usize).checked_mul(4) {
                     return Err(bad("checksum list length does not match its count"));
                 }
                 let crcs = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
@@ -197,19 +197,43 @@ impl Reader<'_> {
 pub fn runs(addrs: impl IntoIterator<Item = u64>, step: u64) -> Vec<(u64, u32)> {
     let mut out: Vec<(u64, u32)> = Vec::new();
     for a in addrs {
+        let next = out.last().and_then(|&(start, n)| {
+            u64::from(n)
+                .checked_mul(step)
+                .and_then(|d| start.checked_add(d))
+                .filter(|_| n < u32::MAX)
+        });
         match out.last_mut() {
-            Some((start, n)) if *start + u64::from(*n) * step == a => *n += 1,
+            Some((_, n)) if next == Some(a) => *n += 1,
             _ => out.push((a, 1)),
         }
     }
     out
 }
 
-/// The address of every page the runs cover, in order.
-pub fn pages_of(runs: &[(u64, u32)], step: u64) -> Vec<u64> {
-    runs.iter()
-        .flat_map(|&(a, n)| (0..u64::from(n)).map(move |i| a + i * step))
-        .collect()
+/// The address of every page the runs cover, in order: exactly `expected` pages, each
+/// address within `u64` (a peer's registration is checked before anything is sized by it).
+pub fn pages_of(runs: &[(u64, u32)], step: u64, expected: usize) -> Result<Vec<u64>, WireError> {
+    let total = runs
+        .iter()
+        .try_fold(0u64, |t, &(_, n)| t.checked_add(u64::from(n)));
+    if total != Some(expected as u64) {
+        return Err(WireError(format!(
+            "{} pages registered where {expected} are needed",
+            total.map_or_else(|| "more than 2^64".to_owned(), |t| t.to_string())
+        )));
+    }
+    let mut out = Vec::with_capacity(expected);
+    for &(a, n) in runs {
+        for i in 0..u64::from(n) {
+            let addr = i
+                .checked_mul(step)
+                .and_then(|d| a.checked_add(d))
+                .ok_or_else(|| WireError(format!("a page run at {a:#x} runs past 2^64")))?;
+            out.push(addr);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -251,7 +275,21 @@ mod tests {
         let addrs = [100, 110, 120, 200, 210, 130];
         let r = runs(addrs, 10);
         assert_eq!(r, vec![(100, 3), (200, 2), (130, 1)]);
-        assert_eq!(pages_of(&r, 10), addrs.to_vec());
+        assert_eq!(pages_of(&r, 10, 6).unwrap(), addrs.to_vec());
+        // Addresses at the top of the space do not wrap into a run.
+        assert_eq!(runs([u64::MAX - 5, 4], 10), vec![(u64::MAX - 5, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn hostile_runs_are_refused_before_anything_is_sized() {
+        // Four billion pages claimed: refused by count, nothing allocated for them.
+        let huge = vec![(0x1000, u32::MAX); 5000];
+        let e = pages_of(&huge, 4096, 8).unwrap_err();
+        assert!(e.0.contains("where 8 are needed"), "{e}");
+        // A run past the end of the address space.
+        let e = pages_of(&[(u64::MAX - 10, 2)], 4096, 2).unwrap_err();
+        assert!(e.0.contains("past 2^64"), "{e}");
+        assert_eq!(pages_of(&[], 4096, 0).unwrap(), Vec::<u64>::new());
     }
 
     proptest! {
@@ -262,6 +300,20 @@ mod tests {
             m.push(kind);
             m.extend(b);
             let _ = Message::decode(&m);
+        }
+
+        /// Any registration a peer can send: its pages are expanded only when they are as
+        /// many as needed, and never by overflowing arithmetic.
+        #[test]
+        fn any_registered_runs_expand_or_are_refused(
+            runs in prop::collection::vec((any::<u64>(), any::<u32>()), 0..8),
+            step in 1u64..1 << 40,
+            expected in 0usize..64,
+        ) {
+            match pages_of(&runs, step, expected) {
+                Ok(pages) => prop_assert_eq!(pages.len(), expected),
+                Err(e) => prop_assert!(e.0.contains("pages registered") || e.0.contains("2^64")),
+            }
         }
     }
 }

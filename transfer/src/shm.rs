@@ -347,11 +347,11 @@ async fn run_one(batch: &Arc<BatchState>, job: &CopyJob, yield_between: bool) ->
             return Ok(()); // cancelled or expired: its status is already set
         };
         let n = CHUNK.min(req.len - done);
-        let mut parts = vec![(local_lock, req.local_offset + done, n, local_access)];
-        if let Some(l) = remote_lock {
-            parts.push((l, remote_off + done, n, remote_access));
-        }
-        let held = lock_all(&parts);
+        let local_part = (local_lock, req.local_offset + done, n, local_access);
+        let held = match remote_lock {
+            Some(l) => lock_all(&[local_part, (l, remote_off + done, n, remote_access)]),
+            None => lock_all(&[local_part]),
+        };
         let (s, d) = (src.add(done).0, dst.add(done).0);
         if overlapping(s, d, n) {
             // SAFETY: src and dst are inside registered memory validated for req.len bytes

@@ -16,9 +16,11 @@
 //! region into another, or into itself) take all their stripes at once, in one global order
 //! (the stripes' addresses), each stripe once: they cannot deadlock.
 
+use std::marker::PhantomData;
 use std::ops::Range;
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RawRwLock;
+use parking_lot::lock_api::RawRwLock as _;
 
 /// Most stripes per region.
 pub(crate) const MAX_STRIPES: usize = 256;
@@ -28,7 +30,7 @@ pub(crate) const MIN_STRIPE: usize = 64 << 10;
 /// The striped CPU access lock of one region (offsets are from the region's first byte).
 pub(crate) struct CpuLock {
     shift: u32,
-    stripes: Box<[RwLock<()>]>,
+    stripes: Box<[RawRwLock]>,
 }
 
 impl std::fmt::Debug for CpuLock {
@@ -51,45 +53,55 @@ pub(crate) enum Access {
     Write,
 }
 
-pub(crate) enum Guard<'a> {
-    Read(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
-    Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
+/// A run of consecutive stripes of one lock, held in one mode.
+struct Run<'a> {
+    lock: &'a CpuLock,
+    stripes: Range<usize>,
+    access: Access,
 }
 
-/// Stripes held for one copy; released on drop. One stripe (the common case: a copy of
-/// less than a stripe) is held without allocating.
-pub(crate) enum Held<'a> {
-    /// Nothing (an empty range).
-    Empty,
-    /// One stripe.
-    One(#[allow(dead_code)] Guard<'a>),
-    /// Several stripes, in the order taken.
-    Many(Vec<Guard<'a>>),
+/// Stripes held for one copy (at most two runs: one per region); released on drop. Holding
+/// any number of stripes allocates nothing. Not `Send`: released by the thread that took
+/// it (and never held across an await).
+pub(crate) struct Held<'a> {
+    runs: [Option<Run<'a>>; 2],
+    _not_send: PhantomData<*const ()>,
 }
 
 impl<'a> Held<'a> {
-    fn take(&mut self, stripe: &'a RwLock<()>, access: Access) {
-        let g = match access {
-            Access::Read => Guard::Read(stripe.read()),
-            Access::Write => Guard::Write(stripe.write()),
-        };
-        match std::mem::replace(self, Held::Empty) {
-            Held::Empty => *self = Held::One(g),
-            Held::One(first) => *self = Held::Many(vec![first, g]),
-            Held::Many(mut v) => {
-                v.push(g);
-                *self = Held::Many(v);
+    fn take(lock: &'a CpuLock, stripes: Range<usize>, access: Access) -> Run<'a> {
+        for s in &lock.stripes[stripes.clone()] {
+            match access {
+                Access::Read => s.lock_shared(),
+                Access::Write => s.lock_exclusive(),
             }
+        }
+        Run {
+            lock,
+            stripes,
+            access,
         }
     }
 
     /// Number of stripes held.
     #[cfg(test)]
     pub(crate) fn stripes(&self) -> usize {
-        match self {
-            Held::Empty => 0,
-            Held::One(_) => 1,
-            Held::Many(v) => v.len(),
+        self.runs.iter().flatten().map(|r| r.stripes.len()).sum()
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for run in self.runs.iter().flatten() {
+            for s in &run.lock.stripes[run.stripes.clone()] {
+                match run.access {
+                    // SAFETY: `take` locked exactly these stripes in this mode for this
+                    // `Held`, which is dropped once, by the thread that took it (not Send).
+                    Access::Read => unsafe { s.unlock_shared() },
+                    // SAFETY: as above, exclusively.
+                    Access::Write => unsafe { s.unlock_exclusive() },
+                }
+            }
         }
     }
 }
@@ -104,7 +116,7 @@ impl CpuLock {
         let n = len.div_ceil(stripe).max(1);
         Self {
             shift: stripe.trailing_zeros(),
-            stripes: (0..n).map(|_| RwLock::new(())).collect(),
+            stripes: (0..n).map(|_| RawRwLock::INIT).collect(),
         }
     }
 
@@ -120,38 +132,54 @@ impl CpuLock {
 
     /// Holds `[off, off + len)` for `access` (stripes taken in ascending order).
     pub(crate) fn lock(&self, off: usize, len: usize, access: Access) -> Held<'_> {
-        let span = self.span(off, len);
-        let mut held = Held::Empty;
-        for s in &self.stripes[span] {
-            held.take(s, access);
+        Held {
+            runs: [Some(Held::take(self, self.span(off, len), access)), None],
+            _not_send: PhantomData,
         }
-        held
     }
 }
 
-/// Holds the ranges `parts` (lock, offset, length, access) of one or more regions at once:
-/// stripes in ascending address order, each once (exclusive if any part writes it).
+/// Holds the ranges `parts` (lock, offset, length, access; at most two) of one or two
+/// regions at once. Stripes are taken in one global order: by region (the address of its
+/// stripes), then ascending; two parts of one region are taken as one run covering both,
+/// exclusive if either writes (a region copied into itself). So copies that cross each
+/// other cannot deadlock, and no stripe is taken twice.
 pub(crate) fn lock_all<'a>(parts: &[(&'a CpuLock, usize, usize, Access)]) -> Held<'a> {
-    let mut want: Vec<(usize, &'a RwLock<()>, Access)> = Vec::new();
-    for &(l, off, len, access) in parts {
-        for s in &l.stripes[l.span(off, len)] {
-            want.push((s as *const RwLock<()> as usize, s, access));
-        }
+    assert!(parts.len() <= 2, "lock_all takes at most two ranges");
+    let mut want: [Option<(&'a CpuLock, Range<usize>, Access)>; 2] = [None, None];
+    for (i, &(l, off, len, access)) in parts.iter().enumerate() {
+        want[i] = Some((l, l.span(off, len), access));
     }
-    want.sort_by_key(|w| w.0);
-    let mut held = Held::Empty;
-    let mut i = 0;
-    while i < want.len() {
-        let mut access = want[i].2;
-        let mut j = i + 1;
-        while j < want.len() && want[j].0 == want[i].0 {
-            if want[j].2 == Access::Write {
-                access = Access::Write;
-            }
-            j += 1;
+    if let [Some(a), Some(b)] = &want
+        && std::ptr::eq(a.0, b.0)
+    {
+        let merged = if a.1.is_empty() {
+            b.1.clone()
+        } else if b.1.is_empty() {
+            a.1.clone()
+        } else {
+            a.1.start.min(b.1.start)..a.1.end.max(b.1.end)
+        };
+        let access = if a.2 == Access::Write || b.2 == Access::Write {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        want = [Some((a.0, merged, access)), None];
+    }
+    if let [Some(a), Some(b)] = &want
+        && (b.0.stripes.as_ptr() as usize) < (a.0.stripes.as_ptr() as usize)
+    {
+        want.swap(0, 1);
+    }
+    let mut held = Held {
+        runs: [None, None],
+        _not_send: PhantomData,
+    };
+    for (slot, w) in held.runs.iter_mut().zip(want) {
+        if let Some((l, span, access)) = w {
+            *slot = Some(Held::take(l, span, access));
         }
-        held.take(want[i].1, access);
-        i = j;
     }
     held
 }
@@ -179,29 +207,37 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_parts_take_each_stripe_once_and_writes_win() {
+    fn overlapping_parts_of_one_region_are_one_run_and_writes_win() {
         let l = CpuLock::new(4 * MIN_STRIPE);
         // A region copied into itself: the same stripes read and written.
         let held = lock_all(&[
             (&l, 0, 2 * MIN_STRIPE, Access::Read),
             (&l, MIN_STRIPE, 2 * MIN_STRIPE, Access::Write),
         ]);
-        assert_eq!(held.stripes(), 3);
+        assert_eq!(held.stripes(), 3, "each stripe once");
+        for i in 0..3 {
+            assert!(!l.stripes[i].try_lock_shared(), "stripe {i} is exclusive");
+        }
         assert!(
-            l.stripes[1].try_read().is_none(),
-            "written stripe is exclusive"
+            l.stripes[3].try_lock_exclusive(),
+            "the untouched stripe is free"
         );
-        assert!(l.stripes[2].try_read().is_none());
-        assert!(
-            l.stripes[0].try_read().is_some(),
-            "read-only stripe is shared"
-        );
-        assert!(
-            l.stripes[3].try_write().is_some(),
-            "untouched stripe is free"
-        );
+        // SAFETY: taken just above by this thread.
+        unsafe { l.stripes[3].unlock_exclusive() };
         drop(held);
-        assert!(l.stripes.iter().all(|s| s.try_write().is_some()));
+        for s in l.stripes.iter() {
+            assert!(s.try_lock_exclusive(), "released");
+            // SAFETY: taken just above by this thread.
+            unsafe { s.unlock_exclusive() };
+        }
+        // Reads of two regions are shared.
+        let m = CpuLock::new(MIN_STRIPE);
+        let held = lock_all(&[(&l, 0, 1, Access::Read), (&m, 0, 1, Access::Read)]);
+        assert_eq!(held.stripes(), 2);
+        assert!(l.stripes[0].try_lock_shared());
+        // SAFETY: taken just above by this thread.
+        unsafe { l.stripes[0].unlock_shared() };
+        drop(held);
     }
 
     /// Two threads copying A->B and B->A at once, over and over: a lock order that depended

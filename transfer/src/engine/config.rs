@@ -286,6 +286,15 @@ mod tests {
     }
 
     #[test]
+    fn secrets_are_hidden_from_debug_and_kept_by_serde() {
+        let s = Secret::new("k-123");
+        assert_eq!(format!("{s:?}"), "Secret(<hidden>)");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"k-123\"");
+        assert_eq!(serde_json::from_str::<Secret>("\"k-123\"").unwrap(), s);
+        assert_eq!("k-123".parse::<Secret>().unwrap().expose(), "k-123");
+    }
+
+    #[test]
     fn http_metadata_options_are_optional_and_the_key_hidden() {
         let m = MetadataConfig::Http {
             url: "https://m/metadata".into(),

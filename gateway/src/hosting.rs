@@ -8,7 +8,8 @@
 //! the process's one Prometheus recorder and are served at `/metrics`.
 //!
 //! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
-//! OpenAPI document and Swagger UI, and serves it all with [`kvstore::MasterServer`].
+//! OpenAPI document and Swagger UI, and serves it all with `moongate serve`'s accept loop
+//! ([`crate::serve::accept_loop`]: graceful shutdown, TLS with `--tls-cert-file`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, header};
-use kvstore::{Master, MasterConfig, MasterError, MasterServer};
+use kvstore::{Master, MasterConfig, MasterError};
 use openapi::master::MasterHealth;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -146,47 +147,79 @@ pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
 /// A running `moongate master`.
 #[derive(Debug)]
 pub struct MasterProcess {
-    server: MasterServer,
+    addr: std::net::SocketAddr,
+    tls: bool,
+    master: Arc<Master>,
+    stop: CancellationToken,
+    serving: JoinHandle<std::io::Result<()>>,
+    background: JoinHandle<()>,
     grace: Duration,
 }
 
 impl MasterProcess {
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with TLS.
     pub fn url(&self) -> String {
-        self.server.url()
+        format!("{}://{}", crate::tls::scheme(self.tls), self.addr)
     }
 
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
-        self.server.addr()
+        self.addr
     }
 
     /// The master itself.
     pub fn master(&self) -> &Arc<Master> {
-        self.server.master()
+        &self.master
     }
 
-    /// Stops accepting, lets requests in flight finish (up to the grace period), stops the
-    /// background task.
+    /// Stops accepting, lets requests in flight finish (up to the grace period, then cuts
+    /// them), stops the background task.
     pub async fn shutdown(self) {
-        self.server.stop(self.grace).await;
+        self.stop.cancel();
+        let mut serving = self.serving;
+        // The accept loop bounds its own wait by the grace period; this is a backstop.
+        let backstop = self.grace + Duration::from_secs(5);
+        if tokio::time::timeout(backstop, &mut serving).await.is_err() {
+            tracing::error!("the master's accept loop did not stop; aborting it");
+            serving.abort();
+        }
+        if let Err(e) = self.background.await {
+            tracing::warn!(error = %e, "KV master background task failed");
+        }
     }
 }
 
-/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`). Needs a tokio
-/// runtime.
+/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`), over TLS when
+/// `cfg` names a certificate and key, with the same accept loop as `moongate serve`. Needs
+/// a tokio runtime.
 pub async fn spawn_master(
     cfg: MasterHostConfig,
     listener: TcpListener,
 ) -> anyhow::Result<MasterProcess> {
     let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
     let key = AdminKey::new(cfg.admin_api_key.as_ref());
+    let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let (app, _) = master_app(&hosted, &key);
-    let server = MasterServer::serve_app(hosted.master.clone(), listener, app)
-        .context("serving the KV master")?;
+    let addr = listener.local_addr().context("listener address")?;
+    let grace = Duration::from_secs(cfg.shutdown_grace_period_secs);
+    let stop = CancellationToken::new();
+    let background = hosted.spawn_background(stop.clone());
+    let serving = tokio::spawn(crate::serve::accept_loop(
+        listener,
+        tls.clone(),
+        app,
+        stop.clone(),
+        grace,
+    ));
     Ok(MasterProcess {
-        server,
-        grace: Duration::from_secs(cfg.shutdown_grace_period_secs),
+        addr,
+        tls: tls.is_some(),
+        master: hosted.master,
+        stop,
+        serving,
+        background,
+        grace,
     })
 }
 
@@ -198,7 +231,7 @@ pub async fn run_master(cfg: MasterHostConfig) -> anyhow::Result<()> {
     let stop = crate::serve::shutdown_signal();
     let keyed = cfg.admin_api_key.is_some();
     let process = spawn_master(cfg, listener).await?;
-    tracing::info!(addr = %process.addr(), admin_key = keyed, "moongate master listening");
+    tracing::info!(addr = %process.addr(), url = %process.url(), admin_key = keyed, "moongate master listening");
     stop.await;
     tracing::info!("shutting down");
     process.shutdown().await;

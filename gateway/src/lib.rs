@@ -29,6 +29,7 @@
 //! - [`request_id`]: the request id, read from `--request-id-headers` or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
+//! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
@@ -51,4 +52,5 @@ pub mod select;
 pub mod serve;
 pub mod server;
 pub mod sim;
+pub mod tls;
 pub mod workers;

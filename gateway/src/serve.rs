@@ -4,11 +4,14 @@
 //! cut the connections still open (a stream that never ends cannot hold the process), and
 //! stop the master's background task.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::response::Response;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -16,13 +19,14 @@ use hyper_util::service::TowerToHyperService;
 use kvstore::Master;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::AdminKey;
 use crate::config::ServeConfig;
 use crate::hosting::HostedMaster;
-use crate::server::{self, AppState, Front};
+use crate::server::{self, AppState};
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]
@@ -36,9 +40,10 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let tls = self.state.config().tls_cert_file.is_some();
+        format!("{}://{}", crate::tls::scheme(tls), self.addr)
     }
 
     /// The shared state (registry, workers, config).
@@ -125,9 +130,13 @@ pub async fn spawn_with(
 ) -> anyhow::Result<Gateway> {
     let grace = Duration::from_secs(state.config().shutdown_grace_period_secs);
     let addr = listener.local_addr()?;
+    let cfg = state.config();
+    let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let app = server::app_with(state.clone(), extra);
     let task = tokio::spawn(accept_loop(
         listener,
+        tls,
         app,
         state.cancel_token().clone(),
         grace,
@@ -157,16 +166,26 @@ pub async fn spawn_with(
 }
 
 /// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
-/// TCP_NODELAY on every connection) until `stop` fires; then stops accepting, asks every
-/// connection to finish its current request and close, waits up to `grace` for that, and
-/// aborts the connections still open. Connection tasks live in a [`JoinSet`], so none
-/// outlives this function.
-pub async fn accept_loop(
+/// with `tls`, each connection's TLS handshake first, bounded by
+/// [`crate::tls::HANDSHAKE_TIMEOUT`], then HTTP/1.1 or HTTP/2 by ALPN; TCP_NODELAY on
+/// every connection) until `stop` fires; then stops accepting, asks every connection to
+/// finish its current request and close, waits up to `grace` for that, and aborts the
+/// connections still open. Connection tasks live in a [`JoinSet`], so none outlives this
+/// function.
+pub async fn accept_loop<S>(
     listener: TcpListener,
-    svc: Front,
+    tls: Option<TlsAcceptor>,
+    svc: S,
     stop: CancellationToken,
     grace: Duration,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: tower::Service<http::Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
@@ -186,12 +205,23 @@ pub async fn accept_loop(
             _ = stop.cancelled() => break,
         };
         let _ = tcp.set_nodelay(true);
-        let conn = builder
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc.clone()))
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let svc = TowerToHyperService::new(svc.clone());
+        let (builder, watcher, tls) = (builder.clone(), graceful.watcher(), tls.clone());
         conns.spawn(async move {
-            if let Err(e) = conn.await {
+            let served = match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+                    watcher.watch(conn.into_owned()).await
+                }
+                Some(acceptor) => {
+                    let Some(stream) = crate::tls::handshake(&acceptor, tcp).await else {
+                        return;
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    watcher.watch(conn.into_owned()).await
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
         });

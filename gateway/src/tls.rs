@@ -83,7 +83,10 @@ pub fn scheme(tls: bool) -> &'static str {
 
 /// Completes the server side of a TLS handshake on `tcp` within [`HANDSHAKE_TIMEOUT`];
 /// `None` (logged at debug) when the client fails it, leaves or stalls.
-pub(crate) async fn handshake(acceptor: &TlsAcceptor, tcp: TcpStream) -> Option<TlsStream<TcpStream>> {
+pub(crate) async fn handshake(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+) -> Option<TlsStream<TcpStream>> {
     let peer = tcp.peer_addr().ok();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => Some(stream),
@@ -103,7 +106,11 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tls")).join(name)
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls"
+        ))
+        .join(name)
     }
 
     #[test]

@@ -22,7 +22,9 @@ use transfer::{ClusterSecret, HttpMetadata, TransferError};
 /// A fresh cluster secret file (0600) in `dir`, and the store key derived from it.
 fn secret_in(dir: &Path, name: &str) -> (PathBuf, String) {
     let path = dir.join(name);
-    let key = ClusterSecret::load_or_create(&path).unwrap().store_api_key();
+    let key = ClusterSecret::load_or_create(&path)
+        .unwrap()
+        .store_api_key();
     (path, key)
 }
 
@@ -154,7 +156,10 @@ async fn clients_without_the_ca_or_the_secret_are_refused_and_told_why() {
         metadata: "p2p".into(),
         ..client_cfg(&url, &other, 1 << 20)
     };
-    let e = StoreClient::connect(stranger).await.map(|_| ()).unwrap_err();
+    let e = StoreClient::connect(stranger)
+        .await
+        .map(|_| ())
+        .unwrap_err();
     assert_eq!(e.name(), "UNAUTHORIZED", "{e}");
     let md = HttpMetadata::with_auth(
         &format!("{url}/metadata"),
@@ -174,7 +179,10 @@ async fn clients_without_the_ca_or_the_secret_are_refused_and_told_why() {
         ..client_cfg(&url, &other, 0)
     };
     let c = StoreClient::connect(explicit).await.unwrap();
-    assert_eq!(c.get("absent").await.unwrap_err().name(), "OBJECT_NOT_FOUND");
+    assert_eq!(
+        c.get("absent").await.unwrap_err().name(),
+        "OBJECT_NOT_FOUND"
+    );
     c.close().await.unwrap();
     m.shutdown().await;
 }
@@ -188,7 +196,10 @@ fn https_client(http1: bool) -> reqwest::Client {
 }
 
 async fn versions_served(url: &str, path: &str) {
-    for (http1, want) in [(false, http::Version::HTTP_2), (true, http::Version::HTTP_11)] {
+    for (http1, want) in [
+        (false, http::Version::HTTP_2),
+        (true, http::Version::HTTP_11),
+    ] {
         let r = https_client(http1)
             .get(format!("{url}{path}"))
             .send()

@@ -106,7 +106,10 @@ mod tests {
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
         let e = ca_certificates(&empty).unwrap_err();
-        assert!(e.contains("empty.pem") && e.contains("no PEM certificate"), "{e}");
+        assert!(
+            e.contains("empty.pem") && e.contains("no PEM certificate"),
+            "{e}"
+        );
         let e = trust_roots(Some(&dir.path().join("missing.pem"))).unwrap_err();
         assert!(e.contains("missing.pem"), "{e}");
         // Without an extra file the system's roots alone are trusted (possibly none).
@@ -127,7 +130,9 @@ mod tests {
                 Some(&self.0)
             }
         }
-        let e = Outer(std::io::Error::other("invalid peer certificate: UnknownIssuer"));
+        let e = Outer(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        ));
         assert_eq!(
             describe(&e),
             "client error (Connect): invalid peer certificate: UnknownIssuer"

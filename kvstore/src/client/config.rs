@@ -263,16 +263,15 @@ impl ClientConfig {
     /// An HTTP metadata service gets the store key and the master's CA: it is the
     /// master's `/metadata` (or a server trusted like it).
     pub fn engine_config(&self) -> StoreResult<EngineConfig> {
-        let metadata = match MetadataConfig::from_str(&self.metadata)
-            .map_err(StoreError::InvalidArgument)?
-        {
-            MetadataConfig::Http { url, .. } => MetadataConfig::Http {
-                url,
-                api_key: self.store_api_key.clone(),
-                ca_cert_file: self.master_ca_cert.clone(),
-            },
-            p2p => p2p,
-        };
+        let metadata =
+            match MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)? {
+                MetadataConfig::Http { url, .. } => MetadataConfig::Http {
+                    url,
+                    api_key: self.store_api_key.clone(),
+                    ca_cert_file: self.master_ca_cert.clone(),
+                },
+                p2p => p2p,
+            };
         Ok(EngineConfig {
             listen: self.listen,
             advertise_host: self.advertise_host.clone(),
@@ -365,7 +364,10 @@ mod tests {
         }
         .redacted();
         let json = serde_json::to_string(&shown).unwrap();
-        assert!(!json.contains("s-key-1") && !json.contains("a-key-1"), "{json}");
+        assert!(
+            !json.contains("s-key-1") && !json.contains("a-key-1"),
+            "{json}"
+        );
         assert!(json.contains("\"store_api_key\":\"<hidden>\""), "{json}");
         // The admin key is no flag: a storage node never holds it.
         assert!(Cli::try_parse_from(["x", "--admin-api-key", "k"]).is_err());

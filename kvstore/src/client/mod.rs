@@ -435,7 +435,10 @@ fn master_rpc(config: &ClientConfig, engine: &TransferEngine) -> StoreResult<Mas
         config.master_ca_cert.as_deref(),
     )?;
     if rpc::in_the_clear_off_host(rpc.base()) {
-        tracing::warn!(master = rpc.base(), "the store key goes to a master on another host over plain HTTP; give it an https:// URL");
+        tracing::warn!(
+            master = rpc.base(),
+            "the store key goes to a master on another host over plain HTTP; give it an https:// URL"
+        );
     }
     Ok(rpc)
 }

@@ -89,9 +89,8 @@ pub(crate) fn in_the_clear_off_host(base: &str) -> bool {
 
 /// `Bearer <key>`, marked sensitive, or an error naming the setting.
 fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
-    let mut v = HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
-        StoreError::InvalidArgument(format!("{name} is not a valid header value"))
-    })?;
+    let mut v = HeaderValue::try_from(format!("Bearer {}", key.expose()))
+        .map_err(|_| StoreError::InvalidArgument(format!("{name} is not a valid header value")))?;
     v.set_sensitive(true);
     Ok(v)
 }
@@ -159,9 +158,7 @@ impl MasterRpc {
     ) -> StoreResult<Self> {
         let base = master_url(base)?;
         let store_auth = bearer("store_api_key", store_key)?;
-        let admin_auth = admin_key
-            .map(|k| bearer("admin_api_key", k))
-            .transpose()?;
+        let admin_auth = admin_key.map(|k| bearer("admin_api_key", k)).transpose()?;
         let roots = transfer::tls::trust_roots(ca_cert)
             .map_err(|e| StoreError::InvalidArgument(format!("master_ca_cert: {e}")))?;
         let mut connector = HttpConnector::new();
@@ -537,6 +534,9 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("master_ca_cert") && e.contains("/nonexistent/ca.pem"), "{e}");
+        assert!(
+            e.contains("master_ca_cert") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
     }
 }

@@ -281,7 +281,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(partial.lanes_per_peer, 4);
-        assert_eq!(partial.metadata, MetadataConfig::http("http://m:8080/metadata"));
+        assert_eq!(
+            partial.metadata,
+            MetadataConfig::http("http://m:8080/metadata")
+        );
         assert!(serde_json::from_str::<EngineConfig>(r#"{"lanes":4}"#).is_err());
     }
 

@@ -4,7 +4,6 @@
 //! plus the ones `--worker-ca-cert` adds.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,8 +12,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture, connect::HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
+
+pub use transfer::tls::{ca_certificates, describe};
 
 /// Largest control-plane response read (health, model discovery).
 const SMALL_BODY_LIMIT: usize = 1024 * 1024;
@@ -32,33 +31,9 @@ impl Default for HttpClient {
 }
 
 /// The trust roots for `https://` workers: the system's, plus every certificate in the PEM
-/// file `extra` (a private CA). An unreadable file, or one without a certificate, is an
-/// error naming it; system roots that do not load are skipped (a host without any can still
-/// trust `extra`).
+/// file `extra` (`--worker-ca-cert`, a private CA); see [`transfer::tls::trust_roots`].
 pub fn worker_roots(extra: Option<&Path>) -> Result<rustls::RootCertStore, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    let system = rustls_native_certs::load_native_certs();
-    roots.add_parsable_certificates(system.certs);
-    if let Some(path) = extra {
-        for c in ca_certificates(path)? {
-            roots
-                .add(c)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-    }
-    Ok(roots)
-}
-
-/// The certificates of the PEM file `path` (`--worker-ca-cert`): at least one, or an error
-/// naming the file.
-pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate in it", path.display()));
-    }
-    Ok(certs)
+    transfer::tls::trust_roots(extra)
 }
 
 impl HttpClient {
@@ -74,19 +49,7 @@ impl HttpClient {
         conn.set_nodelay(true);
         conn.set_keepalive(Some(Duration::from_secs(60)));
         conn.set_connect_timeout(Some(Duration::from_secs(5)));
-        conn.enforce_http(false);
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("aws-lc-rs supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(conn);
+        let https = transfer::tls::https_or_http(conn, transfer::tls::client_config(roots));
         let inner = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -128,19 +91,4 @@ impl HttpClient {
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {}s", timeout.as_secs_f32())))
     }
-}
-
-/// A one-line description of a client error including its cause chain.
-pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }

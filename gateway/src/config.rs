@@ -113,6 +113,13 @@ pub struct ServeConfig {
     /// system's roots).
     #[arg(long, env = env::WORKER_CA_CERT)]
     pub worker_ca_cert: Option<std::path::PathBuf>,
+    /// PEM certificate chain: serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of plain
+    /// HTTP. Needs `--tls-key-file`.
+    #[arg(long, env = env::TLS_CERT_FILE)]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `--tls-cert-file`.
+    #[arg(long, env = env::TLS_KEY_FILE)]
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`): export a span per
     /// inference request and send its `traceparent` to the worker. Off when unset.
     #[arg(long, env = env::OTLP_TRACES_ENDPOINT)]
@@ -316,6 +323,8 @@ impl Default for ServeConfig {
             policy: PolicyKind::PowerOfTwo,
             api_key: None,
             worker_ca_cert: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             otlp_traces_endpoint: None,
             max_payload_size: 512 * 1024 * 1024,
             max_batch_size: 4096,
@@ -509,6 +518,7 @@ impl ServeConfig {
         {
             errs.push(format!("worker_ca_cert: {e}"));
         }
+        errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         if let Some(url) = &self.otlp_traces_endpoint {
             match url.parse::<http::Uri>() {
                 Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {

@@ -8,8 +8,9 @@
 //! the process's one Prometheus recorder and are served at `/metrics`.
 //!
 //! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
-//! OpenAPI document and Swagger UI, and serves it all with the gateway's own accept loop
-//! ([`crate::serve::accept_loop`]), so its listener has the same client limits.
+//! OpenAPI document and Swagger UI, and serves it all with `moongate serve`'s accept loop
+//! ([`crate::serve::accept_loop`]: the same client limits, graceful shutdown, TLS with
+//! `--tls-cert-file`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,17 +152,18 @@ pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
 #[derive(Debug)]
 pub struct MasterProcess {
     addr: std::net::SocketAddr,
+    tls: bool,
     master: Arc<Master>,
     stop: CancellationToken,
-    http: JoinHandle<std::io::Result<()>>,
+    serving: JoinHandle<std::io::Result<()>>,
     background: JoinHandle<()>,
     grace: Duration,
 }
 
 impl MasterProcess {
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", crate::tls::scheme(self.tls), self.addr)
     }
 
     /// The bound address.
@@ -178,14 +180,12 @@ impl MasterProcess {
     /// them), stops the background task.
     pub async fn shutdown(self) {
         self.stop.cancel();
-        let mut http = self.http;
+        let mut serving = self.serving;
         // The accept loop bounds its own wait by the grace period; this is a backstop.
-        if tokio::time::timeout(self.grace + Duration::from_secs(5), &mut http)
-            .await
-            .is_err()
-        {
+        let backstop = self.grace + Duration::from_secs(5);
+        if tokio::time::timeout(backstop, &mut serving).await.is_err() {
             tracing::error!("the master's accept loop did not stop; aborting it");
-            http.abort();
+            serving.abort();
         }
         if let Err(e) = self.background.await {
             tracing::warn!(error = %e, "KV master background task failed");
@@ -193,33 +193,38 @@ impl MasterProcess {
     }
 }
 
-/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`), with the
-/// gateway's accept loop and its client limits ([`crate::listen`]). Needs a tokio runtime.
+/// Serves `cfg` on `listener` (its address wins over `cfg.host`/`cfg.port`), over TLS when
+/// `cfg` names a certificate and key, with the same accept loop and client limits
+/// ([`crate::listen`]) as `moongate serve`. Needs a tokio runtime.
 pub async fn spawn_master(
     cfg: MasterHostConfig,
     listener: TcpListener,
 ) -> anyhow::Result<MasterProcess> {
     let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
     let key = AdminKey::new(cfg.admin_api_key.as_ref());
+    let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let (app, _) = master_app(&hosted, &key);
     let addr = listener.local_addr().context("the master's listener")?;
-    let stop = CancellationToken::new();
     let grace = Duration::from_secs(cfg.shutdown_grace_period_secs);
+    let stop = CancellationToken::new();
+    let background = hosted.spawn_background(stop.clone());
     let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
-    let http = tokio::spawn(crate::serve::accept_loop(
+    let serving = tokio::spawn(crate::serve::accept_loop(
         listener,
+        tls.clone(),
         svc,
         stop.clone(),
         grace,
         ClientLimits::from(&cfg),
     ));
-    let background = hosted.spawn_background(stop.clone());
     tracing::info!(%addr, "KV master serving");
     Ok(MasterProcess {
         addr,
+        tls: tls.is_some(),
         master: hosted.master,
         stop,
-        http,
+        serving,
         background,
         grace,
     })
@@ -233,7 +238,7 @@ pub async fn run_master(cfg: MasterHostConfig) -> anyhow::Result<()> {
     let stop = crate::serve::shutdown_signal();
     let keyed = cfg.admin_api_key.is_some();
     let process = spawn_master(cfg, listener).await?;
-    tracing::info!(addr = %process.addr(), admin_key = keyed, "moongate master listening");
+    tracing::info!(addr = %process.addr(), url = %process.url(), admin_key = keyed, "moongate master listening");
     stop.await;
     tracing::info!("shutting down");
     process.shutdown().await;

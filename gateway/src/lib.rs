@@ -31,6 +31,7 @@
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
 //! - [`listen`]: what a client may hold on a listener: the connection cap, the header and
 //!   body deadlines (408).
+//! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
@@ -54,4 +55,5 @@ pub mod select;
 pub mod serve;
 pub mod server;
 pub mod sim;
+pub mod tls;
 pub mod workers;

@@ -34,7 +34,7 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
@@ -113,7 +113,7 @@ pub fn serve_connection<I, S>(
     svc: S,
     limits: ClientLimits,
     builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
+    watcher: Watcher,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -132,7 +132,7 @@ where
     let conn = builder
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc))
         .into_owned();
-    let conn = graceful.watch(conn);
+    let conn = watcher.watch(conn);
     async move {
         tokio::pin!(conn);
         let first_head = tokio::time::sleep(limits.header_timeout);

@@ -69,7 +69,7 @@ struct SimWorkerArgs {
 #[derive(clap::Args, Debug)]
 struct StoreArgs {
     /// Print the merged (`MOONGATE_STORE_*` environment < flags), validated configuration as
-    /// TOML and exit (the master API key hidden).
+    /// TOML and exit (keys hidden).
     #[arg(long)]
     print_config: bool,
     #[command(flatten)]
@@ -173,10 +173,10 @@ fn main() -> anyhow::Result<()> {
         Command::Store(StoreArgs { print_config, node }) => {
             if print_config {
                 node.validate()?;
-                let mut shown = node;
-                if shown.client.master_api_key.is_some() {
-                    shown.client.master_api_key = Some(config::hidden());
-                }
+                let shown = kvstore::node::StoreNodeConfig {
+                    client: node.client.redacted(),
+                    ..node
+                };
                 return print_toml(&shown);
             }
             gateway::logging::init(config::LogLevel::Info);

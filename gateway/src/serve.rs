@@ -14,6 +14,7 @@ use kvstore::Master;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -35,9 +36,10 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let tls = self.state.config().tls_cert_file.is_some();
+        format!("{}://{}", crate::tls::scheme(tls), self.addr)
     }
 
     /// The shared state (registry, workers, config).
@@ -124,9 +126,13 @@ pub async fn spawn_with(
 ) -> anyhow::Result<Gateway> {
     let grace = Duration::from_secs(state.config().shutdown_grace_period_secs);
     let addr = listener.local_addr()?;
+    let cfg = state.config();
+    let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let app = server::app_with(state.clone(), extra);
     let task = tokio::spawn(accept_loop(
         listener,
+        tls,
         app,
         state.cancel_token().clone(),
         grace,
@@ -146,6 +152,7 @@ pub async fn spawn_with(
             );
         tokio::spawn(accept_loop(
             metrics_listener,
+            None,
             svc,
             state.cancel_token().clone(),
             grace,
@@ -162,13 +169,15 @@ pub async fn spawn_with(
 }
 
 /// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
-/// TCP_NODELAY on every connection) under `limits` (connection cap, header and body
-/// deadlines: [`crate::listen`]) until `stop` fires; then stops accepting, asks every
-/// connection to finish its current request and close, waits up to `grace` for that, and
-/// aborts the connections still open. Connection tasks live in a [`JoinSet`], so none
-/// outlives this function.
+/// TCP_NODELAY on every connection; with `tls`, each connection's TLS handshake first,
+/// bounded by [`crate::tls::HANDSHAKE_TIMEOUT`], then HTTP/1.1 or HTTP/2 by ALPN) under
+/// `limits` (connection cap, header and body deadlines: [`crate::listen`]) until `stop`
+/// fires; then stops accepting, asks every connection to finish its current request and
+/// close, waits up to `grace` for that, and aborts the connections still open. Connection
+/// tasks live in a [`JoinSet`], so none outlives this function.
 pub async fn accept_loop<S>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     svc: S,
     stop: CancellationToken,
     grace: Duration,
@@ -205,9 +214,23 @@ where
             _ = stop.cancelled() => break,
         };
         let _ = tcp.set_nodelay(true);
-        let conn = listen::serve_connection(tcp, svc.clone(), limits, &builder, &graceful);
+        let (svc, builder, watcher, tls) = (
+            svc.clone(),
+            builder.clone(),
+            graceful.watcher(),
+            tls.clone(),
+        );
         conns.spawn(async move {
-            conn.await;
+            match tls {
+                None => listen::serve_connection(tcp, svc, limits, &builder, watcher).await,
+                Some(acceptor) => {
+                    // The handshake counts against the header deadline's purpose too: it is
+                    // bounded on its own (a TLS client that never finishes holds nothing).
+                    if let Some(stream) = crate::tls::handshake(&acceptor, tcp).await {
+                        listen::serve_connection(stream, svc, limits, &builder, watcher).await;
+                    }
+                }
+            }
             drop(slot);
         });
     }

@@ -220,7 +220,7 @@ fn store_and_sim_worker_print_their_validated_settings() {
             .args([
                 "store",
                 "--print-config",
-                "--master-api-key",
+                "--store-api-key",
                 "n0de-key-value",
             ])
             .env("MOONGATE_STORE_SEGMENT_SIZE", "1G"),
@@ -231,7 +231,7 @@ fn store_and_sim_worker_print_their_validated_settings() {
     );
     assert!(out.contains("http_listen = "), "{out}");
     assert!(
-        out.contains("master_api_key = \"<hidden>\"") && !out.contains("n0de"),
+        out.contains("store_api_key = \"<hidden>\"") && !out.contains("n0de"),
         "{out}"
     );
     let out = print_config(moongate().args(["sim-worker", "--print-config", "--mode", "decode"]));

@@ -395,7 +395,7 @@ fn master_settings_merge_file_env_and_flags() {
 }
 
 #[tokio::test]
-async fn a_storage_node_mounts_on_a_keyed_serve_only_with_the_key() {
+async fn a_storage_node_mounts_on_a_keyed_serve_only_with_an_accepted_key() {
     let p = Proc::start(moongate().args([
         "serve",
         "--host",
@@ -405,19 +405,17 @@ async fn a_storage_node_mounts_on_a_keyed_serve_only_with_the_key() {
         "--admin-api-key",
         KEY,
     ]));
-    let node = |key: Option<&str>| {
+    let node = |key: &str| {
         let mut c = moongate();
         c.args(["store", "--master", &p.base, "--segment-size", "8M"])
             .args(["--local-buffer-size", "4M", "--listen", "127.0.0.1:0"])
-            .args(["--http-listen", "127.0.0.1:0"]);
-        if let Some(k) = key {
-            c.env("MOONGATE_STORE_MASTER_API_KEY", k);
-        }
+            .args(["--http-listen", "127.0.0.1:0"])
+            .env("MOONGATE_STORE_API_KEY", key);
         c
     };
-    // Without the key the node cannot mount: it exits at once with the master's reason
-    // (a wrong key is not retried like a master that is not up yet).
-    let mut keyless = node(None)
+    // With a key the master does not accept the node cannot mount: it exits at once with
+    // the master's reason (a wrong key is not retried like a master that is not up yet).
+    let mut keyless = node("not-the-key")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -432,14 +430,14 @@ async fn a_storage_node_mounts_on_a_keyed_serve_only_with_the_key() {
     }
     let Some(status) = exited else {
         let _ = keyless.kill();
-        panic!("a storage node without the key kept running");
+        panic!("a storage node with a wrong key kept running");
     };
     assert!(!status.success());
     let mut err = String::new();
     std::io::Read::read_to_string(&mut keyless.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("unauthorized"), "{err}");
 
-    let mut keyed = node(Some(KEY))
+    let mut keyed = node(KEY)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -12,7 +12,6 @@
 //! - `background`: the periodic work the host spawns ([`run_background`]).
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
 //! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
-//! - `secret`: [`Secret`], a setting never printed (admin API keys).
 //!
 //! # Hosting the master
 //! ```no_run
@@ -36,7 +35,6 @@ pub mod metadata;
 pub mod metrics;
 pub mod node;
 pub mod rest;
-mod secret;
 
 pub use background::run_background;
 pub use client::{BufRange, ClientConfig, StoreClient, StoreError, StoreResult};
@@ -44,4 +42,5 @@ pub use hosting::MasterServer;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;
-pub use secret::Secret;
+/// A setting never printed (API keys): the transfer crate's, shared by every config.
+pub use transfer::Secret;

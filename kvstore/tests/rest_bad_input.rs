@@ -283,4 +283,18 @@ async fn json_bodies_are_checked_whatever_the_path_they_take() {
     );
     let got = send(Some("application/json"), huge.into_bytes()).await;
     assert_error(&got, 400, "INVALID_PARAMS", -600);
+    // `application/*+json` is JSON too; a list one item over `max_batch_items` is not.
+    assert_eq!(send(Some("application/cloudevents+json"), ok).await.0, 200);
+    let limit = kvstore::MasterConfig::default().max_batch_items;
+    for (n, status) in [(limit, 200), (limit + 1, 400)] {
+        let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let body = serde_json::to_vec(&serde_json::json!({ "keys": keys })).unwrap();
+        let got = send(Some("application/json"), body).await;
+        assert_eq!(got.0, status, "{n} keys: {}", got.1);
+        if status == 400 {
+            assert_error(&got, 400, "INVALID_PARAMS", -600);
+            let msg = got.1["error"]["message"].as_str().unwrap();
+            assert!(msg.contains(&format!("more than {limit} items")), "{msg}");
+        }
+    }
 }

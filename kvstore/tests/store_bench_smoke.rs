@@ -41,3 +41,92 @@ fn store_bench_runs_every_operation_and_verifies_the_bytes() {
         }
     }
 }
+
+/// A master on 127.0.0.1:0 that admits only `Authorization: Bearer <key>` (what a master
+/// holding the cluster's secret checks), on a thread of its own.
+fn keyed_master(key: String) -> String {
+    use axum::extract::Request;
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let master = std::sync::Arc::new(
+                kvstore::Master::new(kvstore::MasterConfig::default()).unwrap(),
+            );
+            let want = format!("Bearer {key}");
+            let app = axum::Router::from(kvstore::router(master)).layer(middleware::from_fn(
+                move |req: Request, next: Next| {
+                    let ok = req
+                        .headers()
+                        .get("authorization")
+                        .is_some_and(|v| v.as_bytes() == want.as_bytes());
+                    async move {
+                        if ok {
+                            next.run(req).await
+                        } else {
+                            let e = kvstore::MasterError::Unauthorized("store key".into());
+                            let r: Response = kvstore::rest::ApiError(e).into_response();
+                            r
+                        }
+                    }
+                },
+            ));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap()))
+                .unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+#[test]
+fn store_bench_presents_the_store_key_of_its_secret_file_or_the_given_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    let other = dir.path().join("other");
+    let key = transfer::ClusterSecret::load_or_create(&secret)
+        .unwrap()
+        .store_api_key();
+    transfer::ClusterSecret::load_or_create(&other).unwrap();
+    let url = keyed_master(key.clone());
+    let bench = |extra: &[&std::ffi::OsStr]| {
+        Command::new(env!("CARGO_BIN_EXE_store-bench"))
+            .args(["--master", &url, "--segment-size", "16M", "--sizes", "4K"])
+            .args([
+                "--ops", "8", "--batch", "4", "--rounds", "1", "--only", "put,get",
+            ])
+            .env_remove(kvstore::client::env::STORE_API_KEY)
+            .env_remove(kvstore::client::env::TRANSFER_SECRET_FILE)
+            .args(extra)
+            .output()
+            .expect("run store-bench")
+    };
+    let flag = std::ffi::OsStr::new;
+    let ok = bench(&[flag("--transfer-secret-file"), secret.as_os_str()]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let refused = bench(&[flag("--transfer-secret-file"), other.as_os_str()]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.to_lowercase().contains("unauthorized"), "{err}");
+    let given = bench(&[
+        flag("--transfer-secret-file"),
+        other.as_os_str(),
+        flag("--store-api-key"),
+        flag(&key),
+    ]);
+    assert!(
+        given.status.success(),
+        "{}",
+        String::from_utf8_lossy(&given.stderr)
+    );
+}

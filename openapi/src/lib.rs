@@ -8,6 +8,7 @@
 //! - [`error`]: the OpenAI error envelope `{"error":{"message","type","code"}}` every HTTP
 //!   error is answered with.
 //! - [`workers`]: the gateway's worker admin API (`/workers`).
+//! - [`bounded`]: lists bounded while they are parsed (the master's request bodies).
 //! - [`master`]: the KV-cache master's REST API (`/api/v1/...`) and `/metadata` store.
 //! - [`store`]: a storage node's own endpoints (`moongate store`: `/health`).
 //! - [`shapes`]: shapes shared by OpenAI and SGLang bodies: a value or a list
@@ -20,6 +21,7 @@
 //! Request types keep unknown fields in `extra` and write them back unchanged, so the
 //! gateway forwards SGLang's many extension fields without knowing them.
 
+pub mod bounded;
 pub mod error;
 pub mod master;
 pub mod openai;

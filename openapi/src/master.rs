@@ -6,7 +6,9 @@
 //! (the OpenAI envelope's shape) where `type` is Mooncake's error name (e.g.
 //! `OBJECT_NOT_FOUND`) and `code` its numeric code (-704).
 //! Batch endpoints answer 200 with one result per item, in request order; an item that
-//! failed carries `error` instead of its payload.
+//! failed carries `error` instead of its payload. Every list in a request body is
+//! [`crate::bounded`]: the master refuses one longer than its `max_batch_items` while
+//! parsing it.
 
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -51,6 +53,7 @@ pub struct SegmentSpec {
 #[serde(deny_unknown_fields)]
 pub struct RemountRequest {
     /// The client's segments.
+    #[serde(deserialize_with = "crate::bounded::vec")]
     pub segments: Vec<SegmentSpec>,
 }
 
@@ -133,7 +136,7 @@ pub struct ReplicateConfig {
     #[serde(default = "one")]
     pub replica_num: u32,
     /// Segment names tried first, in order; unknown or full ones are skipped.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::bounded::vec")]
     pub preferred_segments: Vec<String>,
     /// Evicted only after all unpinned objects, until the soft pin expires.
     #[serde(default)]
@@ -366,6 +369,7 @@ pub struct BatchPutStartRequest {
     /// Writing client (UUID).
     pub client_id: String,
     /// Objects to start.
+    #[serde(deserialize_with = "crate::bounded::vec")]
     pub items: Vec<BatchPutStartItem>,
     /// Placement options for all of them.
     #[serde(default)]
@@ -399,6 +403,7 @@ pub struct BatchClientKeysRequest {
     /// The client that started the puts (UUID).
     pub client_id: String,
     /// Object keys.
+    #[serde(deserialize_with = "crate::bounded::vec")]
     pub keys: Vec<String>,
 }
 
@@ -407,6 +412,7 @@ pub struct BatchClientKeysRequest {
 #[serde(deny_unknown_fields)]
 pub struct BatchKeysRequest {
     /// Object keys.
+    #[serde(deserialize_with = "crate::bounded::vec")]
     pub keys: Vec<String>,
 }
 
@@ -415,6 +421,7 @@ pub struct BatchKeysRequest {
 #[serde(deny_unknown_fields)]
 pub struct BatchRemoveRequest {
     /// Object keys.
+    #[serde(deserialize_with = "crate::bounded::vec")]
     pub keys: Vec<String>,
     /// Remove even while a read lease is live.
     #[serde(default)]

@@ -186,7 +186,7 @@ async fn a_store_client_puts_and_gets_through_serve() {
     let gw = start_gateway(keyed(fast_config())).await;
     let cfg = |segment| ClientConfig {
         local_buffer_size: 4 << 20,
-        master_api_key: Some(Secret::new(KEY)),
+        store_api_key: Some(Secret::new(KEY)),
         ..ClientConfig::local(&gw.url(), segment)
     };
     let node = StoreClient::connect(cfg(16 << 20)).await.unwrap();
@@ -195,9 +195,9 @@ async fn a_store_client_puts_and_gets_through_serve() {
     node.put("page-1", &value).await.unwrap();
     assert_eq!(reader.get("page-1").await.unwrap(), value);
 
-    // Without the key the master refuses the client with a typed error.
+    // With a key it does not accept the master refuses the client with a typed error.
     let keyless = |segment| ClientConfig {
-        master_api_key: None,
+        store_api_key: Some(Secret::new("not-the-key")),
         ..cfg(segment)
     };
     let err = StoreClient::connect(keyless(1 << 20))
@@ -397,7 +397,7 @@ async fn master_alone_serves_its_routes_document_and_ui() {
     // A store client with the key works against it.
     let node = StoreClient::connect(ClientConfig {
         local_buffer_size: 4 << 20,
-        master_api_key: Some(Secret::new(KEY)),
+        store_api_key: Some(Secret::new(KEY)),
         ..ClientConfig::local(&base, 8 << 20)
     })
     .await

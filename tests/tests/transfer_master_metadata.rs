@@ -47,7 +47,7 @@ async fn http_metadata_client_matches_the_master() {
 async fn engines_find_each_other_through_the_master() {
     let url = master().await;
     let cfg = EngineConfig {
-        metadata: MetadataConfig::Http { url: url.clone() },
+        metadata: MetadataConfig::http(url.clone()),
         shm: false,
         ..EngineConfig::listening_on("127.0.0.1:0".parse().unwrap())
     };

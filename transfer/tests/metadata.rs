@@ -96,7 +96,7 @@ async fn http_client_follows_mooncake_semantics() {
         "{err}"
     );
     // Configuration errors and an unreachable server.
-    assert!(HttpMetadata::new("https://x/metadata", Duration::from_secs(1)).is_err());
+    assert!(HttpMetadata::new("ftp://x/metadata", Duration::from_secs(1)).is_err());
     assert!(HttpMetadata::new("not a url", Duration::from_secs(1)).is_err());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -118,7 +118,7 @@ async fn http_client_follows_mooncake_semantics() {
 async fn engines_find_each_other_through_http_metadata_and_unpublish_on_shutdown() {
     let (url, store) = server().await;
     let cfg = EngineConfig {
-        metadata: MetadataConfig::Http { url: url.clone() },
+        metadata: MetadataConfig::http(url.clone()),
         ..config(false)
     };
     let target = TransferEngine::new(cfg.clone()).await.unwrap();
@@ -163,9 +163,7 @@ async fn engine_start_fails_cleanly_when_the_metadata_server_is_down() {
         .unwrap()
         .port();
     let cfg = EngineConfig {
-        metadata: MetadataConfig::Http {
-            url: format!("http://127.0.0.1:{port}/metadata"),
-        },
+        metadata: MetadataConfig::http(format!("http://127.0.0.1:{port}/metadata")),
         request_timeout: Duration::from_secs(2),
         ..config(false)
     };

@@ -12,6 +12,10 @@ pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
 pub const POLICY: &str = "MOONGATE_POLICY";
 /// `--api-key`.
 pub const API_KEY: &str = "MOONGATE_API_KEY";
+/// `--tls-cert-file`.
+pub const TLS_CERT_FILE: &str = "MOONGATE_TLS_CERT_FILE";
+/// `--tls-key-file`.
+pub const TLS_KEY_FILE: &str = "MOONGATE_TLS_KEY_FILE";
 /// `--worker-ca-cert`.
 pub const WORKER_CA_CERT: &str = "MOONGATE_WORKER_CA_CERT";
 /// `--otlp-traces-endpoint`.

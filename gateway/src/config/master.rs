@@ -32,6 +32,13 @@ pub struct MasterHostConfig {
     /// stay open.
     #[arg(long, env = env::ADMIN_API_KEY, hide_env_values = true)]
     pub admin_api_key: Option<Secret>,
+    /// PEM certificate chain: serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of plain
+    /// HTTP. Needs `--tls-key-file`.
+    #[arg(long, env = env::TLS_CERT_FILE)]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `--tls-cert-file`.
+    #[arg(long, env = env::TLS_KEY_FILE)]
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// Log level.
     #[arg(long, env = env::LOG_LEVEL, value_enum, default_value_t = MasterHostConfig::default().log_level)]
     pub log_level: LogLevel,
@@ -64,6 +71,8 @@ impl Default for MasterHostConfig {
             host: serve.host,
             port: serve.port,
             admin_api_key: serve.admin_api_key,
+            tls_cert_file: serve.tls_cert_file,
+            tls_key_file: serve.tls_key_file,
             log_level: serve.log_level,
             shutdown_grace_period_secs: serve.shutdown_grace_period_secs,
             worker_threads: serve.worker_threads,
@@ -100,6 +109,7 @@ impl MasterHostConfig {
             }
         }
         errs.extend(admin_key_problem(&self.admin_api_key));
+        errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         errs.extend(master_problem(&self.master));
         ConfigError::check(errs)
     }

@@ -8,6 +8,10 @@
 //! store-bench --master http://10.0.0.1:30000 --storage external   # an existing master and nodes
 //! ```
 //!
+//! Against a master of its own cluster it needs nothing more; elsewhere give the cluster's
+//! secret (`--transfer-secret-file`), or the master's `--store-api-key`, and for an
+//! `https://` master its CA (`--master-ca-cert`).
+//!
 //! For each value size (`--sizes`, default 4K,1M,16M) it runs `put`, `get`, `put_from`,
 //! `get_into` and their batch forms (`--batch` values per call), `--rounds` times, and
 //! prints ops/s (values/s for batches), GB/s (10^9 bytes/s), latency percentiles per call,
@@ -102,6 +106,16 @@ struct Args {
     /// Also print each result as one JSON line (`RESULT {...}`).
     #[arg(long)]
     json: bool,
+    /// The cluster secret file of the client and the node it spawns (default: the
+    /// variable's file, else the per-user one).
+    #[arg(long, env = kvstore::client::env::TRANSFER_SECRET_FILE)]
+    transfer_secret_file: Option<std::path::PathBuf>,
+    /// The master's store key (default: derived from the cluster secret).
+    #[arg(long, env = kvstore::client::env::STORE_API_KEY, hide_env_values = true)]
+    store_api_key: Option<kvstore::Secret>,
+    /// PEM CA file trusted for an `https://` `--master`.
+    #[arg(long, env = kvstore::client::env::MASTER_CA_CERT)]
+    master_ca_cert: Option<std::path::PathBuf>,
 }
 
 const OPS: [&str; 8] = [
@@ -414,6 +428,16 @@ async fn bench(args: Args) -> Result<bool, String> {
             if args.prefault {
                 node.arg("--prefault");
             }
+            if let Some(f) = &args.transfer_secret_file {
+                node.arg("--transfer-secret-file").arg(f);
+            }
+            if let Some(f) = &args.master_ca_cert {
+                node.arg("--master-ca-cert").arg(f);
+            }
+            if let Some(k) = &args.store_api_key {
+                // In the environment, not on a command line other users can read.
+                node.env(kvstore::client::env::STORE_API_KEY, k.expose());
+            }
             let (p, words) = spawn_ready(&mut node)?;
             eprintln!(
                 "storage node: segment {}",
@@ -427,6 +451,9 @@ async fn bench(args: Args) -> Result<bool, String> {
         protocol: args.protocol,
         prefault: args.prefault,
         local_buffer_size: 1 << 30,
+        transfer_secret_file: args.transfer_secret_file.clone(),
+        store_api_key: args.store_api_key.clone(),
+        master_ca_cert: args.master_ca_cert.clone(),
         ..ClientConfig::local(&master_url, client_segment)
     };
     let c = StoreClient::connect(cfg).await.map_err(|e| e.to_string())?;

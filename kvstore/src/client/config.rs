@@ -2,6 +2,7 @@
 //! CLI of `moongate store`, `Default`, serde and the docs all read these constants).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -37,8 +38,13 @@ pub mod env {
     pub const HEARTBEAT_INTERVAL_MS: &str = "MOONGATE_STORE_HEARTBEAT_INTERVAL_MS";
     /// `--rpc-timeout-ms`.
     pub const RPC_TIMEOUT_MS: &str = "MOONGATE_STORE_RPC_TIMEOUT_MS";
-    /// `--master-api-key`.
-    pub const MASTER_API_KEY: &str = "MOONGATE_STORE_MASTER_API_KEY";
+    /// `--store-api-key`: the same variable `moongate serve` and `moongate master` read for
+    /// the store key they accept, so one environment configures both ends.
+    pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
+    /// `--transfer-secret-file`: the variable the transfer engine itself reads.
+    pub const TRANSFER_SECRET_FILE: &str = transfer::auth::SECRET_FILE_ENV;
+    /// `--master-ca-cert`.
+    pub const MASTER_CA_CERT: &str = "MOONGATE_STORE_MASTER_CA_CERT";
     /// `--http-listen` (storage node).
     pub const HTTP_LISTEN: &str = "MOONGATE_STORE_HTTP_LISTEN";
 }
@@ -138,9 +144,27 @@ pub struct ClientConfig {
     /// Longest a master request may take, ms.
     #[arg(long, env = env::RPC_TIMEOUT_MS, default_value_t = DEFAULT_RPC_TIMEOUT_MS)]
     pub rpc_timeout_ms: u64,
-    /// The master's admin API key (its `--admin-api-key`), sent as `Authorization: Bearer`.
-    #[arg(long, env = env::MASTER_API_KEY, hide_env_values = true)]
-    pub master_api_key: Option<Secret>,
+    /// The cluster secret file: transfer peers prove they hold it, and the store key is
+    /// derived from it. Default: the file `MOONGATE_TRANSFER_SECRET_FILE` names, else the
+    /// per-user `~/.config/moongate/transfer-secret` (created 0600 on first use), which
+    /// every process of this user on this host shares.
+    #[arg(long, env = env::TRANSFER_SECRET_FILE)]
+    pub transfer_secret_file: Option<PathBuf>,
+    /// The master's store key (its `--store-api-key`), sent as `Authorization: Bearer` with
+    /// every call of the store plane (mount, ping, objects, `/metadata`), to the master URL
+    /// only. Default: the key derived from the cluster secret, which a master holding the
+    /// same secret accepts.
+    #[arg(long, env = env::STORE_API_KEY, hide_env_values = true)]
+    pub store_api_key: Option<Secret>,
+    /// PEM file of CA certificates trusted for an `https://` master (and metadata) URL, on
+    /// top of the system's trust roots.
+    #[arg(long, env = env::MASTER_CA_CERT)]
+    pub master_ca_cert: Option<PathBuf>,
+    /// The master's admin key (its `--admin-api-key`), sent only with the admin plane's
+    /// calls a client makes ([`crate::StoreClient::remove_all`]); the store plane never
+    /// needs it. Not a flag: storage nodes have no use for it.
+    #[arg(skip)]
+    pub admin_api_key: Option<Secret>,
 }
 
 impl Default for ClientConfig {
@@ -158,7 +182,10 @@ impl Default for ClientConfig {
             replica_num: DEFAULT_REPLICA_NUM,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             rpc_timeout_ms: DEFAULT_RPC_TIMEOUT_MS,
-            master_api_key: None,
+            transfer_secret_file: None,
+            store_api_key: None,
+            master_ca_cert: None,
+            admin_api_key: None,
         }
     }
 }
@@ -193,7 +220,33 @@ impl ClientConfig {
             return bad("heartbeat_interval_ms and rpc_timeout_ms must be positive".into());
         }
         MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
+        super::rpc::master_url(&self.master)?;
+        for (name, key) in [
+            ("store_api_key", &self.store_api_key),
+            ("admin_api_key", &self.admin_api_key),
+        ] {
+            if key.as_ref().is_some_and(|k| !is_bearer_token(k.expose())) {
+                return bad(format!(
+                    "{name} must be non-empty visible ASCII without spaces"
+                ));
+            }
+        }
+        if let Some(ca) = &self.master_ca_cert {
+            transfer::tls::ca_certificates(ca)
+                .map_err(|e| StoreError::InvalidArgument(format!("master_ca_cert: {e}")))?;
+        }
         Ok(())
+    }
+
+    /// These settings with every secret replaced by `<hidden>` (what `--print-config`
+    /// shows).
+    pub fn redacted(&self) -> Self {
+        let hide = |k: &Option<Secret>| k.as_ref().map(|_| Secret::new("<hidden>"));
+        Self {
+            store_api_key: hide(&self.store_api_key),
+            admin_api_key: hide(&self.admin_api_key),
+            ..self.clone()
+        }
     }
 
     /// Heartbeat period.
@@ -207,9 +260,18 @@ impl ClientConfig {
     }
 
     /// The transfer engine configuration these settings imply.
+    /// An HTTP metadata service gets the store key and the master's CA: it is the
+    /// master's `/metadata` (or a server trusted like it).
     pub fn engine_config(&self) -> StoreResult<EngineConfig> {
         let metadata =
-            MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
+            match MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)? {
+                MetadataConfig::Http { url, .. } => MetadataConfig::Http {
+                    url,
+                    api_key: self.store_api_key.clone(),
+                    ca_cert_file: self.master_ca_cert.clone(),
+                },
+                p2p => p2p,
+            };
         Ok(EngineConfig {
             listen: self.listen,
             advertise_host: self.advertise_host.clone(),
@@ -220,9 +282,15 @@ impl ClientConfig {
                 Protocol::Tcp => RdmaMode::Off,
                 Protocol::Rdma => RdmaMode::On,
             },
+            transfer_secret_file: self.transfer_secret_file.clone(),
             ..EngineConfig::default()
         })
     }
+}
+
+/// Whether `key` can be sent as `Authorization: Bearer <key>` as it is.
+fn is_bearer_token(key: &str) -> bool {
+    !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
 #[cfg(test)]
@@ -263,6 +331,63 @@ mod tests {
     }
 
     #[test]
+    fn keys_secret_file_and_ca_reach_the_engine_and_never_print() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--transfer-secret-file",
+            "/run/secrets/cluster",
+            "--store-api-key",
+            "s-key-1",
+            "--metadata",
+            "https://m:1/metadata",
+            "--master-ca-cert",
+            "/etc/ca.pem",
+        ])
+        .unwrap();
+        let e = cli.c.engine_config().unwrap();
+        assert_eq!(
+            e.transfer_secret_file.as_deref(),
+            Some(std::path::Path::new("/run/secrets/cluster"))
+        );
+        assert_eq!(
+            e.metadata,
+            MetadataConfig::Http {
+                url: "https://m:1/metadata".into(),
+                api_key: Some(Secret::new("s-key-1")),
+                ca_cert_file: Some("/etc/ca.pem".into()),
+            }
+        );
+        assert!(!format!("{:?}", cli.c).contains("s-key-1"));
+        let shown = ClientConfig {
+            admin_api_key: Some(Secret::new("a-key-1")),
+            ..cli.c.redacted()
+        }
+        .redacted();
+        let json = serde_json::to_string(&shown).unwrap();
+        assert!(
+            !json.contains("s-key-1") && !json.contains("a-key-1"),
+            "{json}"
+        );
+        assert!(json.contains("\"store_api_key\":\"<hidden>\""), "{json}");
+        // The admin key is no flag: a storage node never holds it.
+        assert!(Cli::try_parse_from(["x", "--admin-api-key", "k"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--master-api-key", "k"]).is_err());
+        // Without an explicit key the engine derives it (none is configured here).
+        let plain = ClientConfig {
+            metadata: "http://m:1/metadata".into(),
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            plain.engine_config().unwrap().metadata,
+            MetadataConfig::Http {
+                url: "http://m:1/metadata".into(),
+                api_key: None,
+                ca_cert_file: None,
+            }
+        );
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         for c in [
             ClientConfig {
@@ -277,8 +402,29 @@ mod tests {
                 metadata: "etcd://x".into(),
                 ..ClientConfig::default()
             },
+            ClientConfig {
+                master: "ftp://m:1".into(),
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                store_api_key: Some(Secret::new("two words")),
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                admin_api_key: Some(Secret::new("")),
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                master_ca_cert: Some("/nonexistent/ca.pem".into()),
+                ..ClientConfig::default()
+            },
         ] {
-            assert!(c.validate().is_err());
+            assert!(c.validate().is_err(), "{c:?}");
         }
+        let https = ClientConfig {
+            master: "https://m:1".into(),
+            ..ClientConfig::default()
+        };
+        https.validate().unwrap();
     }
 }

@@ -141,14 +141,10 @@ impl StoreClient {
 
     async fn open(config: ClientConfig, wait_for_master: bool) -> StoreResult<Self> {
         config.validate()?;
-        let rpc = MasterRpc::new(
-            &config.master,
-            config.rpc_timeout(),
-            config.master_api_key.as_ref(),
-        )?;
         let engine = TransferEngine::new(config.engine_config()?)
             .await
             .map_err(|e| StoreError::setup("starting the transfer engine", e))?;
+        let rpc = master_rpc(&config, &engine)?;
         let ec = engine.config();
         // Late bytes of an abandoned transfer cannot arrive after its connection's I/O
         // timeout (the connection is closed) or its own timeout.
@@ -417,6 +413,34 @@ impl StoreClient {
             other => other,
         }
     }
+}
+
+/// The master client `config` asks for: the explicit store key, else the one derived from
+/// the secret `engine` authenticates its peers with (the same file, so one setting serves
+/// both). Warns when that key would cross a network unencrypted.
+fn master_rpc(config: &ClientConfig, engine: &TransferEngine) -> StoreResult<MasterRpc> {
+    let derived;
+    let store_key = match &config.store_api_key {
+        Some(k) => k,
+        None => {
+            derived = crate::Secret::new(engine.secret().store_api_key());
+            &derived
+        }
+    };
+    let rpc = MasterRpc::new(
+        &config.master,
+        config.rpc_timeout(),
+        store_key,
+        config.admin_api_key.as_ref(),
+        config.master_ca_cert.as_deref(),
+    )?;
+    if rpc::in_the_clear_off_host(rpc.base()) {
+        tracing::warn!(
+            master = rpc.base(),
+            "the store key goes to a master on another host over plain HTTP; give it an https:// URL"
+        );
+    }
+    Ok(rpc)
 }
 
 fn to_usize(n: u64) -> StoreResult<usize> {

@@ -1,15 +1,23 @@
 //! The client's side of the master's REST API: one typed call per route, over a pooled
-//! keep-alive HTTP/1.1 client with `TCP_NODELAY` (small requests must not wait for Nagle).
+//! keep-alive HTTP/1.1 client with `TCP_NODELAY` (small requests must not wait for Nagle),
+//! plain to an `http://` master, TLS to an `https://` one (the system's roots plus the
+//! client's `master_ca_cert`).
 //!
 //! Every call is one request. A 2xx answer is decoded into its wire type; an error answer
 //! is decoded into the [`MasterError`] the master raised; anything else (connect failure,
-//! timeout, undecodable body) is [`StoreError::Rpc`].
+//! TLS failure, timeout, undecodable body) is [`StoreError::Rpc`].
+//!
+//! Every call carries the store key (`Authorization: Bearer`), but for the admin plane's
+//! ([`MasterRpc::remove_all`]), which carries the admin key when one is configured. Keys go
+//! to the configured master URL only: hyper's client follows no redirect.
 
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -20,14 +28,25 @@ use super::error::{StoreError, StoreResult};
 use crate::Secret;
 use crate::master::{ClientId, MasterError};
 
+/// Which of the master's planes a call belongs to (which key it carries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plane {
+    /// Mount, ping, objects: the store key.
+    Store,
+    /// Admin reads and bulk deletes: the admin key if configured, else the store key.
+    Admin,
+}
+
 /// Typed calls to one master.
 #[derive(Clone)]
 pub(crate) struct MasterRpc {
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     base: String,
     timeout: Duration,
-    /// `Bearer <key>` when the master wants its admin key (marked sensitive).
-    auth: Option<HeaderValue>,
+    /// `Bearer <store key>` (marked sensitive).
+    store_auth: HeaderValue,
+    /// `Bearer <admin key>` when one is configured (marked sensitive).
+    admin_auth: Option<HeaderValue>,
 }
 
 impl std::fmt::Debug for MasterRpc {
@@ -36,6 +55,44 @@ impl std::fmt::Debug for MasterRpc {
             .field("base", &self.base)
             .finish()
     }
+}
+
+/// The master URL `base` without its trailing `/`, checked: `http://` or `https://` with a
+/// host.
+pub(crate) fn master_url(base: &str) -> StoreResult<String> {
+    let base = base.trim_end_matches('/').to_owned();
+    let uri: http::Uri = base
+        .parse()
+        .map_err(|e| StoreError::InvalidArgument(format!("master URL {base:?}: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(StoreError::InvalidArgument(format!(
+            "master URL {base:?} must be http://host:port or https://host:port"
+        )));
+    }
+    Ok(base)
+}
+
+/// Whether the (checked) master URL `base` is plain HTTP to a host other than this one:
+/// its keys would cross a network unencrypted.
+pub(crate) fn in_the_clear_off_host(base: &str) -> bool {
+    let Ok(uri) = base.parse::<http::Uri>() else {
+        return false;
+    };
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    uri.scheme_str() == Some("http") && !loopback
+}
+
+/// `Bearer <key>`, marked sensitive, or an error naming the setting.
+fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
+    let mut v = HeaderValue::try_from(format!("Bearer {}", key.expose()))
+        .map_err(|_| StoreError::InvalidArgument(format!("{name} is not a valid header value")))?;
+    v.set_sensitive(true);
+    Ok(v)
 }
 
 /// Appends `s` to `out` percent-encoded as one path segment (everything but RFC 3986's
@@ -89,37 +146,26 @@ json_answers!(
 );
 
 impl MasterRpc {
-    /// A client of the master at `base` (`http://host:port`, optionally with a path prefix),
-    /// sending `api_key` (the master's admin key) with every request when given.
+    /// A client of the master at `base` (`http(s)://host:port`, optionally with a path
+    /// prefix) sending `store_key` with every call and `admin_key` instead with the admin
+    /// plane's, trusting `ca_cert` for an `https://` master on top of the system's roots.
     pub(crate) fn new(
         base: &str,
         timeout: Duration,
-        api_key: Option<&Secret>,
+        store_key: &Secret,
+        admin_key: Option<&Secret>,
+        ca_cert: Option<&Path>,
     ) -> StoreResult<Self> {
-        let auth = api_key
-            .map(|k| {
-                let mut v =
-                    HeaderValue::try_from(format!("Bearer {}", k.expose())).map_err(|_| {
-                        StoreError::InvalidArgument(
-                            "master_api_key is not a valid header value".into(),
-                        )
-                    })?;
-                v.set_sensitive(true);
-                Ok::<_, StoreError>(v)
-            })
-            .transpose()?;
-        let base = base.trim_end_matches('/').to_owned();
-        let uri: http::Uri = base
-            .parse()
-            .map_err(|e| StoreError::InvalidArgument(format!("master URL {base:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(StoreError::InvalidArgument(format!(
-                "master URL {base:?} must be http://host:port"
-            )));
-        }
+        let base = master_url(base)?;
+        let store_auth = bearer("store_api_key", store_key)?;
+        let admin_auth = admin_key.map(|k| bearer("admin_api_key", k)).transpose()?;
+        let roots = transfer::tls::trust_roots(ca_cert)
+            .map_err(|e| StoreError::InvalidArgument(format!("master_ca_cert: {e}")))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
+        let connector =
+            transfer::tls::https_or_http(connector, transfer::tls::client_config(roots));
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(64)
@@ -128,7 +174,8 @@ impl MasterRpc {
             http,
             base,
             timeout,
-            auth,
+            store_auth,
+            admin_auth,
         })
     }
 
@@ -142,6 +189,19 @@ impl MasterRpc {
             url: self.base.clone(),
             reason: reason.to_string(),
         }
+    }
+
+    /// A request that got no answer: the whole cause chain (a TLS refusal is only in the
+    /// innermost cause), with a hint when the master's certificate did not verify.
+    fn unreachable(&self, e: &hyper_util::client::legacy::Error) -> StoreError {
+        let mut why = transfer::tls::describe(e);
+        if why.contains("certificate") {
+            why.push_str(
+                " (the master's certificate must verify against the system's roots or \
+                 --master-ca-cert)",
+            );
+        }
+        self.fail(why)
     }
 
     fn url(&self, parts: &[&str], encoded: &[&str]) -> String {
@@ -163,18 +223,30 @@ impl MasterRpc {
         uri: String,
         body: Option<Vec<u8>>,
     ) -> StoreResult<T> {
+        self.send_on(Plane::Store, method, uri, body).await
+    }
+
+    async fn send_on<T: Answer>(
+        &self,
+        plane: Plane,
+        method: Method,
+        uri: String,
+        body: Option<Vec<u8>>,
+    ) -> StoreResult<T> {
         let mut req = Request::builder().method(method).uri(uri);
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
-        if let Some(auth) = &self.auth {
-            req = req.header(header::AUTHORIZATION, auth.clone());
-        }
+        req = req.header(header::AUTHORIZATION, self.auth(plane).clone());
         let req = req
             .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
             .map_err(|e| self.fail(e))?;
         let exchange = async {
-            let resp = self.http.request(req).await.map_err(|e| self.fail(e))?;
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| self.unreachable(&e))?;
             let status = resp.status();
             let body = resp
                 .into_body()
@@ -191,6 +263,14 @@ impl MasterRpc {
             return T::decode(&body).map_err(|e| self.fail(format!("bad answer ({status}): {e}")));
         }
         Err(self.refusal(status, &body))
+    }
+
+    /// The `Authorization` value a call of `plane` carries.
+    fn auth(&self, plane: Plane) -> &HeaderValue {
+        match (plane, &self.admin_auth) {
+            (Plane::Admin, Some(admin)) => admin,
+            _ => &self.store_auth,
+        }
     }
 
     fn refusal(&self, status: StatusCode, body: &[u8]) -> StoreError {
@@ -311,7 +391,8 @@ impl MasterRpc {
     }
 
     pub(crate) async fn remove_all(&self) -> StoreResult<wire::RemovedResponse> {
-        self.send(
+        self.send_on(
+            Plane::Admin,
             Method::DELETE,
             self.url(&["/api/v1/objects?all=true"], &[]),
             None,
@@ -389,12 +470,24 @@ mod tests {
         assert_eq!(u, "%D0%BA%D0%BB%D1%8E%D1%87");
     }
 
+    fn rpc(base: &str, store: &str, admin: Option<&str>) -> StoreResult<MasterRpc> {
+        let admin = admin.map(Secret::new);
+        MasterRpc::new(
+            base,
+            Duration::from_secs(1),
+            &Secret::new(store),
+            admin.as_ref(),
+            None,
+        )
+    }
+
     #[test]
     fn master_urls_are_checked() {
-        assert!(MasterRpc::new("http://127.0.0.1:1", Duration::from_secs(1), None).is_ok());
-        assert!(MasterRpc::new("https://m:1", Duration::from_secs(1), None).is_err());
-        assert!(MasterRpc::new("not a url", Duration::from_secs(1), None).is_err());
-        let r = MasterRpc::new("http://m:1/prefix/", Duration::from_secs(1), None).unwrap();
+        assert!(rpc("http://127.0.0.1:1", "k", None).is_ok());
+        assert!(rpc("https://m:1", "k", None).is_ok());
+        assert!(rpc("ftp://m:1", "k", None).is_err());
+        assert!(rpc("not a url", "k", None).is_err());
+        let r = rpc("http://m:1/prefix/", "k", None).unwrap();
         assert_eq!(
             r.url(&["/api/v1/objects/", "/replicas"], &["k/1"]),
             "http://m:1/prefix/api/v1/objects/k%2F1/replicas"
@@ -402,13 +495,48 @@ mod tests {
     }
 
     #[test]
-    fn the_api_key_must_fit_in_a_header() {
-        let key =
-            |k: &str| MasterRpc::new("http://m:1", Duration::from_secs(1), Some(&Secret::new(k)));
-        let ok = key("k-1").unwrap();
-        let auth = ok.auth.as_ref().unwrap();
-        assert!(auth.is_sensitive() && auth == "Bearer k-1");
-        assert!(key("bad\nkey").is_err());
-        assert!(!format!("{ok:?}").contains("k-1"));
+    fn each_plane_carries_its_key_which_must_fit_in_a_header() {
+        let both = rpc("http://m:1", "store-1", Some("admin-1")).unwrap();
+        let (store, admin) = (both.auth(Plane::Store), both.auth(Plane::Admin));
+        assert!(store.is_sensitive() && store == "Bearer store-1");
+        assert!(admin.is_sensitive() && admin == "Bearer admin-1");
+        let store_only = rpc("http://m:1", "store-1", None).unwrap();
+        assert_eq!(store_only.auth(Plane::Admin), "Bearer store-1");
+        assert!(rpc("http://m:1", "bad\nkey", None).is_err());
+        assert!(rpc("http://m:1", "k", Some("bad\nkey")).is_err());
+        let shown = format!("{both:?}");
+        assert!(!shown.contains("store-1") && !shown.contains("admin-1"));
+    }
+
+    #[test]
+    fn plain_http_off_this_host_is_noticed() {
+        for off in ["http://10.0.0.1:30000", "http://master:30000/p"] {
+            assert!(in_the_clear_off_host(off), "{off}");
+        }
+        for fine in [
+            "https://10.0.0.1:30000",
+            "http://127.0.0.1:30000",
+            "http://[::1]:30000",
+            "http://localhost:30000",
+        ] {
+            assert!(!in_the_clear_off_host(fine), "{fine}");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_ca_file_is_named() {
+        let e = MasterRpc::new(
+            "https://m:1",
+            Duration::from_secs(1),
+            &Secret::new("k"),
+            None,
+            Some(Path::new("/nonexistent/ca.pem")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("master_ca_cert") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
     }
 }

@@ -19,7 +19,7 @@ mod objects;
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::extract::{DefaultBodyLimit, FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
@@ -159,37 +159,57 @@ fn rejected(what: &str, text: String) -> ApiError {
     ApiError(e)
 }
 
-/// JSON body whose rejection is a typed `INVALID_PARAMS`.
+/// JSON body whose rejection is a typed `INVALID_PARAMS`. Every list in it is bounded by the
+/// master's `max_batch_items` while it is parsed ([`openapi::bounded`]): a longer one is
+/// refused before more items are allocated, whatever the body holds.
 pub struct ApiJson<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+/// Whether `headers` declare a JSON body (`application/json`, or `application/*+json`, with
+/// any parameters), as axum's `Json` decides.
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let Some((kind, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case("application")
+        && (sub.eq_ignore_ascii_case("json")
+            || sub.len() > 5 && sub.as_bytes()[sub.len() - 5..].eq_ignore_ascii_case(b"+json"))
+}
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+    Arc<Master>: FromRef<S>,
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bad = |e: JsonRejection| rejected("bad JSON body", e.body_text());
-        let plain_json = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        if !plain_json {
-            // Other or missing content types: axum's extractor decides (and words the error).
-            return axum::Json::<T>::from_request(req, state)
-                .await
-                .map(|axum::Json(v)| Self(v))
-                .map_err(bad);
+        if !json_content_type(req.headers()) {
+            return Err(rejected(
+                "bad JSON body",
+                "Expected request with `Content-Type: application/json`".into(),
+            ));
         }
-        // Hot path: plain serde_json (axum's extractor tracks paths for its error message,
-        // twice the cost); only a body that fails is parsed again for that message.
+        let limit = Arc::<Master>::from_ref(state).config().max_batch_items;
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| bad(JsonRejection::from(e)))?;
-        match serde_json::from_slice(&bytes) {
+        // Hot path: plain serde_json (axum's parser tracks paths for its error message,
+        // twice the cost); only a body that fails is parsed again for that message.
+        openapi::bounded::with_limit(limit, || match serde_json::from_slice(&bytes) {
             Ok(v) => Ok(Self(v)),
             Err(_) => axum::Json::<T>::from_bytes(&bytes)
                 .map(|axum::Json(v)| Self(v))
                 .map_err(bad),
-        }
+        })
     }
 }
 

@@ -100,9 +100,20 @@ impl EngineBuilder {
             (None, MetadataConfig::P2p) => {
                 Arc::new(P2pMetadata::new(tcp.clone(), config.request_timeout))
             }
-            (None, MetadataConfig::Http { url }) => {
-                Arc::new(HttpMetadata::new(url, config.request_timeout)?)
-            }
+            (
+                None,
+                MetadataConfig::Http {
+                    url,
+                    api_key,
+                    ca_cert_file,
+                },
+            ) => Arc::new(HttpMetadata::for_engine(
+                url,
+                api_key.as_ref(),
+                ca_cert_file.as_deref(),
+                &secret,
+                config.request_timeout,
+            )?),
         };
         let rdma_devices = rdma.as_ref().map(|t| t.device_names()).unwrap_or_default();
         let describe: DescribeFn = {

@@ -36,6 +36,38 @@ impl FromStr for RdmaMode {
     }
 }
 
+/// A secret setting, such as an API key. `Debug` never shows the value, so a logged
+/// configuration cannot leak it; (de)serializes as the plain string, so configuration files
+/// and the environment carry it unchanged.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value itself (to send or compare, never to print).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<hidden>)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
 /// Where descriptors are published and fetched.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -43,24 +75,46 @@ pub enum MetadataConfig {
     /// Ask each peer over its TCP port; no central service (the default).
     #[default]
     P2p,
-    /// Mooncake's HTTP metadata interface at `url` (e.g. `http://master:8080/metadata`).
+    /// Mooncake's HTTP metadata interface at `url` (e.g. `http://master:8080/metadata`, or
+    /// `https://` with TLS).
     Http {
-        /// Base URL.
+        /// Base URL, `http://` or `https://`.
         url: String,
+        /// Sent as `Authorization: Bearer <key>` with every request, to `url` only: the KV
+        /// master's store key. Default: the store key derived from the engine's cluster
+        /// secret ([`crate::ClusterSecret::store_api_key`]), which a master holding the same
+        /// secret accepts.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        api_key: Option<Secret>,
+        /// PEM file of CA certificates trusted for an `https://` URL, on top of the system's
+        /// trust roots.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ca_cert_file: Option<PathBuf>,
     },
+}
+
+impl MetadataConfig {
+    /// Mooncake's HTTP interface at `url`, with the default key and the system's roots.
+    pub fn http(url: impl Into<String>) -> Self {
+        MetadataConfig::Http {
+            url: url.into(),
+            api_key: None,
+            ca_cert_file: None,
+        }
+    }
 }
 
 impl FromStr for MetadataConfig {
     type Err = String;
-    /// `p2p` (or Mooncake's `P2PHANDSHAKE`), or an `http://` URL.
+    /// `p2p` (or Mooncake's `P2PHANDSHAKE`), or an `http://` / `https://` URL.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         if s.eq_ignore_ascii_case("p2p") || s == "P2PHANDSHAKE" {
             Ok(MetadataConfig::P2p)
-        } else if s.starts_with("http://") {
-            Ok(MetadataConfig::Http { url: s.to_owned() })
+        } else if s.starts_with("http://") || s.starts_with("https://") {
+            Ok(MetadataConfig::http(s))
         } else {
             Err(format!(
-                "metadata must be `p2p` or an http:// URL, not {s:?}"
+                "metadata must be `p2p` or an http:// or https:// URL, not {s:?}"
             ))
         }
     }
@@ -229,11 +283,40 @@ mod tests {
         assert_eq!(partial.lanes_per_peer, 4);
         assert_eq!(
             partial.metadata,
-            MetadataConfig::Http {
-                url: "http://m:8080/metadata".into()
-            }
+            MetadataConfig::http("http://m:8080/metadata")
         );
         assert!(serde_json::from_str::<EngineConfig>(r#"{"lanes":4}"#).is_err());
+    }
+
+    #[test]
+    fn secrets_are_hidden_from_debug_and_kept_by_serde() {
+        let s = Secret::new("k-123");
+        assert_eq!(format!("{s:?}"), "Secret(<hidden>)");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"k-123\"");
+        assert_eq!(serde_json::from_str::<Secret>("\"k-123\"").unwrap(), s);
+        assert_eq!("k-123".parse::<Secret>().unwrap().expose(), "k-123");
+    }
+
+    #[test]
+    fn http_metadata_options_are_optional_and_the_key_hidden() {
+        let m = MetadataConfig::Http {
+            url: "https://m/metadata".into(),
+            api_key: Some(Secret::new("k-42")),
+            ca_cert_file: Some("/etc/ca.pem".into()),
+        };
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"http","url":"https://m/metadata","api_key":"k-42","ca_cert_file":"/etc/ca.pem"}"#
+        );
+        assert_eq!(serde_json::from_str::<MetadataConfig>(&json).unwrap(), m);
+        assert!(!format!("{m:?}").contains("k-42"));
+        // Without the options, the encoding is the one older configurations hold.
+        let plain = MetadataConfig::http("http://m/metadata");
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"kind":"http","url":"http://m/metadata"}"#
+        );
     }
 
     #[test]
@@ -272,6 +355,10 @@ mod tests {
             "http://h:1/metadata".parse::<MetadataConfig>().unwrap(),
             MetadataConfig::Http { .. }
         ));
+        assert_eq!(
+            "https://h:1/metadata".parse::<MetadataConfig>().unwrap(),
+            MetadataConfig::http("https://h:1/metadata")
+        );
         assert!("etcd://h".parse::<MetadataConfig>().is_err());
     }
 }

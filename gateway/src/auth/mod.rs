@@ -1,188 +1,353 @@
-//! The admin API key (`--admin-api-key`): which routes need it, how it is checked, and how
-//! the OpenAPI document says so.
+//! Who may call what: three keys for three planes, checked in one place.
 //!
-//! [`AdminKey::guard`] is the one place both happen for a group of routes: it layers the
-//! check onto every route of an `OpenApiRouter` and marks every operation of that router's
-//! document with the [`SECURITY_SCHEME`] requirement and a 401 answer. The worker API and the
-//! KV master's routes are guarded; inference, health, metrics and the docs are not.
+//! | plane | routes | key |
+//! |---|---|---|
+//! | client | `POST /v1/chat/completions`, `POST /v1/completions`, `POST /generate`, `GET /v1/models`, `GET /get_server_info`, `GET /get_model_info` | a key from `--client-api-keys-file` (or the admin key), when the file is set; open without it |
+//! | store | the KV master's store plane (mount, remount, ping, unmount, leave; put/get/exists/remove of objects, single and batch; `/metadata`), see `kvstore::rest` | the store key (`--store-api-key`, else derived from the cluster's transfer secret) or the admin key; always |
+//! | admin | the worker API (`/workers...`) and the master's admin plane (cluster-wide reads, bulk removal) | the admin key (`--admin-api-key`); without one, loopback callers only (403 for any other peer) unless `--insecure-open-admin` |
+//! | open | `GET /health`, `/liveness`, `/readiness`, `/metrics`, the API docs (`/api-docs/openapi.json`, `/openapi.json`, `/docs...`) | none |
 //!
-//! The document always carries the requirement, whether or not this process was started
-//! with a key: it describes the API (admin operations take the admin key), and a client that
-//! sends the header works against both. Without a key no check runs at all.
+//! Why the open routes are open: probes (kubelet, load balancers) and Prometheus scrapers
+//! rarely send credentials, and these answers hold counts and states, never keys or values;
+//! the docs describe the API and hold no data.
 //!
-//! The key is compared in constant time (the time depends on the configured key's length
-//! only) and is never logged: [`AdminKey`]'s `Debug` says only whether one is set.
+//! Rules:
+//! - A key is sent as `Authorization: Bearer <key>`; a missing or wrong one is 401 with
+//!   `WWW-Authenticate: Bearer`, in the envelope of the route's owner (the OpenAI envelope
+//!   for the gateway's routes, the master's for the master's).
+//! - The admin key opens every plane. The store key opens the store plane only; client keys
+//!   the client plane only.
+//! - A key the gateway checked is consumed there: the request's `Authorization` header is
+//!   removed before anything is forwarded, so a client key never reaches a worker (workers
+//!   get their own key, see `workers`). Without client keys the client's header is left as
+//!   it came (a worker without a key of its own gets it, as before).
+//! - Without an admin key the admin plane answers loopback peers only (127.0.0.0/8, `::1`,
+//!   and IPv4-mapped loopback); any other peer gets 403 naming `--admin-api-key` and
+//!   `--insecure-open-admin`. A reverse proxy on the same host makes every caller loopback:
+//!   behind one, set an admin key. `--insecure-open-admin` opens the plane to every peer and
+//!   [`warn_while_open`] says so in the log every minute.
+//! - Keys are kept as SHA-256 digests and compared in constant time ([`keys`]); they are
+//!   never logged, and `Debug` shows only how many there are.
+//!
+//! The keys can change while the process runs (`SIGHUP` reloads the client keys file and
+//! the admin key, see `reload`): [`Auth`] holds the current [`AuthSettings`] behind an
+//! atomic pointer, and the served OpenAPI document follows them ([`openapi`]).
+//!
+//! # Layout
+//! - [`keys`]: key sets (digests, constant-time membership), the client keys file.
+//! - [`openapi`]: how the document states each operation's plane and security.
+
+pub mod keys;
+pub mod openapi;
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, header};
-use utoipa::openapi::path::{Operation, PathItem};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
+use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::config::Secret;
+pub use keys::{KeySet, KeysFileError, Presented};
 
-/// Name of the admin key's security scheme in the OpenAPI document.
-pub const SECURITY_SCHEME: &str = "admin_api_key";
+/// Which key a route takes (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plane {
+    /// Inference: client keys, when configured.
+    Client,
+    /// The KV master's store plane: the store key.
+    Store,
+    /// The worker API and the master's admin plane: the admin key, or loopback.
+    Admin,
+}
 
-/// The configured admin key, or none (every request admitted). Cheap to clone.
-#[derive(Clone, Default)]
-pub struct AdminKey(Option<Arc<[u8]>>);
+impl Plane {
+    /// `client`, `store` or `admin` (the document's `x-moongate-plane`, metric labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Store => "store",
+            Self::Admin => "admin",
+        }
+    }
 
-impl fmt::Debug for AdminKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = if self.0.is_some() { "set" } else { "unset" };
-        write!(f, "AdminKey({state})")
+    /// The key this plane takes, in words (error messages).
+    pub fn key_name(self) -> &'static str {
+        match self {
+            Self::Client => "client API key",
+            Self::Store => "store API key",
+            Self::Admin => "admin API key",
+        }
     }
 }
 
-/// What a guarded route answers a request without the key: the error envelope of the
-/// component that owns the route, and the schema the document names for it.
+impl fmt::Display for Plane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The keys in force. `Debug` shows which planes are keyed, never a key.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AuthSettings {
+    /// Client keys (`None`: the client plane is open).
+    pub client: Option<KeySet>,
+    /// The store key (`None`: this process serves no store plane; only the admin key
+    /// opens it).
+    pub store: Option<KeySet>,
+    /// The admin key (`None`: the admin plane answers loopback callers, or everyone with
+    /// `open_admin`).
+    pub admin: Option<KeySet>,
+    /// `--insecure-open-admin`: without an admin key, the admin plane answers every peer.
+    pub open_admin: bool,
+}
+
+impl AuthSettings {
+    /// Whether the admin plane answers any peer without a key (open and no admin key).
+    pub fn admin_is_open(&self) -> bool {
+        self.admin.is_none() && self.open_admin
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The plane's key is missing or wrong (401).
+    Unauthorized(Plane),
+    /// The admin plane of a process without an admin key, and the peer is not loopback
+    /// (403).
+    NotLoopback,
+}
+
+impl Refusal {
+    /// What the client is told (never a key).
+    pub fn message(self) -> String {
+        match self {
+            Self::Unauthorized(plane) => {
+                format!(
+                    "missing or wrong {} (Authorization: Bearer <key>)",
+                    plane.key_name()
+                )
+            }
+            Self::NotLoopback => NOT_LOOPBACK.to_string(),
+        }
+    }
+}
+
+/// The 403 message of the admin plane to a non-loopback peer.
+pub const NOT_LOOPBACK: &str = "the admin API answers loopback callers only because this \
+    server has no admin key: start it with --admin-api-key and send Authorization: Bearer \
+    <key>, or open it to the network with --insecure-open-admin";
+
+/// How a guarded route answers a refused request: the error envelope of the component that
+/// owns the route, and the schema the document names for it.
 #[derive(Clone, Copy, Debug)]
 pub struct Rejection {
-    /// Builds the 401 response (status and body; `WWW-Authenticate` is added).
-    pub respond: fn() -> Response,
+    /// Builds the response (status and body; `WWW-Authenticate` is added to 401s).
+    pub respond: fn(Refusal) -> Response,
     /// Name of the body's schema under `components/schemas`.
     pub schema: &'static str,
 }
 
+/// The keys in force, shared by every guard of a process and swapped whole on reload.
+/// Cheap to clone.
 #[derive(Clone)]
-struct Gate {
-    key: AdminKey,
-    reject: Rejection,
+pub struct Auth(Arc<Inner>);
+
+struct Inner {
+    settings: ArcSwap<AuthSettings>,
+    generation: AtomicU64,
 }
 
-impl AdminKey {
-    /// The key from the configuration (`None`: no key, nothing is checked).
-    pub fn new(key: Option<&Secret>) -> Self {
-        Self(key.map(|k| Arc::from(k.expose().as_bytes())))
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Auth").field(&**self.settings()).finish()
+    }
+}
+
+impl Auth {
+    /// Guards that enforce `settings`.
+    pub fn new(settings: AuthSettings) -> Self {
+        Self(Arc::new(Inner {
+            settings: ArcSwap::from_pointee(settings),
+            generation: AtomicU64::new(0),
+        }))
     }
 
-    /// Whether a key is configured.
-    pub fn is_set(&self) -> bool {
-        self.0.is_some()
+    /// The settings in force.
+    pub fn settings(&self) -> arc_swap::Guard<Arc<AuthSettings>> {
+        self.0.settings.load()
     }
 
-    /// Whether `headers` carry `Authorization: Bearer <key>` (always true without a key).
-    /// The scheme name is case-insensitive (RFC 9110); the key is compared in constant time.
-    pub fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(key) = &self.0 else {
-            return true;
+    /// Puts `settings` in force for every request from now on (requests already admitted
+    /// are not asked again).
+    pub fn replace(&self, settings: AuthSettings) {
+        self.0.settings.store(Arc::new(settings));
+        self.0.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Changes the settings in force with `f`.
+    pub fn update(&self, f: impl FnOnce(&mut AuthSettings)) {
+        let mut s = AuthSettings::clone(&self.settings());
+        f(&mut s);
+        self.replace(s);
+    }
+
+    /// Bumped by every [`Auth::replace`] (the document is re-rendered when it moves).
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Acquire)
+    }
+
+    /// Admits a request to `plane` or says why not. `peer` is the caller's address (`None`
+    /// when unknown: never loopback). After a key was checked, the `Authorization` header is
+    /// removed, so it is not forwarded anywhere.
+    pub fn admit(
+        &self,
+        plane: Plane,
+        headers: &mut HeaderMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<(), Refusal> {
+        let s = self.settings();
+        let accepted: [Option<&KeySet>; 2] = match plane {
+            Plane::Client => match &s.client {
+                None => return Ok(()),
+                Some(keys) => [Some(keys), s.admin.as_ref()],
+            },
+            Plane::Store => [s.store.as_ref(), s.admin.as_ref()],
+            Plane::Admin => match &s.admin {
+                Some(key) => [Some(key), None],
+                None if s.open_admin || peer.is_some_and(|p| is_loopback(p.ip())) => {
+                    return Ok(());
+                }
+                None => return Err(Refusal::NotLoopback),
+            },
         };
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| bearer_token(v.as_bytes()))
-            .is_some_and(|token| constant_time_eq(token, key))
+        let token = Presented::of(headers);
+        let ok = token.is_some_and(|t| accepted.iter().flatten().any(|k| k.admits(&t)));
+        if !ok {
+            return Err(Refusal::Unauthorized(plane));
+        }
+        headers.remove(header::AUTHORIZATION);
+        Ok(())
     }
 
-    /// Requires the key on every route of `routes` (answering `reject` otherwise) and marks
-    /// every operation of its document as needing it, with a 401 answer.
-    pub fn guard<S>(&self, mut routes: OpenApiRouter<S>, reject: Rejection) -> OpenApiRouter<S>
+    /// Requires `plane`'s key on every route of `routes` (answering refusals with
+    /// `reject`), and marks every operation of its document with the plane and the
+    /// refusals that may happen there (see [`openapi`]).
+    pub fn guard<S>(
+        &self,
+        plane: Plane,
+        mut routes: OpenApiRouter<S>,
+        reject: Rejection,
+    ) -> OpenApiRouter<S>
     where
         S: Clone + Send + Sync + 'static,
     {
-        mark_secured(routes.get_openapi_mut(), reject.schema);
-        if !self.is_set() {
-            return routes;
-        }
+        openapi::mark(routes.get_openapi_mut(), plane, reject.schema);
         let gate = Gate {
-            key: self.clone(),
+            auth: self.clone(),
+            plane,
             reject,
         };
         routes.route_layer(middleware::from_fn_with_state(gate, check))
     }
 }
 
-async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
-    if gate.key.admits(req.headers()) {
-        return next.run(req).await;
+/// Whether `ip` is a loopback address (IPv4-mapped IPv6 included).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
     }
-    // Never the header's value: it may be a real key meant for something else.
-    tracing::debug!(method = %req.method(), path = req.uri().path(), "admin key missing or wrong");
-    let mut resp = (gate.reject.respond)();
-    resp.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+}
+
+/// The caller's address a server recorded in the request (`ConnectInfo`), if any.
+pub fn peer_of(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| *a)
+}
+
+/// `reject`'s answer to `refusal`, with `WWW-Authenticate: Bearer` on a 401; counted in
+/// `moongate_auth_refusals_total{plane,reason}`.
+pub fn refuse(reject: &Rejection, plane: Plane, refusal: Refusal) -> Response {
+    let reason = match refusal {
+        Refusal::Unauthorized(_) => "unauthorized",
+        Refusal::NotLoopback => "not_loopback",
+    };
+    metrics::counter!("moongate_auth_refusals_total", "plane" => plane.as_str(), "reason" => reason)
+        .increment(1);
+    let mut resp = (reject.respond)(refusal);
+    if matches!(refusal, Refusal::Unauthorized(_)) {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     resp
 }
 
-/// The token of an `Authorization: Bearer <token>` value.
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    const SCHEME: &[u8] = b"bearer";
-    if value.len() <= SCHEME.len() || !value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
-        return None;
-    }
-    let rest = &value[SCHEME.len()..];
-    let token = rest.trim_ascii_start();
-    (token.len() < rest.len() && !token.is_empty()).then_some(token.trim_ascii_end())
+#[derive(Clone)]
+struct Gate {
+    auth: Auth,
+    plane: Plane,
+    reject: Rejection,
 }
 
-/// `given == expected`, in time that depends on `expected.len()` only, never on where the
-/// two differ.
-fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = given.len() ^ expected.len();
-    for (i, e) in expected.iter().enumerate() {
-        let g = given.get(i).copied().unwrap_or(!e);
-        diff |= usize::from(g ^ e);
-    }
-    std::hint::black_box(diff) == 0
-}
-
-/// Every operation of a path item.
-fn operations_mut(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
-    [
-        &mut item.get,
-        &mut item.put,
-        &mut item.post,
-        &mut item.delete,
-        &mut item.options,
-        &mut item.head,
-        &mut item.patch,
-        &mut item.trace,
-        &mut item.query,
-    ]
-    .into_iter()
-    .filter_map(Option::as_mut)
-}
-
-/// Gives every operation of `doc` the admin security requirement and a 401 answer whose
-/// body is the schema `error_schema`.
-fn mark_secured(doc: &mut OpenApi, error_schema: &str) {
-    for item in doc.paths.paths.values_mut() {
-        for op in operations_mut(item) {
-            op.security = Some(vec![SecurityRequirement::new(
-                SECURITY_SCHEME,
-                Vec::<String>::new(),
-            )]);
-            let unauthorized = ResponseBuilder::new()
-                .description("Missing or wrong admin API key (`Authorization: Bearer <key>`)")
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name(error_schema)))
-                        .build(),
-                )
-                .build();
-            op.responses
-                .responses
-                .insert("401".to_string(), unauthorized.into());
+async fn check(State(gate): State<Gate>, mut req: Request, next: Next) -> Response {
+    let peer = peer_of(req.extensions());
+    match gate.auth.admit(gate.plane, req.headers_mut(), peer) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            // Never the header's value: it may be a real key meant for something else.
+            tracing::debug!(method = %req.method(), path = req.uri().path(),
+                plane = gate.plane.as_str(), ?refusal, peer = ?peer, "refused");
+            refuse(&gate.reject, gate.plane, refusal)
         }
     }
 }
 
-/// The admin key's security scheme (HTTP bearer), for the document's components.
-pub fn security_scheme() -> SecurityScheme {
-    let mut http = Http::new(HttpAuthScheme::Bearer);
-    http.description = Some(
-        "The admin API key (`--admin-api-key`). Required by the worker API and the KV \
-         master's routes when the server runs with a key; otherwise not checked."
-            .into(),
-    );
-    SecurityScheme::Http(http)
+/// While the admin plane is open to every peer without a key (`--insecure-open-admin`, no
+/// admin key), calls `warn` now and every `every` after, until `stop`; checks the settings
+/// in force each time (a reload may close or open it).
+pub async fn warn_while_open(
+    auth: Auth,
+    every: Duration,
+    stop: CancellationToken,
+    mut warn: impl FnMut(),
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if auth.settings().admin_is_open() {
+            warn();
+        }
+    }
+}
+
+/// [`warn_while_open`] with the log line `moongate serve` and `moongate master` use, every
+/// minute, spawned.
+pub fn spawn_open_admin_warning(auth: &Auth, stop: CancellationToken) {
+    tokio::spawn(warn_while_open(
+        auth.clone(),
+        Duration::from_secs(60),
+        stop,
+        || {
+            tracing::warn!(
+                "the admin API (worker API, KV master admin routes) is open to every peer \
+                 without a key (--insecure-open-admin); set --admin-api-key"
+            )
+        },
+    ));
 }
 
 #[cfg(test)]
@@ -197,46 +362,145 @@ mod tests {
         h
     }
 
-    #[test]
-    fn only_the_exact_bearer_key_is_admitted() {
-        let key = AdminKey::new(Some(&Secret::new("k3y-Value")));
-        assert!(key.admits(&headers(Some("Bearer k3y-Value"))));
-        assert!(key.admits(&headers(Some("bearer   k3y-Value "))));
-        for bad in [
-            None,
-            Some(""),
-            Some("Bearer"),
-            Some("Bearer "),
-            Some("Bearerk3y-Value"),
-            Some("Basic k3y-Value"),
-            Some("Bearer k3y-valuE"),
-            Some("Bearer k3y-Value2"),
-            Some("Bearer k3y-Valu"),
-            Some("k3y-Value"),
-        ] {
-            assert!(!key.admits(&headers(bad)), "{bad:?} admitted");
-        }
-        let open = AdminKey::new(None);
-        assert!(open.admits(&headers(None)) && open.admits(&headers(Some("Basic x"))));
+    fn peer(ip: &str) -> Option<SocketAddr> {
+        Some(SocketAddr::new(ip.parse().unwrap(), 4000))
+    }
+
+    fn admit(auth: &Auth, plane: Plane, key: Option<&str>, from: Option<SocketAddr>) -> bool {
+        auth.admit(plane, &mut headers(key), from).is_ok()
     }
 
     #[test]
-    fn constant_time_eq_is_equality() {
-        for (a, b) in [
-            (&b""[..], &b""[..]),
-            (b"a", b"a"),
-            (b"abc", b"abd"),
-            (b"ab", b"abc"),
-            (b"abc", b"ab"),
-            (b"\xff", b"\x00"),
+    fn each_plane_takes_its_key_and_the_admin_key_opens_all() {
+        let auth = Auth::new(AuthSettings {
+            client: Some(KeySet::from_keys(["c1", "c2"])),
+            store: Some(KeySet::single("st")),
+            admin: Some(KeySet::single("ad")),
+            open_admin: false,
+        });
+        let lo = peer("127.0.0.1");
+        for (plane, good, bad) in [
+            (
+                Plane::Client,
+                &["Bearer c1", "Bearer c2", "Bearer ad"][..],
+                &["Bearer st"][..],
+            ),
+            (Plane::Store, &["Bearer st", "Bearer ad"], &["Bearer c1"]),
+            (Plane::Admin, &["Bearer ad"], &["Bearer c1", "Bearer st"]),
         ] {
-            assert_eq!(constant_time_eq(a, b), a == b, "{a:?} {b:?}");
+            for k in good {
+                assert!(admit(&auth, plane, Some(k), lo), "{plane} {k}");
+            }
+            for k in bad
+                .iter()
+                .copied()
+                .chain([None, Some("Bearer nope")].into_iter().flatten())
+            {
+                assert_eq!(
+                    auth.admit(plane, &mut headers(Some(k)), lo),
+                    Err(Refusal::Unauthorized(plane)),
+                    "{plane} {k}"
+                );
+            }
+            assert!(!admit(&auth, plane, None, lo), "{plane} without a key");
         }
     }
 
     #[test]
-    fn debug_never_shows_the_key() {
-        let key = AdminKey::new(Some(&Secret::new("topsecret")));
-        assert_eq!(format!("{key:?}"), "AdminKey(set)");
+    fn a_checked_key_is_removed_and_an_unchecked_header_kept() {
+        let keyed = Auth::new(AuthSettings {
+            client: Some(KeySet::single("c1")),
+            ..AuthSettings::default()
+        });
+        let mut h = headers(Some("Bearer c1"));
+        keyed.admit(Plane::Client, &mut h, None).unwrap();
+        assert!(h.get(header::AUTHORIZATION).is_none());
+        let open = Auth::new(AuthSettings::default());
+        let mut h = headers(Some("Bearer for-the-worker"));
+        open.admit(Plane::Client, &mut h, None).unwrap();
+        assert_eq!(h[header::AUTHORIZATION], "Bearer for-the-worker");
+    }
+
+    #[test]
+    fn without_an_admin_key_the_admin_plane_is_loopback_only_unless_opened() {
+        let auth = Auth::new(AuthSettings::default());
+        for lo in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(admit(&auth, Plane::Admin, None, peer(lo)), "{lo}");
+        }
+        for far in [
+            "192.0.2.7",
+            "10.0.0.1",
+            "::ffff:10.0.0.1",
+            "fd00::2",
+            "0.0.0.0",
+        ] {
+            assert_eq!(
+                auth.admit(Plane::Admin, &mut headers(None), peer(far)),
+                Err(Refusal::NotLoopback),
+                "{far}"
+            );
+        }
+        assert_eq!(
+            auth.admit(Plane::Admin, &mut headers(None), None),
+            Err(Refusal::NotLoopback),
+            "an unknown peer is not loopback"
+        );
+        // The store plane is never opened by loopback.
+        assert!(!admit(&auth, Plane::Store, None, peer("127.0.0.1")));
+        auth.update(|s| s.open_admin = true);
+        assert!(admit(&auth, Plane::Admin, None, peer("192.0.2.7")));
+        // A key closes it again, for loopback callers too.
+        auth.update(|s| s.admin = Some(KeySet::single("ad")));
+        assert!(!admit(&auth, Plane::Admin, None, peer("127.0.0.1")));
+        assert!(admit(
+            &auth,
+            Plane::Admin,
+            Some("Bearer ad"),
+            peer("192.0.2.7")
+        ));
+    }
+
+    #[test]
+    fn replacing_the_settings_applies_to_the_next_request_and_moves_the_generation() {
+        let auth = Auth::new(AuthSettings::default());
+        let g = auth.generation();
+        assert!(admit(&auth, Plane::Client, None, None));
+        auth.update(|s| s.client = Some(KeySet::single("new")));
+        assert!(auth.generation() > g);
+        assert!(!admit(&auth, Plane::Client, None, None));
+        assert!(admit(&auth, Plane::Client, Some("Bearer new"), None));
+        assert!(!format!("{auth:?}").contains("new"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_open_admin_warning_repeats_every_period_while_open() {
+        let auth = Auth::new(AuthSettings {
+            open_admin: true,
+            ..AuthSettings::default()
+        });
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let c = count.clone();
+        let task = tokio::spawn(warn_while_open(
+            auth.clone(),
+            Duration::from_secs(60),
+            stop.clone(),
+            move || {
+                c.fetch_add(1, Ordering::Relaxed);
+            },
+        ));
+        let seen = || count.load(Ordering::Relaxed);
+        tokio::task::yield_now().await;
+        assert_eq!(seen(), 1, "at once");
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert_eq!(seen(), 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(seen(), 2, "a minute later");
+        // An admin key closes the plane: no more warnings.
+        auth.update(|s| s.admin = Some(KeySet::single("k")));
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(seen(), 2);
+        stop.cancel();
+        task.await.unwrap();
     }
 }

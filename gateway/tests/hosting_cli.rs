@@ -232,8 +232,14 @@ async fn serve_process_hosts_the_master_with_its_settings_and_key() {
         served == serde_json::to_value(&expected).unwrap(),
         "serve's document is not the one of its settings"
     );
-    assert_eq!(served["paths"]["/workers"]["get"]["security"], json!([{"admin_api_key": []}]));
-    assert!(served != committed_openapi(), "the committed document has no admin key");
+    assert_eq!(
+        served["paths"]["/workers"]["get"]["security"],
+        json!([{"admin_api_key": []}])
+    );
+    assert!(
+        served != committed_openapi(),
+        "the committed document has no admin key"
+    );
     let metrics = text_of(&c, &format!("{base}/metrics")).await;
     assert!(metrics.contains("moongate_master_keys 1"), "{metrics}");
 
@@ -322,8 +328,16 @@ async fn master_process_alone() {
     );
     let plain = openapi_of("master");
     assert_eq!(
-        served["paths"].as_object().unwrap().keys().collect::<Vec<_>>(),
-        plain["paths"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        served["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        plain["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
         "the process and `moongate openapi --of master` serve other routes"
     );
 

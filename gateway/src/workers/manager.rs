@@ -322,3 +322,84 @@ fn static_worker(
         priority: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(cfg: &ServeConfig) -> WorkerManager {
+        let registry = Arc::new(Registry::new());
+        let client = HttpClient::with_roots(rustls::RootCertStore::empty());
+        WorkerManager::new(registry, client, cfg, CancellationToken::new())
+    }
+
+    fn urls(m: &WorkerManager, origin: Origin) -> Vec<(String, WorkerType, Option<u16>)> {
+        let mut v: Vec<_> = m
+            .registry()
+            .list()
+            .iter()
+            .filter(|w| w.origin() == origin)
+            .map(|w| (w.url().as_str().to_string(), w.worker_type(), w.bootstrap_port()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    #[tokio::test]
+    async fn sync_static_adds_and_removes_static_workers_only() {
+        let cfg = ServeConfig {
+            disable_health_check: true,
+            api_key: Some("gk".into()),
+            ..ServeConfig::default()
+        };
+        let m = manager(&cfg);
+        let p = |url: &str, port| PrefillSpec {
+            url: url.into(),
+            bootstrap_port: port,
+        };
+        m.add_static_pd(&[p("http://p1:1", Some(8998))], &["http://d1:1".into()])
+            .unwrap();
+        let api = m.add(static_worker("http://api:1", WorkerType::Decode, None)).unwrap();
+        assert!(api.bearer().is_none(), "an API worker without a key has none");
+        assert_eq!(
+            m.registry().get(api.id()).unwrap().origin(),
+            Origin::Api
+        );
+
+        // p1's bootstrap port changes, d1 goes, d2 comes, api:1 is left alone and a listed
+        // URL it holds is reported.
+        let done = m.sync_static(
+            &[],
+            &[p("http://p1:1", Some(9000))],
+            &["http://d2:1".into(), "http://api:1".into()],
+        );
+        assert_eq!(done.removed, ["http://p1:1", "http://d1:1"]);
+        assert_eq!(done.added, ["http://p1:1", "http://d2:1"]);
+        assert_eq!(done.problems.len(), 1, "{:?}", done.problems);
+        assert!(done.problems[0].contains("already registered"), "{:?}", done.problems);
+        assert_eq!(
+            urls(&m, Origin::Static),
+            [
+                ("http://d2:1".to_string(), WorkerType::Decode, None),
+                ("http://p1:1".to_string(), WorkerType::Prefill, Some(9000)),
+            ]
+        );
+        assert_eq!(urls(&m, Origin::Api).len(), 1);
+        // Static workers take the gateway's key, and a new one on reload.
+        for w in m.registry().list().iter().filter(|w| w.origin() == Origin::Static) {
+            assert_eq!(w.bearer().unwrap().to_str().unwrap(), "Bearer gk");
+        }
+        m.set_default_key(Some("gk2".into()));
+        for w in m.registry().list().iter() {
+            let want = (w.origin() == Origin::Static).then_some("Bearer gk2");
+            assert_eq!(w.bearer().map(|b| b.to_str().unwrap().to_string()).as_deref(), want);
+        }
+        // Nothing changes when nothing changed.
+        let again = m.sync_static(
+            &[],
+            &[p("http://p1:1", Some(9000))],
+            &["http://d2:1".into()],
+        );
+        assert!(again.added.is_empty() && again.removed.is_empty(), "{again:?}");
+    }
+}

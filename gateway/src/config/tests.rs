@@ -448,7 +448,11 @@ fn security_settings_come_from_file_and_flags_and_hide_their_keys() {
     ])
     .unwrap_err()
     .to_string();
-    for needle in ["cors_allowed_origins", "store_api_key", "client_api_keys_file"] {
+    for needle in [
+        "cors_allowed_origins",
+        "store_api_key",
+        "client_api_keys_file",
+    ] {
         assert!(err.contains(needle), "{needle} missing from {err}");
     }
     let help = Cmd::command().render_long_help().to_string();

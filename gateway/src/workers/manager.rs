@@ -105,8 +105,14 @@ impl WorkerManager {
         if req.model_id.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(AddError::Invalid("model_id must not be empty".into()));
         }
-        if req.api_key.as_deref().is_some_and(str::is_empty) {
-            return Err(AddError::Invalid("api_key must not be empty".into()));
+        if req
+            .api_key
+            .as_deref()
+            .is_some_and(|k| !crate::auth::keys::is_sendable(k))
+        {
+            return Err(AddError::Invalid(
+                "api_key must be non-empty visible ASCII without spaces".into(),
+            ));
         }
         let spec = WorkerSpec {
             url,
@@ -151,10 +157,10 @@ impl WorkerManager {
         req: UpdateWorkerRequest,
     ) -> Result<Option<Arc<Worker>>, AddError> {
         if let Some(Some(k)) = &req.api_key
-            && k.is_empty()
+            && !crate::auth::keys::is_sendable(k)
         {
             return Err(AddError::Invalid(
-                "api_key must not be empty (use null to remove it)".into(),
+                "api_key must be non-empty visible ASCII without spaces (null removes it)".into(),
             ));
         }
         let Some(worker) = self.registry.get(id) else {
@@ -339,7 +345,13 @@ mod tests {
             .list()
             .iter()
             .filter(|w| w.origin() == origin)
-            .map(|w| (w.url().as_str().to_string(), w.worker_type(), w.bootstrap_port()))
+            .map(|w| {
+                (
+                    w.url().as_str().to_string(),
+                    w.worker_type(),
+                    w.bootstrap_port(),
+                )
+            })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -359,12 +371,14 @@ mod tests {
         };
         m.add_static_pd(&[p("http://p1:1", Some(8998))], &["http://d1:1".into()])
             .unwrap();
-        let api = m.add(static_worker("http://api:1", WorkerType::Decode, None)).unwrap();
-        assert!(api.bearer().is_none(), "an API worker without a key has none");
-        assert_eq!(
-            m.registry().get(api.id()).unwrap().origin(),
-            Origin::Api
+        let api = m
+            .add(static_worker("http://api:1", WorkerType::Decode, None))
+            .unwrap();
+        assert!(
+            api.bearer().is_none(),
+            "an API worker without a key has none"
         );
+        assert_eq!(m.registry().get(api.id()).unwrap().origin(), Origin::Api);
 
         // p1's bootstrap port changes, d1 goes, d2 comes, api:1 is left alone and a listed
         // URL it holds is reported.
@@ -376,7 +390,11 @@ mod tests {
         assert_eq!(done.removed, ["http://p1:1", "http://d1:1"]);
         assert_eq!(done.added, ["http://p1:1", "http://d2:1"]);
         assert_eq!(done.problems.len(), 1, "{:?}", done.problems);
-        assert!(done.problems[0].contains("already registered"), "{:?}", done.problems);
+        assert!(
+            done.problems[0].contains("already registered"),
+            "{:?}",
+            done.problems
+        );
         assert_eq!(
             urls(&m, Origin::Static),
             [
@@ -386,13 +404,23 @@ mod tests {
         );
         assert_eq!(urls(&m, Origin::Api).len(), 1);
         // Static workers take the gateway's key, and a new one on reload.
-        for w in m.registry().list().iter().filter(|w| w.origin() == Origin::Static) {
+        for w in m
+            .registry()
+            .list()
+            .iter()
+            .filter(|w| w.origin() == Origin::Static)
+        {
             assert_eq!(w.bearer().unwrap().to_str().unwrap(), "Bearer gk");
         }
         m.set_default_key(Some("gk2".into()));
         for w in m.registry().list().iter() {
             let want = (w.origin() == Origin::Static).then_some("Bearer gk2");
-            assert_eq!(w.bearer().map(|b| b.to_str().unwrap().to_string()).as_deref(), want);
+            assert_eq!(
+                w.bearer()
+                    .map(|b| b.to_str().unwrap().to_string())
+                    .as_deref(),
+                want
+            );
         }
         // Nothing changes when nothing changed.
         let again = m.sync_static(
@@ -400,6 +428,9 @@ mod tests {
             &[p("http://p1:1", Some(9000))],
             &["http://d2:1".into()],
         );
-        assert!(again.added.is_empty() && again.removed.is_empty(), "{again:?}");
+        assert!(
+            again.added.is_empty() && again.removed.is_empty(),
+            "{again:?}"
+        );
     }
 }

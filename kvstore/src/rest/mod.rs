@@ -224,6 +224,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| bad(JsonRejection::from(e)))?;
+        // Every body is a JSON object: serde would also take a struct as an array of its
+        // fields in order, which no document describes.
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(rejected(
+                "bad JSON body",
+                "the body must be a JSON object".into(),
+            ));
+        }
         match serde_json::from_slice(&bytes) {
             Ok(v) => Ok(Self(v)),
             Err(_) => axum::Json::<T>::from_bytes(&bytes)

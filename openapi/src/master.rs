@@ -362,7 +362,7 @@ pub struct MetadataQuery {
 
 /// Opaque bytes of the transfer-metadata store (stored and returned unchanged).
 #[derive(Clone, Debug, Default, PartialEq, Eq, ToSchema)]
-#[schema(value_type = String, format = Binary)]
+#[schema(value_type = String, format = Binary, min_length = 1)]
 pub struct MetadataValue(pub Vec<u8>);
 
 /// One object of a batch put-start.

@@ -11,18 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::moongate;
 use gateway::sim::SimConfig;
 use serde_json::{Value, json};
-
-fn moongate() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moongate"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MOONGATE_") || k == "RUST_LOG" {
-            c.env_remove(k);
-        }
-    }
-    c
-}
 
 /// A `moongate serve --log-json` process; its stderr lines, parsed.
 struct Serve {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use gateway::config::{ConfigError, PolicyKind, Secret, ServeConfig};
 use gateway::reload;
-use moongate_tests::{Backend, eventually, get_json, sse_json, start_regular_gateway};
+use moongate_tests::{Backend, eventually, get_json, get_text, sse_json, start_regular_gateway};
 use serde_json::{Value, json};
 
 fn chat(stream: bool) -> Value {
@@ -139,14 +139,7 @@ async fn a_reload_applies_policies_limits_keys_and_workers_without_dropping_a_re
     assert_eq!(v["error"]["code"], "queue_full", "{v}");
     held.await.unwrap();
 
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{base}/metrics")).await;
     assert!(
         metrics.contains("moongate_config_reloads_total{result=\"ok\"}"),
         "{metrics}"
@@ -209,14 +202,7 @@ async fn an_invalid_configuration_changes_nothing_and_the_document_follows_the_k
         "the old key still works"
     );
     assert_eq!(infer(&c, &base, "k-2", false).await.status(), 401);
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{base}/metrics")).await;
     assert!(
         metrics.contains("moongate_config_reloads_total{result=\"invalid\"}"),
         "{metrics}"

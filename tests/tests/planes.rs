@@ -8,8 +8,8 @@ use std::time::Duration;
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
 use http::Method;
 use moongate_tests::{
-    Backend, call, check_planes, eventually, fast_config, get_json, non_loopback_ip, operations,
-    start_gateway, start_regular_gateway,
+    Backend, call, check_planes, eventually, fast_config, get_json, get_text, non_loopback_ip,
+    operations, start_gateway, start_regular_gateway,
 };
 use serde_json::{Value, json};
 
@@ -153,14 +153,7 @@ async fn client_keys_are_checked_and_never_forwarded() {
         let r = c.get(format!("{}{path}", gw.url())).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
-    let metrics = c
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{}/metrics", gw.url())).await;
     assert!(
         metrics.contains("moongate_auth_refusals_total{plane=\"client\",reason=\"unauthorized\"}"),
         "{metrics}"
@@ -252,41 +245,28 @@ async fn the_gateway_worker_key_goes_only_to_the_workers_it_was_given_for() {
     );
     assert_eq!(keys_of(&own), [Some("Bearer its-own-key".to_string())]);
 
-    // Removing a registered worker's own key leaves it with none, not the gateway's.
-    let r = c
-        .patch(format!("{base}/workers/{own_id}"))
-        .json(&json!({"api_key": null}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let probes_before = own.probes().len();
-    // A probe after the change: ask for one by failing a request is not possible here, so
-    // wait for the next scheduled one (the interval is 1 s).
-    eventually("a probe after the key was removed", || {
-        own.probes().len() > probes_before + 1
-    })
-    .await;
-    let last = own.probes().last().map(|(_, h)| authorization(h)).unwrap();
-    assert_eq!(last, None, "the gateway's key went to a registered worker");
-    let r = c
-        .patch(format!("{base}/workers/{keyless_id}"))
-        .json(&json!({"api_key": "rotated"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let before = keyless.probes().len();
-    eventually("a probe with the new key", || {
-        keyless.probes().len() > before + 1
-    })
-    .await;
+    // Removing a registered worker's own key leaves it with none, not the gateway's; a new
+    // one is sent from the next probe on (probes run every second).
+    let probe_after_patch = async |b: &Backend, id: &str, key: Value| {
+        let r = c
+            .patch(format!("{base}/workers/{id}"))
+            .json(&json!({ "api_key": key }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let before = b.probes().len();
+        eventually("a probe after the change", || b.probes().len() > before + 1).await;
+        b.probes().last().and_then(|(_, h)| authorization(h))
+    };
     assert_eq!(
-        keyless
-            .probes()
-            .last()
-            .map(|(_, h)| authorization(h))
-            .unwrap()
+        probe_after_patch(&own, &own_id, Value::Null).await,
+        None,
+        "the gateway's key went to a registered worker"
+    );
+    assert_eq!(
+        probe_after_patch(&keyless, &keyless_id, json!("rotated"))
+            .await
             .as_deref(),
         Some("Bearer rotated")
     );

@@ -79,6 +79,22 @@ fn store_key(explicit: &Option<Secret>, secret_file: Option<&Path>) -> anyhow::R
     Ok(KeySet::single(&secret.store_api_key()))
 }
 
+/// The keys in force for an admin key, `--insecure-open-admin`, client keys and a store
+/// key: what `serve` and `master` share.
+fn keys_in_force(
+    admin: &Option<Secret>,
+    open_admin: bool,
+    client: Option<KeySet>,
+    store: Option<KeySet>,
+) -> AuthSettings {
+    AuthSettings {
+        client,
+        store,
+        admin: admin.as_ref().map(|k| KeySet::single(k.expose())),
+        open_admin,
+    }
+}
+
 impl ServeConfig {
     /// The keys this configuration puts in force: the client keys file read now, the admin
     /// key, and `store` as the store key (`None` without a hosted master).
@@ -90,15 +106,12 @@ impl ServeConfig {
             Some(path) => Some(keys::load_client_keys(path)?),
             None => None,
         };
-        Ok(AuthSettings {
+        Ok(keys_in_force(
+            &self.admin_api_key,
+            self.insecure_open_admin,
             client,
             store,
-            admin: self
-                .admin_api_key
-                .as_ref()
-                .map(|k| KeySet::single(k.expose())),
-            open_admin: self.insecure_open_admin,
-        })
+        ))
     }
 
     /// The store key of the hosted master (see [`ServeConfig::store_api_key`]); reads or
@@ -111,15 +124,12 @@ impl ServeConfig {
 impl MasterHostConfig {
     /// The keys `moongate master` puts in force, with `store` as the store key.
     pub fn auth_settings(&self, store: KeySet) -> AuthSettings {
-        AuthSettings {
-            client: None,
-            store: Some(store),
-            admin: self
-                .admin_api_key
-                .as_ref()
-                .map(|k| KeySet::single(k.expose())),
-            open_admin: self.insecure_open_admin,
-        }
+        keys_in_force(
+            &self.admin_api_key,
+            self.insecure_open_admin,
+            None,
+            Some(store),
+        )
     }
 
     /// The store key (see [`MasterHostConfig::store_api_key`]).

@@ -50,7 +50,7 @@ pub struct Front {
 #[derive(Clone, Debug)]
 enum Stack {
     Plain(Core),
-    Cors(Cors<Core>),
+    Cors(Box<Cors<Core>>),
 }
 
 /// Everything after CORS.
@@ -72,7 +72,7 @@ impl Front {
             peer: None,
         };
         let inner = match cors {
-            Some(layer) => Stack::Cors(tower::Layer::layer(&layer, core)),
+            Some(layer) => Stack::Cors(Box::new(tower::Layer::layer(&layer, core))),
             None => Stack::Plain(core),
         };
         Self { inner }

@@ -16,16 +16,19 @@
 //! [`MasterHostConfig`] is `moongate master` (the master alone), through the same pipeline.
 
 mod master;
+mod security;
+mod sources;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use clap::{ArgMatches, parser::ValueSource};
+use clap::ArgMatches;
 use kvstore::MasterConfig;
 pub use kvstore::Secret;
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 
 pub use master::MasterHostConfig;
+pub use sources::{merge_sources, overlay_given, read_toml};
 
 pub mod env;
 
@@ -295,11 +298,38 @@ pub struct ServeConfig {
     /// Do not host the KV master (no `/api/v1/...` or `/metadata` routes, no background task).
     #[arg(long, env = env::DISABLE_MASTER)]
     pub disable_master: bool,
-    /// Admin API key. When set, the worker API (`/workers`) and the KV master's routes
-    /// (`/api/v1/...`, `/metadata`) require `Authorization: Bearer <key>` (401 otherwise);
-    /// inference, health, metrics and the API docs stay open.
+    /// Admin API key: the worker API (`/workers`) and the KV master's admin routes require
+    /// `Authorization: Bearer <key>` (401 otherwise), and every other plane accepts it.
+    /// Without one, those routes answer loopback callers only (403 for others). Reloaded on
+    /// SIGHUP.
     #[arg(long, env = env::ADMIN_API_KEY, hide_env_values = true)]
     pub admin_api_key: Option<Secret>,
+    /// Without an admin key, answer the admin routes from every peer, not only loopback
+    /// (a warning is logged every minute while this is so).
+    #[arg(long, env = env::INSECURE_OPEN_ADMIN)]
+    pub insecure_open_admin: bool,
+    /// File of client API keys, one per line (blank lines and `#` comment lines allowed).
+    /// When set, the inference routes require `Authorization: Bearer <key>` with one of them
+    /// (401 otherwise); the key is not forwarded to workers. Read again on SIGHUP.
+    #[arg(long, env = env::CLIENT_API_KEYS_FILE)]
+    pub client_api_keys_file: Option<PathBuf>,
+    /// The KV master's store key (what storage nodes and store clients send). Default: the
+    /// key derived from the transfer secret (`--transfer-secret-file`), so the nodes that
+    /// hold that file need no other setting.
+    #[arg(long, env = env::STORE_API_KEY, hide_env_values = true)]
+    pub store_api_key: Option<Secret>,
+    /// The cluster's transfer secret file, from which the store key is derived. Default: the
+    /// per-user file `~/.config/moongate/transfer-secret` (made on first use, mode 0600).
+    #[arg(long, env = env::TRANSFER_SECRET_FILE)]
+    pub transfer_secret_file: Option<PathBuf>,
+    /// Origins allowed to call this server from a browser (CORS): exact origins such as
+    /// `https://app.example.com`, or `*` for any. Off when empty.
+    #[arg(long, env = env::CORS_ALLOWED_ORIGINS, num_args = 1.., value_delimiter = ',')]
+    pub cors_allowed_origins: Vec<String>,
+    /// Log JSON lines (one object per line, with the request's id on every line logged
+    /// while serving it) instead of text.
+    #[arg(long, env = env::LOG_JSON)]
+    pub log_json: bool,
     /// The hosted KV master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
@@ -380,6 +410,12 @@ impl Default for ServeConfig {
             decode_policy: None,
             disable_master: false,
             admin_api_key: None,
+            insecure_open_admin: false,
+            client_api_keys_file: None,
+            store_api_key: None,
+            transfer_secret_file: None,
+            cors_allowed_origins: Vec::new(),
+            log_json: false,
             master: MasterConfig::default(),
         }
     }
@@ -510,7 +546,7 @@ impl ServeConfig {
         if !self.pd_disaggregation && pd_given {
             errs.push("prefill, decode and their policies need --pd-disaggregation".into());
         }
-        errs.extend(admin_key_problem(&self.admin_api_key));
+        errs.extend(security::problems(self));
         if let Some(Err(e)) = self
             .worker_ca_cert
             .as_deref()
@@ -620,6 +656,9 @@ impl ServeConfig {
         if shown.admin_api_key.is_some() {
             shown.admin_api_key = Some(hidden());
         }
+        if shown.store_api_key.is_some() {
+            shown.store_api_key = Some(hidden());
+        }
         render_toml(&shown)
     }
 }
@@ -682,86 +721,12 @@ pub fn hidden() -> Secret {
     Secret::new("<hidden>")
 }
 
-/// The problem with an admin key setting, if any: it must be non-empty visible ASCII
-/// without spaces, or no client could send it as `Authorization: Bearer <key>`.
-fn admin_key_problem(key: &Option<Secret>) -> Option<String> {
-    let k = key.as_ref()?.expose();
-    let ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic());
-    (!ok).then(|| "admin_api_key must be non-empty visible ASCII without spaces".to_string())
-}
-
 /// The problem with the master's settings, if any.
 fn master_problem(master: &MasterConfig) -> Option<String> {
     master.validate().err().map(|e| match e {
         kvstore::MasterError::InvalidParams(m) => format!("master: {m}"),
         other => format!("master: {other}"),
     })
-}
-
-/// Defaults (or the TOML file at `file`, whose missing keys keep their defaults), then the
-/// environment variables and flags that `matches` says were given. Not validated yet.
-pub fn merge_sources<T>(
-    cli: &T,
-    file: Option<&Path>,
-    matches: &ArgMatches,
-) -> Result<T, ConfigError>
-where
-    T: Serialize + DeserializeOwned + Default,
-{
-    let base = match file {
-        Some(path) => read_toml(path)?,
-        None => T::default(),
-    };
-    overlay_given(base, cli, matches)
-}
-
-/// Reads a TOML file into `T`; keys it lacks keep `T`'s defaults (`#[serde(default)]`).
-pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })
-}
-
-/// Copies into `base` every field that was given on the command line or in the
-/// environment (per `matches`), taking the value from `given`. Field names and clap ids
-/// are the same (clap derives ids from field names), which is what makes this generic; an
-/// id with dots (`master.lease_ttl_ms`) names a field of a nested struct.
-pub fn overlay_given<T>(base: T, given: &T, matches: &ArgMatches) -> Result<T, ConfigError>
-where
-    T: Serialize + DeserializeOwned,
-{
-    let to_value = |v: &T| serde_json::to_value(v).map_err(|e| ConfigError::Merge(e.to_string()));
-    let mut merged = to_value(&base)?;
-    let given = to_value(given)?;
-    for id in matches.ids() {
-        let explicit = matches!(
-            matches.value_source(id.as_str()),
-            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-        );
-        if !explicit {
-            continue;
-        }
-        let pointer = format!("/{}", id.as_str().replace('.', "/"));
-        let Some(value) = given.pointer(&pointer) else {
-            continue;
-        };
-        match merged.pointer_mut(&pointer) {
-            Some(slot) => *slot = value.clone(),
-            None => {
-                // A field the base left out (e.g. skipped when empty): add it to its parent.
-                let (parent, field) = pointer.rsplit_once('/').unwrap_or(("", ""));
-                if let Some(obj) = merged.pointer_mut(parent).and_then(|p| p.as_object_mut()) {
-                    obj.insert(field.to_string(), value.clone());
-                }
-            }
-        }
-    }
-    serde_json::from_value(merged).map_err(|e| ConfigError::Merge(e.to_string()))
 }
 
 #[cfg(test)]

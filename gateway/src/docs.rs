@@ -3,12 +3,16 @@
 //!
 //! [`documented`] takes the process's documented routes (an `OpenApiRouter` whose every
 //! route came from `#[utoipa::path]`), adds the documentation routes, which are themselves
-//! documented, splits the router from its document, finishes the document (security scheme,
-//! only the tags in use) and serves exactly that document:
+//! documented, splits the router from its document, finishes the document (only the tags
+//! in use; the security the process enforces, from [`crate::auth::openapi`]) and serves
+//! exactly that document:
 //! - `GET /api-docs/openapi.json` (and `GET /openapi.json`, the same bytes);
 //! - `GET /docs` -> `/docs/`: Swagger UI, from the assets compiled into the binary
 //!   (`utoipa-swagger-ui`'s `vendored` feature: nothing is downloaded at build or run time;
 //!   the UI's online validator is off, so the page fetches nothing but this document).
+//!
+//! The keys in force can change at run time (a reload): the document is rendered again,
+//! on the first request after a change, from the same routes and the new settings.
 //!
 //! The committed `openapi/openapi.json` is `moongate serve`'s document with the default
 //! settings; `moongate openapi` prints it ([`crate::serve::document`]).
@@ -20,13 +24,14 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
+use parking_lot::Mutex;
 use utoipa::openapi::OpenApi;
 use utoipa::openapi::tag::{Tag, TagBuilder};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::Config;
 
-use crate::auth;
+use crate::auth::Auth;
 use crate::error::GatewayError;
 
 /// Where the document is served.
@@ -42,17 +47,51 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
     style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self' data:; \
     connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
 
-/// The rendered document and the UI's settings, shared by the documentation handlers.
+/// The document before the security in force is applied, its last rendering, and the UI's
+/// settings, shared by the documentation handlers.
 struct Docs {
-    json: OnceLock<Bytes>,
+    /// Set once the routes (these handlers among them) are split from their document.
+    base: OnceLock<OpenApi>,
+    auth: Auth,
+    /// The JSON served, and the [`Auth::generation`] it was rendered for.
+    rendered: Mutex<Option<(u64, Bytes)>>,
     ui: Arc<Config<'static>>,
 }
 
+impl Docs {
+    /// The document with the security in force now.
+    fn document(&self) -> OpenApi {
+        let mut doc = self.base.get().cloned().unwrap_or_default();
+        crate::auth::openapi::apply(&mut doc, &self.auth.settings());
+        doc
+    }
+
+    /// The JSON to serve (rendered again when the settings moved since).
+    fn json(&self) -> Bytes {
+        let generation = self.auth.generation();
+        let mut cached = self.rendered.lock();
+        match &*cached {
+            Some((g, json)) if *g == generation => json.clone(),
+            _ => {
+                let json = self.document().to_json().unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "cannot render the OpenAPI document");
+                    "{}".into()
+                });
+                let json = Bytes::from(json);
+                *cached = Some((generation, json.clone()));
+                json
+            }
+        }
+    }
+}
+
 /// Adds the documentation routes to `api`, then returns the router and the finished
-/// document it serves.
-pub fn documented(api: OpenApiRouter) -> (Router, OpenApi) {
+/// document it serves now (it follows `auth`'s settings from then on).
+pub fn documented(api: OpenApiRouter, auth: &Auth) -> (Router, OpenApi) {
     let docs = Arc::new(Docs {
-        json: OnceLock::new(),
+        base: OnceLock::new(),
+        auth: auth.clone(),
+        rendered: Mutex::new(None),
         ui: Arc::new(
             Config::new([OPENAPI_PATH])
                 .validator_url("none")
@@ -67,14 +106,10 @@ pub fn documented(api: OpenApiRouter) -> (Router, OpenApi) {
         .routes(routes!(swagger_ui_index))
         .routes(routes!(swagger_ui_file))
         .with_state(docs.clone());
-    let (router, mut doc) = api.merge(routes).split_for_parts();
-    finish(&mut doc);
-    let json = doc.to_json().unwrap_or_else(|e| {
-        tracing::error!(error = %e, "cannot render the OpenAPI document");
-        "{}".into()
-    });
-    let _ = docs.json.set(Bytes::from(json));
-    (router, doc)
+    let (router, mut base) = api.merge(routes).split_for_parts();
+    finish(&mut base);
+    let _ = docs.base.set(base);
+    (router, docs.document())
 }
 
 /// Every tag an operation may carry, in the order the document lists them.
@@ -83,22 +118,20 @@ const TAGS: &[(&str, &str)] = &[
         "inference",
         "OpenAI and SGLang inference routes, proxied to workers",
     ),
-    ("workers", "Worker registration and status (admin)"),
+    ("workers", "Worker registration and status (admin plane)"),
     (
         kvstore::rest::TAG,
         "The KV-cache master: segments, objects, replicas, leases, eviction, and the \
-         transfer-metadata store (admin)",
+         transfer-metadata store (store plane; cluster-wide reads and bulk removal: admin \
+         plane; see each operation's x-moongate-plane)",
     ),
     ("ops", "Health, readiness, metrics"),
     (TAG, "This document and Swagger UI"),
 ];
 
-/// Adds the admin key's security scheme and lists the tags the operations use (a process
-/// that does not mount a component does not list its tag).
+/// Lists the tags the operations use (a process that does not mount a component does not
+/// list its tag).
 fn finish(doc: &mut OpenApi) {
-    doc.components
-        .get_or_insert_with(Default::default)
-        .add_security_scheme(auth::SECURITY_SCHEME, auth::security_scheme());
     let mut used: Vec<String> = Vec::new();
     for item in doc.paths.paths.values() {
         let ops = [
@@ -146,7 +179,7 @@ fn json_response(docs: &Docs) -> Response {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        docs.json.get().cloned().unwrap_or_default(),
+        docs.json(),
     )
         .into_response()
 }

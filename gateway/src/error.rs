@@ -8,6 +8,7 @@ use http::{HeaderValue, StatusCode, header};
 use openapi::error::ErrorResponse;
 
 use crate::admission::Refusal;
+use crate::auth::Refusal as AuthRefusal;
 use crate::select::NoWorker;
 use crate::workers::manager::AddError;
 
@@ -176,9 +177,11 @@ pub enum GatewayError {
     /// No such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
-    /// The route needs the admin API key and the request lacks it (or has a wrong one).
-    #[error("missing or wrong admin API key (Authorization: Bearer <key>)")]
-    Unauthorized,
+    /// The route's plane refused the request: its key is missing or wrong (401), or it is
+    /// the admin plane of a server without an admin key and the caller is not on loopback
+    /// (403).
+    #[error("{}", .0.message())]
+    Refused(AuthRefusal),
     /// Route exists, method does not.
     #[error("method not allowed")]
     MethodNotAllowed,
@@ -199,7 +202,8 @@ impl GatewayError {
             | InvalidWorker(_) => StatusCode::BAD_REQUEST,
             BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Unauthorized => StatusCode::UNAUTHORIZED,
+            Refused(AuthRefusal::Unauthorized(_)) => StatusCode::UNAUTHORIZED,
+            Refused(AuthRefusal::NotLoopback) => StatusCode::FORBIDDEN,
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
@@ -271,7 +275,8 @@ impl GatewayError {
             InvalidWorker(_) => ("invalid_request_error", "invalid_worker"),
             DuplicateWorker(_) => ("conflict_error", "worker_exists"),
             RouteNotFound(_) => ("not_found_error", "route_not_found"),
-            Unauthorized => ("authentication_error", "invalid_api_key"),
+            Refused(AuthRefusal::Unauthorized(_)) => ("authentication_error", "invalid_api_key"),
+            Refused(AuthRefusal::NotLoopback) => ("permission_error", "admin_loopback_only"),
             MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             Internal(_) => ("server_error", "internal_error"),
         }
@@ -469,7 +474,16 @@ mod tests {
                 503,
                 "no_ready_prefill_worker",
             ),
-            (GatewayError::Unauthorized, 401, "invalid_api_key"),
+            (
+                GatewayError::Refused(AuthRefusal::Unauthorized(crate::auth::Plane::Client)),
+                401,
+                "invalid_api_key",
+            ),
+            (
+                GatewayError::Refused(AuthRefusal::NotLoopback),
+                403,
+                "admin_loopback_only",
+            ),
             (
                 GatewayError::CircuitOpen { model: None },
                 503,

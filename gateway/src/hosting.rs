@@ -2,10 +2,11 @@
 //! routes (unless `--disable-master`), `moongate master` serves it alone.
 //!
 //! Either way the same pieces are used: [`HostedMaster`] builds the master from
-//! [`kvstore::MasterConfig`], hands out its REST routes behind the admin key
-//! ([`HostedMaster::routes`], 401 in the master's error envelope), and runs its background
-//! task (client TTL sweep, zombie puts, eviction, gauges) until shutdown. Its metrics go to
-//! the process's one Prometheus recorder and are served at `/metrics`.
+//! [`kvstore::MasterConfig`], hands out its REST routes, the store plane behind the store
+//! key and the admin plane behind the admin key ([`HostedMaster::routes`]; refusals in the
+//! master's error envelope, see `crate::auth`), and runs its background task (client TTL
+//! sweep, zombie puts, eviction, gauges) until shutdown. Its metrics go to the process's one
+//! Prometheus recorder and are served at `/metrics`.
 //!
 //! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
 //! OpenAPI document and Swagger UI, and serves it all with `moongate serve`'s accept loop
@@ -32,7 +33,7 @@ use utoipa::openapi::OpenApi as Document;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{AdminKey, Rejection};
+use crate::auth::{Auth, KeySet, Plane, Refusal, Rejection};
 use crate::config::MasterHostConfig;
 use crate::docs;
 use crate::error::GatewayError;
@@ -61,9 +62,13 @@ impl HostedMaster {
         &self.master
     }
 
-    /// The master's REST API (`/api/v1/...`, `/metadata`), behind `key`.
-    pub fn routes(&self, key: &AdminKey) -> OpenApiRouter {
-        key.guard(kvstore::router(self.master.clone()), master_rejection())
+    /// The master's REST API (`/api/v1/...`, `/metadata`): the store plane and the admin
+    /// plane, each behind its key in `auth`.
+    pub fn routes(&self, auth: &Auth) -> OpenApiRouter {
+        let store = kvstore::rest::store_router(self.master.clone());
+        let admin = kvstore::rest::admin_router(self.master.clone());
+        auth.guard(Plane::Store, store, master_rejection())
+            .merge(auth.guard(Plane::Admin, admin, master_rejection()))
     }
 
     /// Runs the background task until `stop` is cancelled.
@@ -75,13 +80,15 @@ impl HostedMaster {
     }
 }
 
-/// How a master route refuses a request without the admin key: 401, `UNAUTHORIZED`.
+/// How a master route refuses a request: 401 `UNAUTHORIZED` (key missing or wrong), 403
+/// `FORBIDDEN` (admin plane, no admin key, caller not on loopback).
 fn master_rejection() -> Rejection {
     Rejection {
-        respond: || {
-            let e = MasterError::Unauthorized(
-                "missing or wrong admin API key (Authorization: Bearer <key>)".into(),
-            );
+        respond: |refusal| {
+            let e = match refusal {
+                Refusal::Unauthorized(_) => MasterError::Unauthorized(refusal.message()),
+                Refusal::NotLoopback => MasterError::Forbidden(refusal.message()),
+            };
             kvstore::rest::ApiError(e).into_response()
         },
         schema: "MasterErrorResponse",
@@ -98,17 +105,17 @@ fn master_rejection() -> Rejection {
 ))]
 struct MasterAloneApi;
 
-/// `moongate master`'s routes and the document it serves: the master behind `key`,
+/// `moongate master`'s routes and the document it serves: the master behind `auth`'s keys,
 /// `/health`, `/metrics`, the docs; unknown routes get a JSON 404.
-pub fn master_app(hosted: &HostedMaster, key: &AdminKey) -> (Router, Document) {
+pub fn master_app(hosted: &HostedMaster, auth: &Auth) -> (Router, Document) {
     let own = OpenApiRouter::new()
         .routes(routes!(health))
         .routes(routes!(metrics))
         .with_state(hosted.master.clone());
     let api = OpenApiRouter::with_openapi(MasterAloneApi::openapi())
-        .merge(hosted.routes(key))
+        .merge(hosted.routes(auth))
         .merge(own);
-    let (router, doc) = docs::documented(api);
+    let (router, doc) = docs::documented(api, auth);
     (router.fallback(not_found), doc)
 }
 
@@ -141,11 +148,12 @@ async fn metrics(State(master): State<Arc<Master>>) -> Response {
         .into_response()
 }
 
-/// The OpenAPI document `moongate master` with `cfg` serves at `/api-docs/openapi.json`.
+/// The OpenAPI document `moongate master` with `cfg` serves at `/api-docs/openapi.json`
+/// (the store key is not read: the document only says that one is required).
 pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
-    let hosted = HostedMaster::new(cfg.master).context("KV master settings")?;
-    let key = AdminKey::new(cfg.admin_api_key.as_ref());
-    Ok(master_app(&hosted, &key).1)
+    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    let auth = Auth::new(cfg.auth_settings(KeySet::unresolved()));
+    Ok(master_app(&hosted, &auth).1)
 }
 
 /// A running `moongate master`.
@@ -158,6 +166,7 @@ pub struct MasterProcess {
     serving: JoinHandle<std::io::Result<()>>,
     background: JoinHandle<()>,
     grace: Duration,
+    auth: Auth,
 }
 
 impl MasterProcess {
@@ -174,6 +183,11 @@ impl MasterProcess {
     /// The master itself.
     pub fn master(&self) -> &Arc<Master> {
         &self.master
+    }
+
+    /// The keys in force.
+    pub fn auth(&self) -> &Auth {
+        &self.auth
     }
 
     /// Stops accepting, lets requests in flight finish (up to the grace period, then cuts
@@ -201,14 +215,15 @@ pub async fn spawn_master(
     listener: TcpListener,
 ) -> anyhow::Result<MasterProcess> {
     let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
-    let key = AdminKey::new(cfg.admin_api_key.as_ref());
+    let auth = Auth::new(cfg.auth_settings(cfg.store_key()?));
     let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
         .map_err(anyhow::Error::msg)?;
-    let (app, _) = master_app(&hosted, &key);
+    let (app, _) = master_app(&hosted, &auth);
     let addr = listener.local_addr().context("the master's listener")?;
     let grace = Duration::from_secs(cfg.shutdown_grace_period_secs);
     let stop = CancellationToken::new();
     let background = hosted.spawn_background(stop.clone());
+    crate::auth::spawn_open_admin_warning(&auth, stop.clone());
     let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
     let serving = tokio::spawn(crate::serve::accept_loop(
         listener,
@@ -227,6 +242,7 @@ pub async fn spawn_master(
         serving,
         background,
         grace,
+        auth,
     })
 }
 
@@ -236,9 +252,11 @@ pub async fn run_master(cfg: MasterHostConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
     let stop = crate::serve::shutdown_signal();
-    let keyed = cfg.admin_api_key.is_some();
     let process = spawn_master(cfg, listener).await?;
-    tracing::info!(addr = %process.addr(), url = %process.url(), admin_key = keyed, "moongate master listening");
+    let s = process.auth().settings();
+    tracing::info!(addr = %process.addr(), url = %process.url(), admin_key = s.admin.is_some(),
+        open_admin = s.admin_is_open(), "moongate master listening");
+    drop(s);
     stop.await;
     tracing::info!("shutting down");
     process.shutdown().await;

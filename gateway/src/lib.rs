@@ -9,7 +9,8 @@
 //! # Layout
 //! - [`config`]: `moongate serve` and `moongate master` settings: defaults, TOML file,
 //!   `MOONGATE_*` env, flags; validation.
-//! - [`auth`]: the admin API key: the check on guarded routes and its OpenAPI marking.
+//! - [`auth`]: who may call what: client, store and admin keys (planes), the loopback rule
+//!   of a server without an admin key, and how the OpenAPI document states it.
 //! - [`docs`]: the OpenAPI document (`/api-docs/openapi.json`) and Swagger UI (`/docs`).
 //! - [`hosting`]: the KV master hosted by `serve`, and `moongate master` (the master alone).
 //! - [`admission`]: admission control for inference requests (concurrency limit, bounded
@@ -32,6 +33,7 @@
 //! - [`listen`]: what a client may hold on a listener: the connection cap, the header and
 //!   body deadlines (408).
 //! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
+//! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
@@ -50,6 +52,7 @@ pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod request_id;
 pub mod select;
 pub mod serve;

@@ -347,3 +347,38 @@ mod tests {
         assert!(!late.load(Ordering::Relaxed));
     }
 }
+
+/// A service whose every request carries the connection's peer address as axum's
+/// `ConnectInfo<SocketAddr>` (what `into_make_service_with_connect_info` would add), for any
+/// service the accept loop serves.
+#[derive(Clone)]
+pub struct WithPeer<S> {
+    inner: S,
+    peer: std::net::SocketAddr,
+}
+
+impl<S> WithPeer<S> {
+    /// `inner`, for the connection from `peer`.
+    pub fn new(inner: S, peer: std::net::SocketAddr) -> Self {
+        Self { inner, peer }
+    }
+}
+
+impl<S, B> tower::Service<Request<B>> for WithPeer<S>
+where
+    S: tower::Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(self.peer));
+        self.inner.call(req)
+    }
+}

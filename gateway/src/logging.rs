@@ -1,6 +1,13 @@
 //! Logging and tracing setup: `tracing` to stderr at `--log-level` (or as `RUST_LOG` says
-//! when set), and, with `--otlp-traces-endpoint`, OpenTelemetry traces exported over
-//! OTLP/HTTP (protobuf).
+//! when set), as text or, with `--log-json`, one JSON object per line; and, with
+//! `--otlp-traces-endpoint`, OpenTelemetry traces exported over OTLP/HTTP (protobuf).
+//!
+//! Every request is served inside a span named `request` with its `request_id` ([`log_span`],
+//! entered by the front door for the handler and for each poll of the response body), so
+//! every line logged while serving it names it: `request{request_id=...}:` in text, and the
+//! `span` / `spans` members in JSON (`{"span":{"name":"request","request_id":"..."}, ...}`).
+//! The span has level ERROR so that it is kept at any `--log-level`, and a target outside
+//! `gateway`, so that it is never exported as a trace span.
 //!
 //! With traces on, every inference request gets a server span (`POST /v1/chat/completions`
 //! ...: method, path, request id, the chosen worker, the answer's status), parented on the
@@ -54,23 +61,46 @@ impl Traces {
 
 /// Installs the global subscriber (no-op if one is installed already).
 pub fn init(level: LogLevel) {
-    let _ = init_with_traces(level, None);
+    let _ = init_logging(level, false, None);
 }
 
-/// Installs the global subscriber and, when `otlp_endpoint` is given (an OTLP/HTTP traces
-/// URL such as `http://collector:4318/v1/traces`), the OpenTelemetry exporter and the W3C
-/// trace-context propagator. Call it before entering the tokio runtime (the exporter runs
-/// on its own thread with a blocking HTTP client).
+/// Installs the global subscriber (text lines) and, when `otlp_endpoint` is given, the
+/// trace exporter: [`init_logging`] without JSON.
 pub fn init_with_traces(
     level: LogLevel,
     otlp_endpoint: Option<&str>,
 ) -> anyhow::Result<Option<Traces>> {
+    init_logging(level, false, otlp_endpoint)
+}
+
+/// Installs the global subscriber, writing JSON lines when `json`, and, when
+/// `otlp_endpoint` is given (an OTLP/HTTP traces URL such as
+/// `http://collector:4318/v1/traces`), the OpenTelemetry exporter and the W3C trace-context
+/// propagator. Call it before entering the tokio runtime (the exporter runs on its own
+/// thread with a blocking HTTP client).
+pub fn init_logging(
+    level: LogLevel,
+    json: bool,
+    otlp_endpoint: Option<&str>,
+) -> anyhow::Result<Option<Traces>> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.to_string()));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter);
+    let fmt: Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync> = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed()
+    };
     let Some(endpoint) = otlp_endpoint else {
         let _ = tracing_subscriber::registry().with(fmt).try_init();
         return Ok(None);
@@ -103,6 +133,18 @@ pub fn init_with_traces(
         .map_err(|e| anyhow::anyhow!("installing the tracing subscriber: {e}"))?;
     TRACES.store(true, Ordering::Relaxed);
     Ok(Some(Traces { provider }))
+}
+
+/// The span a request is served in when traces are off or it is not an inference request
+/// (see the module doc).
+pub(crate) fn log_span(request_id: &http::HeaderValue) -> tracing::Span {
+    tracing::span!(
+        target: "moongate::request",
+        tracing::Level::ERROR,
+        "request",
+        request_id = request_id.to_str().unwrap_or(""),
+        http.response.status_code = tracing::field::Empty,
+    )
 }
 
 /// The server span of one inference request, parented on the client's `traceparent`.

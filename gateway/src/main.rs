@@ -123,11 +123,17 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", cfg.to_toml());
                 return Ok(());
             }
-            let traces = gateway::logging::init_with_traces(
+            let traces = gateway::logging::init_logging(
                 cfg.log_level,
+                cfg.log_json,
                 cfg.otlp_traces_endpoint.as_deref(),
             )?;
-            let served = runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg));
+            // SIGHUP reads the same sources again: the file, the environment, these flags.
+            let sub = sub.clone();
+            let reread =
+                Box::new(move || ServeConfig::resolve(&args.serve, args.config.as_deref(), &sub));
+            let served =
+                runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg, Some(reread)));
             if let Some(t) = traces {
                 t.shutdown();
             }
@@ -142,7 +148,7 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", cfg.to_toml());
                 return Ok(());
             }
-            gateway::logging::init(cfg.log_level);
+            gateway::logging::init_logging(cfg.log_level, cfg.log_json, None)?;
             runtime(cfg.runtime_threads())?.block_on(gateway::hosting::run_master(cfg))
         }
         Command::Openapi(args) => {

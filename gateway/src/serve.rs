@@ -1,8 +1,9 @@
 //! `moongate serve`: bind, register the static workers, mount the KV master (unless
-//! `--disable-master`), serve until Ctrl-C / SIGTERM, then shut down gracefully: stop
-//! accepting, let in-flight requests finish for up to `--shutdown-grace-period-secs`, then
-//! cut the connections still open (a stream that never ends cannot hold the process), and
-//! stop the master's background task.
+//! `--disable-master`; its store key is `--store-api-key` or derived from the transfer
+//! secret), serve until Ctrl-C / SIGTERM, then shut down gracefully: stop accepting, let
+//! in-flight requests finish for up to `--shutdown-grace-period-secs`, then cut the
+//! connections still open (a stream that never ends cannot hold the process), and stop the
+//! master's background task. SIGHUP reloads the configuration ([`crate::reload`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::auth::AdminKey;
-use crate::config::ServeConfig;
+use crate::auth::KeySet;
+use crate::config::{ConfigError, ServeConfig};
 use crate::hosting::HostedMaster;
 use crate::listen::{self, ClientLimits, DeadlineBody};
 use crate::server::{self, AppState};
@@ -82,10 +83,15 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         .add_static_workers()
         .context("registering --worker-urls")?;
     let hosted = hosted_master(state.config())?;
+    if hosted.is_some() {
+        let store = state.config().store_key()?;
+        state.auth().update(|s| s.store = Some(store));
+    }
     let extra = master_routes(&state, hosted.as_ref());
     if let Some(h) = &hosted {
         state.host_master(h.master().clone());
     }
+    crate::auth::spawn_open_admin_warning(state.auth(), state.cancel_token().clone());
     let mut gw = spawn_with(state, extra, listener).await?;
     if let Some(h) = hosted {
         gw.master_task = Some(h.spawn_background(gw.state.cancel_token().clone()));
@@ -102,17 +108,23 @@ fn hosted_master(cfg: &ServeConfig) -> anyhow::Result<Option<HostedMaster>> {
     Ok(Some(hosted))
 }
 
-/// The hosted master's routes behind the admin key (none without a master).
+/// The hosted master's routes behind the store and admin keys (none without a master).
 fn master_routes(state: &AppState, hosted: Option<&HostedMaster>) -> OpenApiRouter {
-    let key = AdminKey::new(state.config().admin_api_key.as_ref());
-    hosted.map_or_else(OpenApiRouter::new, |h| h.routes(&key))
+    hosted.map_or_else(OpenApiRouter::new, |h| h.routes(state.auth()))
 }
 
 /// The OpenAPI document `moongate serve` with `cfg` serves at `/api-docs/openapi.json`
-/// (built the way [`spawn`] builds the server, without listening). Needs a tokio runtime.
+/// (built the way [`spawn`] builds the server, without listening, and without reading the
+/// transfer secret: the document says a store key is needed, not which). Needs a tokio
+/// runtime.
 pub fn document(cfg: ServeConfig) -> anyhow::Result<utoipa::openapi::OpenApi> {
     let hosted = hosted_master(&cfg)?;
     let state = AppState::new(cfg)?;
+    if hosted.is_some() {
+        state.auth().update(|s| {
+            s.store.get_or_insert_with(KeySet::unresolved);
+        });
+    }
     let extra = master_routes(&state, hosted.as_ref());
     Ok(server::build(state, extra).1)
 }
@@ -198,7 +210,7 @@ where
     let slots = limits.slots();
     let mut conns = JoinSet::new();
     loop {
-        let (tcp, slot) = tokio::select! {
+        let (tcp, peer, slot) = tokio::select! {
             // Reap finished connections so the set does not grow.
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             // A slot first: at the cap, new connections wait in the listen backlog.
@@ -214,8 +226,10 @@ where
             _ = stop.cancelled() => break,
         };
         let _ = tcp.set_nodelay(true);
+        // Every request of the connection carries the caller's address (`ConnectInfo`):
+        // the admin plane answers loopback callers only when no admin key is set.
         let (svc, builder, watcher, tls) = (
-            svc.clone(),
+            listen::WithPeer::new(svc.clone(), peer),
             builder.clone(),
             graceful.watcher(),
             tls.clone(),
@@ -255,15 +269,15 @@ where
 async fn accept_with_slot(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
-) -> std::io::Result<(tokio::net::TcpStream, OwnedSemaphorePermit)> {
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr, OwnedSemaphorePermit)> {
     // The semaphore is never closed.
     let slot = slots
         .clone()
         .acquire_owned()
         .await
         .map_err(std::io::Error::other)?;
-    let (tcp, _) = listener.accept().await?;
-    Ok((tcp, slot))
+    let (tcp, peer) = listener.accept().await?;
+    Ok((tcp, peer, slot))
 }
 
 /// A future that resolves when the process is asked to stop (Ctrl-C / SIGINT, or SIGTERM on
@@ -298,16 +312,27 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
     }
 }
 
-/// `moongate serve`.
-pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+/// `moongate serve`: serve `cfg` until Ctrl-C / SIGTERM. On SIGHUP, `reread` (when given)
+/// reads the configuration again (the same file, environment and flags) and what can change
+/// at run time is applied ([`crate::reload`]).
+pub async fn run(
+    cfg: ServeConfig,
+    reread: Option<Box<dyn Fn() -> Result<ServeConfig, ConfigError> + Send + Sync>>,
+) -> anyhow::Result<()> {
     let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
     let stop = shutdown_signal();
     let gw = spawn(cfg, listener).await?;
+    if let Some(reread) = reread {
+        crate::reload::spawn_on_sighup(gw.state().clone(), reread)?;
+    }
+    let auth = gw.state().auth().settings();
     tracing::info!(addr = %gw.addr, workers = gw.state().registry().list().len(),
-        master = gw.master().is_some(), admin_key = gw.state().config().admin_api_key.is_some(),
+        master = gw.master().is_some(), admin_key = auth.admin.is_some(),
+        open_admin = auth.admin_is_open(), client_keys = auth.client.as_ref().map_or(0, KeySet::len),
         "moongate gateway listening");
+    drop(auth);
     stop.await;
     tracing::info!("shutting down");
     gw.shutdown().await;

@@ -221,16 +221,30 @@ async fn serve_process_hosts_the_master_with_its_settings_and_key() {
         );
     }
     assert_eq!(lease_ttl_of_a_fresh_object(&c, &base, "obj-1").await, 1234);
+    // The process serves the document of its settings: the admin key on the admin plane.
     let served = json_of(&c, &format!("{base}/api-docs/openapi.json")).await;
+    let expected = gateway::serve::document(gateway::config::ServeConfig {
+        admin_api_key: Some(gateway::config::Secret::new(KEY)),
+        ..Default::default()
+    })
+    .unwrap();
     assert!(
-        served == committed_openapi(),
-        "serve's document is not the committed one"
+        served == serde_json::to_value(&expected).unwrap(),
+        "serve's document is not the one of its settings"
+    );
+    assert_eq!(
+        served["paths"]["/workers"]["get"]["security"],
+        json!([{"admin_api_key": []}])
+    );
+    assert!(
+        served != committed_openapi(),
+        "the committed document has no admin key"
     );
     let metrics = text_of(&c, &format!("{base}/metrics")).await;
     assert!(metrics.contains("moongate_master_keys 1"), "{metrics}");
 
     let log = p.terminate();
-    assert!(log.contains("admin key missing or wrong"), "{log}");
+    assert!(log.contains("refused"), "{log}");
     assert!(
         !log.contains(KEY) && !log.contains(WRONG),
         "a key was logged:\n{log}"
@@ -303,9 +317,28 @@ async fn master_process_alone() {
     let ui = c.get(format!("{base}/docs/")).send().await.unwrap();
     assert_eq!(ui.status(), 200);
     let served = json_of(&c, &format!("{base}/api-docs/openapi.json")).await;
+    let expected = gateway::hosting::document(gateway::config::MasterHostConfig {
+        admin_api_key: Some(gateway::config::Secret::new(KEY)),
+        ..Default::default()
+    })
+    .unwrap();
     assert!(
-        served == openapi_of("master"),
-        "the process and `moongate openapi` disagree"
+        served == serde_json::to_value(&expected).unwrap(),
+        "the process and `gateway::hosting::document` disagree"
+    );
+    let plain = openapi_of("master");
+    assert_eq!(
+        served["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        plain["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        "the process and `moongate openapi --of master` serve other routes"
     );
 
     let log = p.terminate();

@@ -56,6 +56,9 @@ impl MasterServer {
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
+        // The peer's address reaches handlers and layers as `ConnectInfo<SocketAddr>` (a host
+        // answers some routes to loopback callers only).
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { http_stop.cancelled().await });

@@ -8,7 +8,8 @@
 //! - `hicache`: SGLang HiCache page keys (chained SHA-256) and object names.
 //! - `metadata`: the Mooncake-compatible transfer-metadata store ([`MetadataStore`]).
 //! - `metrics`: `moongate_master_*` metric names and recording helpers.
-//! - `rest`: the REST API as a self-contained `utoipa_axum` router ([`router`]).
+//! - `rest`: the REST API as self-contained `utoipa_axum` routers, one per plane
+//!   ([`rest::store_router`], [`rest::admin_router`]; [`router`] is both, unguarded).
 //! - `background`: the periodic work the host spawns ([`run_background`]).
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
 //! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).

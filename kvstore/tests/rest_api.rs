@@ -305,14 +305,24 @@ async fn metadata_store_is_mooncake_compatible() {
     let url = s.url("/metadata?key=mooncake%2Fram%2Fnode-1");
     let resp = s.http.get(&url).send().await.unwrap();
     assert_eq!(resp.status(), 404);
-    let value: &[u8] = b"{\"name\":\"node-1\",\"buffers\":[]}\x00\xff raw";
-    let resp = s.http.put(&url).body(value.to_vec()).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.text().await.unwrap(), "metadata updated");
-    let resp = s.http.get(&url).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-type"], "application/json");
-    assert_eq!(&resp.bytes().await.unwrap()[..], value);
+    // A descriptor (a JSON object) comes back as JSON; other bytes come back unchanged, as
+    // octet-stream (the content type never claims JSON for what is not).
+    let descriptor: &[u8] = b"{\"name\":\"node-1\",\"buffers\":[]}";
+    let raw: &[u8] = b"{\"name\":\"node-1\"}\x00\xff raw";
+    for (value, kind) in [
+        (descriptor, "application/json"),
+        (raw, "application/octet-stream"),
+    ] {
+        let resp = s.http.put(&url).body(value.to_vec()).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.text().await.unwrap(), "metadata updated");
+        let resp = s.http.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], kind);
+        assert_eq!(&resp.bytes().await.unwrap()[..], value);
+    }
+    let empty = s.http.put(&url).send().await.unwrap();
+    assert_eq!(empty.status(), 400, "an empty value");
     let resp = s.http.put(&url).body("v2").send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(

@@ -45,10 +45,25 @@ async fn bad_input_is_refused_and_changes_nothing() {
         r#"{"client_id": "00000000-0000-0000-0000-000000000007", "length": "ten"}"#,
         r#"{"client_id": "00000000-0000-0000-0000-000000000007", "length": 8, "colour": 1}"#,
         r#"[1, 2]"#,
+        // The struct's fields as an array, in order: serde takes that, no document does.
+        r#"["00000000-0000-0000-0000-000000000007", 8]"#,
+        r#" ["00000000-0000-0000-0000-000000000007", 8, {"replica_num": 1}]"#,
     ] {
         let got = s.raw("POST", &start("new"), body).await;
         assert_error(&got, 400, "INVALID_PARAMS", -600);
     }
+    // A placement config that cannot be used fails a batch even without items.
+    let got = s
+        .call(
+            "POST",
+            "/api/v1/batch/put-start",
+            Some(json!({"client_id": WRITER, "items": [], "config": {"replica_num": 0}})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
+    // An empty regex is no regex.
+    let got = s.call("DELETE", "/api/v1/objects?regex=", None).await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
     let got = s
         .raw("POST", "/api/v1/batch/replicas", "{\"keys\": 7}")
         .await;

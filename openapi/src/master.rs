@@ -39,12 +39,14 @@ pub struct MasterErrorDetail {
 #[serde(deny_unknown_fields)]
 pub struct SegmentSpec {
     /// Unique segment name at this master (no `/`).
+    #[schema(min_length = 1)]
     pub name: String,
     /// Address of the first byte in the owner's registered memory.
     pub base: u64,
     /// Length in bytes.
     pub size: u64,
     /// The owner's `transfer` segment name: where replicas on it are written and read.
+    #[schema(min_length = 1)]
     pub endpoint: String,
 }
 
@@ -134,6 +136,7 @@ fn one() -> u32 {
 pub struct ReplicateConfig {
     /// Replicas wanted on distinct segments; best effort (at least one). Default 1.
     #[serde(default = "one")]
+    #[schema(format = Int64, minimum = 1, maximum = 4294967295_u64)]
     pub replica_num: u32,
     /// Segment names tried first, in order; unknown or full ones are skipped.
     #[serde(default, deserialize_with = "crate::bounded::vec")]
@@ -162,8 +165,13 @@ impl Default for ReplicateConfig {
 #[serde(deny_unknown_fields)]
 pub struct PutStartRequest {
     /// Writing client (UUID); only it may end or revoke the put.
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub client_id: String,
     /// Object length in bytes.
+    #[schema(minimum = 1)]
     pub length: u64,
     /// Placement options.
     #[serde(default)]
@@ -197,6 +205,10 @@ pub struct PutStartResponse {
 #[serde(deny_unknown_fields)]
 pub struct ClientRequest {
     /// The client that started the put (UUID).
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub client_id: String,
 }
 
@@ -316,6 +328,7 @@ pub struct ListObjectsQuery {
     /// Only keys after this one (the previous page's `next_after`).
     pub after: Option<String>,
     /// Page size (default 1000, at most 10 000).
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<usize>,
 }
 
@@ -327,6 +340,7 @@ pub struct DeleteObjectsQuery {
     /// Remove every complete object without a live lease.
     pub all: Option<bool>,
     /// Remove complete, unleased objects whose key matches (anywhere) this regex.
+    #[param(min_length = 1)]
     pub regex: Option<String>,
 }
 
@@ -343,13 +357,15 @@ pub struct RemoveQuery {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct MetadataQuery {
-    /// Metadata key (e.g. a transfer segment name).
+    /// Metadata key (e.g. a transfer segment name). Required: without it the answer is 400
+    /// (Mooncake's protocol), which is why the field is optional here.
+    #[param(required = true, min_length = 1)]
     pub key: Option<String>,
 }
 
 /// Opaque bytes of the transfer-metadata store (stored and returned unchanged).
 #[derive(Clone, Debug, Default, PartialEq, Eq, ToSchema)]
-#[schema(value_type = String, format = Binary)]
+#[schema(value_type = String, format = Binary, min_length = 1)]
 pub struct MetadataValue(pub Vec<u8>);
 
 /// One object of a batch put-start.
@@ -367,6 +383,10 @@ pub struct BatchPutStartItem {
 #[serde(deny_unknown_fields)]
 pub struct BatchPutStartRequest {
     /// Writing client (UUID).
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub client_id: String,
     /// Objects to start.
     #[serde(deserialize_with = "crate::bounded::vec")]
@@ -401,6 +421,10 @@ pub struct BatchPutStartResponse {
 #[serde(deny_unknown_fields)]
 pub struct BatchClientKeysRequest {
     /// The client that started the puts (UUID).
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub client_id: String,
     /// Object keys.
     #[serde(deserialize_with = "crate::bounded::vec")]

@@ -63,7 +63,9 @@ impl WorkerStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWorkerRequest {
-    /// Base URL with scheme (`http` or `https`) and host, e.g. `http://10.0.0.5:30001`.
+    /// Base URL with scheme (`http` or `https`) and host, e.g. `http://10.0.0.5:30001`
+    /// (an optional path prefix; no query or fragment).
+    #[schema(pattern = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+(/[^?#\s]*)?$")]
     pub url: String,
     /// `regular` (default), `prefill` or `decode`.
     #[serde(default)]
@@ -71,20 +73,25 @@ pub struct CreateWorkerRequest {
     /// Prefill workers only: the port of the worker's bootstrap server (KV handoff);
     /// `null` when the worker does not run one.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 65535)]
     pub bootstrap_port: Option<u16>,
     /// The model this worker serves; discovered from the worker's `/v1/models` or
     /// `/get_model_info` when absent.
     #[serde(default)]
+    #[schema(pattern = r"\S")]
     pub model_id: Option<String>,
-    /// Sent to the worker as `Authorization: Bearer <api_key>`; defaults to the gateway's
-    /// `--api-key`. Never echoed back.
+    /// Sent to the worker as `Authorization: Bearer <api_key>` (visible ASCII, no spaces).
+    /// Without one the worker gets no key: the gateway's `--api-key` goes only to the workers
+    /// of its configuration. Never echoed back.
     #[serde(default)]
+    #[schema(pattern = "^[!-~]+$")]
     pub api_key: Option<String>,
     /// Free-form labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Priority (higher is preferred by priority-aware policies); default 50.
     #[serde(default)]
+    #[schema(format = Int64, minimum = 0, maximum = 4294967295_u64)]
     pub priority: Option<u32>,
 }
 
@@ -98,15 +105,17 @@ pub struct UpdateWorkerRequest {
     pub labels: Option<BTreeMap<String, String>>,
     /// New priority.
     #[serde(default)]
+    #[schema(format = Int64, minimum = 0, maximum = 4294967295_u64)]
     pub priority: Option<u32>,
-    /// A new api key (rotation); `null` removes the worker's own key so the gateway's
-    /// `--api-key` (if any) applies again.
+    /// A new api key (rotation; visible ASCII, no spaces); `null` removes the worker's own
+    /// key: a worker of the configuration falls back to the gateway's `--api-key`, one
+    /// registered through this API is left with none.
     #[serde(
         default,
         deserialize_with = "present_or_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, pattern = "^[!-~]+$")]
     pub api_key: Option<Option<String>>,
 }
 

@@ -177,6 +177,7 @@ struct Shared {
     model: String,
     knobs: Knobs,
     seen: Mutex<Vec<Seen>>,
+    probes: Mutex<Vec<(String, HeaderMap)>>,
     reply: Mutex<Reply>,
     in_flight: Arc<AtomicUsize>,
 }
@@ -222,6 +223,7 @@ impl Backend {
                 gate: tokio::sync::Notify::new(),
             },
             seen: Mutex::new(Vec::new()),
+            probes: Mutex::new(Vec::new()),
             reply: Mutex::new(Reply::default()),
             in_flight: Arc::new(AtomicUsize::new(0)),
         });
@@ -261,6 +263,12 @@ impl Backend {
     /// Inference requests received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().clone()
+    }
+
+    /// The other requests received so far (health probes, model discovery, server info):
+    /// path and headers.
+    pub fn probes(&self) -> Vec<(String, HeaderMap)> {
+        self.shared.probes.lock().clone()
     }
 
     /// Number of inference requests received.
@@ -306,7 +314,14 @@ impl Backend {
     }
 }
 
-async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
+/// Records a request that is not an inference request.
+fn probed(s: &Shared, req: &Request) {
+    let path = req.uri().path().to_string();
+    s.probes.lock().push((path, req.headers().clone()));
+}
+
+async fn health(State(s): State<Arc<Shared>>, req: Request) -> StatusCode {
+    probed(&s, &req);
     if s.knobs.healthy.load(Ordering::Relaxed) {
         StatusCode::OK
     } else {
@@ -314,12 +329,14 @@ async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
     }
 }
 
-async fn models(State(s): State<Arc<Shared>>) -> Response {
+async fn models(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    probed(&s, &req);
     axum::Json(serde_json::json!({"object": "list", "data": [{"id": s.model, "object": "model"}]}))
         .into_response()
 }
 
-async fn info(State(s): State<Arc<Shared>>) -> Response {
+async fn info(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    probed(&s, &req);
     axum::Json(serde_json::json!({"worker": s.name, "model_path": s.model})).into_response()
 }
 
@@ -468,8 +485,14 @@ pub struct Operation {
     pub id: String,
     /// Its first tag.
     pub tag: String,
-    /// Whether it carries a security requirement (the admin key).
+    /// Whether it carries a security requirement (some key is checked).
     pub secured: bool,
+    /// The schemes of its security requirement (alternatives: any one opens it).
+    pub schemes: Vec<String>,
+    /// Its `x-moongate-plane` (`client`, `store`, `admin`), if it is on one.
+    pub plane: Option<String>,
+    /// The statuses it documents.
+    pub statuses: Vec<String>,
 }
 
 impl Operation {
@@ -508,6 +531,18 @@ pub fn operations(doc: &serde_json::Value) -> Vec<Operation> {
                 id: op["operationId"].as_str().unwrap_or_default().to_string(),
                 tag: op["tags"][0].as_str().unwrap_or_default().to_string(),
                 secured: op["security"].as_array().is_some_and(|s| !s.is_empty()),
+                schemes: op["security"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|req| req.as_object())
+                    .flat_map(|req| req.keys().cloned())
+                    .collect(),
+                plane: op["x-moongate-plane"].as_str().map(str::to_string),
+                statuses: op["responses"]
+                    .as_object()
+                    .map(|r| r.keys().cloned().collect())
+                    .unwrap_or_default(),
             });
         }
     }
@@ -549,4 +584,125 @@ pub fn committed_openapi() -> serde_json::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
     let text = std::fs::read_to_string(path).expect("openapi/openapi.json is committed");
     serde_json::from_str(&text).expect("openapi/openapi.json is JSON")
+}
+
+/// Sends `method path` (a `{}` JSON body for methods that take one) with `auth` as the
+/// `Authorization` header; returns the status, the `WWW-Authenticate` header and the body.
+pub async fn call(
+    c: &reqwest::Client,
+    base: &str,
+    method: http::Method,
+    path: &str,
+    auth: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let mut req = c.request(method.clone(), format!("{base}{path}"));
+    if matches!(
+        method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH
+    ) {
+        req = req.header("content-type", "application/json").body("{}");
+    }
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let www = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    (status, www, resp.text().await.unwrap_or_default())
+}
+
+/// Checks every operation of the document `base` serves against what the server enforces:
+/// an operation with a security requirement refuses a request without a key, with a wrong
+/// one and with each key of `keys` (scheme name, key) its requirement does not name (401,
+/// `WWW-Authenticate: Bearer`, the owner's envelope: the master's for `kv-master`, else
+/// OpenAI's; the key never echoed) and documents that 401; it takes each key its
+/// requirement names; an operation without one never answers 401. Returns how many
+/// operations were secured.
+pub async fn check_planes(base: &str, doc: &serde_json::Value, keys: &[(&str, &str)]) -> usize {
+    let c = reqwest::Client::new();
+    let mut secured = 0;
+    for op in operations(doc) {
+        let path = op.concrete_path();
+        let what = format!("{} {path}", op.method);
+        if !op.secured {
+            for auth in [None].into_iter().chain(keys.iter().map(|(_, k)| Some(*k))) {
+                let bearer = auth.map(|k| format!("Bearer {k}"));
+                let (status, _, body) =
+                    call(&c, base, op.method.clone(), &path, bearer.as_deref()).await;
+                assert_ne!(status, 401, "{what} is documented open: {body}");
+            }
+            assert!(
+                !op.statuses.iter().any(|s| s == "401"),
+                "{what} documents a 401"
+            );
+            continue;
+        }
+        secured += 1;
+        assert!(
+            op.statuses.iter().any(|s| s == "401"),
+            "{what} does not document its 401"
+        );
+        let refused = keys
+            .iter()
+            .filter(|(scheme, _)| !op.schemes.iter().any(|s| s == scheme))
+            .map(|(_, k)| format!("Bearer {k}"));
+        let wrong = ["Bearer nope".to_string(), "Basic YWRtaW4=".to_string()];
+        let mut tries: Vec<Option<String>> = vec![None];
+        tries.extend(wrong.into_iter().chain(refused).map(Some));
+        for auth in tries {
+            let (status, www, body) =
+                call(&c, base, op.method.clone(), &path, auth.as_deref()).await;
+            assert_eq!(status, 401, "{what} with {auth:?}: {body}");
+            assert_eq!(www.as_deref(), Some("Bearer"), "{what}");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON refusal");
+            if op.tag == "kv-master" {
+                assert_eq!(
+                    (v["error"]["type"].as_str(), v["error"]["code"].as_i64()),
+                    (Some("UNAUTHORIZED"), Some(-2001)),
+                    "{what}: master envelope: {body}"
+                );
+            } else {
+                assert_eq!(v["error"]["code"], "invalid_api_key", "{what}: {body}");
+                assert_eq!(v["error"]["type"], "authentication_error", "{what}: {body}");
+            }
+            for (_, k) in keys {
+                assert!(!body.contains(k), "{what} echoes a key");
+            }
+        }
+        for (scheme, key) in keys
+            .iter()
+            .filter(|(s, _)| op.schemes.iter().any(|o| o == s))
+        {
+            let bearer = format!("Bearer {key}");
+            let (status, _, body) = call(&c, base, op.method.clone(), &path, Some(&bearer)).await;
+            assert!(
+                status != 401 && status != 403,
+                "{what} with the {scheme}: {status} {body}"
+            );
+        }
+    }
+    secured
+}
+
+/// A non-loopback address of this host: the source address the kernel picks to reach a
+/// documentation-range address (nothing is sent). `None` on a host with no such route.
+pub fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    for (bind, far) in [("0.0.0.0:0", "192.0.2.1:9"), ("[::]:0", "[2001:db8::1]:9")] {
+        let Ok(sock) = std::net::UdpSocket::bind(bind) else {
+            continue;
+        };
+        if sock.connect(far).is_err() {
+            continue;
+        }
+        if let Ok(local) = sock.local_addr()
+            && !local.ip().is_loopback()
+            && !local.ip().is_unspecified()
+        {
+            return Some(local.ip());
+        }
+    }
+    None
 }

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use moongate_tests::{Backend, eventually, fast_config, start_gateway};
+use moongate_tests::{Backend, eventually, fast_config, start_gateway, start_regular_gateway};
 use serde_json::{Value, json};
 
 async fn send_json(req: reqwest::RequestBuilder) -> (u16, reqwest::header::HeaderMap, Value) {
@@ -305,5 +305,51 @@ async fn a_client_leaving_mid_stream_releases_the_workers_load() {
     .await;
     assert_eq!(worker.load(), 0);
     tokio::time::sleep(Duration::from_millis(10)).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn worker_api_bodies_are_json_objects_with_sendable_keys() {
+    let w = Backend::start("w", "m").await;
+    let gw = start_regular_gateway(&[&w], |_| {}).await;
+    let c = reqwest::Client::new();
+    let base = gw.url();
+    let id = gw.state().registry().list()[0].id().to_string();
+    let send = |method: reqwest::Method, path: String, body: &'static str| {
+        c.request(method, format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    for (method, path, body) in [
+        // The struct's fields as an array: serde would take it, the document does not.
+        (
+            reqwest::Method::PATCH,
+            format!("/workers/{id}"),
+            "[null, null]",
+        ),
+        (
+            reqwest::Method::POST,
+            "/workers".to_string(),
+            r#"["http://127.0.0.1:9"]"#,
+        ),
+        // A key that cannot be sent as a header value.
+        (
+            reqwest::Method::PATCH,
+            format!("/workers/{id}"),
+            r#"{"api_key": "two words"}"#,
+        ),
+        (
+            reqwest::Method::POST,
+            "/workers".to_string(),
+            r#"{"url": "http://127.0.0.1:9", "api_key": "tab\tkey"}"#,
+        ),
+    ] {
+        let r = send(method.clone(), path.clone(), body).await.unwrap();
+        assert_eq!(r.status(), 400, "{method} {path} {body}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    assert_eq!(gw.state().registry().list().len(), 1, "nothing registered");
     gw.shutdown().await;
 }

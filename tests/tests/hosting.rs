@@ -9,17 +9,23 @@ use gateway::hosting::MasterProcess;
 use http::Method;
 use kvstore::{ClientConfig, MasterConfig, StoreClient};
 use moongate_tests::{
-    committed_openapi, eventually, fast_config, first_difference, get_json, get_text, operations,
-    start_gateway,
+    call, check_planes, committed_openapi, eventually, fast_config, first_difference, get_json,
+    get_text, operations, start_gateway,
 };
 use serde_json::{Value, json};
 
 const KEY: &str = "admin-K3y_for.tests";
+const STORE: &str = "st0re-K3y_for.tests";
 
+/// The admin key and an explicit store key.
 fn keyed(mut cfg: ServeConfig) -> ServeConfig {
     cfg.admin_api_key = Some(Secret::new(KEY));
+    cfg.store_api_key = Some(Secret::new(STORE));
     cfg
 }
+
+/// Both keys, as `check_planes` takes them.
+const KEYS: &[(&str, &str)] = &[("admin_api_key", KEY), ("store_api_key", STORE)];
 
 async fn start_master(cfg: MasterHostConfig) -> MasterProcess {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -31,73 +37,10 @@ fn master_alone(key: Option<&str>) -> MasterHostConfig {
         host: "127.0.0.1".into(),
         port: 0,
         admin_api_key: key.map(Secret::new),
+        store_api_key: Some(Secret::new(STORE)),
         shutdown_grace_period_secs: 2,
         ..MasterHostConfig::default()
     }
-}
-
-/// Sends `method path` (a `{}` JSON body for methods that take one) with `auth` as the
-/// `Authorization` header; returns the status, the `WWW-Authenticate` header and the body.
-async fn call(
-    c: &reqwest::Client,
-    base: &str,
-    method: Method,
-    path: &str,
-    auth: Option<&str>,
-) -> (u16, Option<String>, String) {
-    let mut req = c.request(method.clone(), format!("{base}{path}"));
-    if matches!(method, Method::POST | Method::PUT | Method::PATCH) {
-        req = req.header("content-type", "application/json").body("{}");
-    }
-    if let Some(a) = auth {
-        req = req.header("authorization", a);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let www = resp
-        .headers()
-        .get("www-authenticate")
-        .map(|v| v.to_str().unwrap().to_string());
-    (status, www, resp.text().await.unwrap())
-}
-
-/// Every operation of the document `base` serves: secured ones refuse a request without the
-/// right key (401, the owner's envelope, `WWW-Authenticate: Bearer`) and take one with it;
-/// open ones never ask for a key.
-async fn check_admin_key(base: &str, doc: &Value) {
-    let c = reqwest::Client::new();
-    let right = format!("Bearer {KEY}");
-    let mut secured = 0;
-    for op in operations(doc) {
-        let path = op.concrete_path();
-        let what = format!("{} {path}", op.method);
-        if !op.secured {
-            let (status, _, body) = call(&c, base, op.method.clone(), &path, None).await;
-            assert_ne!(status, 401, "{what} is open: {body}");
-            continue;
-        }
-        secured += 1;
-        for wrong in [None, Some("Bearer nope"), Some("Basic YWRtaW4="), Some(KEY)] {
-            let (status, www, body) = call(&c, base, op.method.clone(), &path, wrong).await;
-            assert_eq!(status, 401, "{what} with {wrong:?}: {body}");
-            assert_eq!(www.as_deref(), Some("Bearer"), "{what}");
-            let v: Value = serde_json::from_str(&body).unwrap();
-            if op.tag == "kv-master" {
-                assert_eq!(
-                    (v["error"]["type"].as_str(), v["error"]["code"].as_i64()),
-                    (Some("UNAUTHORIZED"), Some(-2001)),
-                    "{what}: master envelope: {body}"
-                );
-            } else {
-                assert_eq!(v["error"]["code"], "invalid_api_key", "{what}: {body}");
-                assert_eq!(v["error"]["type"], "authentication_error", "{what}: {body}");
-            }
-            assert!(!body.contains(KEY), "{what} echoes the key");
-        }
-        let (status, _, body) = call(&c, base, op.method.clone(), &path, Some(&right)).await;
-        assert_ne!(status, 401, "{what} with the key: {body}");
-    }
-    assert!(secured > 0, "no secured operation in the document");
 }
 
 /// Every documented operation reaches a handler (never the router's 404 / 405 fallbacks).
@@ -130,6 +73,7 @@ async fn serve_hosts_the_master_with_its_background_task_and_metrics() {
             tick_interval_ms: 20,
             ..MasterConfig::default()
         },
+        store_api_key: Some(Secret::new(STORE)),
         ..fast_config()
     };
     let gw = start_gateway(cfg).await;
@@ -138,6 +82,7 @@ async fn serve_hosts_the_master_with_its_background_task_and_metrics() {
     let client = "6f1c2a9e-0b7d-4e3a-9c5f-1d2e3f405162";
     let mount = c
         .post(format!("{base}/api/v1/clients/{client}/segments"))
+        .bearer_auth(STORE)
         .json(&json!({"name": "seg-a", "base": 4096, "size": 1 << 20, "endpoint": "127.0.0.1:1"}))
         .send()
         .await
@@ -183,31 +128,58 @@ async fn serve_hosts_the_master_with_its_background_task_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_client_puts_and_gets_through_serve() {
-    let gw = start_gateway(keyed(fast_config())).await;
-    let cfg = |segment| ClientConfig {
+    // No explicit store key: the one derived from the cluster's transfer secret.
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("transfer-secret");
+    let store_key = transfer::ClusterSecret::load_or_create(&secret_file)
+        .unwrap()
+        .store_api_key();
+    let gw = start_gateway(ServeConfig {
+        admin_api_key: Some(Secret::new(KEY)),
+        transfer_secret_file: Some(secret_file),
+        ..fast_config()
+    })
+    .await;
+    let cfg = |segment, key: Option<&str>| ClientConfig {
         local_buffer_size: 4 << 20,
-        store_api_key: Some(Secret::new(KEY)),
+        store_api_key: key.map(Secret::new),
         ..ClientConfig::local(&gw.url(), segment)
     };
-    let node = StoreClient::connect(cfg(16 << 20)).await.unwrap();
-    let reader = StoreClient::connect(cfg(0)).await.unwrap();
+    let node = StoreClient::connect(cfg(16 << 20, Some(&store_key)))
+        .await
+        .unwrap();
+    let reader = StoreClient::connect(cfg(0, Some(&store_key)))
+        .await
+        .unwrap();
     let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     node.put("page-1", &value).await.unwrap();
     assert_eq!(reader.get("page-1").await.unwrap(), value);
+    assert!(reader.exists("page-1").await.unwrap());
 
-    // With a key it does not accept the master refuses the client with a typed error.
-    let keyless = |segment| ClientConfig {
-        store_api_key: Some(Secret::new("not-the-key")),
-        ..cfg(segment)
-    };
-    let err = StoreClient::connect(keyless(1 << 20))
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    assert_eq!(err.name(), "UNAUTHORIZED", "mount: {err}");
-    let pure = StoreClient::connect(keyless(0)).await.unwrap();
-    let err = pure.get("page-1").await.unwrap_err();
-    assert_eq!(err.name(), "UNAUTHORIZED", "get: {err}");
+    // Without a key, or with another one, the master refuses the client with a typed error.
+    for key in [None, Some("n0t-the-store-key")] {
+        let err = StoreClient::connect(cfg(1 << 20, key))
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(err.name(), "UNAUTHORIZED", "mount: {err}");
+        let pure = StoreClient::connect(cfg(0, key)).await.unwrap();
+        let err = pure.get("page-1").await.unwrap_err();
+        assert_eq!(err.name(), "UNAUTHORIZED", "get: {err}");
+    }
+    // Bulk removal is the admin plane's: the store key cannot, the admin key can (page-1 is
+    // leased by the reads above, page-2 is not).
+    node.put("page-2", b"unread").await.unwrap();
+    let err = reader.remove_all().await.unwrap_err();
+    assert_eq!(err.name(), "UNAUTHORIZED", "remove_all: {err}");
+    let admin = StoreClient::connect(ClientConfig {
+        admin_api_key: Some(Secret::new(KEY)),
+        ..cfg(0, Some(KEY))
+    })
+    .await
+    .unwrap();
+    assert_eq!(admin.remove_all().await.unwrap(), 1);
+    admin.close().await.unwrap();
     reader.close().await.unwrap();
     node.close().await.unwrap();
     gw.shutdown().await;
@@ -255,7 +227,7 @@ async fn disable_master_serves_no_master_routes_and_documents_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_key_guards_the_worker_api_and_the_master_only() {
+async fn each_key_opens_its_plane_and_the_document_says_which() {
     let gw = start_gateway(keyed(fast_config())).await;
     let base = gw.url();
     let doc = get_json(
@@ -263,29 +235,79 @@ async fn the_admin_key_guards_the_worker_api_and_the_master_only() {
         &format!("{base}/api-docs/openapi.json"),
     )
     .await;
-    check_admin_key(&base, &doc).await;
-    // What is secured is exactly the worker API and the master's routes.
+    assert!(check_planes(&base, &doc, KEYS).await > 0);
+    // The worker API and the master's cluster-wide reads take the admin key; the master's
+    // store plane the store key or the admin key; inference (no client keys here), health,
+    // metrics and the docs no key.
+    let mut planes = std::collections::BTreeSet::new();
     for op in operations(&doc) {
-        let admin = op.tag == "workers" || op.tag == "kv-master";
-        assert_eq!(op.secured, admin, "{} {}", op.method, op.path);
+        let what = format!("{} {}", op.method, op.path);
+        match op.plane.as_deref() {
+            Some("admin") => assert_eq!(op.schemes, ["admin_api_key"], "{what}"),
+            Some("store") => {
+                assert_eq!(op.schemes, ["store_api_key", "admin_api_key"], "{what}")
+            }
+            Some("client") => assert!(op.schemes.is_empty(), "{what}"),
+            None => assert!(
+                op.schemes.is_empty() && ["ops", "docs"].contains(&op.tag.as_str()),
+                "{what}"
+            ),
+            Some(other) => panic!("{what}: plane {other}"),
+        }
+        if op.tag == "workers" {
+            assert_eq!(op.plane.as_deref(), Some("admin"), "{what}");
+        }
+        planes.insert((op.tag.clone(), op.plane.clone()));
     }
+    assert!(planes.contains(&("kv-master".into(), Some("store".into()))));
+    assert!(planes.contains(&("kv-master".into(), Some("admin".into()))));
+    for (path, method, plane) in [
+        ("/api/v1/clients/{client_id}/segments", "post", "store"),
+        ("/api/v1/objects/{key}", "delete", "store"),
+        ("/api/v1/objects/{key}", "get", "admin"),
+        ("/api/v1/objects", "delete", "admin"),
+        ("/api/v1/clients/{client_id}", "delete", "store"),
+        ("/api/v1/clients/{client_id}", "get", "admin"),
+        ("/metadata", "put", "store"),
+        ("/api/v1/stats", "get", "admin"),
+    ] {
+        assert_eq!(
+            doc["paths"][path][method]["x-moongate-plane"], plane,
+            "{method} {path}"
+        );
+    }
+    let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
+    let names: Vec<&String> = schemes.keys().collect();
+    assert_eq!(
+        names,
+        ["admin_api_key", "store_api_key"],
+        "only the schemes in use"
+    );
     gw.shutdown().await;
 }
 
 #[tokio::test]
-async fn without_a_key_admin_routes_are_open() {
+async fn without_an_admin_key_admin_routes_answer_loopback_callers() {
     let gw = start_gateway(fast_config()).await;
     let c = reqwest::Client::new();
     for path in ["/workers", "/api/v1/stats", "/api/v1/segments"] {
         let (status, _, body) = call(&c, &gw.url(), Method::GET, path, None).await;
         assert_eq!(status, 200, "{path}: {body}");
     }
+    // The store plane still takes its key, from loopback too.
+    let (status, www, body) = call(&c, &gw.url(), Method::GET, "/metadata?key=k", None).await;
+    assert_eq!((status, www.as_deref()), (401, Some("Bearer")), "{body}");
     gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_serves_the_committed_openapi_document() {
-    let gw = start_gateway(keyed(fast_config())).await;
+    // Default settings (an explicit store key, which the document does not show).
+    let gw = start_gateway(ServeConfig {
+        store_api_key: Some(Secret::new(STORE)),
+        ..fast_config()
+    })
+    .await;
     let c = reqwest::Client::new();
     let base = gw.url();
     let served = c
@@ -305,10 +327,14 @@ async fn serve_serves_the_committed_openapi_document() {
         );
     }
     assert_eq!(served["info"]["version"], env!("CARGO_PKG_VERSION"));
+    // By default only the store plane takes a key; the admin plane answers loopback.
     assert_eq!(
-        served["components"]["securitySchemes"]["admin_api_key"]["scheme"],
+        served["components"]["securitySchemes"]["store_api_key"]["scheme"],
         "bearer"
     );
+    assert!(served["components"]["securitySchemes"]["admin_api_key"].is_null());
+    assert!(served["paths"]["/workers"]["get"]["responses"]["403"].is_object());
+    assert!(served["paths"]["/v1/models"]["get"]["security"].is_null());
     // Every route a user reaches is in it, and every operation in it is served.
     for (method, path) in [
         ("post", "/v1/chat/completions"),
@@ -334,7 +360,7 @@ async fn serve_serves_the_committed_openapi_document() {
             "{method} {path} missing from the document"
         );
     }
-    check_every_operation_is_served(&base, &served, Some(&format!("Bearer {KEY}"))).await;
+    check_every_operation_is_served(&base, &served, Some(&format!("Bearer {STORE}"))).await;
     gw.shutdown().await;
 }
 
@@ -367,7 +393,7 @@ async fn master_alone_serves_its_routes_document_and_ui() {
         serve["components"]["schemas"]["MasterErrorResponse"]
     );
 
-    check_admin_key(&base, &doc).await;
+    assert!(check_planes(&base, &doc, KEYS).await > 0);
     check_every_operation_is_served(&base, &doc, Some(&format!("Bearer {KEY}"))).await;
     let health = get_json(&c, &format!("{base}/health")).await;
     assert_eq!(health["status"], "alive");

@@ -72,6 +72,19 @@ pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
 pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
 /// `--admin-api-key`.
 pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
+/// `--insecure-open-admin`.
+pub const INSECURE_OPEN_ADMIN: &str = "MOONGATE_INSECURE_OPEN_ADMIN";
+/// `--client-api-keys-file`.
+pub const CLIENT_API_KEYS_FILE: &str = "MOONGATE_CLIENT_API_KEYS_FILE";
+/// `--store-api-key`.
+pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
+/// `--transfer-secret-file` (the transfer engine's own variable: one setting for the engine
+/// and the store key).
+pub const TRANSFER_SECRET_FILE: &str = transfer::auth::SECRET_FILE_ENV;
+/// `--cors-allowed-origins` (comma-separated in the environment).
+pub const CORS_ALLOWED_ORIGINS: &str = "MOONGATE_CORS_ALLOWED_ORIGINS";
+/// `--log-json`.
+pub const LOG_JSON: &str = "MOONGATE_LOG_JSON";
 /// `--retry-initial-backoff-ms`.
 pub const RETRY_INITIAL_BACKOFF_MS: &str = "MOONGATE_RETRY_INITIAL_BACKOFF_MS";
 /// `--retry-max-backoff-ms`.

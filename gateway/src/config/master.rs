@@ -11,8 +11,8 @@ use kvstore::MasterConfig;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ConfigError, LogLevel, Secret, ServeConfig, admin_key_problem, env, hidden, master_problem,
-    merge_sources, render_toml, runtime_threads,
+    ConfigError, LogLevel, Secret, ServeConfig, env, hidden, master_problem, merge_sources,
+    render_toml, runtime_threads, security,
 };
 
 /// Everything `moongate master` can be told. Field names are the TOML keys; flags are the
@@ -27,9 +27,9 @@ pub struct MasterHostConfig {
     /// Port to bind (0: any free port). Store clients default to this port too.
     #[arg(long, env = env::PORT, default_value_t = MasterHostConfig::default().port)]
     pub port: u16,
-    /// Admin API key. When set, the master's routes (`/api/v1/...`, `/metadata`) require
-    /// `Authorization: Bearer <key>` (401 otherwise); `/health`, `/metrics` and the API docs
-    /// stay open.
+    /// Admin API key: the master's admin routes (cluster-wide reads, bulk removal) require
+    /// `Authorization: Bearer <key>` (401 otherwise), and the store routes accept it too.
+    /// Without one, the admin routes answer loopback callers only (403 for others).
     #[arg(long, env = env::ADMIN_API_KEY, hide_env_values = true)]
     pub admin_api_key: Option<Secret>,
     /// PEM certificate chain: serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of plain
@@ -39,9 +39,24 @@ pub struct MasterHostConfig {
     /// PEM private key of `--tls-cert-file`.
     #[arg(long, env = env::TLS_KEY_FILE)]
     pub tls_key_file: Option<std::path::PathBuf>,
+    /// Without an admin key, answer the admin routes from every peer, not only loopback
+    /// (a warning is logged every minute while this is so).
+    #[arg(long, env = env::INSECURE_OPEN_ADMIN)]
+    pub insecure_open_admin: bool,
+    /// The store key (what storage nodes and store clients send). Default: the key derived
+    /// from the transfer secret (`--transfer-secret-file`).
+    #[arg(long, env = env::STORE_API_KEY, hide_env_values = true)]
+    pub store_api_key: Option<Secret>,
+    /// The cluster's transfer secret file, from which the store key is derived. Default: the
+    /// per-user file `~/.config/moongate/transfer-secret` (made on first use, mode 0600).
+    #[arg(long, env = env::TRANSFER_SECRET_FILE)]
+    pub transfer_secret_file: Option<std::path::PathBuf>,
     /// Log level.
     #[arg(long, env = env::LOG_LEVEL, value_enum, default_value_t = MasterHostConfig::default().log_level)]
     pub log_level: LogLevel,
+    /// Log JSON lines instead of text.
+    #[arg(long, env = env::LOG_JSON)]
+    pub log_json: bool,
     /// Seconds to let in-flight requests finish on shutdown.
     #[arg(long, env = env::SHUTDOWN_GRACE_PERIOD_SECS, default_value_t = MasterHostConfig::default().shutdown_grace_period_secs)]
     pub shutdown_grace_period_secs: u64,
@@ -73,7 +88,11 @@ impl Default for MasterHostConfig {
             admin_api_key: serve.admin_api_key,
             tls_cert_file: serve.tls_cert_file,
             tls_key_file: serve.tls_key_file,
+            insecure_open_admin: serve.insecure_open_admin,
+            store_api_key: serve.store_api_key,
+            transfer_secret_file: serve.transfer_secret_file,
             log_level: serve.log_level,
+            log_json: serve.log_json,
             shutdown_grace_period_secs: serve.shutdown_grace_period_secs,
             worker_threads: serve.worker_threads,
             client_header_timeout_secs: serve.client_header_timeout_secs,
@@ -108,7 +127,7 @@ impl MasterHostConfig {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
-        errs.extend(admin_key_problem(&self.admin_api_key));
+        errs.extend(security::master_problems(self));
         errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         errs.extend(master_problem(&self.master));
         ConfigError::check(errs)
@@ -136,6 +155,9 @@ impl MasterHostConfig {
         let mut shown = self.clone();
         if shown.admin_api_key.is_some() {
             shown.admin_api_key = Some(hidden());
+        }
+        if shown.store_api_key.is_some() {
+            shown.store_api_key = Some(hidden());
         }
         render_toml(&shown)
     }

@@ -399,3 +399,72 @@ fn toml_round_trip_hides_the_key() {
     let back: ServeConfig = toml::from_str(&text).unwrap();
     assert_eq!(back.port, cfg.port);
 }
+
+#[test]
+fn security_settings_come_from_file_and_flags_and_hide_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "k1\n").unwrap();
+    let file = dir.path().join("m.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "client_api_keys_file = {:?}\nstore_api_key = \"st0re-from-file\"\n\
+             cors_allowed_origins = [\"https://a.example\"]\nlog_json = true\n",
+            keys.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let cfg = resolve(&[
+        "x",
+        "--config",
+        file.to_str().unwrap(),
+        "--insecure-open-admin",
+        "--cors-allowed-origins",
+        "https://b.example",
+        "http://c.example:8080",
+    ])
+    .unwrap();
+    assert_eq!(cfg.client_api_keys_file.as_deref(), Some(keys.as_path()));
+    assert_eq!(
+        cfg.store_api_key.as_ref().map(Secret::expose),
+        Some("st0re-from-file")
+    );
+    assert!(cfg.insecure_open_admin && cfg.log_json);
+    assert_eq!(
+        cfg.cors_allowed_origins,
+        ["https://b.example", "http://c.example:8080"]
+    );
+    let text = cfg.to_toml();
+    assert!(!text.contains("st0re-from-file") && !format!("{cfg:?}").contains("st0re"));
+    let err = resolve(&[
+        "x",
+        "--cors-allowed-origins",
+        "https://a.example/",
+        "--store-api-key",
+        "two words",
+        "--client-api-keys-file",
+        dir.path().join("missing").to_str().unwrap(),
+    ])
+    .unwrap_err()
+    .to_string();
+    for needle in [
+        "cors_allowed_origins",
+        "store_api_key",
+        "client_api_keys_file",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from {err}");
+    }
+    let help = Cmd::command().render_long_help().to_string();
+    for flag in [
+        "--client-api-keys-file",
+        "--store-api-key",
+        "--transfer-secret-file",
+        "--insecure-open-admin",
+        "--cors-allowed-origins",
+        "--log-json",
+        "MOONGATE_TRANSFER_SECRET_FILE",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+}

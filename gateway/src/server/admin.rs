@@ -33,6 +33,16 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, 
         },
         _ => GatewayError::ClientBody(e.body_text()),
     })?;
+    // Every body is a JSON object: serde would also take a struct as an array of its fields
+    // in order, which the document does not describe.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+                Ok(_) => GatewayError::InvalidRequest("the body must be a JSON object".into()),
+                Err(e) => GatewayError::InvalidJson(e.to_string()),
+            },
+        );
+    }
     serde_json::from_slice(&body).map_err(|e| {
         if e.is_data() {
             GatewayError::InvalidRequest(format!("invalid request: {e}"))

@@ -25,7 +25,8 @@ use crate::proxy::pd::fields::pd_fields;
 use crate::proxy::{Endpoint, Inbound};
 use crate::request_id;
 
-/// Inspects and routes one inference request (the fast path from [`super::front`]).
+/// Inspects and routes one inference request (the fast path from [`super::front`], which
+/// checked the client key and runs this inside the request's span).
 pub(crate) async fn proxy<B>(
     st: &AppState,
     endpoint: Endpoint,
@@ -37,20 +38,6 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if crate::logging::traces_enabled() {
-        use tracing::Instrument;
-        let span = crate::logging::request_span(
-            &parts.method,
-            parts.uri.path(),
-            &parts.headers,
-            &request_id,
-        );
-        let resp = admit(st, endpoint, parts, body, request_id)
-            .instrument(span.clone())
-            .await;
-        span.record("http.response.status_code", resp.status().as_u16());
-        return resp;
-    }
     admit(st, endpoint, parts, body, request_id).await
 }
 
@@ -68,8 +55,9 @@ where
 {
     // Admission first: a queued request holds no body in memory. The permit rides on the
     // response body, so the slot is held until the answer is over.
-    if st.admission().is_active() {
-        let permit = match st.admission().admit().await {
+    let admission = st.admission();
+    if admission.is_active() {
+        let permit = match admission.admit().await {
             Ok(p) => p,
             Err(r) => return GatewayError::Overloaded(r).into_response(),
         };

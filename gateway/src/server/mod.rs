@@ -19,6 +19,9 @@ pub mod ops;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
 use axum::Router;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -29,7 +32,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::admission::{Admission, AdmissionConfig};
-use crate::auth::{AdminKey, Rejection};
+use crate::auth::{Auth, KeySet, Plane, Rejection};
 use crate::client::HttpClient;
 use crate::config::{PolicyKind, ServeConfig};
 use crate::error::GatewayError;
@@ -52,24 +55,35 @@ pub struct AppState(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     config: ServeConfig,
+    auth: Auth,
     manager: WorkerManager,
-    router: RegularRouter,
-    pd: Option<PdRouter>,
+    router: ArcSwap<RegularRouter>,
+    pd: Option<ArcSwap<PdRouter>>,
+    dispatcher: Dispatcher,
+    retry: RetryPolicy,
     client: HttpClient,
-    admission: Admission,
+    admission: ArcSwap<Admission>,
     request_ids: RequestIds,
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
     master: OnceLock<Arc<Master>>,
+    applied: Mutex<ServeConfig>,
 }
 
 impl AppState {
     /// Builds the state for `config` (must run inside a tokio runtime; registers nothing
-    /// yet: see [`AppState::add_static_workers`]). Fails when `--worker-ca-cert` cannot be
-    /// read.
+    /// yet: see [`AppState::add_static_workers`]). Fails when `--worker-ca-cert` or the
+    /// client keys file cannot be read. The store key in force is `--store-api-key` if
+    /// given; a host of the KV master puts the derived one in force
+    /// ([`AppState::auth`]).
     pub fn new(config: ServeConfig) -> anyhow::Result<Self> {
         let roots = crate::client::worker_roots(config.worker_ca_cert.as_deref())
             .map_err(|e| anyhow::anyhow!("worker_ca_cert: {e}"))?;
+        let explicit_store = config
+            .store_api_key
+            .as_ref()
+            .map(|k| KeySet::single(k.expose()));
+        let auth = Auth::new(config.auth_settings(explicit_store)?);
         let prometheus = metrics::install();
         let cancel = CancellationToken::new();
         let client = HttpClient::with_roots(roots);
@@ -80,28 +94,18 @@ impl AppState {
             client.clone(),
             Duration::from_secs(config.request_timeout_secs),
         );
-        let policy =
-            |kind: PolicyKind| Policy::with_cache_config(kind, CacheAwareConfig::from(&config));
-        let pd = config.pd_disaggregation.then(|| {
-            PdRouter::new(
-                registry.clone(),
-                [
-                    policy(config.prefill_policy()),
-                    policy(config.decode_policy()),
-                ],
-                dispatcher.clone(),
-                retry.clone(),
-                crate::proxy::pd::Bounds::from(&config),
-            )
-        });
-        let router = RegularRouter::new(registry, policy(config.policy), dispatcher, retry);
+        let (router, pd) = routers(&config, &registry, &dispatcher, &retry);
         let state = Self(Arc::new(Inner {
-            admission: Admission::new(&AdmissionConfig::from(&config)),
+            admission: ArcSwap::from_pointee(Admission::new(&AdmissionConfig::from(&config))),
             request_ids: RequestIds::new(&config.request_id_headers),
+            applied: Mutex::new(config.clone()),
             config,
+            auth,
             manager,
-            router,
-            pd,
+            router: ArcSwap::from_pointee(router),
+            pd: pd.map(ArcSwap::from_pointee),
+            dispatcher,
+            retry,
             client,
             prometheus,
             cancel,
@@ -111,22 +115,53 @@ impl AppState {
         Ok(state)
     }
 
-    /// The `cache_aware` policies in use (regular, or PD prefill and decode).
-    pub fn cache_aware_policies(
-        &self,
-    ) -> impl Iterator<Item = &crate::select::cache_aware::CacheAware> {
-        let pd = self.pd_router().into_iter().flat_map(|pd| pd.policies());
-        std::iter::once(self.router().policy())
-            .chain(pd)
-            .filter_map(Policy::cache_aware)
+    /// Puts the policies of `cfg` in force (`policy`, `prefill_policy`, `decode_policy` and
+    /// the `cache_aware` settings): new routers over the same workers; requests already
+    /// routed finish on the old ones. A `cache_aware` policy starts with empty trees.
+    pub(crate) fn replace_policies(&self, cfg: &ServeConfig) {
+        let (router, pd) = routers(cfg, self.registry(), &self.0.dispatcher, &self.0.retry);
+        self.0.router.store(Arc::new(router));
+        if let (Some(slot), Some(pd)) = (&self.0.pd, pd) {
+            slot.store(Arc::new(pd));
+        }
     }
 
-    /// Every `--eviction-interval-secs`, each `cache_aware` tree forgets removed workers
-    /// and evicts beyond `--max-tree-size` (nothing is spawned without such a policy).
-    fn spawn_cache_upkeep(&self) {
-        if self.cache_aware_policies().next().is_none() {
-            return;
+    /// Puts the admission limits of `cfg` in force for requests from now on; requests
+    /// admitted (or queued) under the old limits finish under them.
+    pub(crate) fn replace_admission(&self, cfg: &ServeConfig) {
+        self.0
+            .admission
+            .store(Arc::new(Admission::new(&AdmissionConfig::from(cfg))));
+    }
+
+    /// The configuration last applied (at start, then by each valid reload).
+    pub fn applied_config(&self) -> ServeConfig {
+        self.0.applied.lock().clone()
+    }
+
+    /// Records `cfg` as applied; returns the one it replaces.
+    pub(crate) fn set_applied(&self, cfg: ServeConfig) -> ServeConfig {
+        std::mem::replace(&mut *self.0.applied.lock(), cfg)
+    }
+
+    /// Calls `f` with each `cache_aware` policy in use now (regular, or PD prefill and
+    /// decode).
+    pub fn for_each_cache_aware(&self, mut f: impl FnMut(&crate::select::cache_aware::CacheAware)) {
+        if let Some(p) = self.router().policy().cache_aware() {
+            f(p);
         }
+        if let Some(pd) = self.pd_router() {
+            pd.policies()
+                .into_iter()
+                .filter_map(Policy::cache_aware)
+                .for_each(&mut f);
+        }
+    }
+
+    /// Every `--eviction-interval-secs`, each `cache_aware` tree in use forgets removed
+    /// workers and evicts beyond `--max-tree-size` (a reload may bring such a policy in, so
+    /// the task runs whatever the policy at start).
+    fn spawn_cache_upkeep(&self) {
         let st = self.clone();
         let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
         tokio::spawn(async move {
@@ -136,12 +171,14 @@ impl AppState {
                     _ = st.cancel_token().cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let alive: std::collections::HashSet<u64> =
-                    st.registry().snapshot().iter().map(|w| w.uid()).collect();
-                let evicted: usize = st
-                    .cache_aware_policies()
-                    .map(|p| p.maintain(|t| alive.contains(&t)))
-                    .sum();
+                let mut alive: Option<std::collections::HashSet<u64>> = None;
+                let mut evicted = 0;
+                st.for_each_cache_aware(|p| {
+                    let alive = alive.get_or_insert_with(|| {
+                        st.registry().snapshot().iter().map(|w| w.uid()).collect()
+                    });
+                    evicted += p.maintain(|t| alive.contains(&t));
+                });
                 if evicted > 0 {
                     tracing::debug!(evicted, "cache_aware trees evicted");
                 }
@@ -161,9 +198,15 @@ impl AppState {
         self.0.manager.add_static_pd(&prefill, &cfg.decode)
     }
 
-    /// The configuration.
+    /// The configuration the process started with (what a reload changed is in force in
+    /// the pieces it changed: [`AppState::applied_config`]).
     pub fn config(&self) -> &ServeConfig {
         &self.0.config
+    }
+
+    /// The keys in force (client, store, admin).
+    pub fn auth(&self) -> &Auth {
+        &self.0.auth
     }
 
     /// The worker control plane.
@@ -176,14 +219,14 @@ impl AppState {
         self.0.manager.registry()
     }
 
-    /// The regular-mode router.
-    pub fn router(&self) -> &RegularRouter {
-        &self.0.router
+    /// The regular-mode router in force.
+    pub fn router(&self) -> Arc<RegularRouter> {
+        self.0.router.load_full()
     }
 
-    /// The PD router, in PD mode (`--pd-disaggregation`).
-    pub fn pd_router(&self) -> Option<&PdRouter> {
-        self.0.pd.as_ref()
+    /// The PD router in force, in PD mode (`--pd-disaggregation`).
+    pub fn pd_router(&self) -> Option<Arc<PdRouter>> {
+        self.0.pd.as_ref().map(ArcSwap::load_full)
     }
 
     /// The pooled upstream client (for routers added beside the regular one).
@@ -191,9 +234,9 @@ impl AppState {
         &self.0.client
     }
 
-    /// Admission control for inference requests.
-    pub fn admission(&self) -> &Admission {
-        &self.0.admission
+    /// Admission control for inference requests, with the limits in force.
+    pub fn admission(&self) -> Arc<Admission> {
+        self.0.admission.load_full()
     }
 
     /// Where request ids are read from.
@@ -233,23 +276,27 @@ impl AppState {
 ))]
 pub struct GatewayApi;
 
-/// The gateway's open routes (inference, health, metrics) with their OpenAPI descriptions,
-/// before state is applied.
-pub fn api_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(GatewayApi::openapi())
+/// The inference routes (client plane), before the key check and state are applied.
+pub fn inference_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(inference::chat_completions))
         .routes(routes!(inference::completions))
         .routes(routes!(inference::generate))
         .routes(routes!(inference::models))
         .routes(routes!(inference::server_info))
         .routes(routes!(inference::model_info))
+}
+
+/// The open routes: health, readiness, metrics.
+pub fn ops_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(ops::health))
         .routes(routes!(ops::liveness))
         .routes(routes!(ops::readiness))
         .routes(routes!(ops::metrics))
 }
 
-/// The worker API, before the admin key and state are applied.
+/// The worker API (admin plane), before the key check and state are applied.
 pub fn admin_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(admin::list_workers, admin::create_worker))
@@ -260,10 +307,10 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
         ))
 }
 
-/// How a gateway route refuses a request without the admin key: 401, OpenAI envelope.
+/// How a gateway route refuses a request: 401 or 403, OpenAI envelope.
 pub fn gateway_rejection() -> Rejection {
     Rejection {
-        respond: || GatewayError::Unauthorized.into_response(),
+        respond: |r| GatewayError::Refused(r).into_response(),
         schema: "ErrorResponse",
     }
 }
@@ -279,6 +326,32 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
     Front::new(state.clone(), router(state, extra))
 }
 
+/// The regular router and, in PD mode, the PD router for `cfg`'s policies.
+fn routers(
+    cfg: &ServeConfig,
+    registry: &Arc<Registry>,
+    dispatcher: &Dispatcher,
+    retry: &RetryPolicy,
+) -> (RegularRouter, Option<PdRouter>) {
+    let policy = |kind: PolicyKind| Policy::with_cache_config(kind, CacheAwareConfig::from(cfg));
+    let pd = cfg.pd_disaggregation.then(|| {
+        PdRouter::new(
+            registry.clone(),
+            [policy(cfg.prefill_policy()), policy(cfg.decode_policy())],
+            dispatcher.clone(),
+            retry.clone(),
+            crate::proxy::pd::Bounds::from(cfg),
+        )
+    });
+    let regular = RegularRouter::new(
+        registry.clone(),
+        policy(cfg.policy),
+        dispatcher.clone(),
+        retry.clone(),
+    );
+    (regular, pd)
+}
+
 /// The route table (every route, the docs, JSON 404/405 fallbacks), without the front door.
 pub fn router(state: AppState, extra: OpenApiRouter) -> Router {
     build(state, extra).0
@@ -286,12 +359,14 @@ pub fn router(state: AppState, extra: OpenApiRouter) -> Router {
 
 /// The route table and the OpenAPI document it serves.
 pub fn build(state: AppState, extra: OpenApiRouter) -> (Router, utoipa::openapi::OpenApi) {
-    let key = AdminKey::new(state.config().admin_api_key.as_ref());
-    let api = api_routes()
-        .merge(key.guard(admin_routes(), gateway_rejection()))
+    let auth = state.auth().clone();
+    let api = OpenApiRouter::with_openapi(GatewayApi::openapi())
+        .merge(auth.guard(Plane::Client, inference_routes(), gateway_rejection()))
+        .merge(ops_routes())
+        .merge(auth.guard(Plane::Admin, admin_routes(), gateway_rejection()))
         .with_state(state)
         .merge(extra);
-    let (router, doc) = crate::docs::documented(api);
+    let (router, doc) = crate::docs::documented(api, &auth);
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);

@@ -1,6 +1,11 @@
 //! The worker control plane: validates registrations, starts each worker's health loop,
 //! applies updates, and drains then removes workers. The admin API and the static
 //! `--worker-urls` both go through here.
+//!
+//! The gateway's `--api-key` is the key of the static workers only (`--worker-urls`,
+//! `--prefill`, `--decode`: the operator named those URLs); a worker registered through the
+//! API has the key given with it or none, so the gateway's key never goes to a URL someone
+//! registered.
 
 use std::sync::Arc;
 
@@ -10,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::breaker::BreakerConfig;
 use super::health::{self, HealthConfig, HttpProbe};
 use super::registry::Duplicate;
-use super::{DEFAULT_PRIORITY, Registry, UrlError, Worker, WorkerSpec, WorkerUrl};
+use super::{DEFAULT_PRIORITY, Origin, Registry, UrlError, Worker, WorkerSpec, WorkerUrl};
 use crate::client::HttpClient;
 use crate::config::{PrefillSpec, ServeConfig};
 
@@ -40,8 +45,19 @@ pub struct WorkerManager {
     probe: Arc<HttpProbe>,
     health: HealthConfig,
     breaker: Arc<BreakerConfig>,
-    default_key: Option<String>,
+    default_key: parking_lot::Mutex<Option<String>>,
     root: CancellationToken,
+}
+
+/// What [`WorkerManager::sync_static`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StaticSync {
+    /// URLs registered.
+    pub added: Vec<String>,
+    /// URLs removed (draining).
+    pub removed: Vec<String>,
+    /// Entries that could not be registered, and why.
+    pub problems: Vec<String>,
 }
 
 impl WorkerManager {
@@ -58,7 +74,7 @@ impl WorkerManager {
             registry,
             health,
             breaker: Arc::new(BreakerConfig::from(cfg)),
-            default_key: cfg.api_key.clone(),
+            default_key: parking_lot::Mutex::new(cfg.api_key.clone()),
             root,
         }
     }
@@ -68,9 +84,14 @@ impl WorkerManager {
         &self.registry
     }
 
-    /// Validates and registers a worker and starts probing it (must run inside a tokio
-    /// runtime). It takes traffic once its first probe succeeds.
+    /// Validates and registers a worker of the worker API ([`Origin::Api`]: its own key or
+    /// none) and starts probing it (must run inside a tokio runtime). It takes traffic once
+    /// its first probe succeeds.
     pub fn add(&self, req: CreateWorkerRequest) -> Result<Arc<Worker>, AddError> {
+        self.register(req, Origin::Api)
+    }
+
+    fn register(&self, req: CreateWorkerRequest, origin: Origin) -> Result<Arc<Worker>, AddError> {
         let url = WorkerUrl::parse(&req.url).map_err(|source| AddError::Url {
             url: req.url.clone(),
             source,
@@ -84,8 +105,14 @@ impl WorkerManager {
         if req.model_id.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(AddError::Invalid("model_id must not be empty".into()));
         }
-        if req.api_key.as_deref().is_some_and(str::is_empty) {
-            return Err(AddError::Invalid("api_key must not be empty".into()));
+        if req
+            .api_key
+            .as_deref()
+            .is_some_and(|k| !crate::auth::keys::is_sendable(k))
+        {
+            return Err(AddError::Invalid(
+                "api_key must be non-empty visible ASCII without spaces".into(),
+            ));
         }
         let spec = WorkerSpec {
             url,
@@ -96,8 +123,10 @@ impl WorkerManager {
             labels: req.labels,
             priority: req.priority.unwrap_or(DEFAULT_PRIORITY),
         };
+        let default_key = self.default_key_for(origin);
         let worker = Arc::new(
-            Worker::new(spec, self.default_key.as_deref(), self.root.child_token())
+            Worker::new(spec, default_key.as_deref(), self.root.child_token())
+                .with_origin(origin)
                 .with_breaker(self.breaker.clone()),
         );
         self.registry.insert(worker.clone())?;
@@ -128,10 +157,10 @@ impl WorkerManager {
         req: UpdateWorkerRequest,
     ) -> Result<Option<Arc<Worker>>, AddError> {
         if let Some(Some(k)) = &req.api_key
-            && k.is_empty()
+            && !crate::auth::keys::is_sendable(k)
         {
             return Err(AddError::Invalid(
-                "api_key must not be empty (use null to remove it)".into(),
+                "api_key must be non-empty visible ASCII without spaces (null removes it)".into(),
             ));
         }
         let Some(worker) = self.registry.get(id) else {
@@ -139,9 +168,29 @@ impl WorkerManager {
         };
         worker.update_admin(req.labels, req.priority);
         if let Some(key) = req.api_key {
-            worker.set_api_key(key.as_deref(), self.default_key.as_deref());
+            let default_key = self.default_key_for(worker.origin());
+            worker.set_api_key(key.as_deref(), default_key.as_deref());
         }
         Ok(Some(worker))
+    }
+
+    /// The key a worker of `origin` without its own key uses.
+    fn default_key_for(&self, origin: Origin) -> Option<String> {
+        match origin {
+            Origin::Static => self.default_key.lock().clone(),
+            Origin::Api => None,
+        }
+    }
+
+    /// Replaces the gateway's `--api-key` (a reload): static workers without their own key
+    /// send the new one from their next request on.
+    pub fn set_default_key(&self, key: Option<String>) {
+        *self.default_key.lock() = key.clone();
+        for w in self.registry.list().iter() {
+            if w.origin() == Origin::Static {
+                w.set_default_key(key.as_deref());
+            }
+        }
     }
 
     /// Starts removing a worker: it gets no new requests at once; it leaves the registry
@@ -176,9 +225,73 @@ impl WorkerManager {
     /// Registers the static `--worker-urls` (regular workers).
     pub fn add_static(&self, urls: &[String]) -> Result<(), AddError> {
         for url in urls {
-            self.add(static_worker(url, WorkerType::Regular, None))?;
+            self.register(
+                static_worker(url, WorkerType::Regular, None),
+                Origin::Static,
+            )?;
         }
         Ok(())
+    }
+
+    /// Makes the static workers exactly `regular`, `prefill` and `decode` (a reload): the
+    /// static workers no longer listed (or listed with another type or bootstrap port) are
+    /// drained and removed, the new ones registered. Workers of the worker API are left
+    /// alone; a listed URL that one of them holds is reported, not taken over.
+    pub fn sync_static(
+        &self,
+        regular: &[String],
+        prefill: &[PrefillSpec],
+        decode: &[String],
+    ) -> StaticSync {
+        let mut wanted = Vec::new();
+        let mut out = StaticSync::default();
+        let listed = regular
+            .iter()
+            .map(|u| (u.as_str(), WorkerType::Regular, None))
+            .chain(
+                prefill
+                    .iter()
+                    .map(|p| (p.url.as_str(), WorkerType::Prefill, p.bootstrap_port)),
+            )
+            .chain(
+                decode
+                    .iter()
+                    .map(|u| (u.as_str(), WorkerType::Decode, None)),
+            );
+        for (url, kind, port) in listed {
+            match WorkerUrl::parse(url) {
+                Ok(u) => wanted.push((u.as_str().to_string(), url, kind, port)),
+                Err(e) => out.problems.push(format!("{url}: {e}")),
+            }
+        }
+        let same = |w: &Worker, norm: &str, kind: WorkerType, port: Option<u16>| {
+            w.url().as_str() == norm && w.worker_type() == kind && w.bootstrap_port() == port
+        };
+        let current = self.registry.list();
+        let statics = || {
+            current
+                .iter()
+                .filter(|w| w.origin() == Origin::Static && !w.is_draining())
+        };
+        for w in statics() {
+            if !wanted
+                .iter()
+                .any(|(norm, _, kind, port)| same(w, norm, *kind, *port))
+            {
+                out.removed.push(w.url().as_str().to_string());
+                self.remove(w.id());
+            }
+        }
+        for (norm, url, kind, port) in wanted {
+            if statics().any(|w| same(w, &norm, kind, port)) {
+                continue;
+            }
+            match self.register(static_worker(url, kind, port), Origin::Static) {
+                Ok(_) => out.added.push(norm),
+                Err(e) => out.problems.push(e.to_string()),
+            }
+        }
+        out
     }
 
     /// Registers the static `--prefill` and `--decode` workers (PD mode).
@@ -188,10 +301,13 @@ impl WorkerManager {
         decode: &[String],
     ) -> Result<(), AddError> {
         for p in prefill {
-            self.add(static_worker(&p.url, WorkerType::Prefill, p.bootstrap_port))?;
+            self.register(
+                static_worker(&p.url, WorkerType::Prefill, p.bootstrap_port),
+                Origin::Static,
+            )?;
         }
         for url in decode {
-            self.add(static_worker(url, WorkerType::Decode, None))?;
+            self.register(static_worker(url, WorkerType::Decode, None), Origin::Static)?;
         }
         Ok(())
     }
@@ -210,5 +326,111 @@ fn static_worker(
         api_key: None,
         labels: Default::default(),
         priority: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(cfg: &ServeConfig) -> WorkerManager {
+        let registry = Arc::new(Registry::new());
+        let client = HttpClient::with_roots(rustls::RootCertStore::empty());
+        WorkerManager::new(registry, client, cfg, CancellationToken::new())
+    }
+
+    fn urls(m: &WorkerManager, origin: Origin) -> Vec<(String, WorkerType, Option<u16>)> {
+        let mut v: Vec<_> = m
+            .registry()
+            .list()
+            .iter()
+            .filter(|w| w.origin() == origin)
+            .map(|w| {
+                (
+                    w.url().as_str().to_string(),
+                    w.worker_type(),
+                    w.bootstrap_port(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    #[tokio::test]
+    async fn sync_static_adds_and_removes_static_workers_only() {
+        let cfg = ServeConfig {
+            disable_health_check: true,
+            api_key: Some("gk".into()),
+            ..ServeConfig::default()
+        };
+        let m = manager(&cfg);
+        let p = |url: &str, port| PrefillSpec {
+            url: url.into(),
+            bootstrap_port: port,
+        };
+        m.add_static_pd(&[p("http://p1:1", Some(8998))], &["http://d1:1".into()])
+            .unwrap();
+        let api = m
+            .add(static_worker("http://api:1", WorkerType::Decode, None))
+            .unwrap();
+        assert!(
+            api.bearer().is_none(),
+            "an API worker without a key has none"
+        );
+        assert_eq!(m.registry().get(api.id()).unwrap().origin(), Origin::Api);
+
+        // p1's bootstrap port changes, d1 goes, d2 comes, api:1 is left alone and a listed
+        // URL it holds is reported.
+        let done = m.sync_static(
+            &[],
+            &[p("http://p1:1", Some(9000))],
+            &["http://d2:1".into(), "http://api:1".into()],
+        );
+        assert_eq!(done.removed, ["http://p1:1", "http://d1:1"]);
+        assert_eq!(done.added, ["http://p1:1", "http://d2:1"]);
+        assert_eq!(done.problems.len(), 1, "{:?}", done.problems);
+        assert!(
+            done.problems[0].contains("already registered"),
+            "{:?}",
+            done.problems
+        );
+        assert_eq!(
+            urls(&m, Origin::Static),
+            [
+                ("http://d2:1".to_string(), WorkerType::Decode, None),
+                ("http://p1:1".to_string(), WorkerType::Prefill, Some(9000)),
+            ]
+        );
+        assert_eq!(urls(&m, Origin::Api).len(), 1);
+        // Static workers take the gateway's key, and a new one on reload.
+        for w in m
+            .registry()
+            .list()
+            .iter()
+            .filter(|w| w.origin() == Origin::Static)
+        {
+            assert_eq!(w.bearer().unwrap().to_str().unwrap(), "Bearer gk");
+        }
+        m.set_default_key(Some("gk2".into()));
+        for w in m.registry().list().iter() {
+            let want = (w.origin() == Origin::Static).then_some("Bearer gk2");
+            assert_eq!(
+                w.bearer()
+                    .map(|b| b.to_str().unwrap().to_string())
+                    .as_deref(),
+                want
+            );
+        }
+        // Nothing changes when nothing changed.
+        let again = m.sync_static(
+            &[],
+            &[p("http://p1:1", Some(9000))],
+            &["http://d2:1".into()],
+        );
+        assert!(
+            again.added.is_empty() && again.removed.is_empty(),
+            "{again:?}"
+        );
     }
 }

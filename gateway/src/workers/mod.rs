@@ -147,6 +147,18 @@ pub struct WorkerSpec {
     pub priority: u32,
 }
 
+/// How a worker came to be registered, which decides whether the gateway's `--api-key`
+/// applies to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// From the configuration (`--worker-urls`, `--prefill`, `--decode`): the gateway's
+    /// `--api-key` is its key unless it has its own.
+    Static,
+    /// Registered through the worker API: only the key given with it, never the
+    /// gateway's (an admin could register any URL, and the key would go there).
+    Api,
+}
+
 /// Default priority of a worker registered without one.
 pub const DEFAULT_PRIORITY: u32 = 50;
 
@@ -169,6 +181,7 @@ pub struct Worker {
     failures: AtomicU64,
     breaker: Breaker,
     draining: AtomicBool,
+    origin: Origin,
     own_key: AtomicBool,
     bearer: ArcSwapOption<HeaderValue>,
     admin: Mutex<AdminFields>,
@@ -185,8 +198,10 @@ struct AdminFields {
 }
 
 impl Worker {
-    /// A new worker in `pending` state. `default_key` is the gateway's `--api-key`, used
-    /// when the spec has none. `cancel` stops the worker's background tasks.
+    /// A new worker in `pending` state, of [`Origin::Api`] unless changed with
+    /// [`Worker::with_origin`]. `default_key` is the key used when the spec has none (the
+    /// gateway's `--api-key` for a static worker, `None` for an API one). `cancel` stops
+    /// the worker's background tasks.
     pub fn new(spec: WorkerSpec, default_key: Option<&str>, cancel: CancellationToken) -> Self {
         static NEXT_UID: AtomicU64 = AtomicU64::new(1);
         let w = Self {
@@ -201,6 +216,7 @@ impl Worker {
             failures: AtomicU64::new(0),
             breaker: Breaker::default(),
             draining: AtomicBool::new(false),
+            origin: Origin::Api,
             own_key: AtomicBool::new(false),
             bearer: ArcSwapOption::empty(),
             admin: Mutex::new(AdminFields {
@@ -214,6 +230,17 @@ impl Worker {
         };
         w.set_api_key(spec.api_key.as_deref(), default_key);
         w
+    }
+
+    /// The same worker, registered by `origin`.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// How it was registered.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// The same worker with its circuit breaker set up by `cfg` (a new worker's breaker
@@ -349,14 +376,15 @@ impl Worker {
     /// Sets (rotates) the worker's own api key; `None` falls back to `default_key`.
     pub fn set_api_key(&self, own: Option<&str>, default_key: Option<&str>) {
         self.own_key.store(own.is_some(), Ordering::Release);
-        let header = own
-            .or(default_key)
-            .and_then(|k| HeaderValue::try_from(format!("Bearer {k}")).ok())
-            .map(|mut h| {
-                h.set_sensitive(true);
-                Arc::new(h)
-            });
-        self.bearer.store(header);
+        self.bearer
+            .store(own.or(default_key).and_then(bearer_header));
+    }
+
+    /// Replaces the key a worker without its own key uses (a reloaded `--api-key`).
+    pub fn set_default_key(&self, default_key: Option<&str>) {
+        if !self.own_key.load(Ordering::Acquire) {
+            self.bearer.store(default_key.and_then(bearer_header));
+        }
     }
 
     /// Replaces labels and/or priority.
@@ -420,6 +448,13 @@ impl Worker {
             has_api_key: self.own_key.load(Ordering::Acquire),
         }
     }
+}
+
+/// `Bearer <key>`, marked sensitive (never logged by hyper or the HTTP/2 table).
+fn bearer_header(key: &str) -> Option<Arc<HeaderValue>> {
+    let mut h = HeaderValue::try_from(format!("Bearer {key}")).ok()?;
+    h.set_sensitive(true);
+    Some(Arc::new(h))
 }
 
 /// Counts one request in flight on a worker for as long as it lives: created when a

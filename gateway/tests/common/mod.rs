@@ -6,6 +6,17 @@
 use gateway::sim::{self, SimConfig, SimHandle};
 use serde_json::Value;
 
+/// The `moongate` binary, with no `MOONGATE_*` or `RUST_LOG` variable of this environment.
+pub fn moongate() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_moongate"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOONGATE_") || k == "RUST_LOG" {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
 /// The first line `child` prints on stdout (its ready line; empty if it exited first).
 pub fn ready_line(child: &mut std::process::Child) -> String {
     use std::io::BufRead;

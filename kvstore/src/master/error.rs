@@ -51,6 +51,10 @@ pub enum MasterError {
     /// carried none or a wrong one. Moongate's own code: Mooncake has no authentication.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// The host serves this route to some callers only (an admin route of a host without an
+    /// admin key answers loopback callers only). Moongate's own code.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
 }
 
 impl MasterError {
@@ -72,6 +76,7 @@ impl MasterError {
             Self::ObjectHasLease(_) => -706,
             // Outside every range Mooncake's `ErrorCode` uses.
             Self::Unauthorized(_) => -2001,
+            Self::Forbidden(_) => -2002,
         }
     }
 
@@ -92,6 +97,7 @@ impl MasterError {
             Self::ObjectAlreadyExists(_) => "OBJECT_ALREADY_EXISTS",
             Self::ObjectHasLease(_) => "OBJECT_HAS_LEASE",
             Self::Unauthorized(_) => "UNAUTHORIZED",
+            Self::Forbidden(_) => "FORBIDDEN",
         }
     }
 
@@ -101,7 +107,7 @@ impl MasterError {
             Self::InternalError(_) => 500,
             Self::InvalidKey(_) | Self::InvalidParams(_) => 400,
             Self::Unauthorized(_) => 401,
-            Self::IllegalClient(_) => 403,
+            Self::IllegalClient(_) | Self::Forbidden(_) => 403,
             Self::SegmentNotFound(_) | Self::ClientNotFound(_) | Self::ObjectNotFound(_) => 404,
             Self::SegmentAlreadyExists(_)
             | Self::InvalidWrite(_)
@@ -131,6 +137,7 @@ impl MasterError {
             "OBJECT_ALREADY_EXISTS" => Self::ObjectAlreadyExists,
             "OBJECT_HAS_LEASE" => Self::ObjectHasLease,
             "UNAUTHORIZED" => Self::Unauthorized,
+            "FORBIDDEN" => Self::Forbidden,
             other => return Self::InternalError(format!("{other}: {message}")),
         };
         // The wire message is this type's `Display`: drop the prefix it adds again.
@@ -169,6 +176,7 @@ mod tests {
             MasterError::ObjectAlreadyExists("e".into()),
             MasterError::ObjectHasLease("l".into()),
             MasterError::Unauthorized("u".into()),
+            MasterError::Forbidden("f".into()),
         ];
         for e in all {
             assert_eq!(MasterError::from_wire(e.name(), &e.to_string()), e);

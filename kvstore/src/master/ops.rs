@@ -43,6 +43,10 @@ impl Master {
                 self.config.max_object_bytes
             )));
         }
+        self.check_config(cfg)
+    }
+
+    fn check_config(&self, cfg: &ReplicateConfig) -> MasterResult<()> {
         if cfg.replica_num == 0 || cfg.replica_num > self.config.max_replicas {
             return Err(MasterError::InvalidParams(format!(
                 "replica_num {} is outside 1..={}",
@@ -309,13 +313,15 @@ impl Master {
         Ok(items.iter().map(op).collect())
     }
 
-    /// [`Master::put_start`] for many keys with one config.
+    /// [`Master::put_start`] for many keys with one config (a config that cannot be used
+    /// fails the whole request, even one without items).
     pub fn batch_put_start<K: AsRef<str>>(
         &self,
         client: ClientId,
         items: &[(K, u64)],
         cfg: &ReplicateConfig,
     ) -> MasterResult<Vec<MasterResult<Vec<ReplicaLocation>>>> {
+        self.check_config(cfg)?;
         self.batch(items, |(k, len)| {
             self.put_start(client, k.as_ref(), *len, cfg)
         })

@@ -15,7 +15,7 @@ use crate::master::Master;
 
 /// Mount one segment for a client (idempotent for the same geometry).
 #[utoipa::path(post, operation_id = "master_mount_segment", path = "/api/v1/clients/{client_id}/segments", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID")),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     request_body = wire::SegmentSpec,
     responses((status = 200, description = "Mounted", body = wire::Segment), MasterErrors))]
 pub async fn mount_segment(
@@ -29,7 +29,7 @@ pub async fn mount_segment(
 
 /// Remount every segment of a client after `need_remount`; the client is `ok` afterwards.
 #[utoipa::path(post, operation_id = "master_remount", path = "/api/v1/clients/{client_id}/remount", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID")),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     request_body = wire::RemountRequest,
     responses((status = 200, description = "Remounted", body = wire::Client), MasterErrors))]
 pub async fn remount(
@@ -44,7 +44,7 @@ pub async fn remount(
 
 /// Unmount one of the client's segments; replicas on it are dropped.
 #[utoipa::path(delete, operation_id = "master_unmount_segment", path = "/api/v1/clients/{client_id}/segments/{name}", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID"),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID"),
            ("name" = String, Path, description = "Segment name")),
     responses((status = 204, description = "Unmounted"), MasterErrors))]
 pub async fn unmount_segment(
@@ -62,7 +62,7 @@ pub async fn unmount_segment(
 
 /// Heartbeat (every second); answers whether the client must remount.
 #[utoipa::path(post, operation_id = "master_ping", path = "/api/v1/clients/{client_id}/ping", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID")),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 200, description = "Alive", body = wire::PingResponse), MasterErrors))]
 pub async fn ping(
     State(m): State<Arc<Master>>,
@@ -87,7 +87,7 @@ pub async fn list_clients(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::
 
 /// One client.
 #[utoipa::path(get, operation_id = "master_get_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID")),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 200, description = "Client", body = wire::Client), MasterErrors))]
 pub async fn get_client(
     State(m): State<Arc<Master>>,
@@ -99,7 +99,7 @@ pub async fn get_client(
 
 /// Forget a client and unmount all its segments (graceful shutdown of a store node).
 #[utoipa::path(delete, operation_id = "master_remove_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
-    params(("client_id" = String, Path, description = "Client UUID")),
+    params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 204, description = "Removed"), MasterErrors))]
 pub async fn remove_client(
     State(m): State<Arc<Master>>,

@@ -1,7 +1,10 @@
 //! The transfer-metadata store, Mooncake's HTTP metadata server protocol:
 //! `GET /metadata?key=K` answers 200 with exactly the bytes last stored (404 when absent),
 //! `PUT /metadata?key=K` stores the request body, `DELETE /metadata?key=K` removes it
-//! (404 when absent). A missing or empty `key` is a 400.
+//! (404 when absent). A missing or empty `key`, or an empty body, is a 400. The stored bytes
+//! are answered as `application/json` when they are a JSON object (transfer segment
+//! descriptors are), else as `application/octet-stream`: the content type never claims what the bytes
+//! are not.
 
 use std::sync::Arc;
 
@@ -12,7 +15,7 @@ use axum::response::IntoResponse;
 use openapi::master as wire;
 
 use super::{ApiQuery, ApiResult, MasterErrors, observed};
-use crate::master::Master;
+use crate::master::{Master, MasterError};
 
 fn key(q: &wire::MetadataQuery) -> &str {
     q.key.as_deref().unwrap_or("")
@@ -20,14 +23,24 @@ fn key(q: &wire::MetadataQuery) -> &str {
 
 /// The bytes stored under `key`.
 #[utoipa::path(get, operation_id = "master_get_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
-    responses((status = 200, description = "The stored bytes, unchanged", body = wire::MetadataValue,
-               content_type = "application/json"), MasterErrors))]
+    responses((status = 200, description = "The stored bytes, unchanged: `application/json` when they are a JSON object, else `application/octet-stream`",
+               content(
+                   (Object = "application/json"),
+                   (wire::MetadataValue = "application/octet-stream"),
+               )), MasterErrors))]
 pub async fn get_metadata(
     State(m): State<Arc<Master>>,
     ApiQuery(q): ApiQuery<wire::MetadataQuery>,
 ) -> ApiResult<impl IntoResponse> {
     let value = observed("metadata_get", m.metadata().get(key(&q)))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], value))
+    let json = value.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(&value).is_ok();
+    let kind = if json {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
+    Ok(([(header::CONTENT_TYPE, kind)], value))
 }
 
 /// Store the request body under `key` (replacing any previous value).
@@ -39,7 +52,15 @@ pub async fn put_metadata(
     ApiQuery(q): ApiQuery<wire::MetadataQuery>,
     body: Bytes,
 ) -> ApiResult<&'static str> {
-    observed("metadata_put", m.metadata().put(key(&q), body)).map(|()| "metadata updated")
+    // A missing key is reported first (Mooncake's INVALID_KEY), then an empty value.
+    let r = if body.is_empty() && !key(&q).is_empty() {
+        Err(MasterError::InvalidParams(
+            "the metadata value is empty".into(),
+        ))
+    } else {
+        m.metadata().put(key(&q), body)
+    };
+    observed("metadata_put", r).map(|()| "metadata updated")
 }
 
 /// Remove `key`.

@@ -5,6 +5,31 @@
 //! here as `openapi::master::MasterErrorResponse` with the status from
 //! [`MasterError::http_status`]. Each operation is counted in `moongate_master_*` metrics.
 //!
+//! # Planes
+//! The routes come in two routers, one per plane, so the host can put each behind its own
+//! key (this crate checks no key; `moongate serve` and `moongate master` do):
+//! [`store_router`] is what storage nodes and store clients need to run (their segments,
+//! their objects, the transfer metadata), [`admin_router`] is what an operator uses to look
+//! at or clean up the whole cluster. [`router`] is both, unguarded (tests, benches, tools).
+//!
+//! | route | plane | why |
+//! |---|---|---|
+//! | `POST /api/v1/clients/{id}/segments` (mount) | store | a node mounts its own segment |
+//! | `POST /api/v1/clients/{id}/remount` | store | a node remounts after `need_remount` |
+//! | `POST /api/v1/clients/{id}/ping` | store | heartbeat |
+//! | `DELETE /api/v1/clients/{id}/segments/{name}` | store | unmount: the master refuses a segment of another client (`ILLEGAL_CLIENT`) |
+//! | `DELETE /api/v1/clients/{id}` | store | a node leaving (`StoreClient::close`) forgets itself |
+//! | `POST /api/v1/objects/{key}/put-start`, `put-end`, `put-revoke` | store | writes; put-end and put-revoke only by the client that started the put |
+//! | `GET /api/v1/objects/{key}/replicas`, `.../exists` | store | reads (they grant leases) |
+//! | `DELETE /api/v1/objects/{key}[?force=true]` | store | `StoreClient::remove` (Mooncake's `remove(key, force)`) |
+//! | `POST /api/v1/batch/{put-start,put-end,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
+//! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
+//! | `GET /api/v1/clients`, `GET /api/v1/clients/{id}` | admin | every client of the cluster |
+//! | `GET /api/v1/segments`, `GET /api/v1/segments/{name}` | admin | every segment, with usage |
+//! | `GET /api/v1/stats` | admin | cluster totals |
+//! | `GET /api/v1/objects` (list keys), `GET /api/v1/objects/{key}` (object info) | admin | reads across every client, without a lease |
+//! | `DELETE /api/v1/objects?all=true\|regex=` | admin | bulk removal (`StoreClient::remove_all` needs the admin key) |
+//!
 //! # Layout
 //! - `cluster`: clients and segments (mount, remount, unmount, ping, admin reads, stats).
 //! - `objects`: one object's lifecycle and reads, key listing, bulk removal.
@@ -41,26 +66,27 @@ pub const BODY_LIMIT: usize = 8 << 20;
 pub const TAG: &str = "kv-master";
 
 /// The master's REST API (`/api/v1/...` and `/metadata`) with its state applied, every
-/// route described for the OpenAPI document. Mount it with `Router::merge` (or
-/// `OpenApiRouter::merge` to merge the documents too).
+/// route described for the OpenAPI document, no key checked: [`store_router`] and
+/// [`admin_router`] merged. Mount it with `Router::merge` (or `OpenApiRouter::merge` to
+/// merge the documents too).
 pub fn router(master: Arc<Master>) -> OpenApiRouter {
+    store_router(master.clone()).merge(admin_router(master))
+}
+
+/// The store plane (see the module doc): what storage nodes and store clients call.
+pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
     OpenApiRouter::with_openapi(MasterApiDoc::openapi())
         .routes(routes!(cluster::mount_segment))
         .routes(routes!(cluster::remount))
         .routes(routes!(cluster::unmount_segment))
         .routes(routes!(cluster::ping))
-        .routes(routes!(cluster::list_clients))
-        .routes(routes!(cluster::get_client, cluster::remove_client))
-        .routes(routes!(cluster::list_segments))
-        .routes(routes!(cluster::get_segment))
-        .routes(routes!(cluster::stats))
+        .routes(routes!(cluster::remove_client))
         .routes(routes!(objects::put_start))
         .routes(routes!(objects::put_end))
         .routes(routes!(objects::put_revoke))
         .routes(routes!(objects::get_replicas))
         .routes(routes!(objects::exists))
-        .routes(routes!(objects::get_object, objects::remove_object))
-        .routes(routes!(objects::list_objects, objects::remove_objects))
+        .routes(routes!(objects::remove_object))
         .routes(routes!(batch::put_start))
         .routes(routes!(batch::put_end))
         .routes(routes!(batch::put_revoke))
@@ -72,6 +98,20 @@ pub fn router(master: Arc<Master>) -> OpenApiRouter {
             metadata::put_metadata,
             metadata::delete_metadata
         ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(master)
+}
+
+/// The admin plane (see the module doc): cluster-wide reads and bulk removal.
+pub fn admin_router(master: Arc<Master>) -> OpenApiRouter {
+    OpenApiRouter::with_openapi(MasterApiDoc::openapi())
+        .routes(routes!(cluster::list_clients))
+        .routes(routes!(cluster::get_client))
+        .routes(routes!(cluster::list_segments))
+        .routes(routes!(cluster::get_segment))
+        .routes(routes!(cluster::stats))
+        .routes(routes!(objects::get_object))
+        .routes(routes!(objects::list_objects, objects::remove_objects))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(master)
 }
@@ -202,6 +242,14 @@ where
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| bad(JsonRejection::from(e)))?;
+        // Every body is a JSON object: serde would also take a struct as an array of its
+        // fields in order, which no document describes.
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(rejected(
+                "bad JSON body",
+                "the body must be a JSON object".into(),
+            ));
+        }
         // Hot path: plain serde_json (axum's parser tracks paths for its error message,
         // twice the cost); only a body that fails is parsed again for that message.
         openapi::bounded::with_limit(limit, || match serde_json::from_slice(&bytes) {

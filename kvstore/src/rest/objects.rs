@@ -170,7 +170,9 @@ pub async fn remove_objects(
     State(m): State<Arc<Master>>,
     ApiQuery(q): ApiQuery<wire::DeleteObjectsQuery>,
 ) -> ApiResult<Json<wire::RemovedResponse>> {
-    let (op, r) = match (q.all, q.regex) {
+    // An empty regex is no regex (it would match every key: that is `all=true`).
+    let regex = q.regex.filter(|r| !r.is_empty());
+    let (op, r) = match (q.all, regex) {
         (Some(true), None) => ("remove_all", blocking(&m, |m| Ok(m.remove_all())).await),
         (None | Some(false), Some(re)) => (
             "remove_by_regex",
@@ -179,7 +181,7 @@ pub async fn remove_objects(
         _ => (
             "remove_all",
             Err(MasterError::InvalidParams(
-                "give exactly one of all=true or regex=...".into(),
+                "give exactly one of all=true or a non-empty regex=...".into(),
             )),
         ),
     };

@@ -149,6 +149,10 @@ fn compose_command_lines_are_accepted_and_agree() {
             args,
             &compose_env(&svc["environment"], &origin),
         );
+        let mounts: Vec<String> = (svc["volumes"].as_vec().into_iter().flatten())
+            .filter_map(|v| v.as_str()?.split(':').nth(1).map(str::to_owned))
+            .collect();
+        p.check_secret(&mounts);
         let port = p.http_port();
         for mapping in svc["ports"].as_vec().into_iter().flatten() {
             let mapping = mapping
@@ -283,6 +287,34 @@ fn local_config(
     args[i + 1] = deploy_dir().join(local).to_string_lossy().into_owned();
 }
 
+/// The volume behind a process's secret file is the Secret `moongate-transfer`, readable by
+/// the pod's group only (mode 0440), with the pod's `fsGroup` set so the image's user can
+/// read it (Moongate accepts a root-owned secret file readable by its group, never more).
+fn secret_volume(pod: &Yaml, container: &Yaml, p: &Process, origin: &str) {
+    let file = p.secret_file.as_deref().expect("checked");
+    let dir = Path::new(file).parent().unwrap();
+    let mount = (container["volumeMounts"].as_vec().into_iter().flatten())
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
+        .expect("checked");
+    let volume = (pod["volumes"].as_vec().into_iter().flatten())
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("{origin}: no volume {:?}", mount["name"]));
+    assert_eq!(
+        volume["secret"]["secretName"].as_str(),
+        Some("moongate-transfer"),
+        "{origin}: the secret file comes from the Secret moongate-transfer"
+    );
+    assert_eq!(
+        volume["secret"]["defaultMode"].as_i64(),
+        Some(0o440),
+        "{origin}: the secret file's mode is 0440 (write 288)"
+    );
+    assert!(
+        pod["securityContext"]["fsGroup"].as_i64().is_some(),
+        "{origin}: set the pod's fsGroup, or the image's user cannot read the secret file"
+    );
+}
+
 /// kustomization.yaml's `configMapGenerator`: ConfigMap name -> key -> file in deploy/.
 fn generated_config_maps(kustomization: &Yaml) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut maps = BTreeMap::new();
@@ -387,6 +419,13 @@ fn kubernetes_command_lines_are_accepted_and_agree() {
                     })
                     .collect();
                 let process = Process::new(origin.clone(), args, &env);
+                let mounts: Vec<String> = (c["volumeMounts"].as_vec().into_iter().flatten())
+                    .filter_map(|m| m["mountPath"].as_str().map(str::to_owned))
+                    .collect();
+                process.check_secret(&mounts);
+                if process.needs_secret() {
+                    secret_volume(pod, c, &process, &origin);
+                }
                 let port = i64::from(process.http_port());
                 let ports: Vec<(String, i64)> = (c["ports"].as_vec().into_iter().flatten())
                     .map(|p| {

@@ -174,9 +174,18 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
 /// Opens a connection to `addr` and starts a request whose body is trickled a byte every
 /// 100 ms (far slower than any deadline here); returns it and when the head went out.
 async fn trickle(addr: std::net::SocketAddr, path: &str) -> (TcpStream, Instant) {
+    trickle_with(addr, path, "").await
+}
+
+/// [`trickle`] with extra header lines (each ending in `\r\n`).
+async fn trickle_with(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &str,
+) -> (TcpStream, Instant) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n{{"
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}content-length: 200\r\n\r\n{{"
     );
     s.write_all(head.as_bytes()).await.unwrap();
     (s, Instant::now())
@@ -334,11 +343,18 @@ async fn moongate_masters_listener_has_the_same_limits() {
     let cfg = MasterHostConfig {
         client_header_timeout_secs: 1,
         client_body_timeout_secs: 1,
+        store_api_key: Some(gateway::config::Secret::new("store-key-for-limits")),
         ..MasterHostConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = gateway::hosting::spawn_master(cfg, listener).await.unwrap();
-    let (s, sent) = trickle(m.addr(), "/api/v1/objects/k/put-start").await;
+    // A store-plane caller with the right key (the key is checked before the body is read).
+    let (s, sent) = trickle_with(
+        m.addr(),
+        "/api/v1/objects/k/put-start",
+        "authorization: Bearer store-key-for-limits\r\n",
+    )
+    .await;
     let (status, head, body) =
         tokio::time::timeout(Duration::from_secs(10), trickle_until_answered(s))
             .await

@@ -11,6 +11,18 @@ use yaml_rust2::{Yaml, YamlLoader};
 /// The value given for environment variables a manifest takes from a Kubernetes Secret.
 pub const SECRET_PLACEHOLDER: &str = "k8s-secret-placeholder";
 
+/// A real cluster secret file standing in for the path a manifest gives in
+/// `MOONGATE_TRANSFER_SECRET_FILE` (a mount that exists only in the container).
+pub fn test_secret_file() -> &'static Path {
+    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory").keep();
+        let path = dir.join("transfer-secret");
+        transfer::ClusterSecret::load_or_create(&path).expect("a test secret file");
+        path
+    })
+}
+
 /// The repository's deploy/ directory.
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -131,6 +143,8 @@ pub struct Process {
     pub args: Vec<String>,
     /// What `--print-config` printed for it.
     pub settings: toml::Table,
+    /// The cluster secret file its environment names (the container's path).
+    pub secret_file: Option<String>,
 }
 
 impl Process {
@@ -147,7 +161,20 @@ impl Process {
             !env.iter().any(|(k, _)| k == gateway::config::env::CONFIG),
             "{origin}: give the config file with --config (the test maps its path)"
         );
-        let text = print_config(&args, env).unwrap_or_else(|err| {
+        let secret_file = env
+            .iter()
+            .find(|(k, _)| k == transfer::auth::SECRET_FILE_ENV)
+            .map(|(_, v)| v.clone());
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| match k.as_str() {
+                transfer::auth::SECRET_FILE_ENV => {
+                    (k.clone(), test_secret_file().to_string_lossy().into_owned())
+                }
+                _ => (k.clone(), v.clone()),
+            })
+            .collect();
+        let text = print_config(&args, &env).unwrap_or_else(|err| {
             panic!(
                 "{origin}: `moongate {}` is rejected by the binary:\n{err}",
                 args.join(" ")
@@ -159,7 +186,45 @@ impl Process {
             origin,
             args,
             settings,
+            secret_file,
         }
+    }
+
+    /// Whether it holds a transfer engine or a master, and so needs the cluster's transfer
+    /// secret (one file for every process of the deployment: a per-user default would differ
+    /// per container, and cannot be created on a read-only root file system).
+    pub fn needs_secret(&self) -> bool {
+        match self.sub() {
+            "serve" | "master" | "store" => true,
+            "sim-worker" => self
+                .settings
+                .get("mode")
+                .and_then(toml::Value::as_str)
+                .is_some_and(|m| m != "regular"),
+            _ => false,
+        }
+    }
+
+    /// Panics unless a process that needs the secret names a file in one of `mounts` (the
+    /// directories mounted into its container).
+    pub fn check_secret(&self, mounts: &[String]) {
+        if !self.needs_secret() {
+            return;
+        }
+        let file = self.secret_file.as_deref().unwrap_or_else(|| {
+            panic!(
+                "{}: set {} to the cluster's shared transfer secret",
+                self.origin,
+                transfer::auth::SECRET_FILE_ENV
+            )
+        });
+        let dir = Path::new(file).parent().expect("a file in a directory");
+        assert!(
+            mounts.iter().any(|m| Path::new(m) == dir),
+            "{}: nothing is mounted at {} (for {file}); mounted: {mounts:?}",
+            self.origin,
+            dir.display()
+        );
     }
 
     /// The subcommand.

@@ -5,6 +5,8 @@
 #   bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
 #   DURATION=5 ROUNDS=1 bench/gateway_bench.sh   # quick look
 #   COMPARE_BIN=/tmp/old/moongate bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
+#   CLIENT_KEYS=1 bench/gateway_bench.sh         # A/B: a second gateway with --client-api-keys-file
+#                                                # ("gateway_keys", sent a valid key), and its CPU ratio
 #
 # Layout on 2 cores: the server under test (the gateway, or the direct sim worker) is pinned
 # alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
@@ -61,9 +63,21 @@ if [ -n "${COMPARE_BIN:-}" ]; then
   wait_ok "http://127.0.0.1:$GWB_PORT/readiness"
   TARGETS="$TARGETS gateway_b:$GWB_PORT"
 fi
+CLIENT_KEY=""
+if [ "${CLIENT_KEYS:-0}" = 1 ]; then
+  GWK_PORT=$((BASE_PORT + 4))
+  CLIENT_KEY=bench-client-key-0003
+  printf '# bench clients\nbench-client-key-0001\nbench-client-key-0002\n%s\n' "$CLIENT_KEY" > "$TMP/client-keys"
+  start gateway_keys "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GWK_PORT" --policy round_robin \
+    --log-level warn --client-api-keys-file "$TMP/client-keys" \
+    --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+  wait_ok "http://127.0.0.1:$GWK_PORT/readiness"
+  TARGETS="$TARGETS gateway_keys:$GWK_PORT"
+fi
 TCK=$(getconf CLK_TCK)
 run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
-  STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
+  local key=""; [ -n "${GWK_PORT:-}" ] && [ "$1" = "$GWK_PORT" ] && key=$CLIENT_KEY
+  AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
     "http://127.0.0.1:$1" 2>&1 | awk '/^RESULT/{print $2, $3, $4, $5, $6}'
 }
 echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers cpu $CPU_AUX; wrk -t1 -c$CONC; ${DURATION}s x $ROUNDS rounds; $TOKENS tokens"
@@ -93,3 +107,15 @@ for sc in $SCENARIOS; do for t in $TARGETS; do name=${t%%:*}
     {rps[NR]=$3; p50[NR]=$4; p99[NR]=$5; us[NR]=$6; rss=$7}
     END{m=int((NR+1)/2); printf "| %-11s | %-8s | %9.0f | %8.2f | %8.2f | %10.1f | %8s |\n", sc, n, rps[m], p50[m], p99[m], us[m], rss}'
 done; done
+if [ -n "${GWK_PORT:-}" ]; then
+  echo
+  for sc in $SCENARIOS; do
+    awk -v sc="$sc" '$1==sc && ($2=="gateway" || $2=="gateway_keys")' "$RES" | python3 -c "
+import sys, statistics
+rows = [l.split() for l in sys.stdin]
+off = [float(r[5]) for r in rows if r[1] == 'gateway']
+on = [float(r[5]) for r in rows if r[1] == 'gateway_keys']
+pairs = [b / a for a, b in zip(off, on) if a]
+print(f'$sc: CPU per request with client keys / without = {statistics.median(pairs):.3f} (median of per-round ratios; target <= 1.05)')"
+  done
+fi

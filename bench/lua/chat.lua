@@ -1,5 +1,6 @@
 -- wrk script: POST /v1/chat/completions with a ~1 KiB user prompt.
--- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim).
+-- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim);
+-- AUTH_KEY: sent as `Authorization: Bearer <key>` (a gateway with client keys).
 local stream = os.getenv("STREAM") == "1"
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
 local model = os.getenv("MODEL") or "moongate-sim"
@@ -7,6 +8,10 @@ local prompt = string.rep("The quick brown fox jumps over the lazy dog. ", 23) -
 wrk.method = "POST"
 wrk.path = "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
+local key = os.getenv("AUTH_KEY")
+if key and key ~= "" then
+  wrk.headers["Authorization"] = "Bearer " .. key
+end
 wrk.body = '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. prompt ..
   '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
 

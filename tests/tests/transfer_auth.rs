@@ -103,18 +103,8 @@ async fn a_peer_with_another_secret_is_refused_both_ways() {
         handshake::HandshakeError::BadTag,
         "the node's tag does not verify"
     );
-    let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
-    blind_proof(&mut s).await;
-    s.write_all(&frames(&t.descriptor())[0].1).await.unwrap();
-    let got = read_all(&mut s).await;
-    let h = ResponseHeader::decode(&got[..RESPONSE_HEADER_LEN]).unwrap();
-    assert_eq!(h.status, Status::Unauthenticated);
-    assert_eq!(
-        got.len(),
-        RESPONSE_HEADER_LEN + h.len as usize,
-        "nothing but the refusal"
-    );
-    assert!(String::from_utf8_lossy(&got[RESPONSE_HEADER_LEN..]).contains("does not hold"));
+    let refusal = blind_request_is_refused(&t).await;
+    assert!(refusal.contains("does not hold"), "{refusal}");
     still_serves(&t, &r).await;
 }
 
@@ -321,6 +311,12 @@ async fn refuses_outsiders(target: &TransferEngine) {
         .await
         .unwrap_err();
     assert!(matches!(e, TransferError::Unauthenticated { .. }), "{e}");
+    blind_request_is_refused(target).await;
+}
+
+/// A blind handshake followed by a descriptor request gets a refusal and nothing else;
+/// returns the refusal's message.
+async fn blind_request_is_refused(target: &TransferEngine) -> String {
     let mut s = TcpStream::connect(target.local_addr()).await.unwrap();
     blind_proof(&mut s).await;
     s.write_all(&frames(&target.descriptor())[0].1)
@@ -334,6 +330,7 @@ async fn refuses_outsiders(target: &TransferEngine) {
         RESPONSE_HEADER_LEN + h.len as usize,
         "nothing but the refusal"
     );
+    String::from_utf8_lossy(&got[RESPONSE_HEADER_LEN..]).into_owned()
 }
 
 /// A storage node (a store client mounting a segment at a real master): its segment, which

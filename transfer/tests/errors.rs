@@ -237,18 +237,7 @@ async fn a_target_shutting_down_finishes_the_write_it_is_receiving() {
 
 /// A peer that accepts connections and authenticates them, then reads but never answers.
 async fn stalled_peer(meta: &InMemoryMetadata, name: &str) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let desc = SegmentDescriptor::from_json(
-        format!(
-            r#"{{"version":1,"name":"{name}","host_id":"elsewhere","engine_id":5,"generation":1,
-                "endpoints":{{"tcp":"{addr}"}},
-                "regions":[{{"id":1,"addr":1048576,"len":1048576,"token":7}}]}}"#
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    meta.publish(&desc).await.unwrap();
+    let listener = fake_listener(meta, name).await;
     authenticating_listener(listener, |mut s| async move {
         let mut sink = vec![0u8; 1 << 16];
         while s.read(&mut sink).await.map(|n| n > 0).unwrap_or(false) {}

@@ -10,10 +10,7 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use transfer::tcp::frame::{REQUEST_HEADER_LEN, RequestHeader, ResponseHeader, Status};
-use transfer::{
-    EngineConfig, InMemoryMetadata, Metadata, SegmentDescriptor, TransferEngine, TransferError,
-    TransferRequest,
-};
+use transfer::{EngineConfig, InMemoryMetadata, TransferEngine, TransferError, TransferRequest};
 
 const LEN: usize = 64 << 10;
 const OLD: u8 = 0xaa;
@@ -31,18 +28,7 @@ enum Answer {
 /// An authenticated fake peer at `name` whose Read answers wait for `go`; answers every
 /// other frame (a Notify) at once, in order.
 async fn fake_peer(meta: &InMemoryMetadata, name: &str, answer: Answer, go: Arc<Notify>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let desc = SegmentDescriptor::from_json(
-        format!(
-            r#"{{"version":1,"name":"{name}","host_id":"elsewhere","engine_id":5,"generation":1,
-                "endpoints":{{"tcp":"{addr}"}},
-                "regions":[{{"id":1,"addr":1048576,"len":1048576,"token":7}}]}}"#
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    meta.publish(&desc).await.unwrap();
+    let listener = fake_listener(meta, name).await;
     authenticating_listener(listener, move |mut s| {
         let go = go.clone();
         async move {

@@ -161,16 +161,21 @@ impl AppState {
     /// Every `--eviction-interval-secs`, each `cache_aware` tree in use forgets removed
     /// workers and evicts beyond `--max-tree-size` (a reload may bring such a policy in, so
     /// the task runs whatever the policy at start).
+    /// The task holds the state weakly: a gateway shut down is released at once, whether or
+    /// not the task has seen the cancellation yet.
     fn spawn_cache_upkeep(&self) {
-        let st = self.clone();
+        let weak = Arc::downgrade(&self.0);
+        let cancel = self.cancel_token().clone();
         let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             loop {
                 tokio::select! {
-                    _ = st.cancel_token().cancelled() => return,
+                    _ = cancel.cancelled() => return,
                     _ = tick.tick() => {}
                 }
+                let Some(inner) = weak.upgrade() else { return };
+                let st = AppState(inner);
                 let mut alive: Option<std::collections::HashSet<u64>> = None;
                 let mut evicted = 0;
                 st.for_each_cache_aware(|p| {

@@ -45,6 +45,28 @@ pub async fn authenticated(addr: std::net::SocketAddr) -> tokio::net::TcpStream 
     s
 }
 
+/// A listener on loopback published in `meta` as segment `name` (a peer on another host
+/// with one 1 MiB region at 1 MiB, token 7): for fake peers that speak the wire by hand.
+pub async fn fake_listener(
+    meta: &transfer::InMemoryMetadata,
+    name: &str,
+) -> tokio::net::TcpListener {
+    use transfer::Metadata;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let desc = transfer::SegmentDescriptor::from_json(
+        format!(
+            r#"{{"version":1,"name":"{name}","host_id":"elsewhere","engine_id":5,"generation":1,
+                "endpoints":{{"tcp":"{addr}"}},
+                "regions":[{{"id":1,"addr":1048576,"len":1048576,"token":7}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    meta.publish(&desc).await.unwrap();
+    listener
+}
+
 /// Accepts on `listener` like a transfer target would, up to the end of the handshake, and
 /// hands each authenticated connection to `then`.
 pub fn authenticating_listener<F, Fut>(listener: tokio::net::TcpListener, then: F)

@@ -15,7 +15,8 @@ use crate::shapes::StopSequences;
 /// A chat completion request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
-    /// The conversation so far.
+    /// The conversation so far (at least one message).
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     /// Model to use; SGLang serves its one model whatever the name, the gateway routes on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -26,8 +27,9 @@ pub struct ChatCompletionRequest {
     /// Options of a streamed answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Number of choices to generate.
+    /// Number of choices to generate (at least 1; at most the gateway's `--max-batch-size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub n: Option<u32>,
     /// Sampling temperature.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,8 +23,10 @@ pub struct CompletionRequest {
     /// Options of a streamed answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Choices per prompt.
+    /// Choices per prompt (at least 1; prompts x choices at most the gateway's
+    /// `--max-batch-size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub n: Option<u32>,
     /// Token limit per choice (OpenAI's default is 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,7 +23,7 @@ CPU_SUT=${CPU_SUT:-1}; CPU_AUX=${CPU_AUX:-0}
 BASE_PORT=${BASE_PORT:-43100}
 GW_PORT=$BASE_PORT; W1=$((BASE_PORT + 1)); W2=$((BASE_PORT + 2)); DIRECT=$((BASE_PORT + 10))
 TOKENS=${TOKENS:-16}
-BIN=${MOONGATE_BIN:-target/release/moongate}
+BIN=${MOONGATE_BIN:-${CARGO_TARGET_DIR:-target}/release/moongate}
 
 if ! command -v wrk >/dev/null; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -24,8 +24,8 @@ SHAPE=${SHAPE:-llama-3-8b}; POOL=${POOL:-1G}
 BASE_PORT=${BASE_PORT:-46400}
 GW=$BASE_PORT; PREFILL=$((BASE_PORT + 1)); DECODE=$((BASE_PORT + 2)); BOOT=$((BASE_PORT + 3))
 TB_PORT=$((BASE_PORT + 4))
-BIN=${MOONGATE_BIN:-target/release/moongate}
-TB=${TRANSFER_BENCH_BIN:-target/release/transfer-bench}
+BIN=${MOONGATE_BIN:-${CARGO_TARGET_DIR:-target}/release/moongate}
+TB=${TRANSFER_BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/transfer-bench}
 if [ -z "${MOONGATE_BIN:-}" ] || [ -z "${TRANSFER_BENCH_BIN:-}" ]; then
   cargo build --release -q -p gateway --bin moongate
   cargo build --release -q -p transfer --bin transfer-bench

@@ -36,8 +36,9 @@ if [ -z "${STORE_BENCH_BIN:-}" ]; then
   cargo build --release -q -p kvstore --bin store-bench
   cargo build --release -q -p gateway --bin moongate
 fi
-BENCH=${STORE_BENCH_BIN:-target/release/store-bench}
-MOONGATE=${MOONGATE_BIN:-target/release/moongate}
+TARGET=${CARGO_TARGET_DIR:-target}
+BENCH=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
+MOONGATE=${MOONGATE_BIN:-$TARGET/release/moongate}
 MC_DIR=$("$PY" -c 'import mooncake,os; print(os.path.dirname(mooncake.__file__))')
 
 "$MC_DIR/mooncake_master" --rpc_address=127.0.0.1 --rpc_port=$MC_RPC \

@@ -42,6 +42,53 @@ fn store_bench_runs_every_operation_and_verifies_the_bytes() {
     }
 }
 
+#[test]
+fn store_bench_runs_many_clients_at_once_each_on_its_own_keys() {
+    let out = Command::new(env!("CARGO_BIN_EXE_store-bench"))
+        .args([
+            "--sizes",
+            "4K",
+            "--ops",
+            "40",
+            "--batch",
+            "8",
+            "--rounds",
+            "1",
+            "--clients",
+            "3",
+        ])
+        .args(["--only", "put,get,batch_put_from,batch_get_into"])
+        .args(["--segment-size", "16M", "--json"])
+        .output()
+        .expect("run store-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for op in ["put", "get", "batch_put_from", "batch_get_into"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("\"op\":\"{op}\"")))
+            .unwrap_or_else(|| panic!("no result for {op}:\n{stdout}"));
+        assert!(line.contains("\"clients\":3,"), "{line}");
+        assert!(line.contains("\"errors\":0,\"bad\":0"), "{line}");
+        // The aggregate is the three clients together: at least the fastest one alone.
+        let num = |k: &str| -> f64 {
+            let at = line.find(&format!("\"{k}\":")).expect(k) + k.len() + 3;
+            line[at..]
+                .split([',', '}'])
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert!(num("GBps") >= num("client_max_GBps"), "{line}");
+        assert!(num("client_max_GBps") >= num("client_min_GBps"), "{line}");
+    }
+}
+
 /// A master on 127.0.0.1:0 that admits only `Authorization: Bearer <key>` (what a master
 /// holding the cluster's secret checks), on a thread of its own.
 fn keyed_master(key: String) -> String {

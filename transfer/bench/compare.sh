@@ -22,7 +22,7 @@
 # processes together (iperf3: client + server).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BENCH=${BENCH:-target/release/transfer-bench}
+BENCH=${BENCH:-${CARGO_TARGET_DIR:-target}/release/transfer-bench}
 ROUNDS=${ROUNDS:-3}
 DUR=${DUR:-3}
 PORT=${PORT:-41000}

@@ -26,7 +26,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use kvstore::client::{Protocol, parse_size};
+use kvstore::client::{Prefault, Protocol, parse_size};
 use kvstore::{BufRange, ClientConfig, MasterConfig, MasterServer, StoreClient, StoreError};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -74,9 +74,11 @@ struct Args {
     /// Segment size of the holder (the bench client or the node).
     #[arg(long, default_value = "3G", value_parser = parse_size)]
     segment_size: u64,
-    /// Fault the holder's segment and every copy buffer in at start (no first-touch page faults).
-    #[arg(long)]
-    prefault: bool,
+    /// When the holder's segment and the copy buffers are faulted in (a bare `--prefault`:
+    /// at start; default: in the background right after start, as a client does).
+    #[arg(long, value_enum, default_value_t = Prefault::Background, num_args = 0..=1,
+        default_missing_value = "start")]
+    prefault: Prefault,
     /// Transport of the client and the node.
     #[arg(long, value_enum, default_value_t = Protocol::Auto)]
     protocol: Protocol,
@@ -96,10 +98,19 @@ struct Args {
     /// Operations to run (default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Runtime worker threads of the client, or of the master with `--role master`
-    /// (1: a single-threaded runtime).
+    /// Store clients in this process, each with its own transfer engine, connections and
+    /// copy buffer (one per SGLang TP rank is the real shape), running every operation at
+    /// the same time on their own keys; figures are their aggregate, plus the slowest and
+    /// fastest client.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    clients: usize,
+    /// Storage nodes for `--storage node`, each holding `--segment-size`.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// Runtime worker threads of the client(s), or of the master with `--role master`
+    /// (1: a single-threaded runtime; default: 1, or one per client up to the cores).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Runtime worker threads of a spawned master.
     #[arg(long, default_value_t = 1)]
     master_threads: usize,
@@ -132,8 +143,10 @@ const OPS: [&str; 8] = [
 /// One measured (operation, size) over all rounds.
 #[derive(Default)]
 struct Case {
-    /// Values per second of each round.
+    /// Values per second of each round (all clients together).
     rates: Vec<f64>,
+    /// Values per second of each client in each round.
+    client_rates: Vec<f64>,
     /// Latency of each call, ns.
     lat: Vec<u64>,
     values: usize,
@@ -233,7 +246,7 @@ struct Bench {
 impl Bench {
     /// Runs `op` over `n` values; returns (wall-clock seconds of the calls, per-call
     /// latencies, errors, bad values, bytes allocated during the calls).
-    async fn run(&self, op: &str, prefix: &str, n: usize) -> (f64, Vec<u64>, usize, usize, u64) {
+    async fn run(&self, op: &str, prefix: &str, n: usize) -> Run {
         let size = self.size;
         let batched = op.starts_with("batch_");
         let per_call = if batched { self.batch } else { 1 };
@@ -406,44 +419,47 @@ async fn bench(args: Args) -> Result<bool, String> {
     } else {
         args.master.clone()
     };
-    let mut _node = None;
+    let mut _nodes = Vec::new();
     let client_segment = match args.storage {
         Storage::Own => args.segment_size,
         Storage::External => 0,
         Storage::Node => {
-            let mut node = Command::new(&args.moongate);
-            node.args([
-                "store",
-                "--master",
-                &master_url,
-                "--segment-size",
-                &args.segment_size.to_string(),
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--protocol",
-                args.protocol.to_possible_value().expect("named").get_name(),
-            ]);
-            if args.prefault {
-                node.arg("--prefault");
+            for _ in 0..args.nodes.max(1) {
+                let mut node = Command::new(&args.moongate);
+                node.args([
+                    "store",
+                    "--master",
+                    &master_url,
+                    "--segment-size",
+                    &args.segment_size.to_string(),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--http-listen",
+                    "127.0.0.1:0",
+                    "--protocol",
+                    args.protocol.to_possible_value().expect("named").get_name(),
+                ]);
+                node.args([
+                    "--prefault",
+                    args.prefault.to_possible_value().expect("named").get_name(),
+                ]);
+                if let Some(f) = &args.transfer_secret_file {
+                    node.arg("--transfer-secret-file").arg(f);
+                }
+                if let Some(f) = &args.master_ca_cert {
+                    node.arg("--master-ca-cert").arg(f);
+                }
+                if let Some(k) = &args.store_api_key {
+                    // In the environment, not on a command line other users can read.
+                    node.env(kvstore::client::env::STORE_API_KEY, k.expose());
+                }
+                let (p, words) = spawn_ready(&mut node)?;
+                eprintln!(
+                    "storage node: segment {}",
+                    after(&words, "segment").unwrap_or_default()
+                );
+                _nodes.push(p);
             }
-            if let Some(f) = &args.transfer_secret_file {
-                node.arg("--transfer-secret-file").arg(f);
-            }
-            if let Some(f) = &args.master_ca_cert {
-                node.arg("--master-ca-cert").arg(f);
-            }
-            if let Some(k) = &args.store_api_key {
-                // In the environment, not on a command line other users can read.
-                node.env(kvstore::client::env::STORE_API_KEY, k.expose());
-            }
-            let (p, words) = spawn_ready(&mut node)?;
-            eprintln!(
-                "storage node: segment {}",
-                after(&words, "segment").unwrap_or_default()
-            );
-            _node = Some(p);
             0
         }
     };
@@ -456,7 +472,15 @@ async fn bench(args: Args) -> Result<bool, String> {
         master_ca_cert: args.master_ca_cert.clone(),
         ..ClientConfig::local(&master_url, client_segment)
     };
-    let c = StoreClient::connect(cfg).await.map_err(|e| e.to_string())?;
+    let mut clients = Vec::with_capacity(args.clients.max(1));
+    for _ in 0..args.clients.max(1) {
+        clients.push(
+            StoreClient::connect(cfg.clone())
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let c = clients[0].clone();
     let ops: Vec<&str> = OPS
         .iter()
         .copied()
@@ -467,23 +491,27 @@ async fn bench(args: Args) -> Result<bool, String> {
         let size_us = usize::try_from(size).map_err(|e| e.to_string())?;
         let batch = args.batch.clamp(1, ((256 << 20) / size_us).max(1));
         let n = args.ops.unwrap_or_else(|| default_ops(size));
-        let b = Bench {
-            src: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
-            dst: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
-            c: c.clone(),
-            size: size_us,
-            body: body(size_us),
-            batch,
-        };
-        // The caller's buffers are touched before timing: their first-touch page faults are
-        // the application's, not the store's.
-        for j in 0..batch {
-            b.src
-                .write_at(j * size_us, &b.body)
-                .map_err(|e| e.to_string())?;
-            b.dst
-                .write_at(j * size_us, &b.body)
-                .map_err(|e| e.to_string())?;
+        let mut benches = Vec::with_capacity(clients.len());
+        for c in &clients {
+            let b = Bench {
+                src: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+                dst: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+                c: c.clone(),
+                size: size_us,
+                body: body(size_us),
+                batch,
+            };
+            // The caller's buffers are touched before timing: their first-touch page faults
+            // are the application's, not the store's.
+            for j in 0..batch {
+                b.src
+                    .write_at(j * size_us, &b.body)
+                    .map_err(|e| e.to_string())?;
+                b.dst
+                    .write_at(j * size_us, &b.body)
+                    .map_err(|e| e.to_string())?;
+            }
+            benches.push(std::sync::Arc::new(b));
         }
         let mut cases: Vec<Case> = ops.iter().map(|_| Case::default()).collect();
         for round in 0..args.rounds {
@@ -493,7 +521,7 @@ async fn bench(args: Args) -> Result<bool, String> {
             for (o, op) in ops.iter().enumerate() {
                 let prefix = format!("bench/{round}/{size}/{op}");
                 if op.contains("get") && written.is_empty() {
-                    b.run("batch_put_from", &prefix, n).await;
+                    run_all(&benches, "batch_put_from", &prefix, n).await?;
                     written.push(prefix.clone());
                 }
                 let prefix = if op.contains("put") {
@@ -502,20 +530,28 @@ async fn bench(args: Args) -> Result<bool, String> {
                 } else {
                     written.last().cloned().unwrap_or(prefix)
                 };
-                let (secs, lat, errors, bad, alloc) = b.run(op, &prefix, n).await;
+                let runs = run_all(&benches, op, &prefix, n).await?;
                 let case = &mut cases[o];
-                case.rates.push(n as f64 / secs);
-                case.lat.extend(lat);
-                case.values += n;
-                case.alloc_bytes += alloc;
-                case.errors += errors;
-                case.bad += bad;
+                // Clients run at once, each timing only its calls (not preparing or checking
+                // values): together they move the sum of their rates.
+                case.rates.push(runs.iter().map(|r| n as f64 / r.0).sum());
+                for (secs, lat, errors, bad, alloc) in runs {
+                    case.client_rates.push(n as f64 / secs);
+                    case.lat.extend(lat);
+                    case.values += n;
+                    case.alloc_bytes += alloc;
+                    case.errors += errors;
+                    case.bad += bad;
+                }
             }
             // Free the round's objects (forced: the gets hold read leases).
             for prefix in &written {
-                let keys: Vec<String> = (0..n).map(|i| format!("{prefix}/{i:08}")).collect();
-                for chunk in keys.chunks(4096) {
-                    c.batch_remove(chunk, true).await;
+                for ci in 0..benches.len() {
+                    let keys: Vec<String> =
+                        (0..n).map(|i| format!("{prefix}/c{ci}/{i:08}")).collect();
+                    for chunk in keys.chunks(4096) {
+                        c.batch_remove(chunk, true).await;
+                    }
                 }
             }
         }
@@ -527,17 +563,26 @@ async fn bench(args: Args) -> Result<bool, String> {
         Storage::Own => "single-client",
         _ => "remote-node",
     };
+    let nclients = clients.len();
     println!(
-        "store-bench: {mode}, protocol {:?}, {} round(s), medians over rounds; latency per call",
-        args.protocol, args.rounds
+        "store-bench: {mode}, protocol {:?}, {} round(s), {nclients} client(s), {} node(s), medians over rounds; latency per call; values/s and GB/s of all clients together, then the slowest and fastest client's GB/s",
+        args.protocol,
+        args.rounds,
+        if args.storage == Storage::Node {
+            args.nodes.max(1)
+        } else {
+            0
+        }
     );
     println!(
-        "{:<15} {:>6} {:>5} {:>11} {:>8} {:>9} {:>9} {:>9} {:>10} {:>7}",
+        "{:<15} {:>6} {:>5} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}",
         "op",
         "size",
         "batch",
         "values/s",
         "GB/s",
+        "min GB/s",
+        "max GB/s",
         "p50 us",
         "p99 us",
         "max us",
@@ -547,8 +592,14 @@ async fn bench(args: Args) -> Result<bool, String> {
     let mut all_ok = true;
     for (op, size, batch, mut case) in table {
         case.rates.sort_by(f64::total_cmp);
+        case.client_rates.sort_by(f64::total_cmp);
         case.lat.sort_unstable();
         let rate = case.rates[case.rates.len() / 2];
+        let gb = |r: f64| r * size as f64 / 1e9;
+        let (cmin, cmax) = (
+            gb(case.client_rates[0]),
+            gb(case.client_rates[case.client_rates.len() - 1]),
+        );
         let ok = case.errors == 0 && case.bad == 0;
         all_ok &= ok;
         let batch = if op.starts_with("batch") { batch } else { 1 };
@@ -559,12 +610,14 @@ async fn bench(args: Args) -> Result<bool, String> {
         };
         let alloc_per_value = case.alloc_bytes / case.values.max(1) as u64;
         println!(
-            "{:<15} {:>6} {:>5} {:>11.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7}",
+            "{:<15} {:>6} {:>5} {:>11.0} {:>8.3} {:>9.3} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7}",
             op,
             human(size),
             batch,
             rate,
-            rate * size as f64 / 1e9,
+            gb(rate),
+            cmin,
+            cmax,
             pct(&case.lat, 0.5),
             pct(&case.lat, 0.99),
             pct(&case.lat, 1.0),
@@ -573,7 +626,7 @@ async fn bench(args: Args) -> Result<bool, String> {
         );
         if args.json {
             println!(
-                "RESULT {{\"bench\":\"store-bench\",\"mode\":\"{mode}\",\"protocol\":\"{:?}\",\"op\":\"{op}\",\"value_bytes\":{size},\"batch\":{batch},\"values_per_s\":{rate:.1},\"GBps\":{:.3},\"p50_us\":{:.1},\"p99_us\":{:.1},\"alloc_bytes_per_value\":{alloc_per_value},\"errors\":{},\"bad\":{}}}",
+                "RESULT {{\"bench\":\"store-bench\",\"mode\":\"{mode}\",\"protocol\":\"{:?}\",\"op\":\"{op}\",\"value_bytes\":{size},\"batch\":{batch},\"clients\":{nclients},\"values_per_s\":{rate:.1},\"GBps\":{:.3},\"client_min_GBps\":{cmin:.3},\"client_max_GBps\":{cmax:.3},\"p50_us\":{:.1},\"p99_us\":{:.1},\"alloc_bytes_per_value\":{alloc_per_value},\"errors\":{},\"bad\":{}}}",
                 args.protocol,
                 rate * size as f64 / 1e9,
                 pct(&case.lat, 0.5),
@@ -584,8 +637,40 @@ async fn bench(args: Args) -> Result<bool, String> {
         }
     }
     let _ = std::io::stdout().flush();
-    c.close().await.map_err(|e| e.to_string())?;
+    for c in &clients {
+        c.close().await.map_err(|e| e.to_string())?;
+    }
     Ok(all_ok)
+}
+
+/// What one client's run of an operation measured: seconds in calls, per-call latencies,
+/// errors, bad values, bytes allocated.
+type Run = (f64, Vec<u64>, usize, usize, u64);
+
+/// Runs `op` over `n` values on every client at once (client `i` on keys
+/// `{prefix}/c{i}/...`); answers each client's run.
+async fn run_all(
+    benches: &[std::sync::Arc<Bench>],
+    op: &'static str,
+    prefix: &str,
+    n: usize,
+) -> Result<Vec<Run>, String> {
+    let tasks: Vec<_> = benches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let (b, prefix) = (b.clone(), format!("{prefix}/c{i}"));
+            tokio::spawn(async move { b.run(op, &prefix, n).await })
+        })
+        .collect();
+    let mut runs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        runs.push(
+            task.await
+                .map_err(|e| format!("a client task failed: {e}"))?,
+        );
+    }
+    Ok(runs)
 }
 
 async fn serve_master(listen: std::net::SocketAddr) -> Result<bool, String> {
@@ -605,8 +690,19 @@ async fn serve_master(listen: std::net::SocketAddr) -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let rt = match (args.role, args.threads) {
+    let mut args = Args::parse();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = *args.threads.get_or_insert(if args.clients > 1 {
+        args.clients.min(cores)
+    } else {
+        1
+    });
+    // `RUST_LOG=kvstore::client=debug` prints each pipeline's per-step timings.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match (args.role, threads) {
         (Role::Master, 0 | 1) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),

@@ -77,6 +77,43 @@ pub enum Protocol {
     Rdma,
 }
 
+/// When the segment and the copy buffer are faulted in (the kernel's first touch of each
+/// page: zeroing and mapping it, ~0.25 ms per MiB here, which a first write would otherwise
+/// pay on its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Prefault {
+    /// On a background thread right after start (the client serves at once; its resident
+    /// memory reaches the segment plus copy buffer size within about a second per few GiB).
+    #[default]
+    Background,
+    /// Before the client starts (`MAP_POPULATE`): start-up takes that second.
+    #[value(alias = "true")]
+    Start,
+    /// On first touch (resident memory grows only with use; first writes are slower).
+    #[value(alias = "false")]
+    Off,
+}
+
+/// `prefault = true / false` (the setting was once a switch) or a name.
+impl<'de> Deserialize<'de> for Prefault {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Switch(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Switch(true) => Ok(Self::Start),
+            Raw::Switch(false) => Ok(Self::Off),
+            Raw::Name(n) => <Self as clap::ValueEnum>::from_str(&n, true).map_err(|_| {
+                serde::de::Error::custom(format!("prefault {n:?}: background, start or off"))
+            }),
+        }
+    }
+}
+
 /// A byte count written with an optional binary suffix: `4096`, `64K`, `16M`, `4G`, `1T`
 /// (`KiB`, `MiB`... and lowercase are accepted too).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -118,10 +155,12 @@ pub struct ClientConfig {
     /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
     #[arg(long, env = env::HUGEPAGES)]
     pub hugepages: bool,
-    /// Fault the segment and the copy buffer in at start (RSS is their size at once;
-    /// transfers never pay first-touch page faults).
-    #[arg(long, env = env::PREFAULT)]
-    pub prefault: bool,
+    /// When the segment and the copy buffer are faulted in: `background` (right after
+    /// start, off the data path), `start` (before serving; a bare `--prefault`) or `off`
+    /// (on first touch). Either of the first two makes their whole size resident.
+    #[arg(long, env = env::PREFAULT, value_enum, default_value_t = Prefault::Background,
+        num_args = 0..=1, default_missing_value = "start")]
+    pub prefault: Prefault,
     /// Transfer engine listen address (data from and to peers).
     #[arg(long, env = env::LISTEN, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -174,7 +213,7 @@ impl Default for ClientConfig {
             segment_size: size(DEFAULT_SEGMENT_SIZE),
             local_buffer_size: size(DEFAULT_LOCAL_BUFFER_SIZE),
             hugepages: false,
-            prefault: false,
+            prefault: Prefault::Background,
             listen: DEFAULT_LISTEN.parse().expect("default listen parses"),
             advertise_host: None,
             protocol: Protocol::Auto,

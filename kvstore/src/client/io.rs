@@ -308,7 +308,9 @@ impl StoreClient {
         if live.is_empty() {
             return out;
         }
+        let t0 = Instant::now();
         let started = self.put_starts(&starts).await;
+        let t_start = t0.elapsed();
         // Every replica of every started object, in one transfer batch.
         let mut reqs = Vec::new();
         let mut owner = Vec::new(); // request -> index into `live`
@@ -343,12 +345,15 @@ impl StoreClient {
             }
             side.arm();
         }
+        let t_prep = t0.elapsed();
+        let n_reqs = reqs.len();
         for (r, j) in self.run_transfers(reqs).await.into_iter().zip(owner) {
             let (i, key, ..) = &live[j];
             if let (Err(e), Ok(())) = (r, &out[*i]) {
                 out[*i] = Err(StoreError::transfer(key, e));
             }
         }
+        let t_xfer = t0.elapsed();
         let (mut ends, mut revokes) = (Vec::new(), Vec::new());
         for (j, (i, key, _, side)) in live.iter_mut().enumerate() {
             side.settle(&out[*i]);
@@ -369,6 +374,15 @@ impl StoreClient {
                 tracing::warn!(key, error = %e, "revoking a failed put failed; the master releases it after its timeout");
             }
         }
+        tracing::debug!(
+            items = live.len(),
+            transfers = n_reqs,
+            put_start_us = t_start.as_micros() as u64,
+            prep_us = (t_prep - t_start).as_micros() as u64,
+            transfer_us = (t_xfer - t_prep).as_micros() as u64,
+            put_end_us = (t0.elapsed() - t_xfer).as_micros() as u64,
+            "put pipeline"
+        );
         out
     }
 
@@ -382,6 +396,7 @@ impl StoreClient {
     ) -> Vec<StoreResult<(u64, Side<'a>)>> {
         let granted = Instant::now();
         let looked = self.lookups(keys).await;
+        let t_lookup = granted.elapsed();
         let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
         let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
         let mut opened = Opened::default();
@@ -404,6 +419,7 @@ impl StoreClient {
                 Err(e) => out.push(Err(e)),
             }
         }
+        let t_prep = granted.elapsed();
         // Rounds: each pending object's next candidate, all in one transfer batch.
         let mut last_err: Vec<Option<TransferError>> = vec![None; keys.len()];
         while !pending.is_empty() {
@@ -472,6 +488,13 @@ impl StoreClient {
                 false
             });
         }
+        tracing::debug!(
+            items = keys.len(),
+            lookup_us = t_lookup.as_micros() as u64,
+            prep_us = (t_prep - t_lookup).as_micros() as u64,
+            transfer_us = (granted.elapsed() - t_prep).as_micros() as u64,
+            "get pipeline"
+        );
         out
     }
 

@@ -37,7 +37,7 @@ use openapi::master as wire;
 use tokio_util::sync::CancellationToken;
 use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine};
 
-pub use config::{ClientConfig, Protocol, env, parse_size};
+pub use config::{ClientConfig, Prefault, Protocol, env, parse_size};
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
     DEFAULT_REPLICA_NUM, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
@@ -152,7 +152,7 @@ impl StoreClient {
         let staging = Staging::new(
             &engine,
             to_usize(config.local_buffer_size)?,
-            config.prefault,
+            config.prefault == Prefault::Start,
             quarantine,
         )?;
         let id = ClientId::new_v4();
@@ -160,7 +160,7 @@ impl StoreClient {
             let opts = AllocOptions {
                 shared: ec.shm,
                 huge_pages: config.hugepages,
-                populate: config.prefault,
+                populate: config.prefault == Prefault::Start,
             };
             let buf = engine
                 .alloc_with(to_usize(config.segment_size)?, opts)
@@ -210,6 +210,13 @@ impl StoreClient {
                     tracing::warn!(error = %e, "the master refused the segment; retrying at every heartbeat");
                 }
                 Err(e) => return Err(e),
+            }
+        }
+        if config.prefault == Prefault::Background {
+            let mut bufs: Vec<&RegisteredBuffer> = segment.iter().map(|(b, _)| b).collect();
+            bufs.push(staging.buffer());
+            if let Err(e) = RegisteredBuffer::prefault_in_background(&bufs) {
+                tracing::warn!(error = %e, "cannot start faulting the segment in; first writes pay the page faults");
             }
         }
         let health = Arc::new(HealthState::new(segment.is_some()));

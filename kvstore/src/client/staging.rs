@@ -72,6 +72,11 @@ impl Staging {
         }))
     }
 
+    /// The registered copy buffer.
+    pub(crate) fn buffer(&self) -> &RegisteredBuffer {
+        &self.buf
+    }
+
     /// A slot of `len` bytes: from the shared buffer when it has room, else a buffer of
     /// its own.
     pub(crate) fn slot(self: &Arc<Self>, len: usize) -> StoreResult<Slot> {

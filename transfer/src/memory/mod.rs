@@ -34,6 +34,7 @@ mod cpu;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all};
+use raw::populate_live;
 pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};
 pub use raw::{huge_page_size, page_size};
 
@@ -415,6 +416,21 @@ impl MemoryRegion {
             }),
             _ => None,
         }
+    }
+
+    /// Faults `len` bytes from `offset` in, as a first write would, without changing them
+    /// (safe while the range is in use). Only memory this region mapped itself is touched:
+    /// memory lent by the caller is the caller's to fault. `Ok(false)`: nothing was done (lent
+    /// memory, or a kernel before 5.14 without `MADV_POPULATE_WRITE`).
+    pub fn populate_range(&self, offset: usize, len: usize) -> Result<bool> {
+        self.check(offset, len)?;
+        if len == 0 || !matches!(self.backing, Backing::Mapped { .. }) {
+            return Ok(false);
+        }
+        // SAFETY: the range was checked to lie inside this region, whose mapping lives as
+        // long as `self` (borrowed for the call) and is read-write.
+        unsafe { populate_live(self.as_ptr().wrapping_add(offset), len) }
+            .map_err(|e| TransferError::memory("madvise(MADV_POPULATE_WRITE)", &e))
     }
 
     /// The CPU access lock every in-process copy into or out of the region holds.

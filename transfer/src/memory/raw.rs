@@ -147,6 +147,37 @@ pub(crate) fn populate(map: &Mapping, len: usize) {
     }
 }
 
+/// Faults `len` bytes at `ptr` in as a write would (`MADV_POPULATE_WRITE`) without changing
+/// a byte, so it may run while other threads, peers or devices use the memory. `Ok(false)`
+/// when the kernel lacks the advice (before Linux 5.14): nothing was done.
+///
+/// # Safety
+/// `[ptr, ptr + len)` must lie inside a live read-write mapping for the whole call.
+pub(crate) unsafe fn populate_live(ptr: *mut u8, len: usize) -> std::io::Result<bool> {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    let page = page_size();
+    let start = ptr as usize;
+    let aligned = start - start % page;
+    // SAFETY: the caller guarantees the range is mapped read-write for the call; the
+    // advice only populates page tables and backing pages, it never writes data.
+    let rc = unsafe {
+        libc::madvise(
+            aligned as *mut libc::c_void,
+            len + (start - aligned),
+            MADV_POPULATE_WRITE,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 /// Takes an OFD write lock on byte 0 of `fd` (released when every descriptor of this open
 /// file description is closed, including by process death).
 pub(crate) fn lock_ofd(fd: libc::c_int) -> std::io::Result<()> {

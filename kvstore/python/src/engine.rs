@@ -1,0 +1,1069 @@
+//! `mooncake.engine.TransferEngine` over Moongate's transfer engine.
+//!
+//! Segments are named as Mooncake names them: `host:port` with `P2PHANDSHAKE` metadata
+//! (the session id SGLang builds from `get_rpc_port()`), the `local_hostname` given with an
+//! HTTP metadata server. Local addresses are raw pointers into memory registered with
+//! `register_memory` or allocated by `allocate_managed_buffer`; remote addresses are raw
+//! pointers into the peer's registered memory, checked by the peer against its regions and
+//! their access tokens. Return conventions are Mooncake's: 0 / -1, batch id 0 for a failed
+//! submission, `transfer_check_status` 1 done / 0 pending / -1 failed / -2 timed out.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use transfer::{
+    Batch, EngineConfig, MetadataConfig, Op, RdmaMode, RequestStatus, TransferError,
+    TransferRequest,
+};
+
+use crate::codes::{FAILED, OK};
+use crate::memory::{Regions, register_raw};
+use crate::runtime::block;
+
+/// Mooncake's sync-transfer timeout variable (seconds, at least 5; default 30).
+pub const TIMEOUT_ENV: &str = "MC_TRANSFER_TIMEOUT";
+/// Mooncake's switch from RDMA to TCP.
+pub const FORCE_TCP_ENV: &str = "MC_FORCE_TCP";
+/// Most async batches waiting for `get_batch_transfer_status` / `transfer_check_status`.
+const MAX_PENDING_BATCHES: usize = 1 << 16;
+
+/// Direction of a transfer (`TransferOpcode.Read` = 0, `TransferOpcode.Write` = 1).
+#[pyclass(module = "moongate.engine", eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferOpcode {
+    /// Copy from the peer into local memory.
+    Read = 0,
+    /// Copy from local memory into the peer.
+    Write = 1,
+}
+
+impl From<TransferOpcode> for Op {
+    fn from(o: TransferOpcode) -> Op {
+        match o {
+            TransferOpcode::Read => Op::Read,
+            TransferOpcode::Write => Op::Write,
+        }
+    }
+}
+
+/// A notification sent with a transfer and received by `get_notifies`.
+#[pyclass(module = "moongate.engine", get_all, set_all, from_py_object)]
+#[derive(Clone, Debug, Default)]
+pub struct TransferNotify {
+    /// Who sent it (Mooncake: the sender's segment name, by convention).
+    pub name: String,
+    /// The message.
+    pub msg: String,
+}
+
+#[pymethods]
+impl TransferNotify {
+    #[new]
+    #[pyo3(signature = (name = String::new(), msg = String::new()))]
+    fn py_new(name: String, msg: String) -> Self {
+        Self { name, msg }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TransferNotify(name={:?}, msg={:?})", self.name, self.msg)
+    }
+}
+
+/// On the wire a notification is `name`, a NUL byte, `msg` (a Rust engine's plain message,
+/// with no NUL, arrives with its sender's segment name as `name`).
+fn encode_notify(n: &TransferNotify) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n.name.len() + 1 + n.msg.len());
+    v.extend_from_slice(n.name.as_bytes());
+    v.push(0);
+    v.extend_from_slice(n.msg.as_bytes());
+    v
+}
+
+fn decode_notify(from: &str, message: &[u8]) -> TransferNotify {
+    match message.iter().position(|&b| b == 0) {
+        Some(i) => TransferNotify {
+            name: String::from_utf8_lossy(&message[..i]).into_owned(),
+            msg: String::from_utf8_lossy(&message[i + 1..]).into_owned(),
+        },
+        None => TransferNotify {
+            name: from.to_owned(),
+            msg: String::from_utf8_lossy(message).into_owned(),
+        },
+    }
+}
+
+/// A started engine and what Python registered with it.
+pub struct EngineState {
+    engine: transfer::TransferEngine,
+    regions: Regions,
+    pending: Mutex<HashMap<u64, Batch>>,
+    next_batch: AtomicU64,
+    timeout: Duration,
+}
+
+/// The object `get_engine()` returns (Mooncake: the inner C++ engine), accepted by
+/// `MooncakeDistributedStore.setup(engine=...)`.
+#[pyclass(module = "moongate.engine", frozen)]
+pub struct InnerTransferEngine {
+    #[allow(dead_code)]
+    pub(crate) state: Arc<EngineState>,
+}
+
+#[pymethods]
+impl InnerTransferEngine {
+    fn __repr__(&self) -> String {
+        format!("InnerTransferEngine({})", self.state.engine.segment_name())
+    }
+}
+
+/// Mooncake's `TransferEngine`: construct, `initialize`, register memory, move bytes.
+#[pyclass(module = "moongate.engine", frozen)]
+pub struct TransferEngine {
+    state: RwLock<Option<Arc<EngineState>>>,
+}
+
+/// Where the engine listens and what it advertises, from Mooncake's `local_hostname`
+/// (`host` or `host:port`; the port is not bound, as in Mooncake without
+/// `MC_LEGACY_RPC_PORT_BINDING`).
+fn listen_for(local_hostname: &str) -> (SocketAddr, String) {
+    let host = match local_hostname.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() && !h.is_empty() => h,
+        _ => local_hostname,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = if host.is_empty() { "127.0.0.1" } else { host };
+    // A literal IP is bound; a name is advertised and every interface listens (peers must
+    // still prove they hold the cluster secret before anything is served).
+    let ip = host.parse::<IpAddr>().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    (SocketAddr::new(ip, 0), host.to_owned())
+}
+
+/// Mooncake's metadata connection string: `P2PHANDSHAKE`, or `type://server`.
+fn metadata_for(metadata_server: &str, metadata_type: &str) -> Result<MetadataConfig, String> {
+    if metadata_server == "P2PHANDSHAKE" {
+        return Ok(MetadataConfig::P2p);
+    }
+    let conn = if metadata_server.contains("://") {
+        metadata_server.to_owned()
+    } else {
+        format!("{metadata_type}://{metadata_server}")
+    };
+    if conn.starts_with("http://") || conn.starts_with("https://") {
+        Ok(MetadataConfig::http(conn))
+    } else {
+        Err(format!(
+            "metadata server {conn:?}: Moongate speaks P2PHANDSHAKE and Mooncake's HTTP \
+             metadata protocol (e.g. http://master:port/metadata, which `moongate master` \
+             serves), not etcd or redis"
+        ))
+    }
+}
+
+/// The transports for Mooncake's `protocol`.
+fn transports_for(protocol: &str) -> Result<(bool, RdmaMode), String> {
+    let force_tcp = std::env::var(FORCE_TCP_ENV).is_ok_and(|v| v == "1" || v == "true");
+    match protocol {
+        "tcp" => Ok((false, RdmaMode::Off)),
+        "rdma" if force_tcp => {
+            tracing::warn!("{FORCE_TCP_ENV} is set: protocol rdma runs over TCP");
+            Ok((true, RdmaMode::Off))
+        }
+        // Shared memory with same-host peers, RDMA when a device is usable, else TCP (the
+        // engine logs the fallback, as Mooncake does with MC_FORCE_TCP).
+        "rdma" => Ok((true, RdmaMode::Auto)),
+        other => Err(format!("protocol {other:?} is not supported (tcp, rdma)")),
+    }
+}
+
+fn transfer_timeout() -> Duration {
+    let secs = std::env::var(TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|s| s.max(5))
+        .unwrap_or(30);
+    Duration::from_secs(secs)
+}
+
+/// Logs `e` for `op` and answers Mooncake's -1.
+fn fail(op: &str, e: impl std::fmt::Display) -> i32 {
+    tracing::warn!(op, "{e}");
+    FAILED
+}
+
+impl EngineState {
+    /// Opens `target` and turns `(local, remote, len)` triples into requests.
+    async fn requests(
+        &self,
+        target: &str,
+        op: Op,
+        items: &[(u64, u64, u64)],
+    ) -> Result<Vec<TransferRequest>, String> {
+        let mut resolved = Vec::with_capacity(items.len());
+        for &(local, remote, len) in items {
+            let (buf, off) = self.regions.resolve(local, len)?;
+            resolved.push((buf, off, remote, len));
+        }
+        let seg = self
+            .engine
+            .open_segment(target)
+            .await
+            .map_err(|e| format!("opening segment {target:?}: {e}"))?;
+        resolved
+            .into_iter()
+            .map(|(buf, off, remote, len)| {
+                let len = usize::try_from(len).map_err(|_| format!("length {len} too large"))?;
+                Ok(TransferRequest::new(op, &buf, off, &seg, remote, len))
+            })
+            .collect()
+    }
+
+    /// Submits a batch; the timeout is Mooncake's: the base plus 1 ns per byte (1 GB/s).
+    async fn submit(
+        &self,
+        target: &str,
+        op: Op,
+        items: &[(u64, u64, u64)],
+    ) -> Result<Batch, String> {
+        let reqs = self.requests(target, op, items).await?;
+        let bytes: u64 = items.iter().map(|i| i.2).sum();
+        let timeout = self.timeout + Duration::from_nanos(bytes);
+        self.engine
+            .submit_with_timeout(reqs, timeout)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Submits, waits, then sends `notify` (after the bytes landed).
+    async fn run(
+        &self,
+        target: &str,
+        op: Op,
+        items: &[(u64, u64, u64)],
+        notify: Option<&TransferNotify>,
+    ) -> Result<(), String> {
+        let batch = self.submit(target, op, items).await?;
+        batch.wait().await.map_err(|e| e.to_string())?;
+        if let Some(n) = notify {
+            let seg = self
+                .engine
+                .open_segment(target)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.engine
+                .notify(&seg, &encode_notify(n))
+                .await
+                .map_err(|e| format!("notifying {target:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn park(&self, batch: Batch) -> Result<u64, String> {
+        let mut pending = self.pending.lock();
+        if pending.len() >= MAX_PENDING_BATCHES {
+            return Err(format!(
+                "{MAX_PENDING_BATCHES} batches are waiting for their status to be read"
+            ));
+        }
+        let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        pending.insert(id, batch);
+        Ok(id)
+    }
+}
+
+fn triples(
+    buffers: &[u64],
+    peers: &[u64],
+    lengths: &[u64],
+) -> Result<Vec<(u64, u64, u64)>, String> {
+    if buffers.len() != peers.len() || buffers.len() != lengths.len() {
+        return Err(format!(
+            "buffers, peer_buffer_addresses and lengths have different sizes ({}, {}, {})",
+            buffers.len(),
+            peers.len(),
+            lengths.len()
+        ));
+    }
+    Ok(buffers
+        .iter()
+        .zip(peers)
+        .zip(lengths)
+        .map(|((&b, &p), &l)| (b, p, l))
+        .collect())
+}
+
+impl TransferEngine {
+    fn state(&self) -> Option<Arc<EngineState>> {
+        self.state.read().clone()
+    }
+
+    fn sync(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        target: &str,
+        items: Result<Vec<(u64, u64, u64)>, String>,
+        dir: Op,
+        notify: Option<TransferNotify>,
+    ) -> i32 {
+        let Some(s) = self.state() else {
+            return fail(op, "the engine is not initialized");
+        };
+        let items = match items {
+            Ok(i) => i,
+            Err(e) => return fail(op, e),
+        };
+        match block(py, s.run(target, dir, &items, notify.as_ref())) {
+            Ok(()) => OK,
+            Err(e) => fail(op, e),
+        }
+    }
+
+    fn submit_async(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        target: &str,
+        items: Result<Vec<(u64, u64, u64)>, String>,
+        dir: Op,
+    ) -> u64 {
+        let Some(s) = self.state() else {
+            fail(op, "the engine is not initialized");
+            return 0;
+        };
+        let r = items.and_then(|items| block(py, s.submit(target, dir, &items)));
+        match r.and_then(|b| s.park(b)) {
+            Ok(id) => id,
+            Err(e) => {
+                fail(op, e);
+                0
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl TransferEngine {
+    #[new]
+    fn py_new() -> Self {
+        Self {
+            state: RwLock::new(None),
+        }
+    }
+
+    /// Starts the engine: `metadata_server` is `P2PHANDSHAKE`, an `http(s)://` URL, or a
+    /// bare `host:port` (Mooncake reads that as etcd, which Moongate refuses clearly).
+    fn initialize(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        metadata_server: &str,
+        protocol: &str,
+        device_name: &str,
+    ) -> i32 {
+        self.initialize_ext(
+            py,
+            local_hostname,
+            metadata_server,
+            protocol,
+            device_name,
+            "etcd",
+        )
+    }
+
+    /// `initialize` with the metadata type given apart (`http`, or `etcd` / `redis`, refused).
+    fn initialize_ext(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        metadata_server: &str,
+        protocol: &str,
+        device_name: &str,
+        metadata_type: &str,
+    ) -> i32 {
+        let mut slot = self.state.write();
+        if slot.is_some() {
+            return fail("initialize", "the engine is already initialized");
+        }
+        let metadata = match metadata_for(metadata_server, metadata_type) {
+            Ok(m) => m,
+            Err(e) => return fail("initialize", e),
+        };
+        let (shm, rdma) = match transports_for(protocol) {
+            Ok(t) => t,
+            Err(e) => return fail("initialize", e),
+        };
+        let (listen, host) = listen_for(local_hostname);
+        let segment_name = match metadata {
+            MetadataConfig::P2p => None,
+            _ => Some(local_hostname.to_owned()),
+        };
+        let config = EngineConfig {
+            listen,
+            advertise_host: Some(host),
+            segment_name,
+            metadata,
+            shm,
+            rdma,
+            rdma_devices: device_name
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            ..EngineConfig::default()
+        };
+        match block(py, transfer::TransferEngine::new(config)) {
+            Ok(engine) => {
+                tracing::info!(segment = engine.segment_name(), transports = ?engine.transports(), "transfer engine started");
+                *slot = Some(Arc::new(EngineState {
+                    engine,
+                    regions: Regions::default(),
+                    pending: Mutex::new(HashMap::new()),
+                    next_batch: AtomicU64::new(1),
+                    timeout: transfer_timeout(),
+                }));
+                OK
+            }
+            Err(e) => fail("initialize", e),
+        }
+    }
+
+    /// The TCP port peers reach this engine on (`host:port` is its P2P session id).
+    fn get_rpc_port(&self) -> i32 {
+        match self.state() {
+            Some(s) => i32::from(s.engine.local_addr().port()),
+            None => fail("get_rpc_port", "the engine is not initialized"),
+        }
+    }
+
+    /// Allocates and registers `length` bytes; returns their address (0 on failure).
+    fn allocate_managed_buffer(&self, length: u64) -> u64 {
+        let Some(s) = self.state() else {
+            fail("allocate_managed_buffer", "the engine is not initialized");
+            return 0;
+        };
+        let r = usize::try_from(length)
+            .map_err(|e| e.to_string())
+            .and_then(|n| s.engine.alloc(n).map_err(|e| e.to_string()))
+            .and_then(|buf| {
+                let addr = buf.addr();
+                s.regions.insert(buf, true).map(|()| addr)
+            });
+        r.unwrap_or_else(|e| {
+            fail("allocate_managed_buffer", e);
+            0
+        })
+    }
+
+    /// Frees a buffer `allocate_managed_buffer` returned.
+    fn free_managed_buffer(&self, buffer_addr: u64, length: u64) -> i32 {
+        let Some(s) = self.state() else {
+            return fail("free_managed_buffer", "the engine is not initialized");
+        };
+        match s.regions.remove(buffer_addr, true) {
+            Some(_) => OK,
+            None => fail(
+                "free_managed_buffer",
+                format!("{buffer_addr:#x} (+{length}) is not a managed buffer of this engine"),
+            ),
+        }
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
+        self.sync(
+            py,
+            "transfer_sync_write",
+            target_hostname,
+            items,
+            Op::Write,
+            None,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
+        self.sync(
+            py,
+            "transfer_sync_read",
+            target_hostname,
+            items,
+            Op::Read,
+            None,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.sync(
+            py,
+            "batch_transfer_sync_write",
+            target_hostname,
+            items,
+            Op::Write,
+            None,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.sync(
+            py,
+            "batch_transfer_sync_read",
+            target_hostname,
+            items,
+            Op::Read,
+            None,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_async_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> u64 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.submit_async(
+            py,
+            "batch_transfer_async_write",
+            target_hostname,
+            items,
+            Op::Write,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_async_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> u64 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.submit_async(
+            py,
+            "batch_transfer_async_read",
+            target_hostname,
+            items,
+            Op::Read,
+        )
+    }
+
+    /// One transfer in direction `opcode`, then `notify` (if given) once it landed.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        opcode: TransferOpcode,
+        notify: Option<TransferNotify>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
+        self.sync(
+            py,
+            "transfer_sync",
+            target_hostname,
+            items,
+            opcode.into(),
+            notify,
+        )
+    }
+
+    /// A batch in direction `opcode`, then `notify` (if given) once every byte landed.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: TransferOpcode,
+        notify: Option<TransferNotify>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.sync(
+            py,
+            "batch_transfer_sync",
+            target_hostname,
+            items,
+            opcode.into(),
+            notify,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_async(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: TransferOpcode,
+        transport_hint: &str,
+    ) -> u64 {
+        let _ = transport_hint;
+        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+        self.submit_async(
+            py,
+            "batch_transfer_async",
+            target_hostname,
+            items,
+            opcode.into(),
+        )
+    }
+
+    /// Waits for every batch in `batch_ids`: 0 when all completed, -1 when one failed, timed
+    /// out or is unknown. Every batch named is released.
+    fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> i32 {
+        let Some(s) = self.state() else {
+            return fail("get_batch_transfer_status", "the engine is not initialized");
+        };
+        let mut batches = Vec::with_capacity(batch_ids.len());
+        let mut unknown = Vec::new();
+        {
+            let mut pending = s.pending.lock();
+            for id in &batch_ids {
+                match pending.remove(id) {
+                    Some(b) => batches.push(b),
+                    None => unknown.push(*id),
+                }
+            }
+        }
+        let results = block(py, async {
+            let mut out = Vec::with_capacity(batches.len());
+            for b in &batches {
+                out.push(b.wait().await);
+            }
+            out
+        });
+        if !unknown.is_empty() {
+            return fail(
+                "get_batch_transfer_status",
+                format!("unknown batch ids {unknown:?}"),
+            );
+        }
+        match results.into_iter().find_map(Result::err) {
+            None => OK,
+            Some(e) => fail("get_batch_transfer_status", e),
+        }
+    }
+
+    /// Submits one write; returns its batch id for `transfer_check_status` (0 on failure).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_submit_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> u64 {
+        let _ = transport_hint;
+        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
+        self.submit_async(
+            py,
+            "transfer_submit_write",
+            target_hostname,
+            items,
+            Op::Write,
+        )
+    }
+
+    /// 1 completed, 0 still moving, -1 failed (or unknown id), -2 timed out. A finished
+    /// batch is released.
+    fn transfer_check_status(&self, batch_id: u64) -> i32 {
+        let Some(s) = self.state() else {
+            return fail("transfer_check_status", "the engine is not initialized");
+        };
+        let mut pending = s.pending.lock();
+        let Some(batch) = pending.get(&batch_id) else {
+            return fail(
+                "transfer_check_status",
+                format!("unknown batch id {batch_id}"),
+            );
+        };
+        let (mut moving, mut failed, mut timed_out) = (false, false, false);
+        for i in 0..batch.len() {
+            match batch.status(i) {
+                RequestStatus::Completed => {}
+                RequestStatus::Pending => moving = true,
+                RequestStatus::Failed(TransferError::TimedOut { .. }) => timed_out = true,
+                RequestStatus::Failed(e) => {
+                    tracing::warn!(op = "transfer_check_status", "{e}");
+                    failed = true;
+                }
+            }
+        }
+        let rc = if timed_out {
+            -2
+        } else if failed {
+            -1
+        } else if moving {
+            0
+        } else {
+            1
+        };
+        if rc != 0 {
+            pending.remove(&batch_id);
+        }
+        rc
+    }
+
+    /// Copies `length` bytes of `src` (bytes or str) to `dest_address`, which must lie in
+    /// memory registered with this engine.
+    fn write_bytes_to_buffer(
+        &self,
+        dest_address: u64,
+        src: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<i32> {
+        let Some(s) = self.state() else {
+            return Ok(fail(
+                "write_bytes_to_buffer",
+                "the engine is not initialized",
+            ));
+        };
+        let text;
+        let bytes: &[u8] = if let Ok(b) = src.cast::<PyBytes>() {
+            b.as_bytes()
+        } else if let Ok(t) = src.cast::<PyString>() {
+            text = t.to_cow()?.into_owned();
+            text.as_bytes()
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "src must be bytes or str",
+            ));
+        };
+        let Some(data) = usize::try_from(length).ok().and_then(|n| bytes.get(..n)) else {
+            return Ok(fail(
+                "write_bytes_to_buffer",
+                format!("length {length} exceeds the {} bytes given", bytes.len()),
+            ));
+        };
+        let r = s
+            .regions
+            .resolve(dest_address, length)
+            .and_then(|(buf, off)| buf.write_at(off, data).map_err(|e| e.to_string()));
+        Ok(match r {
+            Ok(()) => OK,
+            Err(e) => fail("write_bytes_to_buffer", e),
+        })
+    }
+
+    /// `length` bytes at `source_address` (inside memory registered with this engine).
+    fn read_bytes_from_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        source_address: u64,
+        length: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let s = self
+            .state()
+            .ok_or_else(|| PyRuntimeError::new_err("the engine is not initialized"))?;
+        let (buf, off) = s
+            .regions
+            .resolve(source_address, length)
+            .map_err(PyValueError::new_err)?;
+        let v = buf
+            .to_vec(off, length as usize)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &v))
+    }
+
+    /// Registers caller memory (a numpy array, a torch CPU tensor's `data_ptr()`); it must
+    /// stay alive until `unregister_memory`. 0, or -1 (null, unmapped, overlapping...).
+    #[pyo3(signature = (buffer_addr, capacity, location = "*"))]
+    fn register_memory(&self, buffer_addr: u64, capacity: u64, location: &str) -> i32 {
+        let _ = location;
+        let Some(s) = self.state() else {
+            return fail("register_memory", "the engine is not initialized");
+        };
+        match register_raw(&s.engine, buffer_addr, capacity)
+            .and_then(|b| s.regions.insert(b, false))
+        {
+            Ok(()) => OK,
+            Err(e) => fail("register_memory", e),
+        }
+    }
+
+    /// Unregisters memory `register_memory` registered at exactly `buffer_addr`.
+    fn unregister_memory(&self, buffer_addr: u64) -> i32 {
+        let Some(s) = self.state() else {
+            return fail("unregister_memory", "the engine is not initialized");
+        };
+        match s.regions.remove(buffer_addr, false) {
+            Some(_) => OK,
+            None => fail(
+                "unregister_memory",
+                format!("{buffer_addr:#x} is not registered"),
+            ),
+        }
+    }
+
+    /// `register_memory` of each pair; stops at the first failure (-1).
+    #[pyo3(signature = (buffer_addresses, capacities, location = "*"))]
+    fn batch_register_memory(
+        &self,
+        buffer_addresses: Vec<u64>,
+        capacities: Vec<u64>,
+        location: &str,
+    ) -> i32 {
+        if buffer_addresses.len() != capacities.len() {
+            return fail(
+                "batch_register_memory",
+                "buffer_addresses and capacities differ in length",
+            );
+        }
+        for (a, c) in buffer_addresses.into_iter().zip(capacities) {
+            if self.register_memory(a, c, location) != OK {
+                return FAILED;
+            }
+        }
+        OK
+    }
+
+    /// `unregister_memory` of each address; -1 if any was not registered.
+    fn batch_unregister_memory(&self, buffer_addresses: Vec<u64>) -> i32 {
+        let mut rc = OK;
+        for a in buffer_addresses {
+            if self.unregister_memory(a) != OK {
+                rc = FAILED;
+            }
+        }
+        rc
+    }
+
+    /// Mooncake's topology JSON: Moongate has no NIC-to-CPU matrix; it lists the RDMA
+    /// devices in use under `"rdma"`.
+    #[pyo3(signature = (device_name = None))]
+    fn get_local_topology(&self, device_name: Option<&str>) -> String {
+        let _ = device_name;
+        let devices = self
+            .state()
+            .map(|s| {
+                s.engine
+                    .descriptor()
+                    .endpoints
+                    .rdma
+                    .iter()
+                    .map(|d| d.device.clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        serde_json::json!({ "rdma": devices }).to_string()
+    }
+
+    /// Address of the first buffer registered in segment `segment_name` (this engine's own,
+    /// or a peer's); 0 when it has none or cannot be opened.
+    fn get_first_buffer_address(&self, py: Python<'_>, segment_name: &str) -> u64 {
+        let Some(s) = self.state() else {
+            fail("get_first_buffer_address", "the engine is not initialized");
+            return 0;
+        };
+        if segment_name == s.engine.segment_name() {
+            return s.regions.first().unwrap_or(0);
+        }
+        let r = block(py, async {
+            // A fresh descriptor: the peer may have registered since it was cached.
+            s.engine.close_segment(segment_name).await;
+            s.engine.open_segment(segment_name).await
+        });
+        match r {
+            Ok(seg) => seg
+                .regions()
+                .iter()
+                .min_by_key(|r| r.id)
+                .map(|r| r.addr)
+                .unwrap_or(0),
+            Err(e) => {
+                fail("get_first_buffer_address", e);
+                0
+            }
+        }
+    }
+
+    /// EFA only in Mooncake; nothing to warm up here.
+    fn warmup_efa_segment(&self, segment_name: &str) -> i32 {
+        let _ = segment_name;
+        OK
+    }
+
+    /// Notifications received since the last call.
+    fn get_notifies(&self) -> Vec<TransferNotify> {
+        let Some(s) = self.state() else {
+            return Vec::new();
+        };
+        let n = s.engine.notifications();
+        let mut out = Vec::new();
+        while let Some(m) = n.try_recv() {
+            out.push(decode_notify(&m.from, &m.message));
+        }
+        out
+    }
+
+    /// 0 when `peer_server_name` answers (its descriptor is fetched afresh: straight from the
+    /// peer with P2P metadata; from the metadata server, then a TCP connect, otherwise).
+    fn send_probe(&self, py: Python<'_>, peer_server_name: &str) -> i32 {
+        let Some(s) = self.state() else {
+            return fail("send_probe", "the engine is not initialized");
+        };
+        let r = block(py, async {
+            s.engine.close_segment(peer_server_name).await;
+            let seg = s
+                .engine
+                .open_segment(peer_server_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !matches!(s.engine.config().metadata, MetadataConfig::P2p) && !seg.is_local() {
+                let addr = seg.descriptor().tcp_addr().map_err(|e| e.to_string())?;
+                tokio::time::timeout(
+                    s.engine.config().connect_timeout,
+                    tokio::net::TcpStream::connect(addr),
+                )
+                .await
+                .map_err(|_| format!("connecting to {addr} timed out"))?
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            }
+            Ok::<(), String>(())
+        });
+        match r {
+            Ok(()) => OK,
+            Err(e) => fail("send_probe", e),
+        }
+    }
+
+    /// The inner engine (for `MooncakeDistributedStore.setup(engine=...)`).
+    fn get_engine(&self) -> PyResult<InnerTransferEngine> {
+        self.state()
+            .map(|state| InnerTransferEngine { state })
+            .ok_or_else(|| PyRuntimeError::new_err("the engine is not initialized"))
+    }
+
+    /// An opaque non-zero id of the inner engine (Mooncake: its C++ address).
+    fn get_engine_ptr(&self) -> u64 {
+        self.state().map(|s| Arc::as_ptr(&s) as u64).unwrap_or(0)
+    }
+
+    /// This engine's segment name (Moongate addition; Mooncake users build it from
+    /// `get_rpc_port()`).
+    fn get_session_id(&self) -> Option<String> {
+        self.state().map(|s| s.engine.segment_name().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_strings_parse() {
+        assert_eq!(
+            metadata_for("P2PHANDSHAKE", "etcd").unwrap(),
+            MetadataConfig::P2p
+        );
+        assert_eq!(
+            metadata_for("http://m:1/metadata", "etcd").unwrap(),
+            MetadataConfig::http("http://m:1/metadata")
+        );
+        assert_eq!(
+            metadata_for("m:1/metadata", "http").unwrap(),
+            MetadataConfig::http("http://m:1/metadata")
+        );
+        assert!(
+            metadata_for("127.0.0.1:2379", "etcd")
+                .unwrap_err()
+                .contains("etcd")
+        );
+        assert_eq!(listen_for("10.0.0.5").0, "10.0.0.5:0".parse().unwrap());
+        assert_eq!(listen_for("127.0.0.1:12345").1, "127.0.0.1");
+        assert_eq!(listen_for("node-1").0, "0.0.0.0:0".parse().unwrap());
+        assert_eq!(listen_for("[::1]:7").0, "[::1]:0".parse().unwrap());
+        assert!(transports_for("nvlink").is_err());
+        assert_eq!(transports_for("tcp").unwrap(), (false, RdmaMode::Off));
+    }
+
+    #[test]
+    fn notifications_round_trip() {
+        let n = TransferNotify {
+            name: "a:1".into(),
+            msg: "done".into(),
+        };
+        let back = decode_notify("x", &encode_notify(&n));
+        assert_eq!((back.name.as_str(), back.msg.as_str()), ("a:1", "done"));
+        let plain = decode_notify("rust:2", b"hello");
+        assert_eq!(
+            (plain.name.as_str(), plain.msg.as_str()),
+            ("rust:2", "hello")
+        );
+    }
+}

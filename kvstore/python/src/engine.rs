@@ -264,6 +264,15 @@ impl EngineState {
         Ok(())
     }
 
+    /// With a metadata server, peers find new registrations only once the descriptor is
+    /// republished: do it before answering (Mooncake's registration is synchronous too).
+    fn publish(&self, py: Python<'_>) -> Result<(), String> {
+        if matches!(self.engine.config().metadata, MetadataConfig::P2p) {
+            return Ok(());
+        }
+        block(py, self.engine.publish()).map_err(|e| format!("publishing the descriptor: {e}"))
+    }
+
     fn park(&self, batch: Batch) -> Result<u64, String> {
         let mut pending = self.pending.lock();
         if pending.len() >= MAX_PENDING_BATCHES {
@@ -444,7 +453,7 @@ impl TransferEngine {
     }
 
     /// Allocates and registers `length` bytes; returns their address (0 on failure).
-    fn allocate_managed_buffer(&self, length: u64) -> u64 {
+    fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> u64 {
         let Some(s) = self.state() else {
             fail("allocate_managed_buffer", "the engine is not initialized");
             return 0;
@@ -455,7 +464,8 @@ impl TransferEngine {
             .and_then(|buf| {
                 let addr = buf.addr();
                 s.regions.insert(buf, true).map(|()| addr)
-            });
+            })
+            .and_then(|addr| s.publish(py).map(|()| addr));
         r.unwrap_or_else(|e| {
             fail("allocate_managed_buffer", e);
             0
@@ -463,12 +473,14 @@ impl TransferEngine {
     }
 
     /// Frees a buffer `allocate_managed_buffer` returned.
-    fn free_managed_buffer(&self, buffer_addr: u64, length: u64) -> i32 {
+    fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> i32 {
         let Some(s) = self.state() else {
             return fail("free_managed_buffer", "the engine is not initialized");
         };
         match s.regions.remove(buffer_addr, true) {
-            Some(_) => OK,
+            Some(_) => s
+                .publish(py)
+                .map_or_else(|e| fail("free_managed_buffer", e), |()| OK),
             None => fail(
                 "free_managed_buffer",
                 format!("{buffer_addr:#x} (+{length}) is not a managed buffer of this engine"),
@@ -843,26 +855,35 @@ impl TransferEngine {
     /// Registers caller memory (a numpy array, a torch CPU tensor's `data_ptr()`); it must
     /// stay alive until `unregister_memory`. 0, or -1 (null, unmapped, overlapping...).
     #[pyo3(signature = (buffer_addr, capacity, location = "*"))]
-    fn register_memory(&self, buffer_addr: u64, capacity: u64, location: &str) -> i32 {
+    fn register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        capacity: u64,
+        location: &str,
+    ) -> i32 {
         let _ = location;
         let Some(s) = self.state() else {
             return fail("register_memory", "the engine is not initialized");
         };
-        match register_raw(&s.engine, buffer_addr, capacity)
+        let r = register_raw(&s.engine, buffer_addr, capacity)
             .and_then(|b| s.regions.insert(b, false))
-        {
+            .and_then(|()| s.publish(py));
+        match r {
             Ok(()) => OK,
             Err(e) => fail("register_memory", e),
         }
     }
 
     /// Unregisters memory `register_memory` registered at exactly `buffer_addr`.
-    fn unregister_memory(&self, buffer_addr: u64) -> i32 {
+    fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> i32 {
         let Some(s) = self.state() else {
             return fail("unregister_memory", "the engine is not initialized");
         };
         match s.regions.remove(buffer_addr, false) {
-            Some(_) => OK,
+            Some(_) => s
+                .publish(py)
+                .map_or_else(|e| fail("unregister_memory", e), |()| OK),
             None => fail(
                 "unregister_memory",
                 format!("{buffer_addr:#x} is not registered"),
@@ -874,6 +895,7 @@ impl TransferEngine {
     #[pyo3(signature = (buffer_addresses, capacities, location = "*"))]
     fn batch_register_memory(
         &self,
+        py: Python<'_>,
         buffer_addresses: Vec<u64>,
         capacities: Vec<u64>,
         location: &str,
@@ -885,7 +907,7 @@ impl TransferEngine {
             );
         }
         for (a, c) in buffer_addresses.into_iter().zip(capacities) {
-            if self.register_memory(a, c, location) != OK {
+            if self.register_memory(py, a, c, location) != OK {
                 return FAILED;
             }
         }
@@ -893,10 +915,10 @@ impl TransferEngine {
     }
 
     /// `unregister_memory` of each address; -1 if any was not registered.
-    fn batch_unregister_memory(&self, buffer_addresses: Vec<u64>) -> i32 {
+    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addresses: Vec<u64>) -> i32 {
         let mut rc = OK;
         for a in buffer_addresses {
-            if self.unregister_memory(a) != OK {
+            if self.unregister_memory(py, a) != OK {
                 rc = FAILED;
             }
         }

@@ -240,16 +240,12 @@ impl MooncakeDistributedStore {
         }
     }
 
-    /// The name of this client's segment (what `ReplicateConfig.preferred_segment` takes).
+    /// `host:port` of this client's transfer engine, as Mooncake names a client (what
+    /// `ReplicateConfig.preferred_segment` takes to place a put on this client's segment).
     fn get_hostname(&self) -> String {
-        match self.state() {
-            Some(s) => s
-                .client
-                .segment()
-                .map(|g| g.name.clone())
-                .unwrap_or_else(|| s.client.engine().segment_name().to_owned()),
-            None => String::new(),
-        }
+        self.state()
+            .map(|s| s.client.engine().segment_name().to_owned())
+            .unwrap_or_default()
     }
 
     /// 1 readable, 0 not, negative code on error.

@@ -129,20 +129,36 @@ pub struct TransferEngine {
     state: RwLock<Option<Arc<EngineState>>>,
 }
 
-/// Where the engine listens and what it advertises, from Mooncake's `local_hostname`
-/// (`host` or `host:port`; the port is not bound, as in Mooncake without
-/// `MC_LEGACY_RPC_PORT_BINDING`).
-fn listen_for(local_hostname: &str) -> (SocketAddr, String) {
-    let host = match local_hostname.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() && !h.is_empty() => h,
-        _ => local_hostname,
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let host = if host.is_empty() { "127.0.0.1" } else { host };
-    // A literal IP is bound; a name is advertised and every interface listens (peers must
-    // still prove they hold the cluster secret before anything is served).
-    let ip = host.parse::<IpAddr>().unwrap_or(IpAddr::from([0, 0, 0, 0]));
-    (SocketAddr::new(ip, 0), host.to_owned())
+/// Where the engine listens, what it advertises and the segment names to try, from
+/// Mooncake's `local_hostname` (`host` or `host:port`; the port is not bound, as in Mooncake
+/// without `MC_LEGACY_RPC_PORT_BINDING`). A literal IP is bound and names the segment
+/// `ip:port`; a name is resolved and bound, and the segment keeps the name (`name:port`, the
+/// session id SGLang builds), on a port picked here; a metadata server names it
+/// `local_hostname`.
+fn listen_for(
+    local_hostname: &str,
+    metadata: &MetadataConfig,
+) -> Result<Vec<(SocketAddr, String, Option<String>)>, String> {
+    let (host, ip) = crate::setup::host_and_ip(local_hostname)?;
+    let advertise = ip.to_string();
+    if !matches!(metadata, MetadataConfig::P2p) {
+        let name = Some(local_hostname.to_owned());
+        return Ok(vec![(SocketAddr::new(ip, 0), advertise, name)]);
+    }
+    if host.parse::<IpAddr>().is_ok() {
+        return Ok(vec![(SocketAddr::new(ip, 0), advertise, None)]);
+    }
+    Ok(crate::setup::listen_ports("")
+        .into_iter()
+        .filter(|&p| p != 0)
+        .map(|p| {
+            (
+                SocketAddr::new(ip, p),
+                advertise.clone(),
+                Some(format!("{host}:{p}")),
+            )
+        })
+        .collect())
 }
 
 /// Mooncake's metadata connection string: `P2PHANDSHAKE`, or `type://server`.
@@ -408,27 +424,36 @@ impl TransferEngine {
             Ok(t) => t,
             Err(e) => return fail("initialize", e),
         };
-        let (listen, host) = listen_for(local_hostname);
-        let segment_name = match metadata {
-            MetadataConfig::P2p => None,
-            _ => Some(local_hostname.to_owned()),
+        let candidates = match listen_for(local_hostname, &metadata) {
+            Ok(c) => c,
+            Err(e) => return fail("initialize", e),
         };
-        let config = EngineConfig {
-            listen,
-            advertise_host: Some(host),
-            segment_name,
-            metadata,
-            shm,
-            rdma,
-            rdma_devices: device_name
-                .split(',')
-                .map(str::trim)
-                .filter(|d| !d.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            ..EngineConfig::default()
-        };
-        match block(py, transfer::TransferEngine::new(config)) {
+        let devices: Vec<String> = device_name
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let mut built: Result<transfer::TransferEngine, String> =
+            Err("no address to listen on".into());
+        for (listen, advertise, segment_name) in candidates {
+            let config = EngineConfig {
+                listen,
+                advertise_host: Some(advertise),
+                segment_name,
+                metadata: metadata.clone(),
+                shm,
+                rdma,
+                rdma_devices: devices.clone(),
+                ..EngineConfig::default()
+            };
+            built = block(py, transfer::TransferEngine::new(config)).map_err(|e| e.to_string());
+            match &built {
+                Err(e) if e.contains("in use") => continue,
+                _ => break,
+            }
+        }
+        match built {
             Ok(engine) => {
                 tracing::info!(segment = engine.segment_name(), transports = ?engine.transports(), "transfer engine started");
                 *slot = Some(Arc::new(EngineState {
@@ -1066,10 +1091,27 @@ mod tests {
                 .unwrap_err()
                 .contains("etcd")
         );
-        assert_eq!(listen_for("10.0.0.5").0, "10.0.0.5:0".parse().unwrap());
-        assert_eq!(listen_for("127.0.0.1:12345").1, "127.0.0.1");
-        assert_eq!(listen_for("node-1").0, "0.0.0.0:0".parse().unwrap());
-        assert_eq!(listen_for("[::1]:7").0, "[::1]:0".parse().unwrap());
+        let p2p = MetadataConfig::P2p;
+        let ip = listen_for("10.0.0.5", &p2p).unwrap();
+        assert_eq!(
+            ip,
+            vec![("10.0.0.5:0".parse().unwrap(), "10.0.0.5".into(), None)]
+        );
+        let named = listen_for("localhost", &p2p).unwrap();
+        let (addr, adv, name) = &named[0];
+        assert_eq!((adv.as_str(), addr.ip().is_loopback()), ("127.0.0.1", true));
+        assert_eq!(name.clone().unwrap(), format!("localhost:{}", addr.port()));
+        let http = listen_for(
+            "127.0.0.1:12345",
+            &MetadataConfig::http("http://m/metadata"),
+        )
+        .unwrap();
+        assert_eq!(http[0].2.as_deref(), Some("127.0.0.1:12345"));
+        assert_eq!(
+            listen_for("[::1]:7", &p2p).unwrap()[0].0,
+            "[::1]:0".parse().unwrap()
+        );
+        assert!(listen_for("no-such-host.invalid", &p2p).is_err());
         assert!(transports_for("nvlink").is_err());
         assert_eq!(transports_for("tcp").unwrap(), (false, RdmaMode::Off));
     }

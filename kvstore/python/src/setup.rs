@@ -108,16 +108,15 @@ impl SetupArgs {
                 self.metadata_server
             ));
         };
-        let host = host_of(&self.local_hostname);
-        let ip = host.parse::<IpAddr>().ok();
+        let (_, ip) = host_and_ip(&self.local_hostname)?;
         let env_path = |k: &str| std::env::var_os(k).map(PathBuf::from);
         Ok(ClientConfig {
             master: master_url(&self.master_server_addr)?,
             segment_size: self.global_segment_size,
             // The copy buffer must exist; a zero-sized one is refused at put/get instead.
             local_buffer_size: self.local_buffer_size.max(4096),
-            listen: SocketAddr::new(ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), 0),
-            advertise_host: Some(host),
+            listen: SocketAddr::new(ip, 0),
+            advertise_host: Some(ip.to_string()),
             protocol,
             metadata,
             transfer_secret_file: env_path(env::TRANSFER_SECRET_FILE),
@@ -153,8 +152,29 @@ fn rand_below(n: u64) -> u64 {
     h.finish() % n
 }
 
+/// The host part of `local_hostname` and the IP peers reach it on: a literal IP as it is, a
+/// name resolved here (IPv4 first), since transfer endpoints are addresses.
+pub fn host_and_ip(local_hostname: &str) -> Result<(String, IpAddr), String> {
+    use std::net::ToSocketAddrs;
+    let host = host_of(local_hostname);
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok((host, ip));
+    }
+    let addrs: Vec<SocketAddr> = (host.as_str(), 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("local_hostname {host:?} does not resolve: {e}"))?
+        .collect();
+    let ip = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(SocketAddr::ip)
+        .ok_or_else(|| format!("local_hostname {host:?} resolves to no address"))?;
+    Ok((host, ip))
+}
+
 /// The host part of Mooncake's `local_hostname` (`host` or `host:port`, IPv6 bracketed).
-fn host_of(local_hostname: &str) -> String {
+pub fn host_of(local_hostname: &str) -> String {
     let h = match local_hostname.rsplit_once(':') {
         Some((h, p)) if p.parse::<u16>().is_ok() && !h.is_empty() && !h.ends_with(':') => h,
         _ => local_hostname,

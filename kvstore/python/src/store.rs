@@ -16,7 +16,8 @@ use pyo3::types::PyDict;
 use crate::codes::{self, OK};
 use crate::memory::{Regions, register_raw};
 use crate::runtime::block;
-use crate::setup::{DEFAULT_SIZE, SetupArgs, listen_ports, parse_size};
+use crate::setup::{DEFAULT_SIZE, SetupArgs, listen_ports};
+use kvstore::client::parse_size;
 
 /// A set-up store.
 pub struct StoreState {
@@ -148,27 +149,20 @@ impl MooncakeDistributedStore {
                 Err(e) => codes::invalid("setup", e),
             });
         }
-        let local_hostname: String = local_hostname.extract()?;
-        let (
-            Some(metadata_server),
-            Some(global_segment_size),
-            Some(local_buffer_size),
-            Some(protocol),
-            Some(rdma_devices),
-            Some(master_server_addr),
-        ) = (
-            metadata_server,
-            global_segment_size,
-            local_buffer_size,
-            protocol,
-            rdma_devices,
-            master_server_addr,
-        )
-        else {
-            return Err(PyTypeError::new_err(
+        let missing = || {
+            PyTypeError::new_err(
                 "setup() takes local_hostname, metadata_server, global_segment_size, \
                  local_buffer_size, protocol, rdma_devices, master_server_addr (or one config dict)",
-            ));
+            )
+        };
+        let args = SetupArgs {
+            local_hostname: local_hostname.extract()?,
+            metadata_server: metadata_server.ok_or_else(missing)?,
+            global_segment_size: global_segment_size.ok_or_else(missing)?,
+            local_buffer_size: local_buffer_size.ok_or_else(missing)?,
+            protocol: protocol.ok_or_else(missing)?,
+            rdma_devices: rdma_devices.ok_or_else(missing)?,
+            master_server_addr: master_server_addr.ok_or_else(missing)?,
         };
         if enable_ssd_offload {
             return Ok(codes::invalid(
@@ -188,18 +182,7 @@ impl MooncakeDistributedStore {
         if engine.is_some_and(|e| !e.is_none()) {
             tracing::info!("setup(engine=...): the store client runs its own transfer engine");
         }
-        Ok(self.open(
-            py,
-            SetupArgs {
-                local_hostname,
-                metadata_server,
-                global_segment_size,
-                local_buffer_size,
-                protocol,
-                rdma_devices,
-                master_server_addr,
-            },
-        ))
+        Ok(self.open(py, args))
     }
 
     /// Mooncake's standalone (dummy) client talks to a separate `mooncake_client` process

@@ -137,6 +137,19 @@ impl MooncakeDistributedStore {
         }
     }
 
+    /// The state for a multi-buffer call whose lists agree in length, or the code to answer.
+    fn multi_state(
+        &self,
+        op: &str,
+        keys: &[String],
+        ptrs: &[Vec<u64>],
+        sizes: &[Vec<u64>],
+    ) -> Result<Arc<StoreState>, i32> {
+        lengths_match(op, keys.len(), ptrs.len(), sizes.len())?;
+        self.state()
+            .ok_or_else(|| codes::invalid(op, "the store is not set up"))
+    }
+
     /// The copying puts: refused when `local_buffer_size` was 0.
     fn put_values(
         &self,
@@ -264,6 +277,81 @@ impl MooncakeDistributedStore {
     }
 }
 
+/// Puts and upserts share their arguments and differ in what an existing key does (a put
+/// keeps it and answers 0, an upsert replaces it): one `#[pymethods]` block per method.
+macro_rules! put_methods {
+    ($($(#[$doc:meta])* $name:ident: $shape:ident, upsert = $upsert:expr;)*) => {$(
+        put_methods!(@$shape $(#[$doc])* $name, $upsert);
+    )*};
+    (@value $(#[$doc:meta])* $name:ident, $upsert:expr) => {
+        #[pymethods]
+        impl MooncakeDistributedStore {
+            $(#[$doc])*
+            #[pyo3(signature = (key, value, config = None))]
+            fn $name(&self, py: Python<'_>, key: String, value: &Bound<'_, PyAny>, config: Option<ReplicateConfig>) -> PyResult<i32> {
+                let v = value_bytes(value)?;
+                Ok(self.put_values(py, stringify!($name), &[key], &[v], config.as_ref(), $upsert)[0])
+            }
+        }
+    };
+    (@values $(#[$doc:meta])* $name:ident, $upsert:expr) => {
+        #[pymethods]
+        impl MooncakeDistributedStore {
+            $(#[$doc])*
+            #[pyo3(signature = (keys, values, config = None))]
+            fn $name(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Bound<'_, PyAny>>, config: Option<ReplicateConfig>) -> PyResult<i32> {
+                let op = stringify!($name);
+                if keys.len() != values.len() {
+                    return Ok(codes::invalid(op, "keys and values differ in length"));
+                }
+                let vs = values.iter().map(value_bytes).collect::<PyResult<Vec<_>>>()?;
+                Ok(first_error(&self.put_values(py, op, &keys, &vs, config.as_ref(), $upsert)))
+            }
+        }
+    };
+    (@ptr $(#[$doc:meta])* $name:ident, $upsert:expr) => {
+        #[pymethods]
+        impl MooncakeDistributedStore {
+            $(#[$doc])*
+            #[pyo3(signature = (key, buffer_ptr, size, config = None))]
+            fn $name(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64, config: Option<ReplicateConfig>) -> i32 {
+                let (keys, ptrs, sizes) = (vec![key], vec![buffer_ptr], vec![size]);
+                self.put_from_ptrs(py, stringify!($name), keys, ptrs, sizes, config.as_ref(), $upsert)[0]
+            }
+        }
+    };
+    (@ptrs $(#[$doc:meta])* $name:ident, $upsert:expr) => {
+        #[pymethods]
+        impl MooncakeDistributedStore {
+            $(#[$doc])*
+            #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
+            fn $name(&self, py: Python<'_>, keys: Vec<String>, buffer_ptrs: Vec<u64>, sizes: Vec<u64>, config: Option<ReplicateConfig>) -> Vec<i32> {
+                self.put_from_ptrs(py, stringify!($name), keys, buffer_ptrs, sizes, config.as_ref(), $upsert)
+            }
+        }
+    };
+}
+
+put_methods! {
+    /// Stores `value` (bytes or any buffer) under `key`. 0 (also when `key` exists) or a
+    /// negative code.
+    put: value, upsert = false;
+    /// Inserts or replaces `key`.
+    upsert: value, upsert = true;
+    /// Stores many values, one master request per step; 0 or the first failure's code.
+    put_batch: values, upsert = false;
+    /// Inserts or replaces many keys; 0 or the first failure's code.
+    upsert_batch: values, upsert = true;
+    /// Stores `size` bytes at `buffer_ptr` (inside a registered buffer), zero-copy.
+    put_from: ptr, upsert = false;
+    /// Inserts or replaces `key` from registered memory.
+    upsert_from: ptr, upsert = true;
+    /// Zero-copy puts of many keys: one master request per step, one transfer batch.
+    batch_put_from: ptrs, upsert = false;
+    /// Zero-copy upserts of many keys.
+    batch_upsert_from: ptrs, upsert = true;
+}
+
 /// Upsert: a put refused because the key exists removes the old object (refused while a
 /// read lease on it is live: `OBJECT_HAS_LEASE`) and puts again. Not atomic: a reader in
 /// between sees a miss, never a mix.
@@ -294,91 +382,6 @@ fn first_error(codes: &[i32]) -> i32 {
 
 #[pymethods]
 impl MooncakeDistributedStore {
-    /// Stores `value` (bytes or any buffer) under `key`. 0 (also when `key` exists) or a
-    /// negative code.
-    #[pyo3(signature = (key, value, config = None))]
-    fn put(
-        &self,
-        py: Python<'_>,
-        key: String,
-        value: &Bound<'_, PyAny>,
-        config: Option<ReplicateConfig>,
-    ) -> PyResult<i32> {
-        let v = value_bytes(value)?;
-        Ok(self.put_values(py, "put", &[key], &[v], config.as_ref(), false)[0])
-    }
-
-    /// Stores many values, one master request per step; 0 or the first failure's code.
-    #[pyo3(signature = (keys, values, config = None))]
-    fn put_batch(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        values: Vec<Bound<'_, PyAny>>,
-        config: Option<ReplicateConfig>,
-    ) -> PyResult<i32> {
-        if keys.len() != values.len() {
-            return Ok(codes::invalid(
-                "put_batch",
-                "keys and values differ in length",
-            ));
-        }
-        let vs = values
-            .iter()
-            .map(value_bytes)
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok(first_error(&self.put_values(
-            py,
-            "put_batch",
-            &keys,
-            &vs,
-            config.as_ref(),
-            false,
-        )))
-    }
-
-    /// Inserts or replaces `key`.
-    #[pyo3(signature = (key, value, config = None))]
-    fn upsert(
-        &self,
-        py: Python<'_>,
-        key: String,
-        value: &Bound<'_, PyAny>,
-        config: Option<ReplicateConfig>,
-    ) -> PyResult<i32> {
-        let v = value_bytes(value)?;
-        Ok(self.put_values(py, "upsert", &[key], &[v], config.as_ref(), true)[0])
-    }
-
-    /// Inserts or replaces many keys; 0 or the first failure's code.
-    #[pyo3(signature = (keys, values, config = None))]
-    fn upsert_batch(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        values: Vec<Bound<'_, PyAny>>,
-        config: Option<ReplicateConfig>,
-    ) -> PyResult<i32> {
-        if keys.len() != values.len() {
-            return Ok(codes::invalid(
-                "upsert_batch",
-                "keys and values differ in length",
-            ));
-        }
-        let vs = values
-            .iter()
-            .map(value_bytes)
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok(first_error(&self.put_values(
-            py,
-            "upsert_batch",
-            &keys,
-            &vs,
-            config.as_ref(),
-            true,
-        )))
-    }
-
     /// The value of `key`, or `b""` on a miss or an error.
     fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
         match self.get_values(py, "get", &[key]).pop() {
@@ -430,93 +433,9 @@ impl MooncakeDistributedStore {
         })
     }
 
-    /// Stores `size` bytes at `buffer_ptr` (inside a registered buffer), zero-copy.
-    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
-    fn put_from(
-        &self,
-        py: Python<'_>,
-        key: String,
-        buffer_ptr: u64,
-        size: u64,
-        config: Option<ReplicateConfig>,
-    ) -> i32 {
-        self.put_from_ptrs(
-            py,
-            "put_from",
-            vec![key],
-            vec![buffer_ptr],
-            vec![size],
-            config.as_ref(),
-            false,
-        )[0]
-    }
-
-    /// Inserts or replaces `key` from registered memory.
-    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
-    fn upsert_from(
-        &self,
-        py: Python<'_>,
-        key: String,
-        buffer_ptr: u64,
-        size: u64,
-        config: Option<ReplicateConfig>,
-    ) -> i32 {
-        self.put_from_ptrs(
-            py,
-            "upsert_from",
-            vec![key],
-            vec![buffer_ptr],
-            vec![size],
-            config.as_ref(),
-            true,
-        )[0]
-    }
-
     /// Reads `key` into `[buffer_ptr, +size)` (registered); bytes read or a negative code.
     fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i64 {
         self.get_into_ptrs(py, "get_into", vec![key], vec![buffer_ptr], vec![size])[0]
-    }
-
-    /// Zero-copy puts of many keys: one master request per step, one transfer batch.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
-    fn batch_put_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        config: Option<ReplicateConfig>,
-    ) -> Vec<i32> {
-        self.put_from_ptrs(
-            py,
-            "batch_put_from",
-            keys,
-            buffer_ptrs,
-            sizes,
-            config.as_ref(),
-            false,
-        )
-    }
-
-    /// Zero-copy upserts of many keys.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
-    fn batch_upsert_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        config: Option<ReplicateConfig>,
-    ) -> Vec<i32> {
-        self.put_from_ptrs(
-            py,
-            "batch_upsert_from",
-            keys,
-            buffer_ptrs,
-            sizes,
-            config.as_ref(),
-            true,
-        )
     }
 
     /// Zero-copy gets of many keys: bytes read or a negative code per key.
@@ -541,11 +460,9 @@ impl MooncakeDistributedStore {
         config: Option<ReplicateConfig>,
     ) -> Vec<i32> {
         let op = "batch_put_from_multi_buffers";
-        if let Err(code) = lengths_match(op, keys.len(), all_buffer_ptrs.len(), all_sizes.len()) {
-            return vec![code; keys.len()];
-        }
-        let Some(s) = self.state() else {
-            return vec![codes::invalid(op, "the store is not set up"); keys.len()];
+        let s = match self.multi_state(op, &keys, &all_buffer_ptrs, &all_sizes) {
+            Ok(s) => s,
+            Err(code) => return vec![code; keys.len()],
         };
         let mut out = vec![OK; keys.len()];
         let mut ks = Vec::new();
@@ -579,11 +496,9 @@ impl MooncakeDistributedStore {
     ) -> Vec<i64> {
         let _ = prefer_alloc_in_same_node;
         let op = "batch_get_into_multi_buffers";
-        if let Err(code) = lengths_match(op, keys.len(), all_buffer_ptrs.len(), all_sizes.len()) {
-            return vec![i64::from(code); keys.len()];
-        }
-        let Some(s) = self.state() else {
-            return vec![i64::from(codes::invalid(op, "the store is not set up")); keys.len()];
+        let s = match self.multi_state(op, &keys, &all_buffer_ptrs, &all_sizes) {
+            Ok(s) => s,
+            Err(code) => return vec![i64::from(code); keys.len()],
         };
         let got = self.get_values(py, op, &keys);
         got.into_iter()

@@ -44,6 +44,24 @@ pub enum TransferOpcode {
     Write = 1,
 }
 
+#[pymethods]
+impl TransferOpcode {
+    /// The member's name, as pybind11 enums have it.
+    #[getter]
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Read => "Read",
+            Self::Write => "Write",
+        }
+    }
+
+    /// The member's value.
+    #[getter]
+    fn value(&self) -> i64 {
+        *self as i64
+    }
+}
+
 impl From<TransferOpcode> for Op {
     fn from(o: TransferOpcode) -> Op {
         match o {

@@ -23,6 +23,25 @@ pub enum SoftPinAction {
     Disable = 2,
 }
 
+#[pymethods]
+impl SoftPinAction {
+    /// The member's name, as pybind11 enums have it.
+    #[getter]
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Preserve => "PRESERVE",
+            Self::Enable => "ENABLE",
+            Self::Disable => "DISABLE",
+        }
+    }
+
+    /// The member's value.
+    #[getter]
+    fn value(&self) -> i64 {
+        *self as i64
+    }
+}
+
 /// Placement of a put: replicas on distinct segments, preferred segments, pins.
 #[pyclass(module = "moongate.store", from_py_object)]
 #[derive(Clone, Debug)]

@@ -155,6 +155,19 @@ def test_probe_topology_engine_and_metadata_server(engine_pair, master):
     assert i.transfer_submit_write("unreachable_peer:9", 0, 0, 16) == 0
 
 
+def test_rdma_without_a_device_runs_over_tcp(engine_pair):
+    """SGLang's default protocol is rdma; with no usable device the engine falls back (and
+    logs it), as Mooncake does with MC_FORCE_TCP."""
+    _, b, target = engine_pair
+    e = TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    src, dst = pattern(4096, 8), np.zeros(4096, dtype=np.uint8)
+    assert e.register_memory(addr(src), src.nbytes) == 0
+    assert b.register_memory(addr(dst), dst.nbytes) == 0
+    assert e.transfer_sync_write(target, addr(src), addr(dst), 4096) == 0
+    assert (dst == src).all()
+
+
 def test_threads_share_one_engine(engine_pair):
     """Many Python threads move bytes through one engine at once (the GIL is released
     while they wait, so they overlap); every byte lands where its thread aimed it."""

@@ -153,6 +153,13 @@ def test_setup_forms_and_refusals(master):
     with pytest.raises(TypeError, match="no_such_option"):
         s.setup(*args, no_such_option=True)
     assert s.setup(*args, tenant_id="other") == INVALID
+    # SGLang passes its shared engine (`get_engine()`); the store runs its own.
+    from mooncake.engine import TransferEngine
+
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert s.setup(*args[:7], te.get_engine(), enable_client_http_server=True) == 0
+    assert s.put("with-engine", b"e") == 0 and s.close() == 0
     assert s.setup(*args, enable_ssd_offload=True) == INVALID
     with pytest.raises(TypeError):
         s.setup("127.0.0.1", "P2PHANDSHAKE")

@@ -8,337 +8,40 @@
 //! their access tokens. Return conventions are Mooncake's: 0 / -1, batch id 0 for a failed
 //! submission, `transfer_check_status` 1 done / 0 pending / -1 failed / -2 timed out.
 
+//!
+//! # Layout
+//! - `config`: `initialize`'s arguments as an engine configuration.
+//! - `state`: the started engine and the shared transfer path.
+//! - `types`: `TransferOpcode`, `TransferNotify`, `InnerTransferEngine`.
+
+mod config;
+mod state;
+mod types;
+
+pub use state::EngineState;
+pub use types::{InnerTransferEngine, TransferNotify, TransferOpcode};
+
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
-use transfer::{
-    Batch, EngineConfig, MetadataConfig, Op, RdmaMode, RequestStatus, TransferError,
-    TransferRequest,
-};
+use transfer::{EngineConfig, MetadataConfig, Op, RequestStatus, TransferError};
 
 use crate::codes::{FAILED, OK};
 use crate::memory::{Regions, register_raw};
 use crate::runtime::block;
-
-/// Mooncake's sync-transfer timeout variable (seconds, at least 5; default 30).
-pub const TIMEOUT_ENV: &str = "MC_TRANSFER_TIMEOUT";
-/// Mooncake's switch from RDMA to TCP.
-pub const FORCE_TCP_ENV: &str = "MC_FORCE_TCP";
-/// Most async batches waiting for `get_batch_transfer_status` / `transfer_check_status`.
-const MAX_PENDING_BATCHES: usize = 1 << 16;
-
-/// Direction of a transfer (`TransferOpcode.Read` = 0, `TransferOpcode.Write` = 1).
-#[pyclass(module = "moongate.engine", eq, eq_int, from_py_object)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TransferOpcode {
-    /// Copy from the peer into local memory.
-    Read = 0,
-    /// Copy from local memory into the peer.
-    Write = 1,
-}
-
-#[pymethods]
-impl TransferOpcode {
-    /// The member's name, as pybind11 enums have it.
-    #[getter]
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Read => "Read",
-            Self::Write => "Write",
-        }
-    }
-
-    /// The member's value.
-    #[getter]
-    fn value(&self) -> i64 {
-        *self as i64
-    }
-}
-
-impl From<TransferOpcode> for Op {
-    fn from(o: TransferOpcode) -> Op {
-        match o {
-            TransferOpcode::Read => Op::Read,
-            TransferOpcode::Write => Op::Write,
-        }
-    }
-}
-
-/// A notification sent with a transfer and received by `get_notifies`.
-#[pyclass(module = "moongate.engine", get_all, set_all, from_py_object)]
-#[derive(Clone, Debug, Default)]
-pub struct TransferNotify {
-    /// Who sent it (Mooncake: the sender's segment name, by convention).
-    pub name: String,
-    /// The message.
-    pub msg: String,
-}
-
-#[pymethods]
-impl TransferNotify {
-    #[new]
-    #[pyo3(signature = (name = String::new(), msg = String::new()))]
-    fn py_new(name: String, msg: String) -> Self {
-        Self { name, msg }
-    }
-
-    fn __repr__(&self) -> String {
-        format!("TransferNotify(name={:?}, msg={:?})", self.name, self.msg)
-    }
-}
-
-/// On the wire a notification is `name`, a NUL byte, `msg` (a Rust engine's plain message,
-/// with no NUL, arrives with its sender's segment name as `name`).
-fn encode_notify(n: &TransferNotify) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n.name.len() + 1 + n.msg.len());
-    v.extend_from_slice(n.name.as_bytes());
-    v.push(0);
-    v.extend_from_slice(n.msg.as_bytes());
-    v
-}
-
-fn decode_notify(from: &str, message: &[u8]) -> TransferNotify {
-    match message.iter().position(|&b| b == 0) {
-        Some(i) => TransferNotify {
-            name: String::from_utf8_lossy(&message[..i]).into_owned(),
-            msg: String::from_utf8_lossy(&message[i + 1..]).into_owned(),
-        },
-        None => TransferNotify {
-            name: from.to_owned(),
-            msg: String::from_utf8_lossy(message).into_owned(),
-        },
-    }
-}
-
-/// A started engine and what Python registered with it.
-pub struct EngineState {
-    engine: transfer::TransferEngine,
-    regions: Regions,
-    pending: Mutex<HashMap<u64, Batch>>,
-    next_batch: AtomicU64,
-    timeout: Duration,
-}
-
-/// The object `get_engine()` returns (Mooncake: the inner C++ engine), accepted by
-/// `MooncakeDistributedStore.setup(engine=...)`.
-#[pyclass(module = "moongate.engine", frozen)]
-pub struct InnerTransferEngine {
-    #[allow(dead_code)]
-    pub(crate) state: Arc<EngineState>,
-}
-
-#[pymethods]
-impl InnerTransferEngine {
-    fn __repr__(&self) -> String {
-        format!("InnerTransferEngine({})", self.state.engine.segment_name())
-    }
-}
+use config::{listen_for, metadata_for, transfer_timeout, transports_for};
+use state::{fail, triples};
+use types::decode_notify;
 
 /// Mooncake's `TransferEngine`: construct, `initialize`, register memory, move bytes.
 #[pyclass(module = "moongate.engine", frozen)]
 pub struct TransferEngine {
     state: RwLock<Option<Arc<EngineState>>>,
-}
-
-/// Where the engine listens, what it advertises and the segment names to try, from
-/// Mooncake's `local_hostname` (`host` or `host:port`; the port is not bound, as in Mooncake
-/// without `MC_LEGACY_RPC_PORT_BINDING`). A literal IP is bound and names the segment
-/// `ip:port`; a name is resolved and bound, and the segment keeps the name (`name:port`, the
-/// session id SGLang builds), on a port picked here; a metadata server names it
-/// `local_hostname`.
-fn listen_for(
-    local_hostname: &str,
-    metadata: &MetadataConfig,
-) -> Result<Vec<(SocketAddr, String, Option<String>)>, String> {
-    let (host, ip) = crate::setup::host_and_ip(local_hostname)?;
-    let advertise = ip.to_string();
-    if !matches!(metadata, MetadataConfig::P2p) {
-        let name = Some(local_hostname.to_owned());
-        return Ok(vec![(SocketAddr::new(ip, 0), advertise, name)]);
-    }
-    if host.parse::<IpAddr>().is_ok() {
-        return Ok(vec![(SocketAddr::new(ip, 0), advertise, None)]);
-    }
-    Ok(crate::setup::listen_ports("")
-        .into_iter()
-        .filter(|&p| p != 0)
-        .map(|p| {
-            (
-                SocketAddr::new(ip, p),
-                advertise.clone(),
-                Some(format!("{host}:{p}")),
-            )
-        })
-        .collect())
-}
-
-/// Mooncake's metadata connection string: `P2PHANDSHAKE`, or `type://server`.
-fn metadata_for(metadata_server: &str, metadata_type: &str) -> Result<MetadataConfig, String> {
-    if metadata_server == "P2PHANDSHAKE" {
-        return Ok(MetadataConfig::P2p);
-    }
-    let conn = if metadata_server.contains("://") {
-        metadata_server.to_owned()
-    } else {
-        format!("{metadata_type}://{metadata_server}")
-    };
-    if conn.starts_with("http://") || conn.starts_with("https://") {
-        Ok(MetadataConfig::http(conn))
-    } else {
-        Err(format!(
-            "metadata server {conn:?}: Moongate speaks P2PHANDSHAKE and Mooncake's HTTP \
-             metadata protocol (e.g. http://master:port/metadata, which `moongate master` \
-             serves), not etcd or redis"
-        ))
-    }
-}
-
-/// The transports for Mooncake's `protocol`.
-fn transports_for(protocol: &str) -> Result<(bool, RdmaMode), String> {
-    let force_tcp = std::env::var(FORCE_TCP_ENV).is_ok_and(|v| v == "1" || v == "true");
-    match protocol {
-        "tcp" => Ok((false, RdmaMode::Off)),
-        "rdma" if force_tcp => {
-            tracing::warn!("{FORCE_TCP_ENV} is set: protocol rdma runs over TCP");
-            Ok((true, RdmaMode::Off))
-        }
-        // Shared memory with same-host peers, RDMA when a device is usable, else TCP (the
-        // engine logs the fallback, as Mooncake does with MC_FORCE_TCP).
-        "rdma" => Ok((true, RdmaMode::Auto)),
-        other => Err(format!("protocol {other:?} is not supported (tcp, rdma)")),
-    }
-}
-
-fn transfer_timeout() -> Duration {
-    let secs = std::env::var(TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(|s| s.max(5))
-        .unwrap_or(30);
-    Duration::from_secs(secs)
-}
-
-/// Logs `e` for `op` and answers Mooncake's -1.
-fn fail(op: &str, e: impl std::fmt::Display) -> i32 {
-    tracing::warn!(op, "{e}");
-    FAILED
-}
-
-impl EngineState {
-    /// Opens `target` and turns `(local, remote, len)` triples into requests.
-    async fn requests(
-        &self,
-        target: &str,
-        op: Op,
-        items: &[(u64, u64, u64)],
-    ) -> Result<Vec<TransferRequest>, String> {
-        let mut resolved = Vec::with_capacity(items.len());
-        for &(local, remote, len) in items {
-            let (buf, off) = self.regions.resolve(local, len)?;
-            resolved.push((buf, off, remote, len));
-        }
-        let seg = self
-            .engine
-            .open_segment(target)
-            .await
-            .map_err(|e| format!("opening segment {target:?}: {e}"))?;
-        resolved
-            .into_iter()
-            .map(|(buf, off, remote, len)| {
-                let len = usize::try_from(len).map_err(|_| format!("length {len} too large"))?;
-                Ok(TransferRequest::new(op, &buf, off, &seg, remote, len))
-            })
-            .collect()
-    }
-
-    /// Submits a batch; the timeout is Mooncake's: the base plus 1 ns per byte (1 GB/s).
-    async fn submit(
-        &self,
-        target: &str,
-        op: Op,
-        items: &[(u64, u64, u64)],
-    ) -> Result<Batch, String> {
-        let reqs = self.requests(target, op, items).await?;
-        let bytes: u64 = items.iter().map(|i| i.2).sum();
-        let timeout = self.timeout + Duration::from_nanos(bytes);
-        self.engine
-            .submit_with_timeout(reqs, timeout)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// Submits, waits, then sends `notify` (after the bytes landed).
-    async fn run(
-        &self,
-        target: &str,
-        op: Op,
-        items: &[(u64, u64, u64)],
-        notify: Option<&TransferNotify>,
-    ) -> Result<(), String> {
-        let batch = self.submit(target, op, items).await?;
-        batch.wait().await.map_err(|e| e.to_string())?;
-        if let Some(n) = notify {
-            let seg = self
-                .engine
-                .open_segment(target)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.engine
-                .notify(&seg, &encode_notify(n))
-                .await
-                .map_err(|e| format!("notifying {target:?}: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// With a metadata server, peers find new registrations only once the descriptor is
-    /// republished: do it before answering (Mooncake's registration is synchronous too).
-    fn publish(&self, py: Python<'_>) -> Result<(), String> {
-        if matches!(self.engine.config().metadata, MetadataConfig::P2p) {
-            return Ok(());
-        }
-        block(py, self.engine.publish()).map_err(|e| format!("publishing the descriptor: {e}"))
-    }
-
-    fn park(&self, batch: Batch) -> Result<u64, String> {
-        let mut pending = self.pending.lock();
-        if pending.len() >= MAX_PENDING_BATCHES {
-            return Err(format!(
-                "{MAX_PENDING_BATCHES} batches are waiting for their status to be read"
-            ));
-        }
-        let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
-        pending.insert(id, batch);
-        Ok(id)
-    }
-}
-
-fn triples(
-    buffers: &[u64],
-    peers: &[u64],
-    lengths: &[u64],
-) -> Result<Vec<(u64, u64, u64)>, String> {
-    if buffers.len() != peers.len() || buffers.len() != lengths.len() {
-        return Err(format!(
-            "buffers, peer_buffer_addresses and lengths have different sizes ({}, {}, {})",
-            buffers.len(),
-            peers.len(),
-            lengths.len()
-        ));
-    }
-    Ok(buffers
-        .iter()
-        .zip(peers)
-        .zip(lengths)
-        .map(|((&b, &p), &l)| (b, p, l))
-        .collect())
 }
 
 impl TransferEngine {
@@ -981,69 +684,5 @@ impl TransferEngine {
     /// `get_rpc_port()`).
     fn get_session_id(&self) -> Option<String> {
         self.state().map(|s| s.engine.segment_name().to_owned())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mooncake_strings_parse() {
-        assert_eq!(
-            metadata_for("P2PHANDSHAKE", "etcd").unwrap(),
-            MetadataConfig::P2p
-        );
-        assert_eq!(
-            metadata_for("http://m:1/metadata", "etcd").unwrap(),
-            MetadataConfig::http("http://m:1/metadata")
-        );
-        assert_eq!(
-            metadata_for("m:1/metadata", "http").unwrap(),
-            MetadataConfig::http("http://m:1/metadata")
-        );
-        assert!(
-            metadata_for("127.0.0.1:2379", "etcd")
-                .unwrap_err()
-                .contains("etcd")
-        );
-        let p2p = MetadataConfig::P2p;
-        let ip = listen_for("10.0.0.5", &p2p).unwrap();
-        assert_eq!(
-            ip,
-            vec![("10.0.0.5:0".parse().unwrap(), "10.0.0.5".into(), None)]
-        );
-        let named = listen_for("localhost", &p2p).unwrap();
-        let (addr, adv, name) = &named[0];
-        assert_eq!((adv.as_str(), addr.ip().is_loopback()), ("127.0.0.1", true));
-        assert_eq!(name.clone().unwrap(), format!("localhost:{}", addr.port()));
-        let http = listen_for(
-            "127.0.0.1:12345",
-            &MetadataConfig::http("http://m/metadata"),
-        )
-        .unwrap();
-        assert_eq!(http[0].2.as_deref(), Some("127.0.0.1:12345"));
-        assert_eq!(
-            listen_for("[::1]:7", &p2p).unwrap()[0].0,
-            "[::1]:0".parse().unwrap()
-        );
-        assert!(listen_for("no-such-host.invalid", &p2p).is_err());
-        assert!(transports_for("nvlink").is_err());
-        assert_eq!(transports_for("tcp").unwrap(), (false, RdmaMode::Off));
-    }
-
-    #[test]
-    fn notifications_round_trip() {
-        let n = TransferNotify {
-            name: "a:1".into(),
-            msg: "done".into(),
-        };
-        let back = decode_notify("x", &encode_notify(&n));
-        assert_eq!((back.name.as_str(), back.msg.as_str()), ("a:1", "done"));
-        let plain = decode_notify("rust:2", b"hello");
-        assert_eq!(
-            (plain.name.as_str(), plain.msg.as_str()),
-            ("rust:2", "hello")
-        );
     }
 }

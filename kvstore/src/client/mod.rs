@@ -407,6 +407,20 @@ impl StoreClient {
         r
     }
 
+    /// Removes every complete object without a live lease whose key `pattern` matches
+    /// (anywhere in the key, Rust `regex` syntax); returns how many went. An admin-plane
+    /// call, like [`StoreClient::remove_all`].
+    pub async fn remove_by_regex(&self, pattern: &str) -> StoreResult<u64> {
+        let r = self
+            .inner
+            .rpc
+            .remove_by_regex(pattern)
+            .await
+            .map(|r| r.removed);
+        crate::metrics::record_client_op("remove_by_regex", r.as_ref().err());
+        r
+    }
+
     /// Graceful shutdown: stops heartbeating, unmounts the segment (the master drops the
     /// replicas on it) and drains the transfer engine. Other clones stop working.
     pub async fn close(&self) -> StoreResult<()> {

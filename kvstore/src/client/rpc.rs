@@ -400,6 +400,16 @@ impl MasterRpc {
         .await
     }
 
+    pub(crate) async fn remove_by_regex(&self, regex: &str) -> StoreResult<wire::RemovedResponse> {
+        self.send_on(
+            Plane::Admin,
+            Method::DELETE,
+            self.url(&["/api/v1/objects?regex="], &[regex]),
+            None,
+        )
+        .await
+    }
+
     // --- batches: one request each ----------------------------------------------------
 
     pub(crate) async fn batch_put_start(

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The issue's Python figures, written against Mooncake's API only, so the very same script
+runs on Mooncake's wheel and on Moongate's (py_bench.sh runs it in both venvs, in turn):
+
+  py_bench.py store --metadata URL|P2PHANDSHAKE --master host:port [--rounds 5]
+      batch_put_from / batch_get_into of 64 x 4 KiB and 64 x 1 MiB values from and into a
+      registered numpy pool (the bench client holds the segment, protocol tcp), and
+      batch_is_exist of 128 keys.
+  py_bench.py te [--rounds 10]
+      batch_transfer_sync_write of 64 MiB (64 x 1 MiB) into a target process (P2PHANDSHAKE,
+      tcp), then a read-back check.
+
+Prints one `RESULT {json}` line per figure: the median over rounds (GB/s, or ms per call).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+BATCH = 64
+
+
+def emit(**d):
+    print("RESULT " + json.dumps(d), flush=True)
+
+
+def wheel():
+    import mooncake
+
+    return "moongate" if getattr(mooncake, "__moongate__", False) else "mooncake"
+
+
+def store_bench(a):
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", a.metadata, 2 * G, 64 * M, "tcp", "", a.master)
+    if rc != 0:
+        raise SystemExit(f"setup -> {rc}")
+    tag = f"{os.getpid()}-{time.time_ns()}"
+    pool = np.zeros(2 * BATCH * M, dtype=np.uint8)
+    pool[: BATCH * M] = np.resize(np.arange(251, dtype=np.uint8), BATCH * M)
+    assert s.register_buffer(pool.ctypes.data, pool.nbytes) == 0
+    src, dst = pool.ctypes.data, pool.ctypes.data + BATCH * M
+    try:
+        for size in (4 * K, 1 * M):
+            put, get = [], []
+            for r in range(a.rounds):
+                keys = [f"pb-{tag}-{size}-{r}-{i}" for i in range(BATCH)]
+                ptrs = [src + i * size for i in range(BATCH)]
+                t = time.perf_counter()
+                rs = s.batch_put_from(keys, ptrs, [size] * BATCH)
+                put.append(time.perf_counter() - t)
+                assert rs == [0] * BATCH, rs
+                t = time.perf_counter()
+                got = s.batch_get_into(keys, [dst + i * size for i in range(BATCH)], [size] * BATCH)
+                get.append(time.perf_counter() - t)
+                assert got == [size] * BATCH, got
+                assert np.array_equal(pool[BATCH * M:BATCH * M + BATCH * size], pool[:BATCH * size])
+                pool[BATCH * M:] = 0
+            for op, times in (("batch_put_from", put), ("batch_get_into", get)):
+                med = statistics.median(times)
+                emit(wheel=wheel(), op=op, value_bytes=size, batch=BATCH,
+                     GBps=round(size * BATCH / med / 1e9, 3), median_ms=round(med * 1e3, 3))
+        keys = [f"pb-{tag}-{1 * M}-0-{i}" for i in range(BATCH)] + [f"absent-{i}" for i in range(BATCH)]
+        times = []
+        for _ in range(max(20, a.rounds * 4)):
+            t = time.perf_counter()
+            ex = s.batch_is_exist(keys)
+            times.append(time.perf_counter() - t)
+            assert ex == [1] * BATCH + [0] * BATCH, ex
+        emit(wheel=wheel(), op="batch_is_exist", keys=len(keys),
+             median_ms=round(statistics.median(times) * 1e3, 3))
+    finally:
+        s.close()
+
+
+def engine():
+    from mooncake.engine import TransferEngine
+
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    return te, f"127.0.0.1:{te.get_rpc_port()}"
+
+
+def te_target(a):
+    te, session = engine()
+    buf = np.zeros(BATCH * M, dtype=np.uint8)
+    buf[::4096] = 1
+    assert te.register_memory(buf.ctypes.data, buf.nbytes) == 0
+    print(json.dumps({"session": session, "addr": buf.ctypes.data}), flush=True)
+    sys.stdin.read()
+
+
+def te_bench(a):
+    p = subprocess.Popen([sys.executable, __file__, "te-target"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        peer = json.loads(p.stdout.readline())
+        te, _ = engine()
+        src = np.resize(np.arange(253, dtype=np.uint8), BATCH * M)
+        assert te.register_memory(src.ctypes.data, src.nbytes) == 0
+        srcs = [src.ctypes.data + i * M for i in range(BATCH)]
+        dsts = [peer["addr"] + i * M for i in range(BATCH)]
+        assert te.batch_transfer_sync_write(peer["session"], srcs, dsts, [M] * BATCH) == 0  # warm-up
+        times = []
+        for _ in range(a.rounds):
+            t = time.perf_counter()
+            rc = te.batch_transfer_sync_write(peer["session"], srcs, dsts, [M] * BATCH)
+            times.append(time.perf_counter() - t)
+            assert rc == 0
+        back = np.zeros(M, dtype=np.uint8)
+        assert te.register_memory(back.ctypes.data, back.nbytes) == 0
+        assert te.transfer_sync_read(peer["session"], back.ctypes.data, dsts[-1], M) == 0
+        assert np.array_equal(back, src[-M:])
+        med = statistics.median(times)
+        emit(wheel=wheel(), op="batch_transfer_sync_write", bytes=BATCH * M, batch=BATCH,
+             GBps=round(BATCH * M / med / 1e9, 3), median_ms=round(med * 1e3, 3))
+    finally:
+        p.stdin.close()
+        p.wait(30)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["store", "te", "te-target"])
+    ap.add_argument("--metadata", default="P2PHANDSHAKE")
+    ap.add_argument("--master", default="127.0.0.1:50051")
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    {"store": store_bench, "te": te_bench, "te-target": te_target}[a.what](a)

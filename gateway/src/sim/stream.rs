@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -81,6 +82,12 @@ pub trait Answer: Steps + Sized {
     fn take_kv(&mut self) -> Vec<KvItem> {
         Vec::new()
     }
+    /// The token ids of each prompt, for the prefix cache (filled only when the worker
+    /// caches prefixes).
+    fn prompt_ids(&self) -> &[Arc<[u32]>];
+    /// How many tokens of each prompt the prefix cache held, and the clock once the
+    /// prefill is scheduled.
+    fn prefilled(&mut self, cached: Vec<u64>, clock: Clock);
 }
 
 /// Runs a generation request: `prepare` parses it and runs the model; the answer is then
@@ -101,6 +108,7 @@ pub async fn respond<A: Answer>(
         Ok(a) => a,
         Err(e) => return error(e),
     };
+    let clock = prefill(st, &mut answer, clock, &mut guard);
     let kv = answer.take_kv();
     if let (false, Some(pd)) = (kv.is_empty(), &st.pd) {
         // Prefill: compute and send the KV; decode: receive and check it (its pages are
@@ -121,6 +129,35 @@ pub async fn respond<A: Answer>(
         Ok(()) => json_bytes(StatusCode::OK, bytes),
         Err(e) => error(e.into()),
     }
+}
+
+/// Runs the answer's prompts through the prefix cache and the prefill lane: the first
+/// token comes `ttft` after the uncached part of the prompts is computed.
+fn prefill<A: Answer>(
+    st: &SimState,
+    answer: &mut A,
+    clock: Clock,
+    guard: &mut InflightGuard,
+) -> Clock {
+    let ids = answer.prompt_ids();
+    if ids.is_empty() {
+        return clock;
+    }
+    let (cached, hold) = st.admit(ids);
+    let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
+    let uncached = total.saturating_sub(cached.iter().sum());
+    if let Some(h) = hold {
+        guard.hold(h);
+    }
+    let compute = st.prefill_done_at(uncached).map_or(Duration::ZERO, |done| {
+        done.saturating_duration_since(clock.start)
+    });
+    let clock = Clock {
+        ttft: clock.ttft + compute,
+        ..clock
+    };
+    answer.prefilled(cached, clock);
+    clock
 }
 
 /// SGLang's `stream_options.continuous_usage_stats`: usage on every content chunk.

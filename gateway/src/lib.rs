@@ -27,6 +27,7 @@
 //! - [`client`]: the pooled upstream HTTP client.
 //! - [`error`]: the one error type, mapped once to status + OpenAI error envelope.
 //! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
+//! - [`outcome`]: outcome types the request path and the metrics share (a leaf module).
 //! - [`request_id`]: the request id, read from `--request-id-headers` or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
@@ -36,6 +37,8 @@
 //! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
+//! - [`kv_events`]: SGLang's KV-cache events: page hashes, the msgpack wire format, the ZMQ
+//!   publisher (simulated workers) and subscriber (`kv_aware`).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
@@ -48,9 +51,11 @@ pub mod demo;
 pub mod docs;
 pub mod error;
 pub mod hosting;
+pub mod kv_events;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
+pub mod outcome;
 pub mod proxy;
 pub mod reload;
 pub mod request_id;

@@ -66,31 +66,7 @@ pub struct CacheAware {
     trees: RwLock<HashMap<String, Arc<Mutex<RadixTree>>>>,
 }
 
-/// How a decision was made (the `decision` label of
-/// `moongate_gateway_cache_aware_decisions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// The best prefix match passed the threshold.
-    Hit,
-    /// It did not: least loaded.
-    Miss,
-    /// Load imbalanced: shortest queue.
-    Balance,
-    /// The request has no key (nothing to match): least loaded.
-    NoKey,
-}
-
-impl Decision {
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hit => "hit",
-            Self::Miss => "miss",
-            Self::Balance => "balance",
-            Self::NoKey => "no_key",
-        }
-    }
-}
+pub use crate::outcome::Decision;
 
 impl CacheAware {
     /// A policy with `cfg`.

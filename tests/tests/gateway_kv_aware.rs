@@ -107,3 +107,65 @@ async fn prompts_go_where_their_prefix_is_cached() {
     let (pages, applied) = kv.index_stats();
     assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
 }
+
+async fn pd_sim(mode: sim::SimMode) -> SimHandle {
+    let cfg = SimConfig {
+        port: 0,
+        model: "m".into(),
+        mode,
+        model_shape: sim::ModelShape::Tiny,
+        page_size: 4,
+        kv_pool_size: 4096 * 128,
+        bootstrap_port: 0,
+        kv_transport: sim::config::KvTransport::Tcp,
+        kv_events_config: Some(KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            ..KvEventsConfig::default()
+        }),
+        ..SimConfig::default()
+    };
+    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
+    let p = pd_sim(sim::SimMode::Prefill).await;
+    let d = pd_sim(sim::SimMode::Decode).await;
+    let boot = p.bootstrap_addr().unwrap().port();
+    let gw = moongate_tests::start_pd_gateway(&[(&p.url(), Some(boot))], &[&d.url()], |c| {
+        c.prefill_policy = Some(PolicyKind::KvAware);
+        c.decode_policy = Some(PolicyKind::KvAware);
+        c.pd_min_uncached_tokens = 16;
+    })
+    .await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    let pd = gw.state().pd_router().unwrap();
+    let decode_kv = pd.policies()[1].kv_aware().unwrap();
+    for _ in 0..10 {
+        if decode_kv.followed() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let c = reqwest::Client::new();
+    let prompt: Vec<u32> = (500..564).collect();
+    // First time: nothing cached anywhere, so prefill and decode both take part.
+    let first = generate(&c, &gw.url(), &prompt).await;
+    assert_eq!(first["meta_info"]["prompt_tokens"], 64, "{first}");
+    assert_eq!(p.pd().unwrap().stats().moves, 1);
+    let ws = workers(&gw);
+    let decode = ws.iter().find(|w| w.url().as_str() == d.url()).unwrap();
+    eventually("decode's events arrive", || {
+        decode_kv.cached_tokens(&[decode], &prompt)[0] == Some(64.0)
+    })
+    .await;
+    // Again, with a short new tail: decode holds all but 3 tokens, so it answers alone.
+    let mut again = prompt.clone();
+    again.extend([1, 2, 3]);
+    let r = generate(&c, &gw.url(), &again).await;
+    assert_eq!(r["meta_info"]["cached_tokens"], 64, "{r}");
+    assert_eq!(p.pd().unwrap().stats().moves, 1, "the prefill was skipped");
+}

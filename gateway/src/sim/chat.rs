@@ -79,8 +79,8 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
     let ids: Option<Arc<[u32]>> =
         (st.pd.is_some() || st.caches_prefixes()).then(|| Arc::from(job::chat_ids(&req.messages)));
     // PD: each choice is an item with its own room; they share the prompt's KV.
-    let kv = match (&st.pd, &ids) {
-        (Some(_), Some(ids)) => pd::items(&req.routing, &vec![ids.clone(); n as usize])?,
+    let kv = match (st.moves_kv(&req.routing), &ids) {
+        (true, Some(ids)) => pd::items(&req.routing, &vec![ids.clone(); n as usize])?,
         _ => Vec::new(),
     };
     Ok(Chat {

@@ -151,9 +151,9 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         Vec::new()
     };
     // PD: each prompt is an item with its own room (its choices share the KV).
-    let kv = match st.pd {
-        Some(_) => pd::items(&req.routing, &tokens)?,
-        None => Vec::new(),
+    let kv = match st.moves_kv(&req.routing) {
+        true => pd::items(&req.routing, &tokens)?,
+        false => Vec::new(),
     };
     Ok(Completion {
         kv,

@@ -166,9 +166,9 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
     } else {
         Vec::new()
     };
-    let kv = match st.pd {
-        Some(_) => pd::items(&req.routing, &tokens)?,
-        None => Vec::new(),
+    let kv = match st.moves_kv(&req.routing) {
+        true => pd::items(&req.routing, &tokens)?,
+        false => Vec::new(),
     };
     let seqs = job::run_all(&jobs, n, None, cfg.output_tokens)?;
     let listed = batch || n > 1;

@@ -58,7 +58,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{SimConfig, SimMode};
+pub use config::{ModelShape, SimConfig, SimMode};
 
 /// How long a graceful shutdown waits for open streams before it cuts them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

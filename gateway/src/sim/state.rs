@@ -100,12 +100,12 @@ impl SimState {
     }
 
     /// Reserves the prefill lane for `uncached` tokens: when their prefill is done (none
-    /// when nothing is computed here). A regular worker computes one prefill at a time, in
+    /// when there is nothing to compute). A worker computes one prefill at a time, in
     /// arrival order.
     pub fn prefill_done_at(&self, uncached: u64) -> Option<Instant> {
         let per = self.cfg.prefill_compute_per_token;
         let now = Instant::now();
-        if per.is_zero() || uncached == 0 || self.cfg.mode != SimMode::Regular {
+        if per.is_zero() || uncached == 0 {
             return None;
         }
         let work = per.saturating_mul(u32::try_from(uncached).unwrap_or(u32::MAX));
@@ -130,6 +130,15 @@ impl SimState {
     /// The prefix cache's counters.
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
         self.prefix.as_ref().map(|c| c.lock().stats())
+    }
+
+    /// Whether a request with `routing` moves KV (PD). A decode worker given no bootstrap
+    /// fields computes the prompt itself (the gateway chose not to disaggregate).
+    pub fn moves_kv(&self, routing: &openapi::sglang::Routing) -> bool {
+        self.pd.is_some()
+            && !(self.cfg.mode == SimMode::Decode
+                && routing.bootstrap_room.is_none()
+                && routing.bootstrap_host.is_none())
     }
 
     /// This worker's role.

@@ -19,6 +19,7 @@ use tokio::time::{Instant, Sleep};
 use axum::http::StatusCode;
 use openapi::openai::StreamOptions;
 
+use super::config::SimMode;
 use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
 use super::model::Token;
@@ -108,8 +109,14 @@ pub async fn respond<A: Answer>(
         Ok(a) => a,
         Err(e) => return error(e),
     };
-    let clock = prefill(st, &mut answer, clock, &mut guard);
-    let kv = answer.take_kv();
+    let mut kv = answer.take_kv();
+    let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty());
+    if let (Some(done), SimMode::Prefill) = (lane, st.mode()) {
+        // The lane computes the uncached part; the rooms wait for it, then move the KV.
+        for item in &mut kv {
+            item.lane_done = Some(done);
+        }
+    }
     if let (false, Some(pd)) = (kv.is_empty(), &st.pd) {
         // Prefill: compute and send the KV; decode: receive and check it (its pages are
         // held until the answer ends).
@@ -131,17 +138,20 @@ pub async fn respond<A: Answer>(
     }
 }
 
-/// Runs the answer's prompts through the prefix cache and the prefill lane: the first
-/// token comes `ttft` after the uncached part of the prompts is computed.
+/// Runs the answer's prompts through the prefix cache and the prefill lane (a regular
+/// worker, a prefill worker, a decode worker computing a prompt itself when `local`): the
+/// first token comes `ttft` after the uncached part of the prompts is computed. Returns
+/// the clock and when the lane is done.
 fn prefill<A: Answer>(
     st: &SimState,
     answer: &mut A,
     clock: Clock,
     guard: &mut InflightGuard,
-) -> Clock {
+    local: bool,
+) -> (Clock, Option<Instant>) {
     let ids = answer.prompt_ids();
     if ids.is_empty() {
-        return clock;
+        return (clock, None);
     }
     let (cached, hold) = st.admit(ids);
     let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
@@ -149,15 +159,15 @@ fn prefill<A: Answer>(
     if let Some(h) = hold {
         guard.hold(h);
     }
-    let compute = st.prefill_done_at(uncached).map_or(Duration::ZERO, |done| {
-        done.saturating_duration_since(clock.start)
-    });
+    let computes = st.mode() != SimMode::Decode || local;
+    let done = st.prefill_done_at(if computes { uncached } else { 0 });
+    let compute = done.map_or(Duration::ZERO, |d| d.saturating_duration_since(clock.start));
     let clock = Clock {
         ttft: clock.ttft + compute,
         ..clock
     };
     answer.prefilled(cached, clock);
-    clock
+    (clock, done)
 }
 
 /// SGLang's `stream_options.continuous_usage_stats`: usage on every content chunk.

@@ -9,29 +9,17 @@ use gateway::kv_events::KvEventsConfig;
 use gateway::kv_events::hash;
 use gateway::kv_events::subscribe::{self, EventSink, Source};
 use gateway::kv_events::wire::{EventBatch, KvEvent};
-use gateway::sim::{self, SimConfig};
+use gateway::sim::SimConfig;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-async fn start(cfg: SimConfig) -> sim::SimHandle {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    sim::spawn(cfg, l).await.unwrap()
-}
+mod common;
 
 async fn generate(url: &str, ids: &[u32]) -> Value {
     let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 2}});
-    reqwest::Client::new()
-        .post(format!("{url}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    common::post(&format!("{url}/generate"), &body).await.1
 }
 
 fn ids(from: u32, n: u32) -> Vec<u32> {
@@ -40,7 +28,7 @@ fn ids(from: u32, n: u32) -> Vec<u32> {
 
 #[tokio::test]
 async fn repeated_prompts_report_cached_tokens() {
-    let w = start(SimConfig {
+    let w = common::start(SimConfig {
         port: 0,
         page_size: 4,
         enable_cache_report: true,
@@ -88,7 +76,7 @@ async fn repeated_prompts_report_cached_tokens() {
 
 #[tokio::test]
 async fn prefill_time_follows_the_uncached_tokens() {
-    let w = start(SimConfig {
+    let w = common::start(SimConfig {
         port: 0,
         page_size: 16,
         prefill_compute_per_token: Duration::from_millis(5),
@@ -160,7 +148,7 @@ async fn events_tell_what_is_cached_and_evicted() {
         }),
         ..SimConfig::default()
     };
-    let w = start(cfg).await;
+    let w = common::start(cfg).await;
     let (endpoint, replay) = w.kv_events().unwrap();
     assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
     // One request before anyone listens: the subscriber gets it through the replay socket.

@@ -13,11 +13,18 @@ use moongate_tests::{eventually, fast_config, start_gateway};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-async fn sim_with_events() -> SimHandle {
+/// A simulated worker of `mode` with a prefix cache (4-token pages) publishing its KV events
+/// (and a replay socket) on loopback ports of its own.
+async fn sim_with_events(mode: sim::SimMode) -> SimHandle {
     let cfg = SimConfig {
         port: 0,
         model: "m".into(),
+        mode,
+        model_shape: sim::ModelShape::Tiny,
         page_size: 4,
+        kv_pool_size: 4096 * 128,
+        bootstrap_port: 0,
+        kv_transport: sim::config::KvTransport::Tcp,
         kv_events_config: Some(KvEventsConfig {
             endpoint: "tcp://127.0.0.1:0".into(),
             replay_endpoint: Some("tcp://127.0.0.1:0".into()),
@@ -49,9 +56,9 @@ fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {
 #[tokio::test]
 async fn prompts_go_where_their_prefix_is_cached() {
     let sims = [
-        sim_with_events().await,
-        sim_with_events().await,
-        sim_with_events().await,
+        sim_with_events(sim::SimMode::Regular).await,
+        sim_with_events(sim::SimMode::Regular).await,
+        sim_with_events(sim::SimMode::Regular).await,
     ];
     let cfg = gateway::config::ServeConfig {
         worker_urls: sims.iter().map(|s| s.url()).collect(),
@@ -93,7 +100,7 @@ async fn prompts_go_where_their_prefix_is_cached() {
     let all: Vec<&Arc<Worker>> = ws.iter().collect();
     for p in &prompts {
         eventually("the index knows the prompt", || {
-            kv.cached_tokens(&all, p).iter().any(|c| *c == Some(64.0))
+            kv.cached_tokens(&all, p).contains(&Some(64.0))
         })
         .await;
     }
@@ -108,32 +115,10 @@ async fn prompts_go_where_their_prefix_is_cached() {
     assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
 }
 
-async fn pd_sim(mode: sim::SimMode) -> SimHandle {
-    let cfg = SimConfig {
-        port: 0,
-        model: "m".into(),
-        mode,
-        model_shape: sim::ModelShape::Tiny,
-        page_size: 4,
-        kv_pool_size: 4096 * 128,
-        bootstrap_port: 0,
-        kv_transport: sim::config::KvTransport::Tcp,
-        kv_events_config: Some(KvEventsConfig {
-            endpoint: "tcp://127.0.0.1:0".into(),
-            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            ..KvEventsConfig::default()
-        }),
-        ..SimConfig::default()
-    };
-    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
-    let p = pd_sim(sim::SimMode::Prefill).await;
-    let d = pd_sim(sim::SimMode::Decode).await;
+    let p = sim_with_events(sim::SimMode::Prefill).await;
+    let d = sim_with_events(sim::SimMode::Decode).await;
     let boot = p.bootstrap_addr().unwrap().port();
     let gw = moongate_tests::start_pd_gateway(&[(&p.url(), Some(boot))], &[&d.url()], |c| {
         c.prefill_policy = Some(PolicyKind::KvAware);

@@ -248,15 +248,7 @@ async fn the_demo_serves_what_it_prints() {
     // Until the KV event of the first answer has reached the gateway, a repeat may land on
     // the other worker (which then caches it too); within a few tries it hits.
     for _ in 0..40 {
-        let r: serde_json::Value = c
-            .post(format!("{url}/generate"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = post_json(&c, &format!("{url}/generate"), &body).await;
         cached.push(r["meta_info"]["cached_tokens"].as_u64().unwrap());
         if cached.last() == Some(&32) {
             break;

@@ -246,78 +246,89 @@ fn drain<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<(), A::Error> {
     Ok(())
 }
 
+/// A msgspec `array_like` struct read from a msgpack array; elements after the ones it
+/// knows are skipped.
+trait FromArray: Sized {
+    /// What the array is, for errors.
+    const WHAT: &'static str;
+    /// Reads the known elements.
+    fn from_array<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<Self, A::Error>;
+}
+
+struct ArrayVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: FromArray> Visitor<'de> for ArrayVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(T::WHAT)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+        let v = T::from_array(&mut seq)?;
+        drain(&mut seq)?;
+        Ok(v)
+    }
+}
+
+impl FromArray for KvEvent {
+    const WHAT: &'static str = "a tagged KV event array";
+    fn from_array<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<Self, A::Error> {
+        let tag: String = need(seq, "event tag")?;
+        Ok(match tag.as_str() {
+            "BlockStored" => {
+                let Capped(block_hashes) = need(seq, "block_hashes")?;
+                let parent_block_hash = need(seq, "parent_block_hash")?;
+                let Capped(token_ids) = need(seq, "token_ids")?;
+                let block_size = need(seq, "block_size")?;
+                let lora_id = seq.next_element()?.flatten();
+                let medium = seq.next_element()?.flatten();
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    medium,
+                }
+            }
+            "BlockRemoved" => {
+                let Capped(block_hashes) = need(seq, "block_hashes")?;
+                let medium = seq.next_element()?.flatten();
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium,
+                }
+            }
+            "AllBlocksCleared" => KvEvent::AllBlocksCleared,
+            other => return Err(de::Error::custom(format!("unknown event {other:?}"))),
+        })
+    }
+}
+
+impl FromArray for EventBatch {
+    const WHAT: &'static str = "an EventBatch array";
+    fn from_array<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<Self, A::Error> {
+        let ts = need(seq, "ts")?;
+        let Capped(events) = need::<Capped<KvEvent>, _>(seq, "events")?;
+        if events.len() > MAX_EVENTS_PER_BATCH {
+            return Err(de::Error::custom("too many events in one batch"));
+        }
+        Ok(EventBatch {
+            ts,
+            events,
+            attn_dp_rank: seq.next_element()?.flatten(),
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for KvEvent {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KvEvent;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a tagged KV event array")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KvEvent, A::Error> {
-                let tag: String = need(&mut seq, "event tag")?;
-                let ev = match tag.as_str() {
-                    "BlockStored" => {
-                        let Capped(block_hashes) = need(&mut seq, "block_hashes")?;
-                        let parent_block_hash = need(&mut seq, "parent_block_hash")?;
-                        let Capped(token_ids) = need(&mut seq, "token_ids")?;
-                        let block_size = need(&mut seq, "block_size")?;
-                        let lora_id = seq.next_element()?.flatten();
-                        let medium = seq.next_element()?.flatten();
-                        KvEvent::BlockStored {
-                            block_hashes,
-                            parent_block_hash,
-                            token_ids,
-                            block_size,
-                            lora_id,
-                            medium,
-                        }
-                    }
-                    "BlockRemoved" => {
-                        let Capped(block_hashes) = need(&mut seq, "block_hashes")?;
-                        let medium = seq.next_element()?.flatten();
-                        KvEvent::BlockRemoved {
-                            block_hashes,
-                            medium,
-                        }
-                    }
-                    "AllBlocksCleared" => KvEvent::AllBlocksCleared,
-                    other => {
-                        return Err(de::Error::custom(format!("unknown event {other:?}")));
-                    }
-                };
-                drain(&mut seq)?;
-                Ok(ev)
-            }
-        }
-        d.deserialize_seq(V)
+        d.deserialize_seq(ArrayVisitor(std::marker::PhantomData))
     }
 }
 
 impl<'de> Deserialize<'de> for EventBatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EventBatch;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an EventBatch array")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EventBatch, A::Error> {
-                let ts = need(&mut seq, "ts")?;
-                let Capped(events) = need::<Capped<KvEvent>, _>(&mut seq, "events")?;
-                if events.len() > MAX_EVENTS_PER_BATCH {
-                    return Err(de::Error::custom("too many events in one batch"));
-                }
-                let attn_dp_rank = seq.next_element()?.flatten();
-                drain(&mut seq)?;
-                Ok(EventBatch {
-                    ts,
-                    events,
-                    attn_dp_rank,
-                })
-            }
-        }
-        d.deserialize_seq(V)
+        d.deserialize_seq(ArrayVisitor(std::marker::PhantomData))
     }
 }
 

@@ -163,72 +163,69 @@ impl AppState {
     /// Every `--eviction-interval-secs`, each `cache_aware` tree in use forgets removed
     /// workers and evicts beyond `--max-tree-size` (a reload may bring such a policy in, so
     /// the task runs whatever the policy at start).
-    /// The task holds the state weakly: a gateway shut down is released at once, whether or
-    /// not the task has seen the cancellation yet.
     fn spawn_cache_upkeep(&self) {
-        let weak = Arc::downgrade(&self.0);
-        let cancel = self.cancel_token().clone();
         let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                let Some(inner) = weak.upgrade() else { return };
-                let st = AppState(inner);
-                let mut alive: Option<std::collections::HashSet<u64>> = None;
-                let mut evicted = 0;
-                st.for_each_cache_aware(|p| {
-                    let alive = alive.get_or_insert_with(|| {
-                        st.registry().snapshot().iter().map(|w| w.uid()).collect()
-                    });
-                    evicted += p.maintain(|t| alive.contains(&t));
+        self.spawn_periodic(every, every, |st| async move {
+            let mut alive: Option<std::collections::HashSet<u64>> = None;
+            let mut evicted = 0;
+            st.for_each_cache_aware(|p| {
+                let alive = alive.get_or_insert_with(|| {
+                    st.registry().snapshot().iter().map(|w| w.uid()).collect()
                 });
-                if evicted > 0 {
-                    tracing::debug!(evicted, "cache_aware trees evicted");
-                }
+                evicted += p.maintain(|t| alive.contains(&t));
+            });
+            if evicted > 0 {
+                tracing::debug!(evicted, "cache_aware trees evicted");
             }
         });
     }
 
     /// Every [`KV_SYNC_INTERVAL`], each `kv_aware` policy in use follows the KV events of
-    /// the workers of its role (new workers subscribed, removed ones forgotten). Holds the
-    /// state weakly, as the cache upkeep does.
+    /// the workers of its role (new workers subscribed, removed ones forgotten).
     fn spawn_kv_upkeep(&self) {
+        self.spawn_periodic(Duration::ZERO, KV_SYNC_INTERVAL, |st| async move {
+            let router = st.router();
+            let pd = st.pd_router();
+            let mut jobs: Vec<(&Policy, WorkerType)> = vec![(router.policy(), WorkerType::Regular)];
+            if let Some(pd) = &pd {
+                let [p, d] = pd.policies();
+                jobs.push((p, WorkerType::Prefill));
+                jobs.push((d, WorkerType::Decode));
+            }
+            for (policy, role) in jobs {
+                if let Some(kv) = policy.kv_aware() {
+                    let workers: Vec<Arc<crate::workers::Worker>> = st
+                        .registry()
+                        .snapshot()
+                        .iter()
+                        .filter(|w| w.worker_type() == role)
+                        .cloned()
+                        .collect();
+                    kv.sync(&workers, st.client()).await;
+                }
+            }
+        });
+    }
+
+    /// Runs `job` after `first`, then every `every`, until the gateway is cancelled. The
+    /// task holds the state weakly: a gateway shut down is released at once, whether or not
+    /// the task has seen the cancellation yet.
+    fn spawn_periodic<F, Fut>(&self, first: Duration, every: Duration, job: F)
+    where
+        F: Fn(AppState) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let weak = Arc::downgrade(&self.0);
         let cancel = self.cancel_token().clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(KV_SYNC_INTERVAL);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tick.tick() => {}
                 }
                 let Some(inner) = weak.upgrade() else { return };
-                let st = AppState(inner);
-                let router = st.router();
-                let pd = st.pd_router();
-                let mut jobs: Vec<(&Policy, WorkerType)> =
-                    vec![(router.policy(), WorkerType::Regular)];
-                if let Some(pd) = &pd {
-                    let [p, d] = pd.policies();
-                    jobs.push((p, WorkerType::Prefill));
-                    jobs.push((d, WorkerType::Decode));
-                }
-                for (policy, role) in jobs {
-                    if let Some(kv) = policy.kv_aware() {
-                        let workers: Vec<Arc<crate::workers::Worker>> = st
-                            .registry()
-                            .snapshot()
-                            .iter()
-                            .filter(|w| w.worker_type() == role)
-                            .cloned()
-                            .collect();
-                        kv.sync(&workers, st.client()).await;
-                    }
-                }
+                job(AppState(inner)).await;
             }
         });
     }

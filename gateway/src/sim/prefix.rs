@@ -195,12 +195,13 @@ impl PrefixCache {
             return false;
         };
         self.evicted += 1;
-        if let Some(p) = node.parent {
-            if let Some(pn) = self.nodes.get_mut(&p) {
-                pn.children -= 1;
-                if pn.children == 0 && pn.refs == 0 {
-                    self.lru.insert((pn.last_use, p));
-                }
+        if let Some((p, pn)) = node
+            .parent
+            .and_then(|p| self.nodes.get_mut(&p).map(|pn| (p, pn)))
+        {
+            pn.children -= 1;
+            if pn.children == 0 && pn.refs == 0 {
+                self.lru.insert((pn.last_use, p));
             }
         }
         match self.events.last_mut() {

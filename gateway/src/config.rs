@@ -257,8 +257,8 @@ pub struct ServeConfig {
     /// used prompts beyond it are evicted.
     #[arg(long, env = env::MAX_TREE_SIZE, default_value_t = ServeConfig::default().max_tree_size)]
     pub max_tree_size: usize,
-    /// `kv_aware`: weight of a page to prefill against a request in flight's pages (cost =
-    /// weight x uncached pages + in-flight requests x mean pages per request).
+    /// `kv_aware`: weight of a token to prefill against the tokens of the requests in
+    /// flight (cost = weight x uncached tokens + in-flight requests x mean prompt tokens).
     #[arg(long, env = env::KV_OVERLAP_WEIGHT, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
     /// `kv_aware`: softmax temperature over the workers' costs (0: the cheapest always).

@@ -12,9 +12,9 @@
 //!   `/generate` and `/v1/completions` with token ids need no tokenizer. Text and chat
 //!   prompts have no ids at the gateway; they are routed by the fallback.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
-//!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the pages left to
-//!   prefill; cost = `--kv-overlap-weight` × pages to prefill + requests in flight × mean
-//!   pages per request (Dynamo's prefill-blocks-plus-decode-blocks cost). The cheapest wins
+//!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
+//!   prefill; cost = `--kv-overlap-weight` × tokens to prefill + requests in flight × mean
+//!   prompt tokens (Dynamo's prefill-blocks-plus-decode-blocks cost, in tokens). The cheapest wins
 //!   (`--router-temperature` 0), or one is drawn with softmax(−cost / max cost / T).
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than
 //!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
@@ -51,7 +51,7 @@ pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// `kv_aware` settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvAwareConfig {
-    /// Weight of a page to prefill against the pages of requests in flight.
+    /// Weight of a token to prefill against the tokens of the requests in flight.
     pub overlap_weight: f64,
     /// Softmax temperature (0: argmin).
     pub temperature: f64,
@@ -113,7 +113,7 @@ pub struct KvAware {
     /// Workers whose endpoint could not be found (retried on every sync, logged once).
     no_events: Mutex<HashSet<u64>>,
     fallback: CacheAware,
-    /// Mean pages per prompt (an f64's bits, a moving average).
+    /// Mean tokens per prompt (an f64's bits, a moving average).
     mean_pages: AtomicU64,
 }
 

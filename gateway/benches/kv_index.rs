@@ -141,7 +141,7 @@ fn matching(c: &mut Criterion) {
         );
         hashed.push(h);
     }
-    for s in 64..31_250i64 {
+    for s in 64..31_400i64 {
         ix.apply((s % 8) as usize, &event(s));
     }
     assert!(ix.len() >= 1_000_000, "{}", ix.len());

@@ -50,6 +50,10 @@ pub enum PolicyKind {
     /// matches the prompt best, when the match passes `--cache-threshold`; else the least
     /// loaded worker. Shortest queue while the load is imbalanced (`--balance-*-threshold`).
     CacheAware,
+    /// The worker whose real KV cache (learnt from its SGLang KV events) holds the longest
+    /// prefix of the prompt, weighed against its load (`--kv-overlap-weight`,
+    /// `--router-temperature`); `cache_aware` for workers without events.
+    KvAware,
 }
 
 impl fmt::Display for PolicyKind {
@@ -59,6 +63,7 @@ impl fmt::Display for PolicyKind {
             Self::RoundRobin => "round_robin",
             Self::PowerOfTwo => "power_of_two",
             Self::CacheAware => "cache_aware",
+            Self::KvAware => "kv_aware",
         })
     }
 }
@@ -252,6 +257,29 @@ pub struct ServeConfig {
     /// used prompts beyond it are evicted.
     #[arg(long, env = env::MAX_TREE_SIZE, default_value_t = ServeConfig::default().max_tree_size)]
     pub max_tree_size: usize,
+    /// `kv_aware`: weight of a token to prefill against the tokens of the requests in
+    /// flight (cost = weight x uncached tokens + in-flight requests x mean prompt tokens).
+    #[arg(long, env = env::KV_OVERLAP_WEIGHT, default_value_t = ServeConfig::default().kv_overlap_weight)]
+    pub kv_overlap_weight: f64,
+    /// `kv_aware`: softmax temperature over the workers' costs (0: the cheapest always).
+    #[arg(long, env = env::ROUTER_TEMPERATURE, default_value_t = ServeConfig::default().router_temperature)]
+    pub router_temperature: f64,
+    /// `kv_aware`: every worker's KV events endpoint, `{host}` standing for the worker's
+    /// host (e.g. `tcp://{host}:5557`); absent: read from each worker's
+    /// `/get_server_info` (`kv_events_config`).
+    #[arg(long, env = env::KV_EVENTS_ENDPOINT)]
+    pub kv_events_endpoint: Option<String>,
+    /// PD: send a request to the decode worker alone when fewer than this many of its
+    /// prompt tokens are not cached there (0: always disaggregate).
+    #[arg(long, env = env::PD_MIN_UNCACHED_TOKENS, default_value_t = ServeConfig::default().pd_min_uncached_tokens)]
+    pub pd_min_uncached_tokens: u64,
+    /// PD: ... or when the uncached share of the prompt is below this (0.0-1.0; 0: off).
+    #[arg(long, env = env::PD_MIN_UNCACHED_RATIO, default_value_t = ServeConfig::default().pd_min_uncached_ratio)]
+    pub pd_min_uncached_ratio: f64,
+    /// PD: ... or when every prefill worker has at least this many requests in flight and
+    /// the decode worker fewer (0: off).
+    #[arg(long, env = env::PD_PREFILL_BUSY_LOAD, default_value_t = ServeConfig::default().pd_prefill_busy_load)]
+    pub pd_prefill_busy_load: usize,
     /// Request headers holding the client's request id, first found wins (else one is
     /// minted); it is sent to workers and echoed back as `x-request-id`.
     #[arg(long, env = env::REQUEST_ID_HEADERS, num_args = 1.., value_delimiter = ',',
@@ -390,6 +418,12 @@ impl Default for ServeConfig {
             balance_rel_threshold: 1.5,
             eviction_interval_secs: 60,
             max_tree_size: 64 * 1024 * 1024,
+            kv_overlap_weight: 1.0,
+            router_temperature: 0.0,
+            kv_events_endpoint: None,
+            pd_min_uncached_tokens: 0,
+            pd_min_uncached_ratio: 0.0,
+            pd_prefill_busy_load: 0,
             request_id_headers: [
                 "x-request-id",
                 "x-correlation-id",
@@ -589,6 +623,14 @@ impl ServeConfig {
             ),
             ("retry_jitter_factor", self.retry_jitter_factor, 0.0, 1.0),
             ("cache_threshold", self.cache_threshold, 0.0, 1.0),
+            ("kv_overlap_weight", self.kv_overlap_weight, 0.0, 1e6),
+            ("router_temperature", self.router_temperature, 0.0, 1e6),
+            (
+                "pd_min_uncached_ratio",
+                self.pd_min_uncached_ratio,
+                0.0,
+                1.0,
+            ),
             (
                 "balance_rel_threshold",
                 self.balance_rel_threshold,

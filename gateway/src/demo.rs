@@ -75,6 +75,8 @@ pub struct Demo {
 impl Demo {
     /// Starts the workers and the gateway, and waits until every worker is ready.
     pub async fn start(cfg: DemoConfig) -> anyhow::Result<Self> {
+        // Every worker caches prefixes, reports cached tokens and publishes its KV events
+        // (loopback, any free port); the gateway routes on them (`kv_aware`).
         let sim = |mode| SimConfig {
             model: cfg.model.clone(),
             tpot: cfg.tpot,
@@ -82,6 +84,12 @@ impl Demo {
             model_shape: cfg.model_shape,
             kv_transport: cfg.kv_transport,
             bootstrap_port: 0,
+            enable_cache_report: true,
+            kv_events_config: Some(crate::kv_events::KvEventsConfig {
+                endpoint: format!("tcp://{}:0", cfg.host),
+                replay_endpoint: Some(format!("tcp://{}:0", cfg.host)),
+                ..crate::kv_events::KvEventsConfig::default()
+            }),
             ..SimConfig::default()
         };
         let modes = if cfg.pd {
@@ -105,7 +113,7 @@ impl Demo {
         let mut serve_cfg = ServeConfig {
             host: cfg.host.clone(),
             port: cfg.port,
-            policy: PolicyKind::PowerOfTwo,
+            policy: PolicyKind::KvAware,
             health_check_interval_secs: 5,
             shutdown_grace_period_secs: 5,
             ..ServeConfig::default()
@@ -178,6 +186,11 @@ curl -s {url}/v1/completions -H 'content-type: application/json' \
 curl -s {url}/generate -H 'content-type: application/json' \
   -d '{{"text":"The gate opens at","sampling_params":{{"max_new_tokens":8}}}}'
 
+# Prefix caching: run this twice; the second answer reports meta_info.cached_tokens 32 (the
+# workers' KV events tell the gateway (policy kv_aware) where the prefix is cached)
+curl -s {url}/generate -H 'content-type: application/json' \
+  -d '{{"input_ids":[{ids}],"sampling_params":{{"max_new_tokens":4}}}}'
+
 # Models, readiness, metrics, OpenAPI document (Swagger UI: open {url}/docs in a browser)
 curl -s {url}/v1/models
 curl -s {url}/readiness
@@ -200,6 +213,10 @@ Ctrl-C stops the demo.
             n = self.sims.len(),
             sims = sims.join(", "),
             w0 = sims.first().cloned().unwrap_or_default(),
+            ids = (1000..1040)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
         )
     }
 

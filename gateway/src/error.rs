@@ -23,41 +23,7 @@ pub enum Side {
     Internal,
 }
 
-/// Which half of a prefill/decode pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PdSide {
-    /// The prefill worker.
-    Prefill,
-    /// The decode worker.
-    Decode,
-}
-
-impl PdSide {
-    /// `prefill` or `decode`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PdSide::Prefill => "prefill",
-            PdSide::Decode => "decode",
-        }
-    }
-}
-
-impl std::fmt::Display for PdSide {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How one side of a PD pair failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PdFailure {
-    /// The connection could not be made.
-    Unavailable,
-    /// It answered a server error, or broke the connection.
-    BadGateway,
-    /// No answer within the request timeout (seconds).
-    Timeout(u64),
-}
+pub use crate::outcome::{PdFailure, PdSide};
 
 /// Everything that can go wrong answering a request.
 #[derive(Debug, thiserror::Error)]

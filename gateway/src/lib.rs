@@ -27,6 +27,7 @@
 //! - [`client`]: the pooled upstream HTTP client.
 //! - [`error`]: the one error type, mapped once to status + OpenAI error envelope.
 //! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
+//! - [`outcome`]: outcome types the request path and the metrics share (a leaf module).
 //! - [`request_id`]: the request id, read from `--request-id-headers` or minted.
 //! - [`logging`]: tracing subscriber setup.
 //! - [`serve`]: `moongate serve`: listener, static workers, the hosted master, graceful shutdown.
@@ -34,23 +35,30 @@
 //!   body deadlines (408).
 //! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
 //! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
+//! - [`bench`]: `moongate bench-routing`: a Mooncake trace replayed through gateways and
+//!   simulated workers, per policy (hit rate, TTFT, throughput).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
+//! - [`kv_events`]: SGLang's KV-cache events: page hashes, the msgpack wire format, the ZMQ
+//!   publisher (simulated workers) and subscriber (`kv_aware`).
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
 pub mod admission;
 pub mod auth;
+pub mod bench;
 pub mod client;
 pub mod config;
 pub mod demo;
 pub mod docs;
 pub mod error;
 pub mod hosting;
+pub mod kv_events;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
+pub mod outcome;
 pub mod proxy;
 pub mod reload;
 pub mod request_id;

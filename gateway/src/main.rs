@@ -31,6 +31,9 @@ enum Command {
     SimWorker(SimWorkerArgs),
     /// Run a storage node: contribute memory to the KV store and serve transfers.
     Store(StoreArgs),
+    /// Replay a Mooncake-format trace through gateways and simulated workers, once per
+    /// policy, and compare prefix hit rate, TTFT and throughput.
+    BenchRouting(gateway::bench::BenchConfig),
 }
 
 #[derive(clap::Args, Debug)]
@@ -167,6 +170,10 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(cfg) => {
             gateway::logging::init(config::LogLevel::Warn);
             runtime(0)?.block_on(gateway::demo::run(cfg))
+        }
+        Command::BenchRouting(cfg) => {
+            gateway::logging::init(config::LogLevel::Error);
+            runtime(0)?.block_on(gateway::bench::run(cfg)).map(|_| ())
         }
         Command::SimWorker(SimWorkerArgs { print_config, sim }) => {
             if print_config {

@@ -17,8 +17,7 @@ use std::fmt::Write as _;
 
 use openapi::workers::CircuitState;
 
-use crate::error::{PdFailure, PdSide};
-use crate::select::cache_aware::Decision;
+use crate::outcome::{Decision, KvDecision, PdFailure, PdPath, PdSide};
 use crate::workers::Registry;
 
 /// Request duration buckets (seconds, to the response head).
@@ -223,6 +222,26 @@ pub fn cache_aware_decision(d: Decision) {
         .get_or_init(|| {
             metrics::counter!("moongate_gateway_cache_aware_decisions_total", "decision" => d.as_str())
         })
+        .increment(1);
+}
+
+/// Records one `kv_aware` decision.
+#[inline]
+pub fn kv_aware_decision(d: KvDecision) {
+    static C: [OnceLock<Counter>; 3] = [const { OnceLock::new() }; 3];
+    C[d as usize]
+        .get_or_init(|| {
+            metrics::counter!("moongate_gateway_kv_aware_decisions_total", "decision" => d.as_str())
+        })
+        .increment(1);
+}
+
+/// Records what the PD router did with one request (disaggregated or decode alone).
+#[inline]
+pub fn pd_path(p: PdPath) {
+    static C: [OnceLock<Counter>; 3] = [const { OnceLock::new() }; 3];
+    C[p as usize]
+        .get_or_init(|| metrics::counter!("moongate_gateway_pd_paths_total", "path" => p.as_str()))
         .increment(1);
 }
 

@@ -187,16 +187,22 @@ fn requests() -> Vec<(&'static str, Value)> {
 }
 
 async fn end_to_end(transport: KvTransport) {
-    let regular = common::start(SimConfig::default()).await;
-    let p = common::start(SimConfig {
+    // Answers compared side by side, so no worker's prefix cache (which depends on what
+    // each saw before) may change them.
+    let no_cache = |c: SimConfig| SimConfig {
+        disable_radix_cache: true,
+        ..c
+    };
+    let regular = common::start(no_cache(SimConfig::default())).await;
+    let p = common::start(no_cache(SimConfig {
         kv_transport: transport,
         ..pd_cfg(SimMode::Prefill)
-    })
+    }))
     .await;
-    let d = common::start(SimConfig {
+    let d = common::start(no_cache(SimConfig {
         kv_transport: transport,
         ..pd_cfg(SimMode::Decode)
-    })
+    }))
     .await;
     let mut moved = p.pd().unwrap().subscribe();
     let boot = p.bootstrap_addr().unwrap().port();

@@ -241,6 +241,22 @@ async fn the_demo_serves_what_it_prints() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // The printed prefix-caching example: its second answer reports cached tokens.
+    let ids: Vec<u32> = (1000..1040).collect();
+    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 4}});
+    let mut cached = Vec::new();
+    // Until the KV event of the first answer has reached the gateway, a repeat may land on
+    // the other worker (which then caches it too); within a few tries it hits.
+    for _ in 0..40 {
+        let r = post_json(&c, &format!("{url}/generate"), &body).await;
+        cached.push(r["meta_info"]["cached_tokens"].as_u64().unwrap());
+        if cached.last() == Some(&32) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((cached[0], cached.last()), (0, Some(&32)), "{cached:?}");
+    assert!(text.contains("cached_tokens 32"));
     demo.shutdown().await;
 }
 

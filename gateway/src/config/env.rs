@@ -121,5 +121,17 @@ pub const BALANCE_REL_THRESHOLD: &str = "MOONGATE_BALANCE_REL_THRESHOLD";
 pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
 /// `--max-tree-size`.
 pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
+/// `--kv-overlap-weight`.
+pub const KV_OVERLAP_WEIGHT: &str = "MOONGATE_KV_OVERLAP_WEIGHT";
+/// `--router-temperature`.
+pub const ROUTER_TEMPERATURE: &str = "MOONGATE_ROUTER_TEMPERATURE";
+/// `--kv-events-endpoint`.
+pub const KV_EVENTS_ENDPOINT: &str = "MOONGATE_KV_EVENTS_ENDPOINT";
+/// `--pd-min-uncached-tokens`.
+pub const PD_MIN_UNCACHED_TOKENS: &str = "MOONGATE_PD_MIN_UNCACHED_TOKENS";
+/// `--pd-min-uncached-ratio`.
+pub const PD_MIN_UNCACHED_RATIO: &str = "MOONGATE_PD_MIN_UNCACHED_RATIO";
+/// `--pd-prefill-busy-load`.
+pub const PD_PREFILL_BUSY_LOAD: &str = "MOONGATE_PD_PREFILL_BUSY_LOAD";
 /// `--request-id-headers` (comma-separated in the environment).
 pub const REQUEST_ID_HEADERS: &str = "MOONGATE_REQUEST_ID_HEADERS";

@@ -66,31 +66,7 @@ pub struct CacheAware {
     trees: RwLock<HashMap<String, Arc<Mutex<RadixTree>>>>,
 }
 
-/// How a decision was made (the `decision` label of
-/// `moongate_gateway_cache_aware_decisions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// The best prefix match passed the threshold.
-    Hit,
-    /// It did not: least loaded.
-    Miss,
-    /// Load imbalanced: shortest queue.
-    Balance,
-    /// The request has no key (nothing to match): least loaded.
-    NoKey,
-}
-
-impl Decision {
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hit => "hit",
-            Self::Miss => "miss",
-            Self::Balance => "balance",
-            Self::NoKey => "no_key",
-        }
-    }
-}
+pub use crate::outcome::Decision;
 
 impl CacheAware {
     /// A policy with `cfg`.
@@ -167,6 +143,39 @@ impl CacheAware {
             tree.insert(k, chosen.uid());
         }
         (chosen, decision)
+    }
+
+    /// For `kv_aware`'s workers without events: the share of `key` (0.0-1.0) each candidate's
+    /// tree holds (the workers at the deepest match get it, the others 0), and records `key`
+    /// for `chosen` afterwards with [`CacheAware::record`].
+    pub fn estimate(&self, candidates: &[&Arc<Worker>], key: &[u8]) -> Vec<f64> {
+        let mut out = vec![0.0; candidates.len()];
+        if key.is_empty() || candidates.is_empty() {
+            return out;
+        }
+        let model = candidates[0].model();
+        let tree = self.tree(model.as_deref().map_or("", |m| m.as_str()));
+        let tree = tree.lock();
+        let mut uids: Vec<Tenant> = candidates.iter().map(|w| w.uid()).collect();
+        uids.sort_unstable();
+        let m = tree.match_prefix(key, |t| uids.binary_search(&t).is_ok());
+        let share = m.matched as f64 / key.len() as f64;
+        for t in tree.tenants_at(&m) {
+            if let Some(i) = candidates.iter().position(|w| w.uid() == t) {
+                out[i] = share;
+            }
+        }
+        out
+    }
+
+    /// Records `key` as sent to `worker`.
+    pub fn record(&self, worker: &Worker, key: &[u8]) {
+        if key.is_empty() {
+            return;
+        }
+        let model = worker.model();
+        let tree = self.tree(model.as_deref().map_or("", |m| m.as_str()));
+        tree.lock().insert(key, worker.uid());
     }
 
     /// Periodic upkeep: forgets workers `alive` rejects, then evicts each worker's least

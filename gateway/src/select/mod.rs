@@ -8,8 +8,10 @@
 //!
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
+//! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
 
 pub mod cache_aware;
+pub mod kv_aware;
 pub mod tree;
 
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use openapi::workers::{WorkerStatus, WorkerType};
 use crate::config::PolicyKind;
 use crate::workers::{Worker, registry::WorkerSet};
 use cache_aware::{CacheAware, CacheAwareConfig};
+use kv_aware::{KvAware, KvAwareConfig};
 
 /// A load-balancing policy with its state (the round-robin cursor, the prefix trees).
 #[derive(Debug)]
@@ -27,6 +30,7 @@ pub struct Policy {
     kind: PolicyKind,
     cursor: AtomicUsize,
     cache: Option<CacheAware>,
+    kv: Option<KvAware>,
 }
 
 /// Why no worker was selected.
@@ -77,10 +81,22 @@ impl Policy {
 
     /// A fresh policy; `cache` configures `cache_aware` (ignored by the others).
     pub fn with_cache_config(kind: PolicyKind, cache: CacheAwareConfig) -> Self {
+        Self::with_configs(
+            kind,
+            KvAwareConfig {
+                fallback: cache,
+                ..KvAwareConfig::default()
+            },
+        )
+    }
+
+    /// A fresh policy; `kv` configures `kv_aware` and (its fallback) `cache_aware`.
+    pub fn with_configs(kind: PolicyKind, kv: KvAwareConfig) -> Self {
         Self {
             kind,
             cursor: AtomicUsize::new(0),
-            cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(cache)),
+            cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(kv.fallback.clone())),
+            kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
         }
     }
 
@@ -92,12 +108,19 @@ impl Policy {
     /// Whether this policy routes by the prompt (the caller then passes [`Want::key`]).
     #[inline]
     pub fn needs_key(&self) -> bool {
-        self.cache.is_some()
+        self.cache.is_some() || self.kv.is_some()
     }
 
-    /// The `cache_aware` state, for this policy's upkeep.
+    /// The `cache_aware` state (also `kv_aware`'s fallback), for this policy's upkeep.
     pub fn cache_aware(&self) -> Option<&CacheAware> {
-        self.cache.as_ref()
+        self.cache
+            .as_ref()
+            .or_else(|| self.kv.as_ref().map(KvAware::fallback))
+    }
+
+    /// The `kv_aware` state, for its subscriptions.
+    pub fn kv_aware(&self) -> Option<&KvAware> {
+        self.kv.as_ref()
     }
 
     /// Picks a worker from `set` for `want`.
@@ -106,7 +129,7 @@ impl Policy {
         let n = candidates().count();
         let pick = match n {
             0 => None,
-            1 if self.cache.is_none() => candidates().next(),
+            1 if !self.needs_key() => candidates().next(),
             _ => match self.kind {
                 PolicyKind::Random => candidates().nth(rand::random_range(0..n)),
                 PolicyKind::RoundRobin => {
@@ -125,6 +148,13 @@ impl Policy {
                     Some(c) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
                         (!all.is_empty()).then(|| c.pick(&all, want.key))
+                    }
+                    None => candidates().next(),
+                },
+                PolicyKind::KvAware => match &self.kv {
+                    Some(k) => {
+                        let all: Vec<&Arc<Worker>> = candidates().collect();
+                        (!all.is_empty()).then(|| k.pick(&all, want.key))
                     }
                     None => candidates().next(),
                 },

@@ -43,10 +43,11 @@ use crate::proxy::pd::PdRouter;
 use crate::proxy::retry::RetryPolicy;
 use crate::request_id::RequestIds;
 use crate::select::Policy;
-use crate::select::cache_aware::CacheAwareConfig;
+use crate::select::kv_aware::KvAwareConfig;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvstore::Master;
+use openapi::workers::WorkerType;
 
 /// Everything handlers share (cheap to clone).
 #[derive(Clone, Debug)]
@@ -112,6 +113,7 @@ impl AppState {
             master: OnceLock::new(),
         }));
         state.spawn_cache_upkeep();
+        state.spawn_kv_upkeep();
         Ok(state)
     }
 
@@ -161,32 +163,69 @@ impl AppState {
     /// Every `--eviction-interval-secs`, each `cache_aware` tree in use forgets removed
     /// workers and evicts beyond `--max-tree-size` (a reload may bring such a policy in, so
     /// the task runs whatever the policy at start).
-    /// The task holds the state weakly: a gateway shut down is released at once, whether or
-    /// not the task has seen the cancellation yet.
     fn spawn_cache_upkeep(&self) {
+        let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
+        self.spawn_periodic(every, every, |st| async move {
+            let mut alive: Option<std::collections::HashSet<u64>> = None;
+            let mut evicted = 0;
+            st.for_each_cache_aware(|p| {
+                let alive = alive.get_or_insert_with(|| {
+                    st.registry().snapshot().iter().map(|w| w.uid()).collect()
+                });
+                evicted += p.maintain(|t| alive.contains(&t));
+            });
+            if evicted > 0 {
+                tracing::debug!(evicted, "cache_aware trees evicted");
+            }
+        });
+    }
+
+    /// Every [`KV_SYNC_INTERVAL`], each `kv_aware` policy in use follows the KV events of
+    /// the workers of its role (new workers subscribed, removed ones forgotten).
+    fn spawn_kv_upkeep(&self) {
+        self.spawn_periodic(Duration::ZERO, KV_SYNC_INTERVAL, |st| async move {
+            let router = st.router();
+            let pd = st.pd_router();
+            let mut jobs: Vec<(&Policy, WorkerType)> = vec![(router.policy(), WorkerType::Regular)];
+            if let Some(pd) = &pd {
+                let [p, d] = pd.policies();
+                jobs.push((p, WorkerType::Prefill));
+                jobs.push((d, WorkerType::Decode));
+            }
+            for (policy, role) in jobs {
+                if let Some(kv) = policy.kv_aware() {
+                    let workers: Vec<Arc<crate::workers::Worker>> = st
+                        .registry()
+                        .snapshot()
+                        .iter()
+                        .filter(|w| w.worker_type() == role)
+                        .cloned()
+                        .collect();
+                    kv.sync(&workers, st.client()).await;
+                }
+            }
+        });
+    }
+
+    /// Runs `job` after `first`, then every `every`, until the gateway is cancelled. The
+    /// task holds the state weakly: a gateway shut down is released at once, whether or not
+    /// the task has seen the cancellation yet.
+    fn spawn_periodic<F, Fut>(&self, first: Duration, every: Duration, job: F)
+    where
+        F: Fn(AppState) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let weak = Arc::downgrade(&self.0);
         let cancel = self.cancel_token().clone();
-        let every = Duration::from_secs(self.config().eviction_interval_secs.max(1));
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tick.tick() => {}
                 }
                 let Some(inner) = weak.upgrade() else { return };
-                let st = AppState(inner);
-                let mut alive: Option<std::collections::HashSet<u64>> = None;
-                let mut evicted = 0;
-                st.for_each_cache_aware(|p| {
-                    let alive = alive.get_or_insert_with(|| {
-                        st.registry().snapshot().iter().map(|w| w.uid()).collect()
-                    });
-                    evicted += p.maintain(|t| alive.contains(&t));
-                });
-                if evicted > 0 {
-                    tracing::debug!(evicted, "cache_aware trees evicted");
-                }
+                job(AppState(inner)).await;
             }
         });
     }
@@ -320,6 +359,9 @@ pub fn gateway_rejection() -> Rejection {
     }
 }
 
+/// How often `kv_aware` policies look for new workers' KV events (and forget removed ones).
+pub const KV_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The complete gateway service.
 pub fn app(state: AppState) -> Front {
     app_with(state, OpenApiRouter::new())
@@ -338,7 +380,7 @@ fn routers(
     dispatcher: &Dispatcher,
     retry: &RetryPolicy,
 ) -> (RegularRouter, Option<PdRouter>) {
-    let policy = |kind: PolicyKind| Policy::with_cache_config(kind, CacheAwareConfig::from(cfg));
+    let policy = |kind: PolicyKind| Policy::with_configs(kind, KvAwareConfig::from(cfg));
     let pd = cfg.pd_disaggregation.then(|| {
         PdRouter::new(
             registry.clone(),

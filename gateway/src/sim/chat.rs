@@ -26,7 +26,7 @@ use super::model::Token;
 use super::pd::{self, KvItem};
 use super::state::{SimState, unix_now};
 use super::stream::{
-    Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
+    Answer, Clock, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
 };
 
 /// The handler.
@@ -45,6 +45,10 @@ struct Chat {
     continuous_usage: bool,
     top_logprobs: Option<usize>,
     prompt_tokens: u64,
+    /// The prompt's ids (for the prefix cache), and the cached part when reported.
+    ids: Vec<Arc<[u32]>>,
+    cache_report: bool,
+    cached: Option<u64>,
     seqs: Vec<Sequence>,
     offsets: Vec<usize>,
 }
@@ -72,13 +76,12 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         Some(rid) => rid.clone(),
         None => format!("chatcmpl-{}", st.new_id()),
     };
+    let ids: Option<Arc<[u32]>> =
+        (st.pd.is_some() || st.caches_prefixes()).then(|| Arc::from(job::chat_ids(&req.messages)));
     // PD: each choice is an item with its own room; they share the prompt's KV.
-    let kv = match st.pd {
-        Some(_) => {
-            let ids: Arc<[u32]> = Arc::from(job::chat_ids(&req.messages));
-            pd::items(&req.routing, &vec![ids; n as usize])?
-        }
-        None => Vec::new(),
+    let kv = match (st.moves_kv(&req.routing), &ids) {
+        (true, Some(ids)) => pd::items(&req.routing, &vec![ids.clone(); n as usize])?,
+        _ => Vec::new(),
     };
     Ok(Chat {
         kv,
@@ -93,6 +96,13 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         },
         model: req.model.unwrap_or_else(|| cfg.model.clone()),
         prompt_tokens: prompt.tokens,
+        ids: if st.caches_prefixes() {
+            ids.into_iter().collect()
+        } else {
+            Vec::new()
+        },
+        cache_report: cfg.enable_cache_report,
+        cached: None,
         offsets: vec![0; seqs.len()],
         seqs,
     })
@@ -128,8 +138,17 @@ fn logprobs(tokens: &[Token], top: usize) -> ChatLogprobs {
 }
 
 impl Chat {
+    /// Cached prompt tokens, when the worker reports them.
+    fn reported_cache(&self) -> Option<u64> {
+        self.cache_report.then_some(self.cached.unwrap_or(0))
+    }
+
     fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, job::completion_tokens(&self.seqs))
+        job::usage(
+            self.prompt_tokens,
+            job::completion_tokens(&self.seqs),
+            self.reported_cache(),
+        )
     }
 
     /// The non-streamed response.
@@ -222,6 +241,14 @@ impl Answer for Chat {
     fn take_kv(&mut self) -> Vec<KvItem> {
         std::mem::take(&mut self.kv)
     }
+
+    fn prompt_ids(&self) -> &[Arc<[u32]>] {
+        &self.ids
+    }
+
+    fn prefilled(&mut self, cached: Vec<u64>, _clock: Clock) {
+        self.cached = Some(cached.iter().sum());
+    }
 }
 
 impl Steps for Chat {
@@ -250,7 +277,7 @@ impl Steps for Chat {
             c.logprobs = self.top_logprobs.map(|top| logprobs(&[token], top));
             let usage = self
                 .continuous_usage
-                .then(|| Usage::new(self.prompt_tokens, k as u64 + 1));
+                .then(|| job::usage(self.prompt_tokens, k as u64 + 1, self.reported_cache()));
             push_event(out, &self.chunk(vec![c], usage));
         }
     }

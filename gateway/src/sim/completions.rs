@@ -25,7 +25,7 @@ use super::model::{self, Token};
 use super::pd::{self, KvItem};
 use super::state::{SimState, unix_now};
 use super::stream::{
-    Answer, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
+    Answer, Clock, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
 };
 
 /// OpenAI's (and SGLang's) default `max_tokens` for completions.
@@ -55,6 +55,10 @@ struct Completion {
     top_logprobs: Option<usize>,
     n: usize,
     prompts: Vec<PromptEntry>,
+    /// Each prompt's ids (for the prefix cache) and its cached part.
+    ids: Vec<Arc<[u32]>>,
+    cache_report: bool,
+    cached: Vec<u64>,
     seqs: Vec<Sequence>,
     offsets: Vec<usize>,
 }
@@ -134,20 +138,22 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         Some(rid) => rid.clone(),
         None => format!("cmpl-{}", st.new_id()),
     };
-    // PD: each prompt is an item with its own room (its choices share the KV).
-    let kv = match st.pd {
-        Some(_) => {
-            let text = |t: &String| Arc::from(model::tokenize_prompt(t));
-            let ids = |i: &Vec<u32>| Arc::from(i.as_slice());
-            let tokens: Vec<Arc<[u32]>> = match &req.prompt {
-                Prompt::Text(t) => vec![text(t)],
-                Prompt::Texts(ts) => ts.iter().map(text).collect(),
-                Prompt::Tokens(i) => vec![ids(i)],
-                Prompt::TokenBatch(b) => b.iter().map(ids).collect(),
-            };
-            pd::items(&req.routing, &tokens)?
+    let tokens: Vec<Arc<[u32]>> = if st.pd.is_some() || st.caches_prefixes() {
+        let text = |t: &String| Arc::from(model::tokenize_prompt(t));
+        let ids = |i: &Vec<u32>| Arc::from(i.as_slice());
+        match &req.prompt {
+            Prompt::Text(t) => vec![text(t)],
+            Prompt::Texts(ts) => ts.iter().map(text).collect(),
+            Prompt::Tokens(i) => vec![ids(i)],
+            Prompt::TokenBatch(b) => b.iter().map(ids).collect(),
         }
-        None => Vec::new(),
+    } else {
+        Vec::new()
+    };
+    // PD: each prompt is an item with its own room (its choices share the KV).
+    let kv = match st.moves_kv(&req.routing) {
+        true => pd::items(&req.routing, &tokens)?,
+        false => Vec::new(),
     };
     Ok(Completion {
         kv,
@@ -164,6 +170,13 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
             .transpose()?,
         n: n as usize,
         offsets: vec![0; seqs.len()],
+        cached: vec![0; prompts.len()],
+        ids: if st.caches_prefixes() {
+            tokens
+        } else {
+            Vec::new()
+        },
+        cache_report: cfg.enable_cache_report,
         prompts,
         seqs,
     })
@@ -194,7 +207,8 @@ fn top_map(t: &Token, k: usize) -> Option<BTreeMap<String, f64>> {
 impl Completion {
     fn usage(&self) -> Usage {
         let prompt_tokens = self.prompts.iter().map(|p| p.info.tokens).sum();
-        Usage::new(prompt_tokens, job::completion_tokens(&self.seqs))
+        let cached = self.cache_report.then(|| self.cached.iter().sum());
+        job::usage(prompt_tokens, job::completion_tokens(&self.seqs), cached)
     }
 
     /// The echo of choice `i`'s prompt: its text, and its logprob entries when asked for.
@@ -283,6 +297,14 @@ impl Answer for Completion {
     fn take_kv(&mut self) -> Vec<KvItem> {
         std::mem::take(&mut self.kv)
     }
+
+    fn prompt_ids(&self) -> &[Arc<[u32]>] {
+        &self.ids
+    }
+
+    fn prefilled(&mut self, cached: Vec<u64>, _clock: Clock) {
+        self.cached = cached;
+    }
 }
 
 impl Steps for Completion {
@@ -317,9 +339,10 @@ impl Steps for Completion {
                 extra: Extra::new(),
             };
             let prompt_tokens = self.prompts[i / self.n].info.tokens;
+            let cached = self.cache_report.then(|| self.cached[i / self.n]);
             let usage = self
                 .continuous_usage
-                .then(|| Usage::new(prompt_tokens, k as u64 + 1));
+                .then(|| job::usage(prompt_tokens, k as u64 + 1, cached));
             push_event(out, &self.response(vec![choice], usage, Extra::new()));
         }
     }

@@ -129,16 +129,31 @@ pub struct SimConfig {
     /// `/get_server_info` (`disaggregation_bootstrap_port`).
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
     pub bootstrap_port: u16,
-    /// PD: model shape sizing the KV cache (bytes per token).
+    /// Model shape sizing the KV cache (bytes per token): the prefix cache and PD pages.
     #[arg(long, value_enum, default_value_t = DEFAULT_MODEL_SHAPE)]
     pub model_shape: ModelShape,
-    /// PD: tokens per KV page.
+    /// Tokens per KV page (the prefix cache caches whole pages).
     #[arg(long, default_value_t = DEFAULT_PAGE_SIZE)]
     pub page_size: u32,
-    /// PD: KV pool size in bytes (suffixes K, M, G), rounded down to whole pages.
+    /// KV pool size in bytes (suffixes K, M, G), rounded down to whole pages: bounds the
+    /// prefix cache (and PD's registered pages).
     #[arg(long, default_value_t = DEFAULT_KV_POOL_SIZE, value_parser = parse_size)]
     pub kv_pool_size: u64,
-    /// PD prefill: simulated compute time per prompt token before the KV is ready.
+    /// No prefix cache (SGLang's `--disable-radix-cache`): every prompt is computed whole.
+    #[arg(long)]
+    pub disable_radix_cache: bool,
+    /// Report `usage.prompt_tokens_details.cached_tokens` on the OpenAI routes (SGLang's
+    /// `--enable-cache-report`; `/generate` always reports `meta_info.cached_tokens`).
+    #[arg(long)]
+    pub enable_cache_report: bool,
+    /// Publish KV-cache events as SGLang does: a JSON object such as
+    /// `{"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"kv-events","replay_endpoint":"tcp://127.0.0.1:5558"}`
+    /// (`tcp://*:PORT` binds every interface; the default endpoint is loopback).
+    #[arg(long, value_parser = crate::kv_events::KvEventsConfig::parse)]
+    pub kv_events_config: Option<crate::kv_events::KvEventsConfig>,
+    /// Prefill compute time per uncached prompt token (regular workers: one prefill at a
+    /// time, in arrival order, before the time to first token; PD prefill: per token of
+    /// the room before the KV is ready).
     #[arg(long, value_parser = humantime::parse_duration, default_value = DEFAULT_PREFILL_COMPUTE_PER_TOKEN)]
     #[serde(with = "human_duration")]
     pub prefill_compute_per_token: Duration,
@@ -183,6 +198,9 @@ impl Default for SimConfig {
             model_shape: DEFAULT_MODEL_SHAPE,
             page_size: DEFAULT_PAGE_SIZE,
             kv_pool_size: DEFAULT_KV_POOL_SIZE,
+            disable_radix_cache: false,
+            enable_cache_report: false,
+            kv_events_config: None,
             prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),
             kv_transport: KvTransport::Auto,
             kv_listen: None,
@@ -200,6 +218,12 @@ impl SimConfig {
         self.model_path.as_deref().unwrap_or(&self.model)
     }
 
+    /// Pages the KV pool holds (what bounds the prefix cache).
+    pub fn pool_pages(&self) -> usize {
+        let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size.max(1));
+        (self.kv_pool_size / page.max(1)) as usize
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), String> {
         if self.model.is_empty() {
@@ -208,17 +232,17 @@ impl SimConfig {
         if self.context_length < 2 {
             return Err("context_length must be at least 2".to_owned());
         }
+        if self.page_size == 0 {
+            return Err("page_size must be at least 1".to_owned());
+        }
+        let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size);
+        if self.kv_pool_size < page {
+            return Err(format!(
+                "kv_pool_size ({}) is smaller than one page ({page} bytes)",
+                self.kv_pool_size
+            ));
+        }
         if self.mode != SimMode::Regular {
-            let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size);
-            if self.page_size == 0 {
-                return Err("page_size must be at least 1".to_owned());
-            }
-            if self.kv_pool_size < page {
-                return Err(format!(
-                    "kv_pool_size ({}) is smaller than one page ({page} bytes)",
-                    self.kv_pool_size
-                ));
-            }
             if page > u64::from(u32::MAX) {
                 return Err(format!("a page of {page} bytes is too large"));
             }

@@ -55,6 +55,9 @@ struct Generation {
     text_in_logprobs: bool,
     clock: Clock,
     prompts: Vec<PromptEntry>,
+    /// Each prompt's ids (for the prefix cache) and its cached part.
+    ids: Vec<Arc<[u32]>>,
+    cached: Vec<u64>,
     rids: Vec<String>,
     seqs: Vec<Sequence>,
 }
@@ -151,19 +154,21 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
             },
         });
     }
-    let kv = match st.pd {
-        Some(_) => {
-            let tokens: Vec<Arc<[u32]>> = prompts
-                .iter()
-                .enumerate()
-                .map(|(i, p)| match (p.ids.is_empty(), item(&req.text, i)) {
-                    (true, Some(t)) => Arc::from(model::tokenize_prompt(t)),
-                    _ => Arc::from(p.ids.as_slice()),
-                })
-                .collect();
-            pd::items(&req.routing, &tokens)?
-        }
-        None => Vec::new(),
+    let tokens: Vec<Arc<[u32]>> = if st.pd.is_some() || st.caches_prefixes() {
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match (p.ids.is_empty(), item(&req.text, i)) {
+                (true, Some(t)) => Arc::from(model::tokenize_prompt(t)),
+                _ => Arc::from(p.ids.as_slice()),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let kv = match st.moves_kv(&req.routing) {
+        true => pd::items(&req.routing, &tokens)?,
+        false => Vec::new(),
     };
     let seqs = job::run_all(&jobs, n, None, cfg.output_tokens)?;
     let listed = batch || n > 1;
@@ -187,6 +192,12 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
         n: n as usize,
         text_in_logprobs: req.return_text_in_logprobs.unwrap_or(false),
         clock,
+        cached: vec![0; prompts.len()],
+        ids: if st.caches_prefixes() {
+            tokens
+        } else {
+            Vec::new()
+        },
         prompts,
         rids,
         seqs,
@@ -241,7 +252,7 @@ impl Generation {
             finish_reason: done.then(|| seq.finish.sglang()),
             prompt_tokens: prompt.info.tokens,
             completion_tokens: k as u64,
-            cached_tokens: 0,
+            cached_tokens: self.cached[o / self.n],
             weight_version: Some("default".to_owned()),
             e2e_latency: done
                 .then(|| (self.clock.done_at(seq.len()) - self.clock.start).as_secs_f64()),
@@ -309,6 +320,15 @@ impl Answer for Generation {
     /// One object for a single prompt, a list for a batch or `n > 1`.
     fn take_kv(&mut self) -> Vec<KvItem> {
         std::mem::take(&mut self.kv)
+    }
+
+    fn prompt_ids(&self) -> &[Arc<[u32]>] {
+        &self.ids
+    }
+
+    fn prefilled(&mut self, cached: Vec<u64>, clock: Clock) {
+        self.cached = cached;
+        self.clock = clock;
     }
 
     fn whole(self) -> OneOrMany<GenerateResponse> {

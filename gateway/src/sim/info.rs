@@ -46,9 +46,20 @@ pub async fn model_info(State(st): State<Arc<SimState>>) -> Response {
 /// `GET /get_server_info`, `GET /server_info`.
 pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
     let cfg = &st.cfg;
+    // SGLang reports its `--kv-events-config` as the JSON string it was given; the
+    // simulator reports the endpoints it bound (ports resolved), so routers can find them.
+    let kv_events_config = st.events.as_ref().map(|p| {
+        json!({"publisher": "zmq", "endpoint": p.endpoint(),
+               "replay_endpoint": p.replay_endpoint(),
+               "topic": cfg.kv_events_config.as_ref().map_or("", |c| c.topic.as_str())})
+        .to_string()
+    });
     let extra = json!({
         "pp_size": 1,
-        "page_size": 1,
+        "page_size": cfg.page_size,
+        "disable_radix_cache": cfg.disable_radix_cache,
+        "enable_cache_report": cfg.enable_cache_report,
+        "kv_events_config": kv_events_config,
         "chunked_prefill_size": 8192,
         "skip_tokenizer_init": false,
         "is_embedding": false,
@@ -69,7 +80,7 @@ pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
         disaggregation_mode: Some(cfg.mode.disaggregation_mode().to_owned()),
         disaggregation_transfer_backend: Some("mooncake".to_owned()),
         disaggregation_bootstrap_port: Some(cfg.bootstrap_port),
-        max_total_num_tokens: Some(KV_CAPACITY_TOKENS),
+        max_total_num_tokens: Some((cfg.pool_pages() as u64) * u64::from(cfg.page_size)),
         max_req_input_len: Some(u64::from(cfg.context_length) - 1),
         max_running_requests: Some(MAX_RUNNING_REQUESTS),
         version: Some(version()),
@@ -114,7 +125,8 @@ pub async fn model(State(st): State<Arc<SimState>>, Path(model): Path<String>) -
 }
 
 /// `GET|POST /flush_cache`: SGLang's plain-text answer.
-pub async fn flush_cache() -> Response {
+pub async fn flush_cache(State(st): State<Arc<SimState>>) -> Response {
+    st.flush_prefixes();
     (
         StatusCode::OK,
         "Cache flushed.\nPlease check backend logs for more details. (When there are running or \
@@ -177,6 +189,19 @@ pub async fn loads(State(st): State<Arc<SimState>>) -> Response {
 /// The version string the simulator reports.
 fn version() -> String {
     format!("moongate-sim {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// `GET /sim/prefix`: the prefix cache's counters (404 when it is disabled).
+pub async fn prefix_stats(State(st): State<Arc<SimState>>) -> Response {
+    match st.prefix_stats() {
+        Some(s) => json(StatusCode::OK, &s),
+        None => {
+            let mut err = ErrorResponse::bad_request("this worker has no prefix cache");
+            err.kind = "NotFoundError".to_owned();
+            err.code = 404;
+            json(StatusCode::NOT_FOUND, &err)
+        }
+    }
 }
 
 /// `GET /sim/kv`: a PD worker's KV pool and the moves so far (404 on a regular worker).

@@ -2,8 +2,8 @@
 //! prompt accounting, SGLang's extension fields of the OpenAI routes, and running every
 //! (prompt, sample) pair within the simulator's budget.
 
-use openapi::openai::Extra;
 use openapi::openai::chat::ChatMessage;
+use openapi::openai::{Extra, PromptTokensDetails, Usage};
 use serde::de::DeserializeOwned;
 
 use super::engine::{self, Limits, Sequence};
@@ -237,6 +237,17 @@ pub fn run_all(
         }
     }
     Ok(out)
+}
+
+/// OpenAI usage, with `prompt_tokens_details.cached_tokens` when `cached` is given
+/// (`--enable-cache-report`).
+pub fn usage(prompt_tokens: u64, completion_tokens: u64, cached: Option<u64>) -> Usage {
+    let mut u = Usage::new(prompt_tokens, completion_tokens);
+    u.prompt_tokens_details = cached.map(|cached_tokens| PromptTokensDetails {
+        cached_tokens,
+        ..PromptTokensDetails::default()
+    });
+    u
 }
 
 /// Completion tokens over all sequences.

@@ -25,6 +25,7 @@
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
 //! - [`info`]: health, server / model info, models, load, cache flush.
 //! - [`stream`]: pacing on tokio's clock and the server-sent-events body.
+//! - [`prefix`]: the prefix cache (a radix tree over KV pages, bounded, LRU) and its events.
 //! - [`pd`]: prefill/decode roles: KV pages, the pool, the bootstrap server, the transfer.
 //! - [`state`]: shared state: config, requests in flight, request ids.
 //! - [`serve`]: the HTTP/1.1 accept loop and its bounded graceful shutdown.
@@ -40,6 +41,7 @@ pub mod info;
 pub mod job;
 pub mod model;
 pub mod pd;
+pub mod prefix;
 pub mod serve;
 pub mod state;
 pub mod stream;
@@ -56,7 +58,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{SimConfig, SimMode};
+pub use config::{ModelShape, SimConfig, SimMode};
 
 /// How long a graceful shutdown waits for open streams before it cuts them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -91,6 +93,7 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         .route("/get_load", get(info::get_load))
         .route("/v1/loads", get(info::loads))
         .route("/sim/kv", get(info::kv_stats))
+        .route("/sim/prefix", get(info::prefix_stats))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -106,6 +109,7 @@ pub struct SimHandle {
     stop: Option<oneshot::Sender<Duration>>,
     task: JoinHandle<()>,
     pd: Option<Arc<pd::PdState>>,
+    events: Option<(String, Option<String>)>,
 }
 
 impl SimHandle {
@@ -117,6 +121,13 @@ impl SimHandle {
     /// The PD machinery (prefill and decode workers).
     pub fn pd(&self) -> Option<&Arc<pd::PdState>> {
         self.pd.as_ref()
+    }
+
+    /// Where the KV events PUB socket (and the replay socket) are bound.
+    pub fn kv_events(&self) -> Option<(&str, Option<&str>)> {
+        self.events
+            .as_ref()
+            .map(|(e, r)| (e.as_str(), r.as_deref()))
     }
 
     /// Where a prefill worker's bootstrap server listens.
@@ -166,7 +177,17 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
     if let Some(b) = pd.as_ref().and_then(|p| p.bootstrap_addr()) {
         cfg.bootstrap_port = b.port();
     }
-    let st = state::SimState::with_pd(cfg, pd.clone());
+    let events = match cfg.kv_events_config.as_ref().filter(|c| c.enabled()) {
+        Some(c) => Some(crate::kv_events::publish::Publisher::start(c).await?),
+        None => None,
+    };
+    let bound = events.as_ref().map(|p| {
+        (
+            p.endpoint().to_owned(),
+            p.replay_endpoint().map(str::to_owned),
+        )
+    });
+    let st = state::SimState::with_parts(cfg, pd.clone(), events);
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(serve::serve(listener, router_with(st), stopped));
     Ok(SimHandle {
@@ -174,6 +195,7 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
         stop: Some(stop),
         task,
         pd,
+        events: bound,
     })
 }
 
@@ -193,6 +215,12 @@ pub async fn run(cfg: SimConfig) -> anyhow::Result<()> {
         handle.addr,
         mode.as_str()
     );
+    if let Some((e, r)) = handle.kv_events() {
+        ready.push_str(&format!(" kv-events {e}"));
+        if let Some(r) = r {
+            ready.push_str(&format!(" kv-events-replay {r}"));
+        }
+    }
     match handle.pd() {
         Some(pd) => {
             ready.push_str(&format!(" kv {}", pd.segment()));

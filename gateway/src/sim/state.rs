@@ -1,12 +1,18 @@
-//! Shared state of one simulated worker: its config, the requests in flight, request ids.
+//! Shared state of one simulated worker: its config, the requests in flight, request ids,
+//! the prefix cache and its events, and the prefill lane (one prefill computes at a time).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use super::config::{SimConfig, SimMode};
 use super::model;
 use super::pd::PdState;
+use super::prefix::{Admission, PrefixCache, PrefixStats};
+use crate::kv_events::publish::Publisher;
 
 /// State shared by every handler of one simulated worker.
 #[derive(Debug)]
@@ -15,6 +21,11 @@ pub struct SimState {
     pub cfg: SimConfig,
     /// The PD machinery (prefill and decode modes).
     pub pd: Option<Arc<PdState>>,
+    /// The KV events publisher (`--kv-events-config`).
+    pub events: Option<Publisher>,
+    prefix: Option<Arc<Mutex<PrefixCache>>>,
+    /// When the prefill lane is free again.
+    lane: Mutex<Instant>,
     in_flight: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
@@ -28,13 +39,31 @@ impl SimState {
 
     /// State for a worker configured by `cfg`, with its PD machinery.
     pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> Arc<Self> {
+        Self::with_parts(cfg, pd, None)
+    }
+
+    /// State with its PD machinery and its KV events publisher.
+    pub fn with_parts(
+        cfg: SimConfig,
+        pd: Option<Arc<PdState>>,
+        events: Option<Publisher>,
+    ) -> Arc<Self> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let id_base = model::mix(nanos as u64 ^ u64::from(std::process::id()) << 32);
+        let prefix = (!cfg.disable_radix_cache).then(|| {
+            Arc::new(Mutex::new(PrefixCache::new(
+                cfg.page_size as usize,
+                cfg.pool_pages(),
+            )))
+        });
         Arc::new(SimState {
             cfg,
             pd,
+            events,
+            prefix,
+            lane: Mutex::new(Instant::now()),
             in_flight: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,
@@ -44,7 +73,72 @@ impl SimState {
     /// Counts a request as in flight until the guard drops.
     pub fn enter(&self) -> InflightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(self.in_flight.clone(), None)
+        InflightGuard(self.in_flight.clone(), Vec::new())
+    }
+
+    /// Whether prompts go through the prefix cache (the handlers then tokenize them).
+    pub fn caches_prefixes(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    /// Runs `prompts` through the prefix cache: how many tokens of each were cached, and
+    /// what holds their pages until the request ends. Publishes what changed.
+    pub fn admit(&self, prompts: &[Arc<[u32]>]) -> (Vec<u64>, Option<PrefixHold>) {
+        let Some(cache) = &self.prefix else {
+            return (vec![0; prompts.len()], None);
+        };
+        let mut c = cache.lock();
+        let held: Vec<Admission> = prompts.iter().map(|p| c.admit(p)).collect();
+        let events = c.take_events();
+        if let Some(p) = &self.events {
+            // Published under the lock, so batches leave in the order the cache changed.
+            p.publish(events);
+        }
+        drop(c);
+        let cached = held.iter().map(|a| a.cached_tokens).collect();
+        (cached, Some(PrefixHold(cache.clone(), held)))
+    }
+
+    /// Reserves the prefill lane for `uncached` tokens: when their prefill is done (none
+    /// when there is nothing to compute). A worker computes one prefill at a time, in
+    /// arrival order.
+    pub fn prefill_done_at(&self, uncached: u64) -> Option<Instant> {
+        let per = self.cfg.prefill_compute_per_token;
+        let now = Instant::now();
+        if per.is_zero() || uncached == 0 {
+            return None;
+        }
+        let work = per.saturating_mul(u32::try_from(uncached).unwrap_or(u32::MAX));
+        let mut lane = self.lane.lock();
+        let start = (*lane).max(now);
+        *lane = start + work.min(Duration::from_secs(3600));
+        Some(*lane)
+    }
+
+    /// `/flush_cache`: drops every cached page (published as `AllBlocksCleared`).
+    pub fn flush_prefixes(&self) {
+        if let Some(cache) = &self.prefix {
+            let mut c = cache.lock();
+            c.clear();
+            let events = c.take_events();
+            if let Some(p) = &self.events {
+                p.publish(events);
+            }
+        }
+    }
+
+    /// The prefix cache's counters.
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|c| c.lock().stats())
+    }
+
+    /// Whether a request with `routing` moves KV (PD). A decode worker given no bootstrap
+    /// fields computes the prompt itself (the gateway chose not to disaggregate).
+    pub fn moves_kv(&self, routing: &openapi::sglang::Routing) -> bool {
+        self.pd.is_some()
+            && !(self.cfg.mode == SimMode::Decode
+                && routing.bootstrap_room.is_none()
+                && routing.bootstrap_host.is_none())
     }
 
     /// This worker's role.
@@ -95,18 +189,35 @@ impl SimState {
     }
 }
 
+/// The pages a request holds in the prefix cache, released when it drops.
+pub struct PrefixHold(Arc<Mutex<PrefixCache>>, Vec<Admission>);
+
+impl std::fmt::Debug for PrefixHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefixHold")
+            .field("prompts", &self.1.len())
+            .finish()
+    }
+}
+
+impl Drop for PrefixHold {
+    fn drop(&mut self) {
+        let mut c = self.0.lock();
+        for a in self.1.drain(..) {
+            c.release(a);
+        }
+    }
+}
+
 /// Holds one request in the in-flight count (and what it keeps until it ends, such as the
 /// KV pages of a decode answer).
 #[derive(Debug)]
-pub struct InflightGuard(
-    Arc<AtomicU64>,
-    Option<Box<dyn std::fmt::Debug + Send + Sync>>,
-);
+pub struct InflightGuard(Arc<AtomicU64>, Vec<Box<dyn std::fmt::Debug + Send + Sync>>);
 
 impl InflightGuard {
     /// Keeps `hold` until the request ends.
     pub fn hold(&mut self, hold: impl std::fmt::Debug + Send + Sync + 'static) {
-        self.1 = Some(Box::new(hold));
+        self.1.push(Box::new(hold));
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use tokio::time::{Instant, Sleep};
 use axum::http::StatusCode;
 use openapi::openai::StreamOptions;
 
+use super::config::SimMode;
 use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
 use super::model::Token;
@@ -81,6 +83,12 @@ pub trait Answer: Steps + Sized {
     fn take_kv(&mut self) -> Vec<KvItem> {
         Vec::new()
     }
+    /// The token ids of each prompt, for the prefix cache (filled only when the worker
+    /// caches prefixes).
+    fn prompt_ids(&self) -> &[Arc<[u32]>];
+    /// How many tokens of each prompt the prefix cache held, and the clock once the
+    /// prefill is scheduled.
+    fn prefilled(&mut self, cached: Vec<u64>, clock: Clock);
 }
 
 /// Runs a generation request: `prepare` parses it and runs the model; the answer is then
@@ -101,7 +109,14 @@ pub async fn respond<A: Answer>(
         Ok(a) => a,
         Err(e) => return error(e),
     };
-    let kv = answer.take_kv();
+    let mut kv = answer.take_kv();
+    let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty());
+    if let (Some(done), SimMode::Prefill) = (lane, st.mode()) {
+        // The lane computes the uncached part; the rooms wait for it, then move the KV.
+        for item in &mut kv {
+            item.lane_done = Some(done);
+        }
+    }
     if let (false, Some(pd)) = (kv.is_empty(), &st.pd) {
         // Prefill: compute and send the KV; decode: receive and check it (its pages are
         // held until the answer ends).
@@ -121,6 +136,38 @@ pub async fn respond<A: Answer>(
         Ok(()) => json_bytes(StatusCode::OK, bytes),
         Err(e) => error(e.into()),
     }
+}
+
+/// Runs the answer's prompts through the prefix cache and the prefill lane (a regular
+/// worker, a prefill worker, a decode worker computing a prompt itself when `local`): the
+/// first token comes `ttft` after the uncached part of the prompts is computed. Returns
+/// the clock and when the lane is done.
+fn prefill<A: Answer>(
+    st: &SimState,
+    answer: &mut A,
+    clock: Clock,
+    guard: &mut InflightGuard,
+    local: bool,
+) -> (Clock, Option<Instant>) {
+    let ids = answer.prompt_ids();
+    if ids.is_empty() {
+        return (clock, None);
+    }
+    let (cached, hold) = st.admit(ids);
+    let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
+    let uncached = total.saturating_sub(cached.iter().sum());
+    if let Some(h) = hold {
+        guard.hold(h);
+    }
+    let computes = st.mode() != SimMode::Decode || local;
+    let done = st.prefill_done_at(if computes { uncached } else { 0 });
+    let compute = done.map_or(Duration::ZERO, |d| d.saturating_duration_since(clock.start));
+    let clock = Clock {
+        ttft: clock.ttft + compute,
+        ..clock
+    };
+    answer.prefilled(cached, clock);
+    (clock, done)
 }
 
 /// SGLang's `stream_options.continuous_usage_stats`: usage on every content chunk.

@@ -12,6 +12,7 @@
 //! attempts) on a new pair with new rooms, preferring workers not tried yet; the other
 //! side's request was dropped. Only the failing side is charged (its breaker too).
 
+pub mod decide;
 pub mod exchange;
 pub mod fields;
 pub mod merge;
@@ -31,6 +32,8 @@ use super::prompt;
 use super::retry::{RetryPolicy, Tries};
 use crate::error::{GatewayError, PdSide};
 use crate::metrics::{self, Route};
+use crate::outcome::PdPath;
+use crate::select::kv_aware::key_tokens;
 use crate::select::{NoWorker, Policy, Want};
 use crate::workers::{LoadGuard, Registry, Worker};
 use exchange::{Failure, Plan, PrefillSide};
@@ -58,6 +61,8 @@ pub struct Bounds {
     pub max_batch: usize,
     /// Bytes of an answer held for a logprob merge (`--max-payload-size`).
     pub hold: usize,
+    /// Disaggregate or not.
+    pub decider: decide::Decider,
 }
 
 impl From<&crate::config::ServeConfig> for Bounds {
@@ -65,6 +70,7 @@ impl From<&crate::config::ServeConfig> for Bounds {
         Self {
             max_batch: c.max_batch_size,
             hold: c.max_payload_size,
+            decider: decide::Decider::from(c),
         }
     }
 }
@@ -121,6 +127,64 @@ impl PdRouter {
             .map_err(|e| (side, e))
     }
 
+    /// Disaggregate or not, for a request with prompt `key` and decode worker `decode`.
+    fn path_for(&self, key: Option<&[u8]>, decode: &Arc<Worker>) -> PdPath {
+        let tokens = key.and_then(key_tokens);
+        let cached = match (&tokens, self.decode_policy.kv_aware()) {
+            (Some(t), Some(kv)) => kv.cached_tokens(&[decode], t)[0],
+            _ => None,
+        };
+        let prefill_load = self
+            .registry
+            .snapshot()
+            .iter()
+            .filter(|w| w.worker_type() == WorkerType::Prefill && w.is_available())
+            .map(|w| w.load())
+            .min()
+            .unwrap_or(0);
+        self.bounds.decider.decide(&decide::Facts {
+            prompt_tokens: tokens.as_ref().map(|t| t.len() as u64),
+            cached_on_decode: cached,
+            prefill_load,
+            decode_load: decode.load(),
+        })
+    }
+
+    /// Sends the request, unchanged, to the decode worker alone (it computes the prompt).
+    async fn decode_alone(
+        &self,
+        req: &PdInbound<'_>,
+        path_and_query: PathAndQuery,
+        decode: Arc<Worker>,
+        tries: &mut Tries,
+        deadline: &mut std::pin::Pin<Box<tokio::time::Sleep>>,
+    ) -> Result<Response, GatewayError> {
+        let Some(guard) = LoadGuard::admit(decode.clone()) else {
+            return Err(GatewayError::PdCircuitOpen {
+                side: PdSide::Decode,
+            });
+        };
+        tries.attempts += 1;
+        let out = Outgoing {
+            method: &req.parts.method,
+            path_and_query,
+            headers: &req.parts.headers,
+            request_id: &req.request_id,
+            body: &req.body,
+        };
+        match self.dispatcher.send(&decode, &out, deadline).await {
+            Ok(resp) => {
+                decode.record(super::outcome_of(resp.status()));
+                let left = std::mem::replace(deadline, self.dispatcher.deadline());
+                Ok(super::respond::relay(resp, guard, left))
+            }
+            Err(e) => {
+                decode.record(crate::workers::Outcome::Failure);
+                Err(e.into_gateway_error(&decode, self.dispatcher.timeout()))
+            }
+        }
+    }
+
     /// Selects a pair, sends the request to both, relays decode's answer.
     pub async fn route(&self, req: PdInbound<'_>) -> Result<Response, GatewayError> {
         metrics::pd_request(Route::of(req.endpoint.path()));
@@ -167,6 +231,21 @@ impl PdRouter {
                     });
                 }
             };
+            if self.bounds.decider.enabled() {
+                let path = self.path_for(key.as_deref(), &decode);
+                metrics::pd_path(path);
+                if path != PdPath::Disaggregated {
+                    return self
+                        .decode_alone(
+                            &req,
+                            path_and_query.clone(),
+                            decode,
+                            &mut tries,
+                            &mut deadline,
+                        )
+                        .await;
+                }
+            }
             let Some(p_guard) = LoadGuard::admit(prefill.clone()) else {
                 tries.refused(prefill);
                 continue;

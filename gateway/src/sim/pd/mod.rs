@@ -81,6 +81,10 @@ pub struct KvItem {
     pub addr: String,
     /// The prompt's token ids.
     pub tokens: Arc<[u32]>,
+    /// Prefill: when the worker's prefill lane has computed the prompt's uncached part (the
+    /// room waits for that); none: the room computes every token
+    /// (`--prefill-compute-per-token` each).
+    pub lane_done: Option<tokio::time::Instant>,
 }
 
 /// The KV items of a request whose items have the prompts `prompts` (one per item: a
@@ -121,6 +125,7 @@ pub fn items(routing: &Routing, prompts: &[Arc<[u32]>]) -> Result<Vec<KvItem>, S
                 room: rooms.get(i).copied().unwrap_or_default(),
                 addr: bootstrap::address(host, port),
                 tokens: tokens.clone(),
+                lane_done: None,
             }
         })
         .collect())

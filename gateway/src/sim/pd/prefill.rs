@@ -296,7 +296,13 @@ impl Prefill {
         let compute = async {
             let lease = self.common.pool.lease(pages).await?;
             let started = Instant::now();
-            tokio::time::sleep(self.compute_per_token.saturating_mul(tokens.len() as u32)).await;
+            match item.lane_done {
+                Some(done) => tokio::time::sleep_until(done).await,
+                None => {
+                    let work = self.compute_per_token.saturating_mul(tokens.len() as u32);
+                    tokio::time::sleep(work).await;
+                }
+            }
             let (layout, pool) = (self.common.layout, self.common.pool.clone());
             let t = tokens.clone();
             let (lease, crcs) = tokio::task::spawn_blocking(move || {
@@ -548,6 +554,7 @@ mod tests {
             room: 3,
             addr: "127.0.0.1:1".into(),
             tokens: Arc::from(vec![7u32; 10]),
+            lane_done: None,
         };
         let err = p.serve(&item).await.unwrap_err();
         assert!(

@@ -1,0 +1,205 @@
+//! What a replay measured, per policy: the summary (table and `--json`) and the TTFT CDF
+//! (`--plot`, a PNG drawn with plotters' bitmap backend: lines only, no text, so it needs no
+//! font library; the legend is printed).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+/// One request's outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Of which cached on the worker that computed it.
+    pub cached: u64,
+    /// Time to first token, ms (on the trace's clock).
+    pub ttft_ms: f64,
+    /// Time to the last token, ms (on the trace's clock).
+    pub e2e_ms: f64,
+}
+
+/// One policy's summary (`--json` writes a list of these).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// The policy (with ` x2` when two gateways split the requests).
+    pub policy: String,
+    /// Requests answered.
+    pub requests: usize,
+    /// Cached prompt tokens / prompt tokens.
+    pub hit_rate: f64,
+    /// Mean time to first token.
+    pub ttft_mean_ms: f64,
+    /// Median time to first token.
+    pub ttft_p50_ms: f64,
+    /// 99th percentile time to first token.
+    pub ttft_p99_ms: f64,
+    /// Mean time to the last token.
+    pub e2e_mean_ms: f64,
+    /// Requests answered per second of the trace's clock.
+    pub throughput_rps: f64,
+    /// Requests that failed.
+    pub errors: usize,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+impl Summary {
+    /// Summarizes `samples` of a run that took `secs` on the trace's clock.
+    pub fn of(policy: String, samples: &[Sample], errors: usize, secs: f64) -> Self {
+        let n = samples.len();
+        let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft_ms).collect();
+        ttft.sort_by(f64::total_cmp);
+        let mean = |f: fn(&Sample) -> f64| {
+            if n == 0 {
+                0.0
+            } else {
+                samples.iter().map(f).sum::<f64>() / n as f64
+            }
+        };
+        let prompt: u64 = samples.iter().map(|s| s.prompt).sum();
+        let cached: u64 = samples.iter().map(|s| s.cached).sum();
+        Summary {
+            policy,
+            requests: n,
+            hit_rate: if prompt == 0 {
+                0.0
+            } else {
+                cached as f64 / prompt as f64
+            },
+            ttft_mean_ms: mean(|s| s.ttft_ms),
+            ttft_p50_ms: percentile(&ttft, 0.5),
+            ttft_p99_ms: percentile(&ttft, 0.99),
+            e2e_mean_ms: mean(|s| s.e2e_ms),
+            throughput_rps: if secs > 0.0 { n as f64 / secs } else { 0.0 },
+            errors,
+        }
+    }
+}
+
+/// The summaries as an aligned table.
+pub fn table(rows: &[Summary]) -> String {
+    let mut out = format!(
+        "{:<18} {:>8} {:>8} {:>11} {:>11} {:>11} {:>11} {:>9} {:>6}\n",
+        "policy",
+        "requests",
+        "hit",
+        "ttft mean",
+        "ttft p50",
+        "ttft p99",
+        "e2e mean",
+        "req/s",
+        "errors"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<18} {:>8} {:>7.1}% {:>9.0}ms {:>9.0}ms {:>9.0}ms {:>9.0}ms {:>9.2} {:>6}\n",
+            r.policy,
+            r.requests,
+            r.hit_rate * 100.0,
+            r.ttft_mean_ms,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.e2e_mean_ms,
+            r.throughput_rps,
+            r.errors
+        ));
+    }
+    out
+}
+
+/// Line colours of the plot, in policy order (printed as the legend).
+pub const COLOURS: [(&str, (u8, u8, u8)); 6] = [
+    ("blue", (31, 119, 180)),
+    ("orange", (255, 127, 14)),
+    ("green", (44, 160, 44)),
+    ("red", (214, 39, 40)),
+    ("purple", (148, 103, 189)),
+    ("brown", (140, 86, 75)),
+];
+
+/// Draws the TTFT CDF of each run (x: TTFT up to the largest p99, linear; y: 0..1) to
+/// `path`; returns the legend.
+pub fn plot(path: &Path, runs: &[(String, Vec<f64>)]) -> anyhow::Result<String> {
+    use plotters::prelude::*;
+    let xmax = runs
+        .iter()
+        .map(|(_, v)| {
+            let mut v = v.clone();
+            v.sort_by(f64::total_cmp);
+            percentile(&v, 0.99)
+        })
+        .fold(1.0f64, f64::max);
+    let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(30)
+        .build_cartesian_2d(0f64..xmax, 0f64..1f64)?;
+    let axes = [vec![(0.0, 0.0), (xmax, 0.0)], vec![(0.0, 0.0), (0.0, 1.0)]];
+    for a in axes {
+        chart.draw_series(LineSeries::new(a, &BLACK))?;
+    }
+    for q in [0.25, 0.5, 0.75, 1.0] {
+        chart.draw_series(LineSeries::new(
+            vec![(0.0, q), (xmax, q)],
+            &RGBColor(220, 220, 220),
+        ))?;
+    }
+    let mut legend = String::new();
+    for (i, (name, v)) in runs.iter().enumerate() {
+        let mut v = v.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len().max(1) as f64;
+        let (cname, (r, g, b)) = COLOURS[i % COLOURS.len()];
+        let pts = v
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| (x.min(xmax), (k + 1) as f64 / n));
+        chart.draw_series(LineSeries::new(pts, RGBColor(r, g, b).stroke_width(2)))?;
+        legend.push_str(&format!("{cname}: {name}\n"));
+    }
+    root.present()?;
+    Ok(format!(
+        "TTFT CDF, x from 0 to {xmax:.0} ms (the largest p99), y from 0 to 1 (grey lines: \
+         quartiles)\n{legend}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_and_plot() {
+        let s: Vec<Sample> = (1..=100)
+            .map(|i| Sample {
+                prompt: 100,
+                cached: 25,
+                ttft_ms: f64::from(i),
+                e2e_ms: f64::from(2 * i),
+            })
+            .collect();
+        let r = Summary::of("p".into(), &s, 1, 10.0);
+        assert_eq!((r.requests, r.errors), (100, 1));
+        assert!((r.hit_rate - 0.25).abs() < 1e-9);
+        assert_eq!((r.ttft_p50_ms, r.ttft_p99_ms), (51.0, 99.0));
+        assert!((r.throughput_rps - 10.0).abs() < 1e-9);
+        assert!(table(&[r]).contains("25.0%"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdf.png");
+        let legend = plot(
+            &path,
+            &[("p".into(), s.iter().map(|x| x.ttft_ms).collect())],
+        )
+        .unwrap();
+        assert!(legend.contains("blue: p"));
+        let png = std::fs::read(&path).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+    }
+}

@@ -1,0 +1,111 @@
+//! Small outcome types shared by the request path and the metrics (a leaf module: it
+//! depends on nothing in the crate, so `metrics` can name them without reaching into
+//! `error` or `select`).
+
+/// Which half of a prefill/decode pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdSide {
+    /// The prefill worker.
+    Prefill,
+    /// The decode worker.
+    Decode,
+}
+
+impl PdSide {
+    /// `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdSide::Prefill => "prefill",
+            PdSide::Decode => "decode",
+        }
+    }
+}
+
+impl std::fmt::Display for PdSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one side of a PD pair failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdFailure {
+    /// The connection could not be made.
+    Unavailable,
+    /// It answered a server error, or broke the connection.
+    BadGateway,
+    /// No answer within the request timeout (seconds).
+    Timeout(u64),
+}
+
+/// How a decision was made (the `decision` label of
+/// `moongate_gateway_cache_aware_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The best prefix match passed the threshold.
+    Hit,
+    /// It did not: least loaded.
+    Miss,
+    /// Load imbalanced: shortest queue.
+    Balance,
+    /// The request has no key (nothing to match): least loaded.
+    NoKey,
+}
+
+impl Decision {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Balance => "balance",
+            Self::NoKey => "no_key",
+        }
+    }
+}
+
+/// How `kv_aware` chose (the `decision` label of
+/// `moongate_gateway_kv_aware_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDecision {
+    /// Scored on the workers' KV events (cached prefix against load).
+    Events,
+    /// Some candidates had no events: their prefix estimated by the `cache_aware` tree.
+    Mixed,
+    /// No candidate has events, or the prompt has no tokens: `cache_aware` decided.
+    Fallback,
+}
+
+impl KvDecision {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Events => "events",
+            Self::Mixed => "mixed",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
+/// What the PD router did with a request (the `path` label of
+/// `moongate_gateway_pd_paths_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdPath {
+    /// Prefill and decode workers (disaggregated).
+    Disaggregated,
+    /// The decode worker alone: the uncached part was short.
+    DecodeOnlyShort,
+    /// The decode worker alone: the prefill tier was busy and decode was not.
+    DecodeOnlyBusy,
+}
+
+impl PdPath {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disaggregated => "disaggregated",
+            Self::DecodeOnlyShort => "decode_only_short",
+            Self::DecodeOnlyBusy => "decode_only_busy",
+        }
+    }
+}

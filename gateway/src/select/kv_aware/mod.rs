@@ -1,0 +1,448 @@
+//! The `kv_aware` policy: route by what the workers really hold in their KV caches, as
+//! their SGLang KV events ([`crate::kv_events`]) report it (the approach of NVIDIA Dynamo's
+//! KV router and llm-d's precise prefix-cache scorer).
+//!
+//! - **Events.** [`KvAware::sync`] (the gateway's upkeep task, every second) subscribes to
+//!   each worker's events: the endpoint is `--kv-events-endpoint` with `{host}` the
+//!   worker's host, or what the worker reports in `/get_server_info` (`kv_events_config`; a
+//!   wildcard host becomes the worker's). One [`index::KvIndex`] holds every worker's pages;
+//!   a worker gone is forgotten, a gap in its events is replayed or its pages forgotten
+//!   until it reports them again ([`crate::kv_events::subscribe`]).
+//! - **Tokens.** The prompt's token ids come from the prompt key ([`crate::proxy::prompt`]):
+//!   `/generate` and `/v1/completions` with token ids need no tokenizer. Text and chat
+//!   prompts have no ids at the gateway; they are routed by the fallback.
+//! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
+//!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
+//!   prefill; cost = `--kv-overlap-weight` × tokens to prefill + requests in flight × mean
+//!   prompt tokens (Dynamo's prefill-blocks-plus-decode-blocks cost, in tokens). The cheapest wins
+//!   (`--router-temperature` 0), or one is drawn with softmax(−cost / max cost / T).
+//! - **Fallback.** A worker without events (none yet, no endpoint, more than
+//!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
+//!   instead, and said so once in the log; with no events at all, or no token ids,
+//!   `cache_aware` decides.
+
+pub mod index;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+
+use super::cache_aware::{CacheAware, CacheAwareConfig};
+use crate::client::HttpClient;
+use crate::config::ServeConfig;
+use crate::kv_events::hash;
+use crate::kv_events::subscribe::{self, EventSink, Source};
+use crate::kv_events::wire::{EventBatch, KvEvent};
+use crate::metrics;
+use crate::outcome::KvDecision;
+use crate::workers::Worker;
+use index::{KvIndex, MAX_SLOTS, SlotSet};
+
+/// What a page held in host memory or storage is worth against one on the device (it
+/// must be loaded, which costs less than computing it).
+pub const HOST_PAGE_VALUE: f64 = 0.5;
+/// How long `/get_server_info` may take when looking for a worker's events endpoint.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `kv_aware` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvAwareConfig {
+    /// Weight of a token to prefill against the tokens of the requests in flight.
+    pub overlap_weight: f64,
+    /// Softmax temperature (0: argmin).
+    pub temperature: f64,
+    /// Every worker's endpoint, `{host}` for the worker's host.
+    pub events_endpoint: Option<String>,
+    /// The fallback's settings.
+    pub fallback: CacheAwareConfig,
+}
+
+impl Default for KvAwareConfig {
+    fn default() -> Self {
+        Self::from(&ServeConfig::default())
+    }
+}
+
+impl From<&ServeConfig> for KvAwareConfig {
+    fn from(c: &ServeConfig) -> Self {
+        KvAwareConfig {
+            overlap_weight: c.kv_overlap_weight,
+            temperature: c.router_temperature,
+            events_endpoint: c.kv_events_endpoint.clone(),
+            fallback: CacheAwareConfig::from(c),
+        }
+    }
+}
+
+/// What the subscriber tasks share with the policy.
+#[derive(Debug)]
+struct Shared {
+    index: RwLock<KvIndex>,
+    /// Slots whose worker has sent events.
+    live: AtomicU64,
+    /// Each slot's page size (from its events).
+    page_size: [AtomicU32; MAX_SLOTS],
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            index: RwLock::default(),
+            live: AtomicU64::new(0),
+            page_size: std::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sub {
+    slot: usize,
+    stop: CancellationToken,
+}
+
+/// The policy's state.
+#[derive(Debug)]
+pub struct KvAware {
+    cfg: KvAwareConfig,
+    shared: Arc<Shared>,
+    subs: RwLock<HashMap<u64, Sub>>,
+    /// Workers whose endpoint could not be found (retried on every sync, logged once).
+    no_events: Mutex<HashSet<u64>>,
+    fallback: CacheAware,
+    /// Mean tokens per prompt (an f64's bits, a moving average).
+    mean_pages: AtomicU64,
+}
+
+struct Sink {
+    shared: Arc<Shared>,
+    slot: usize,
+}
+
+impl EventSink for Sink {
+    fn apply(&self, batch: &EventBatch) {
+        if let Some(KvEvent::BlockStored { block_size, .. }) = batch
+            .events
+            .iter()
+            .find(|e| matches!(e, KvEvent::BlockStored { .. }))
+        {
+            self.shared.page_size[self.slot].store(*block_size, Ordering::Relaxed);
+        }
+        self.shared.index.write().apply_batch(self.slot, batch);
+        self.shared.live.fetch_or(1 << self.slot, Ordering::Release);
+    }
+
+    fn resync(&self) {
+        self.shared.index.write().remove_slot(self.slot);
+    }
+}
+
+/// The token ids a prompt key carries (`i` keys: token-id prompts), if any.
+pub fn key_tokens(key: &[u8]) -> Option<Vec<u32>> {
+    let (&tag, ids) = key.split_first()?;
+    if tag != b'i' || ids.is_empty() {
+        return None;
+    }
+    Some(
+        ids.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+impl KvAware {
+    /// A policy with `cfg`.
+    pub fn new(cfg: KvAwareConfig) -> Self {
+        KvAware {
+            fallback: CacheAware::new(cfg.fallback.clone()),
+            cfg,
+            shared: Arc::default(),
+            subs: RwLock::default(),
+            no_events: Mutex::default(),
+            mean_pages: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// The `cache_aware` fallback (its trees are kept by the same upkeep).
+    pub fn fallback(&self) -> &CacheAware {
+        &self.fallback
+    }
+
+    /// Pages indexed and events applied so far.
+    pub fn index_stats(&self) -> (usize, u64) {
+        let ix = self.shared.index.read();
+        (ix.len(), ix.applied())
+    }
+
+    /// Workers whose events are followed.
+    pub fn followed(&self) -> usize {
+        self.subs.read().len()
+    }
+
+    /// Whether `worker` has sent events.
+    pub fn has_events(&self, worker: &Worker) -> bool {
+        self.slot_of(worker)
+            .is_some_and(|s| self.live_slots() & (1 << s) != 0)
+    }
+
+    fn live_slots(&self) -> SlotSet {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    fn slot_of(&self, worker: &Worker) -> Option<usize> {
+        self.subs.read().get(&worker.uid()).map(|s| s.slot)
+    }
+
+    /// How many of `tokens` each candidate holds cached (device pages; host pages at
+    /// [`HOST_PAGE_VALUE`]), `None` for a candidate without events.
+    pub fn cached_tokens(&self, candidates: &[&Arc<Worker>], tokens: &[u32]) -> Vec<Option<f64>> {
+        let live = self.live_slots();
+        let slots: Vec<Option<usize>> = {
+            let subs = self.subs.read();
+            candidates
+                .iter()
+                .map(|w| {
+                    subs.get(&w.uid())
+                        .map(|s| s.slot)
+                        .filter(|s| live & (1 << s) != 0)
+                })
+                .collect()
+        };
+        let mut out = vec![None; candidates.len()];
+        // Workers may differ in page size: one match per page size.
+        let mut sizes: Vec<u32> = slots
+            .iter()
+            .flatten()
+            .map(|&s| self.shared.page_size[s].load(Ordering::Relaxed))
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        for ps in sizes {
+            let mask = slots
+                .iter()
+                .flatten()
+                .filter(|&&s| self.shared.page_size[s].load(Ordering::Relaxed) == ps)
+                .fold(0u64, |m, &s| m | 1 << s);
+            if ps == 0 {
+                for (i, s) in slots.iter().enumerate() {
+                    if s.is_some_and(|s| mask & (1 << s) != 0) {
+                        out[i] = Some(0.0);
+                    }
+                }
+                continue;
+            }
+            let hashes = hash::block_hashes(tokens, ps as usize);
+            let o = self.shared.index.read().overlap(&hashes, mask, MAX_SLOTS);
+            for (i, s) in slots.iter().enumerate() {
+                if let Some(s) = s.filter(|s| mask & (1 << s) != 0) {
+                    let pages = f64::from(o.depth[s]) + HOST_PAGE_VALUE * f64::from(o.host[s]);
+                    out[i] = Some(pages * f64::from(ps));
+                }
+            }
+        }
+        out
+    }
+
+    /// Picks one of `candidates` (not empty) for the prompt `key`.
+    pub fn pick<'a>(&self, candidates: &[&'a Arc<Worker>], key: Option<&[u8]>) -> &'a Arc<Worker> {
+        let (w, d) = self.decide(candidates, key);
+        metrics::kv_aware_decision(d);
+        w
+    }
+
+    /// [`KvAware::pick`] without the metric.
+    pub fn decide<'a>(
+        &self,
+        candidates: &[&'a Arc<Worker>],
+        key: Option<&[u8]>,
+    ) -> (&'a Arc<Worker>, KvDecision) {
+        let tokens = key.and_then(key_tokens);
+        let live = self.live_slots();
+        let (Some(tokens), true) = (tokens, live != 0) else {
+            return (
+                self.fallback.decide(candidates, key).0,
+                KvDecision::Fallback,
+            );
+        };
+        let mut cached = self.cached_tokens(candidates, &tokens);
+        let mixed = cached.iter().any(Option::is_none);
+        if cached.iter().all(Option::is_none) {
+            return (
+                self.fallback.decide(candidates, key).0,
+                KvDecision::Fallback,
+            );
+        }
+        let key = key.unwrap_or_default();
+        if mixed {
+            self.warn_fallback(candidates, &cached);
+            let est = self.fallback.estimate(candidates, key);
+            for (c, e) in cached.iter_mut().zip(est) {
+                c.get_or_insert(e * tokens.len() as f64);
+            }
+        }
+        let n = tokens.len() as f64;
+        let mean = f64::from_bits(self.mean_pages.load(Ordering::Relaxed));
+        let mean = if mean == 0.0 { n } else { mean };
+        self.mean_pages
+            .store((mean * 0.99 + n * 0.01).to_bits(), Ordering::Relaxed);
+        let costs: Vec<f64> = candidates
+            .iter()
+            .zip(&cached)
+            .map(|(w, c)| {
+                let uncached = (n - c.unwrap_or(0.0)).max(0.0);
+                self.cfg.overlap_weight * uncached + w.load() as f64 * mean
+            })
+            .collect();
+        let i = choose(&costs, self.cfg.temperature, |i| candidates[i].load());
+        let chosen = candidates[i];
+        if mixed {
+            self.fallback.record(chosen, key);
+        }
+        (
+            chosen,
+            if mixed {
+                KvDecision::Mixed
+            } else {
+                KvDecision::Events
+            },
+        )
+    }
+
+    fn warn_fallback(&self, candidates: &[&Arc<Worker>], cached: &[Option<f64>]) {
+        for (w, c) in candidates.iter().zip(cached) {
+            if c.is_none() && self.no_events.lock().insert(w.uid()) {
+                tracing::warn!(worker = %w.url().as_str(), "kv_aware: no KV events from this worker (yet); \
+                    its cached prefix is estimated by cache_aware");
+            }
+        }
+    }
+
+    /// Subscribes to the events of `workers` not yet followed and drops the subscriptions
+    /// of workers no longer among them.
+    pub async fn sync(&self, workers: &[Arc<Worker>], client: &HttpClient) {
+        let alive: HashSet<u64> = workers.iter().map(|w| w.uid()).collect();
+        {
+            let mut subs = self.subs.write();
+            let gone: Vec<u64> = subs
+                .keys()
+                .filter(|u| !alive.contains(u))
+                .copied()
+                .collect();
+            for uid in gone {
+                if let Some(s) = subs.remove(&uid) {
+                    s.stop.cancel();
+                    self.shared.live.fetch_and(!(1 << s.slot), Ordering::AcqRel);
+                    self.shared.index.write().remove_slot(s.slot);
+                }
+            }
+        }
+        for w in workers {
+            if self.subs.read().contains_key(&w.uid()) || !w.is_available() {
+                continue;
+            }
+            let Some(src) = self.source(w, client).await else {
+                continue;
+            };
+            let mut subs = self.subs.write();
+            let used: SlotSet = subs.values().fold(0, |m, s| m | 1 << s.slot);
+            let Some(slot) = (0..MAX_SLOTS).find(|s| used & (1 << s) == 0) else {
+                continue;
+            };
+            let stop = CancellationToken::new();
+            tracing::info!(worker = %w.url().as_str(), endpoint = %src.endpoint, "kv_aware: following KV events");
+            let sink = Arc::new(Sink {
+                shared: self.shared.clone(),
+                slot,
+            });
+            tokio::spawn(subscribe::run(src, sink, stop.clone()));
+            subs.insert(w.uid(), Sub { slot, stop });
+        }
+    }
+
+    /// Stops every subscription.
+    pub fn stop(&self) {
+        for s in self.subs.write().drain() {
+            s.1.stop.cancel();
+        }
+    }
+
+    /// Where `w` publishes its events.
+    async fn source(&self, w: &Worker, client: &HttpClient) -> Option<Source> {
+        let host = w.url().authority().host().to_owned();
+        if let Some(t) = &self.cfg.events_endpoint {
+            return Some(Source {
+                endpoint: t.replace("{host}", &host),
+                replay_endpoint: None,
+                topic: String::new(),
+            });
+        }
+        let uri = w.url().join("/get_server_info").ok()?;
+        let (status, body) = client
+            .get_small(uri, w.bearer().as_deref(), DISCOVERY_TIMEOUT)
+            .await
+            .ok()?;
+        if !status.is_success() {
+            return None;
+        }
+        let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        let cfg = info.get("kv_events_config")?.as_str()?;
+        let cfg: serde_json::Value = serde_json::from_str(cfg).ok()?;
+        if cfg.get("publisher").and_then(|p| p.as_str()) == Some("null") {
+            return None;
+        }
+        let fix = |e: &str| {
+            ["*", "0.0.0.0", "[::]"]
+                .iter()
+                .fold(e.to_owned(), |e, wild| {
+                    e.replace(&format!("://{wild}:"), &format!("://{host}:"))
+                })
+        };
+        Some(Source {
+            endpoint: fix(cfg.get("endpoint")?.as_str()?),
+            replay_endpoint: cfg.get("replay_endpoint").and_then(|r| r.as_str()).map(fix),
+            topic: cfg
+                .get("topic")
+                .and_then(|t| t.as_str())
+                .unwrap_or("")
+                .to_owned(),
+        })
+    }
+}
+
+impl Drop for KvAware {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The index of the cheapest cost (ties: `load` then the first), or a softmax draw at
+/// temperature `t` over the costs scaled by the largest.
+pub fn choose(costs: &[f64], t: f64, load: impl Fn(usize) -> usize) -> usize {
+    if t <= 0.0 || costs.len() < 2 {
+        return (0..costs.len())
+            .min_by(|&a, &b| {
+                costs[a]
+                    .total_cmp(&costs[b])
+                    .then_with(|| load(a).cmp(&load(b)))
+            })
+            .unwrap_or(0);
+    }
+    let max = costs.iter().copied().fold(f64::MIN_POSITIVE, f64::max);
+    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let weights: Vec<f64> = costs.iter().map(|c| (-(c - min) / max / t).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut r = rand::random::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        r -= w;
+        if r <= 0.0 {
+            return i;
+        }
+    }
+    costs.len() - 1
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,107 @@
+use super::*;
+use crate::workers::{LoadGuard, tests::ready_workers};
+
+fn key(ids: &[u32]) -> Vec<u8> {
+    let mut k = vec![b'i'];
+    for id in ids {
+        k.extend(id.to_le_bytes());
+    }
+    k
+}
+
+fn stored(ids: &[u32], ps: usize) -> EventBatch {
+    EventBatch {
+        ts: 0.0,
+        events: vec![KvEvent::BlockStored {
+            block_hashes: hash::block_hashes(ids, ps),
+            parent_block_hash: None,
+            token_ids: ids.to_vec(),
+            block_size: ps as u32,
+            lora_id: None,
+            medium: None,
+        }],
+        attn_dp_rank: None,
+    }
+}
+
+/// A policy following `n` workers through sinks the test feeds directly.
+fn following(n: usize, cfg: KvAwareConfig) -> (KvAware, Vec<Arc<Worker>>, Vec<Sink>) {
+    let kv = KvAware::new(cfg);
+    let ws = ready_workers(n);
+    let mut sinks = Vec::new();
+    for (slot, w) in ws.iter().enumerate() {
+        kv.subs.write().insert(
+            w.uid(),
+            Sub {
+                slot,
+                stop: CancellationToken::new(),
+            },
+        );
+        sinks.push(Sink {
+            shared: kv.shared.clone(),
+            slot,
+        });
+    }
+    (kv, ws, sinks)
+}
+
+#[test]
+fn the_worker_holding_the_prefix_wins() {
+    let (kv, ws, sinks) = following(3, KvAwareConfig::default());
+    let prompt: Vec<u32> = (0..64).collect();
+    sinks[2].apply(&stored(&prompt[..48], 16));
+    sinks[0].apply(&stored(&prompt[..16], 16));
+    sinks[1].apply(&stored(&[7; 16], 16));
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    let c = kv.cached_tokens(&all, &prompt);
+    assert_eq!(c, [Some(16.0), Some(0.0), Some(48.0)]);
+    let (w, d) = kv.decide(&all, Some(&key(&prompt)));
+    assert!(Arc::ptr_eq(w, &ws[2]));
+    assert_eq!(d, KvDecision::Events);
+    // Load counts against it: 2 requests x 64 tokens outweigh 32 more cached tokens.
+    let _busy: Vec<LoadGuard> = (0..2).map(|_| LoadGuard::new(ws[2].clone())).collect();
+    let (w, _) = kv.decide(&all, Some(&key(&prompt)));
+    assert!(Arc::ptr_eq(w, &ws[0]), "{}", w.url().as_str());
+    // A resync forgets the worker's pages.
+    sinks[0].resync();
+    assert_eq!(kv.cached_tokens(&all, &prompt)[0], Some(0.0));
+}
+
+#[test]
+fn without_events_or_ids_cache_aware_decides() {
+    let (kv, ws, sinks) = following(2, KvAwareConfig::default());
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    // No events at all yet.
+    assert_eq!(
+        kv.decide(&all, Some(&key(&[1, 2, 3]))).1,
+        KvDecision::Fallback
+    );
+    sinks[0].apply(&stored(&[1, 2, 3, 4], 2));
+    // A text prompt has no ids.
+    assert_eq!(kv.decide(&all, Some(b"thello")).1, KvDecision::Fallback);
+    // Worker 1 has no events: estimated by the tree, which learns the choice.
+    let (w, d) = kv.decide(&all, Some(&key(&[9, 9, 9, 9])));
+    assert_eq!(d, KvDecision::Mixed);
+    let again = kv.fallback.estimate(&all, &key(&[9, 9, 9, 9]));
+    let i = all.iter().position(|x| Arc::ptr_eq(x, w)).unwrap();
+    assert_eq!(again[i], 1.0);
+    assert!(kv.has_events(&ws[0]) && !kv.has_events(&ws[1]));
+}
+
+#[test]
+fn temperature_spreads_and_zero_is_argmin() {
+    assert_eq!(choose(&[3.0, 1.0, 2.0], 0.0, |_| 0), 1);
+    assert_eq!(
+        choose(&[1.0, 1.0], 0.0, |i| 1 - i),
+        1,
+        "ties go to the less loaded"
+    );
+    let mut seen = [0; 3];
+    for _ in 0..2000 {
+        seen[choose(&[10.0, 10.5, 100.0], 1.0, |_| 0)] += 1;
+    }
+    assert!(seen[0] > 200 && seen[1] > 200, "{seen:?}");
+    assert!(seen[2] < seen[0], "{seen:?}");
+    assert_eq!(key_tokens(&key(&[7, 8])), Some(vec![7, 8]));
+    assert_eq!(key_tokens(b"tabc"), None);
+}

@@ -1,0 +1,283 @@
+//! The simulated worker's prefix cache: a radix tree over KV pages, as SGLang's
+//! `RadixCache` with `--page-size` keeps it. Each node is one full page, named by SGLang's
+//! chained page hash ([`crate::kv_events::hash`]), so a path from the root is a cached
+//! prefix. The tree holds at most `capacity` pages (the KV pool); a request references
+//! (locks) the pages of its prompt until it ends, and a page is evicted only when nothing
+//! references it and it has no children, least recently used first. Every change is
+//! reported as SGLang's KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`),
+//! which the worker publishes. Pure: no I/O, no clock (recency is a counter).
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::kv_events::hash::{self, BlockHash};
+use crate::kv_events::wire::KvEvent;
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: Option<BlockHash>,
+    children: u32,
+    refs: u32,
+    last_use: u64,
+}
+
+/// The cache of one worker.
+#[derive(Debug)]
+pub struct PrefixCache {
+    page_size: usize,
+    capacity: usize,
+    nodes: HashMap<BlockHash, Node>,
+    /// Evictable pages (no references, no children) by last use.
+    lru: BTreeSet<(u64, BlockHash)>,
+    tick: u64,
+    epoch: u64,
+    events: Vec<KvEvent>,
+    evicted: u64,
+}
+
+/// What a prompt found and now holds; give it back with [`PrefixCache::release`].
+#[derive(Debug, Default)]
+pub struct Admission {
+    /// Prompt tokens found in the cache (whole pages).
+    pub cached_tokens: u64,
+    /// Prompt tokens the worker has to compute.
+    pub uncached_tokens: u64,
+    held: Vec<BlockHash>,
+    epoch: u64,
+}
+
+/// Counters for `/sim/kv` and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PrefixStats {
+    /// Tokens per page.
+    pub page_size: usize,
+    /// Pages the pool holds at most.
+    pub capacity_pages: usize,
+    /// Pages cached now.
+    pub cached_pages: usize,
+    /// Pages evicted so far.
+    pub evicted_pages: u64,
+}
+
+impl PrefixCache {
+    /// An empty cache of `capacity` pages of `page_size` tokens.
+    pub fn new(page_size: usize, capacity: usize) -> Self {
+        PrefixCache {
+            page_size: page_size.max(1),
+            capacity,
+            nodes: HashMap::new(),
+            lru: BTreeSet::new(),
+            tick: 0,
+            epoch: 0,
+            events: Vec::new(),
+            evicted: 0,
+        }
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Looks `tokens` up: locks its cached prefix, stores (and locks) its other full pages
+    /// as far as the pool allows, evicting unreferenced pages when it is full.
+    pub fn admit(&mut self, tokens: &[u32]) -> Admission {
+        self.tick += 1;
+        let digests = hash::page_digests(tokens, self.page_size);
+        let hashes: Vec<BlockHash> = digests.iter().map(hash::block_hash).collect();
+        let hit = hashes
+            .iter()
+            .take_while(|h| self.nodes.contains_key(h))
+            .count();
+        let mut held = Vec::with_capacity(hashes.len());
+        for h in &hashes[..hit] {
+            self.lock(*h);
+            held.push(*h);
+        }
+        let mut stored = Vec::new();
+        let mut parent = hit.checked_sub(1).map(|i| hashes[i]);
+        for &h in &hashes[hit..] {
+            if self.nodes.len() >= self.capacity && !self.evict_one() {
+                break;
+            }
+            self.nodes.insert(
+                h,
+                Node {
+                    parent,
+                    children: 0,
+                    refs: 1,
+                    last_use: self.tick,
+                },
+            );
+            if let Some(p) = parent.and_then(|p| self.nodes.get_mut(&p)) {
+                p.children += 1;
+            }
+            held.push(h);
+            stored.push(h);
+            parent = Some(h);
+        }
+        if !stored.is_empty() {
+            let first = hit;
+            let ps = self.page_size;
+            self.events.push(KvEvent::BlockStored {
+                parent_block_hash: first.checked_sub(1).map(|i| hashes[i]),
+                token_ids: tokens[first * ps..(first + stored.len()) * ps].to_vec(),
+                block_hashes: stored,
+                block_size: ps as u32,
+                lora_id: None,
+                medium: Some("GPU".to_owned()),
+            });
+        }
+        let cached = (hit * self.page_size) as u64;
+        Admission {
+            cached_tokens: cached,
+            uncached_tokens: tokens.len() as u64 - cached,
+            held,
+            epoch: self.epoch,
+        }
+    }
+
+    /// Drops what `a` holds; its pages become evictable once nothing else holds them.
+    pub fn release(&mut self, a: Admission) {
+        if a.epoch != self.epoch {
+            return;
+        }
+        self.tick += 1;
+        for h in a.held {
+            let tick = self.tick;
+            if let Some(n) = self.nodes.get_mut(&h) {
+                n.refs = n.refs.saturating_sub(1);
+                n.last_use = tick;
+                if n.refs == 0 && n.children == 0 {
+                    self.lru.insert((tick, h));
+                }
+            }
+        }
+    }
+
+    /// Drops every page (`/flush_cache`); what requests hold is forgotten with them.
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.lru.clear();
+        self.epoch += 1;
+        self.events.push(KvEvent::AllBlocksCleared);
+    }
+
+    /// The events since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PrefixStats {
+        PrefixStats {
+            page_size: self.page_size,
+            capacity_pages: self.capacity,
+            cached_pages: self.nodes.len(),
+            evicted_pages: self.evicted,
+        }
+    }
+
+    fn lock(&mut self, h: BlockHash) {
+        if let Some(n) = self.nodes.get_mut(&h) {
+            if n.refs == 0 && n.children == 0 {
+                self.lru.remove(&(n.last_use, h));
+            }
+            n.refs += 1;
+        }
+    }
+
+    /// Evicts the least recently used evictable page; false when none is.
+    fn evict_one(&mut self) -> bool {
+        let Some((_, h)) = self.lru.pop_first() else {
+            return false;
+        };
+        let Some(node) = self.nodes.remove(&h) else {
+            return false;
+        };
+        self.evicted += 1;
+        if let Some((p, pn)) = node
+            .parent
+            .and_then(|p| self.nodes.get_mut(&p).map(|pn| (p, pn)))
+        {
+            pn.children -= 1;
+            if pn.children == 0 && pn.refs == 0 {
+                self.lru.insert((pn.last_use, p));
+            }
+        }
+        match self.events.last_mut() {
+            Some(KvEvent::BlockRemoved { block_hashes, .. }) => block_hashes.push(h),
+            _ => self.events.push(KvEvent::BlockRemoved {
+                block_hashes: vec![h],
+                medium: Some("GPU".to_owned()),
+            }),
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    #[test]
+    fn second_prompt_hits_the_shared_prefix() {
+        let mut c = PrefixCache::new(4, 100);
+        let a = c.admit(&toks(0..10));
+        assert_eq!((a.cached_tokens, a.uncached_tokens), (0, 10));
+        let ev = c.take_events();
+        assert!(
+            matches!(&ev[..], [KvEvent::BlockStored { block_hashes, parent_block_hash: None, token_ids, .. }]
+            if block_hashes == &hash::block_hashes(&toks(0..8), 4) && token_ids == &toks(0..8))
+        );
+        c.release(a);
+        let mut p = toks(0..8);
+        p.extend([99, 98, 97, 96, 95]);
+        let b = c.admit(&p);
+        assert_eq!((b.cached_tokens, b.uncached_tokens), (8, 5));
+        let ev = c.take_events();
+        assert!(
+            matches!(&ev[..], [KvEvent::BlockStored { parent_block_hash: Some(parent), token_ids, .. }]
+            if *parent == hash::block_hashes(&toks(0..8), 4)[1] && token_ids == &[99, 98, 97, 96])
+        );
+    }
+
+    #[test]
+    fn eviction_takes_unreferenced_leaves_lru_first() {
+        let mut c = PrefixCache::new(2, 4);
+        let a = c.admit(&[1, 2, 3, 4]); // pages A1 A2
+        c.release(a);
+        let b = c.admit(&[5, 6, 7, 8]); // pages B1 B2: full
+        c.release(b);
+        c.take_events();
+        // A is older: its leaf A2 goes first, then A1.
+        let d = c.admit(&[9, 10, 11, 12]);
+        assert_eq!(d.uncached_tokens, 4);
+        let ev = c.take_events();
+        let a_hashes = hash::block_hashes(&[1, 2, 3, 4], 2);
+        assert!(
+            matches!(&ev[0], KvEvent::BlockRemoved { block_hashes, .. } if block_hashes == &[a_hashes[1], a_hashes[0]])
+        );
+        assert_eq!(c.stats().cached_pages, 4);
+        assert_eq!(c.stats().evicted_pages, 2);
+        assert_eq!(c.admit(&[5, 6, 7, 8]).cached_tokens, 4, "B survived");
+    }
+
+    #[test]
+    fn held_pages_are_never_evicted() {
+        let mut c = PrefixCache::new(2, 2);
+        let a = c.admit(&[1, 2, 3, 4]);
+        let b = c.admit(&[5, 6, 7, 8]);
+        assert_eq!(b.cached_tokens, 0);
+        assert_eq!(c.stats().cached_pages, 2, "nothing evictable: B not stored");
+        c.release(b);
+        c.release(a);
+        assert_eq!(c.admit(&[1, 2, 3, 4]).cached_tokens, 4);
+        c.clear();
+        assert_eq!(c.take_events().last(), Some(&KvEvent::AllBlocksCleared));
+        assert_eq!(c.admit(&[1, 2, 3, 4]).cached_tokens, 0);
+    }
+}

@@ -1,0 +1,156 @@
+//! `kv_aware` over real sockets: simulated workers publish SGLang KV events over ZMQ, the
+//! gateway follows them (endpoints discovered from `/get_server_info`), and a prompt goes
+//! to the worker that really holds its prefix, even one the gateway never sent it to.
+
+use std::sync::Arc;
+
+use gateway::config::PolicyKind;
+use gateway::kv_events::KvEventsConfig;
+use gateway::serve::Gateway;
+use gateway::sim::{self, SimConfig, SimHandle};
+use gateway::workers::Worker;
+use moongate_tests::{eventually, fast_config, start_gateway};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// A simulated worker of `mode` with a prefix cache (4-token pages) publishing its KV events
+/// (and a replay socket) on loopback ports of its own.
+async fn sim_with_events(mode: sim::SimMode) -> SimHandle {
+    let cfg = SimConfig {
+        port: 0,
+        model: "m".into(),
+        mode,
+        model_shape: sim::ModelShape::Tiny,
+        page_size: 4,
+        kv_pool_size: 4096 * 128,
+        bootstrap_port: 0,
+        kv_transport: sim::config::KvTransport::Tcp,
+        kv_events_config: Some(KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            ..KvEventsConfig::default()
+        }),
+        ..SimConfig::default()
+    };
+    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
+        .await
+        .unwrap()
+}
+
+async fn generate(c: &reqwest::Client, base: &str, ids: &[u32]) -> Value {
+    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    let r = c
+        .post(format!("{base}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {
+    gw.state().registry().snapshot().iter().cloned().collect()
+}
+
+#[tokio::test]
+async fn prompts_go_where_their_prefix_is_cached() {
+    let sims = [
+        sim_with_events(sim::SimMode::Regular).await,
+        sim_with_events(sim::SimMode::Regular).await,
+        sim_with_events(sim::SimMode::Regular).await,
+    ];
+    let cfg = gateway::config::ServeConfig {
+        worker_urls: sims.iter().map(|s| s.url()).collect(),
+        policy: PolicyKind::KvAware,
+        ..fast_config()
+    };
+    let gw = start_gateway(cfg).await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 3).await;
+    let router = gw.state().router();
+    let kv = router.policy().kv_aware().expect("kv_aware");
+    for _ in 0..10 {
+        if kv.followed() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        kv.followed(),
+        3,
+        "the gateway follows every worker's events"
+    );
+    let c = reqwest::Client::new();
+    // Each worker caches its own prompt, sent to it directly (not through the gateway).
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| (1000 * (i + 1)..1000 * (i + 1) + 64).collect())
+        .collect();
+    for attempt in 0..50 {
+        for (s, p) in sims.iter().zip(&prompts) {
+            generate(&c, &s.url(), p).await;
+        }
+        let ws = workers(&gw);
+        if ws.iter().all(|w| kv.has_events(w)) {
+            break;
+        }
+        assert!(attempt < 49, "events never arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let ws = workers(&gw);
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    for p in &prompts {
+        eventually("the index knows the prompt", || {
+            kv.cached_tokens(&all, p).contains(&Some(64.0))
+        })
+        .await;
+    }
+    // Through the gateway each prompt (with a new tail) lands where it is cached.
+    for (i, p) in prompts.iter().enumerate() {
+        let mut q = p.clone();
+        q.extend([7, 7, 7, 7, 7]);
+        let r = generate(&c, &gw.url(), &q).await;
+        assert_eq!(r["meta_info"]["cached_tokens"], 64, "prompt {i}: {r}");
+    }
+    let (pages, applied) = kv.index_stats();
+    assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
+}
+
+#[tokio::test]
+async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
+    let p = sim_with_events(sim::SimMode::Prefill).await;
+    let d = sim_with_events(sim::SimMode::Decode).await;
+    let boot = p.bootstrap_addr().unwrap().port();
+    let gw = moongate_tests::start_pd_gateway(&[(&p.url(), Some(boot))], &[&d.url()], |c| {
+        c.prefill_policy = Some(PolicyKind::KvAware);
+        c.decode_policy = Some(PolicyKind::KvAware);
+        c.pd_min_uncached_tokens = 16;
+    })
+    .await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    let pd = gw.state().pd_router().unwrap();
+    let decode_kv = pd.policies()[1].kv_aware().unwrap();
+    for _ in 0..10 {
+        if decode_kv.followed() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let c = reqwest::Client::new();
+    let prompt: Vec<u32> = (500..564).collect();
+    // First time: nothing cached anywhere, so prefill and decode both take part.
+    let first = generate(&c, &gw.url(), &prompt).await;
+    assert_eq!(first["meta_info"]["prompt_tokens"], 64, "{first}");
+    assert_eq!(p.pd().unwrap().stats().moves, 1);
+    let ws = workers(&gw);
+    let decode = ws.iter().find(|w| w.url().as_str() == d.url()).unwrap();
+    eventually("decode's events arrive", || {
+        decode_kv.cached_tokens(&[decode], &prompt)[0] == Some(64.0)
+    })
+    .await;
+    // Again, with a short new tail: decode holds all but 3 tokens, so it answers alone.
+    let mut again = prompt.clone();
+    again.extend([1, 2, 3]);
+    let r = generate(&c, &gw.url(), &again).await;
+    assert_eq!(r["meta_info"]["cached_tokens"], 64, "{r}");
+    assert_eq!(p.pd().unwrap().stats().moves, 1, "the prefill was skipped");
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Many store clients against several storage nodes, next to what the transfer engine alone
+# moves with as many connections, in one run (taken in turn, round after round):
+#
+#   bench/store_clients.sh                    # 8 clients, 2 nodes, 1 MiB values, 3 rounds
+#   CLIENTS=4 NODES=1 SIZE=4M ROUNDS=1 bench/store_clients.sh
+#
+# Store side: `store-bench --storage node --nodes NODES --clients CLIENTS` (put_from and
+# get_into, zero-copy, one call at a time per client; every client its own engine and
+# connections, as one SGLang TP rank each). Reference: `transfer-bench` with NODES targets
+# and, for each, CLIENTS/NODES initiator threads writing (then reading) SIZE blocks one at
+# a time over PER_NODE x LANES connections, i.e. the same bytes per request and the same
+# connections per node, with no master round trips. Both on PROTOCOL (default tcp: the figure a cluster of hosts sees;
+# `auto` lets the store use shared memory, which transfer-bench calls `shm`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+CLIENTS=${CLIENTS:-8}
+NODES=${NODES:-2}
+SIZE=${SIZE:-1M}
+PROTOCOL=${PROTOCOL:-tcp}
+DURATION=${DURATION:-3}
+TARGET=${CARGO_TARGET_DIR:-target}
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cargo build --release -q -p kvstore --bin store-bench -p transfer --bin transfer-bench -p gateway --bin moongate
+fi
+SB=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
+TB=${TRANSFER_BENCH_BIN:-$TARGET/release/transfer-bench}
+MG=${MOONGATE_BIN:-$TARGET/release/moongate}
+OUT=${OUT:-$(mktemp -d /tmp/store_clients.XXXXXX)}
+TB_PROTO=$PROTOCOL; [ "$PROTOCOL" = auto ] && TB_PROTO=shm
+PER_NODE=$(( (CLIENTS + NODES - 1) / NODES ))
+LANES=${LANES:-2}   # TCP connections per peer of each client's engine (the engine's default)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+# transfer-bench: NODES targets, PER_NODE initiator threads each, all at once; GB/s summed.
+te_pass() {
+  local op=$1 total=0 segs=() ipids=()
+  pids=()
+  for n in $(seq 1 "$NODES"); do
+    "$TB" --mode target --listen 127.0.0.1:0 --protocol "$TB_PROTO" --buffer-size 1G \
+      > "$OUT/target$n.log" 2>&1 &
+    pids+=($!)
+  done
+  for n in $(seq 1 "$NODES"); do
+    for _ in $(seq 1 100); do grep -q 'segment' "$OUT/target$n.log" 2>/dev/null && break; sleep 0.1; done
+    segs+=("$(grep -o 'segment [^ ]*' "$OUT/target$n.log" | head -1 | cut -d' ' -f2)")
+  done
+  for n in $(seq 1 "$NODES"); do
+    "$TB" --mode initiator --segment "${segs[$((n - 1))]}" --protocol "$TB_PROTO" --op "$op" \
+      --block-size "$SIZE" --batch-size 1 --threads "$PER_NODE" --lanes "$((PER_NODE * LANES))" --duration "$DURATION" \
+      --buffer-size 256M --json > "$OUT/init$n.log" 2>&1 &
+    ipids+=($!)
+  done
+  for p in "${ipids[@]}"; do wait "$p"; done
+  for n in $(seq 1 "$NODES"); do
+    g=$(grep '"bench":"transfer-bench"' "$OUT/init$n.log" | grep -o '"GBps":[0-9.]*' | cut -d: -f2)
+    [ -n "$g" ] || { echo "transfer-bench produced no result" >&2; cat "$OUT/init$n.log" >&2; exit 1; }
+    total=$(python3 -c "print($total + $g)")
+  done
+  cleanup; pids=()
+  echo "$total"
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+  echo "== round $r/$ROUNDS" >&2
+  w=$(te_pass write); rd=$(te_pass read)
+  echo "{\"round\":$r,\"system\":\"transfer-bench\",\"put_from\":$w,\"get_into\":$rd}" >> "$OUT/results.jsonl"
+  "$SB" --json --rounds 1 --storage node --nodes "$NODES" --clients "$CLIENTS" --protocol "$PROTOCOL" \
+    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G 2>>"$OUT/store.err" \
+    | grep '^RESULT' | cut -d' ' -f2- \
+    | sed "s/^/{\"round\":$r,\"system\":\"store\",\"r\":/; s/\$/}/" >> "$OUT/results.jsonl"
+done
+
+python3 - "$OUT/results.jsonl" "$CLIENTS" "$NODES" "$SIZE" "$PROTOCOL" <<'EOF'
+import json, statistics, sys
+from collections import defaultdict
+te, st, mn = defaultdict(list), defaultdict(list), defaultdict(list)
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d["system"] == "transfer-bench":
+        for op in ("put_from", "get_into"):
+            te[op].append(d[op])
+    else:
+        r = d["r"]
+        ok = r["errors"] == 0 and r["bad"] == 0
+        st[r["op"]].append(r["GBps"] if ok else 0.0)
+        mn[r["op"]].append(r["client_min_GBps"])
+print(f"{sys.argv[2]} clients, {sys.argv[3]} nodes, {sys.argv[4]} values, protocol {sys.argv[5]}; medians over rounds, GB/s")
+print(f"{'op':<10}{'transfer-bench':>15}{'store (all)':>13}{'slowest client':>16}{'ratio':>7}")
+for op in ("put_from", "get_into"):
+    a, b, c = statistics.median(te[op]), statistics.median(st[op]), statistics.median(mn[op])
+    print(f"{op:<10}{a:>15.2f}{b:>13.2f}{c:>16.3f}{b / a:>7.2f}")
+EOF
+echo "raw results: $OUT/results.jsonl" >&2

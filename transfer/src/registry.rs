@@ -273,7 +273,8 @@ impl RegisteredBuffer {
     /// Faults `buffers` in, one after the other, on one background thread,
     /// `PREFAULT_CHUNK` bytes at a time, so that the first transfers into them do not pay the
     /// kernel's first touch (zeroing and mapping every page) on their path. Nothing is
-    /// written: transfers may run meanwhile. The thread holds the memory only weakly and
+    /// written: transfers may run meanwhile. The thread runs at idle priority
+    /// (`SCHED_IDLE`), so it takes no CPU the data path wants. It holds the memory only weakly and
     /// skips a buffer once it is dropped. Costs the buffers' size in resident memory, at a
     /// few GB/s. The thread answers the bytes faulted in (0 where the kernel cannot do it
     /// without writing: before Linux 5.14, or memory the caller lent).
@@ -286,7 +287,10 @@ impl RegisteredBuffer {
             .collect();
         std::thread::Builder::new()
             .name("moongate-prefault".into())
-            .spawn(move || regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum())
+            .spawn(move || {
+                crate::memory::make_this_thread_idle();
+                regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum()
+            })
     }
 
     pub(crate) fn engine_id(&self) -> Option<u64> {

@@ -269,13 +269,14 @@ impl ShmMaps {
 /// a time, so that copies into a region the owner has already faulted in do not take a
 /// minor fault per page on their path (this process maps the peer's pages lazily). Costs
 /// page tables only (about 2 MiB per GiB mapped): the pages are the owner's. The thread
-/// holds the mapping weakly and stops once it is unmapped.
+/// runs at idle priority, holds the mapping weakly and stops once it is unmapped.
 fn populate_in_background(m: &Arc<PeerMapping>) {
     let weak = Arc::downgrade(m);
     let (base, len) = (m.region.addr, m.region.len as usize);
     let spawned = std::thread::Builder::new()
         .name("moongate-shm-populate".into())
         .spawn(move || {
+            crate::memory::make_this_thread_idle();
             let mut off = 0;
             while off < len {
                 let Some(m) = weak.upgrade() else { return };

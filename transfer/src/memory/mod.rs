@@ -34,6 +34,7 @@ mod cpu;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all};
+pub(crate) use raw::make_this_thread_idle;
 use raw::populate_live;
 pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};
 pub use raw::{huge_page_size, page_size};

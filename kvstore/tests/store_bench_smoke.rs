@@ -4,21 +4,36 @@
 
 use std::process::Command;
 
-#[test]
-fn store_bench_runs_every_operation_and_verifies_the_bytes() {
+/// Runs `store-bench` with `args` (and `--json`); its standard output, once it succeeded.
+fn store_bench(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_store-bench"))
-        .args([
-            "--sizes", "4K,100K", "--ops", "130", "--batch", "16", "--rounds", "1",
-        ])
-        .args(["--segment-size", "64M", "--json"])
+        .args(args)
+        .arg("--json")
         .output()
         .expect("run store-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn store_bench_runs_every_operation_and_verifies_the_bytes() {
+    let stdout = store_bench(&[
+        "--sizes",
+        "4K,100K",
+        "--ops",
+        "130",
+        "--batch",
+        "16",
+        "--rounds",
+        "1",
+        "--segment-size",
+        "64M",
+    ]);
     for op in [
         "put",
         "get",
@@ -44,29 +59,22 @@ fn store_bench_runs_every_operation_and_verifies_the_bytes() {
 
 #[test]
 fn store_bench_runs_many_clients_at_once_each_on_its_own_keys() {
-    let out = Command::new(env!("CARGO_BIN_EXE_store-bench"))
-        .args([
-            "--sizes",
-            "4K",
-            "--ops",
-            "40",
-            "--batch",
-            "8",
-            "--rounds",
-            "1",
-            "--clients",
-            "3",
-        ])
-        .args(["--only", "put,get,batch_put_from,batch_get_into"])
-        .args(["--segment-size", "16M", "--json"])
-        .output()
-        .expect("run store-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = store_bench(&[
+        "--sizes",
+        "4K",
+        "--ops",
+        "40",
+        "--batch",
+        "8",
+        "--rounds",
+        "1",
+        "--clients",
+        "3",
+        "--only",
+        "put,get,batch_put_from,batch_get_into",
+        "--segment-size",
+        "16M",
+    ]);
     for op in ["put", "get", "batch_put_from", "batch_get_into"] {
         let line = stdout
             .lines()

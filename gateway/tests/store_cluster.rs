@@ -348,10 +348,8 @@ async fn sigterm_unmounts_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_waits_for_its_master_and_remounts_after_a_restart() {
-    // Reserve a port for the master, then start the node before the master listens on it.
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = probe.local_addr().unwrap().to_string();
-    drop(probe);
+    // Pick the master's address, then start the node before the master listens on it.
+    let addr = common::restartable_loopback_addr();
     let url = format!("http://{addr}");
     let node = Node::start(&url, "16M", "auto");
     let (status, body) = node.get("/health").await;
@@ -426,9 +424,7 @@ async fn a_node_restarted_at_the_same_address_never_serves_its_predecessors_obje
     let m = master(60_000, "127.0.0.1:0").await;
     let c = client(&m.url(), Protocol::Auto).await;
     for protocol in ["auto", "tcp"] {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let listen = probe.local_addr().unwrap().to_string();
-        drop(probe);
+        let listen = common::restartable_loopback_addr();
         let mut old = Node::start_with(&m.url(), "16M", protocol, &["--listen", &listen]);
         let w = c.with_replication(on(&old.segment, 1));
         let keys: Vec<String> = (0..8).map(|i| format!("{protocol}/old/{i}")).collect();

@@ -35,6 +35,28 @@ pub fn word_after(line: &str, key: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A free loopback address for a server a test starts, stops and starts again at the same
+/// address. The port lies below the kernel's ephemeral range, so while the server is down no
+/// other socket can be handed it: neither a listener of a concurrent test binding port 0 nor an
+/// outgoing connection (a client retrying `127.0.0.1:P` can even be given local port P and
+/// connect to itself). With a port from `bind(0)`, CI saw the restart fail with `Address
+/// already in use`.
+pub fn restartable_loopback_addr() -> String {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let span = (low / 2).max(1);
+    let start = rand::random_range(0..span);
+    (0..span)
+        .map(|i| low - span + (start + i) % span)
+        .find_map(|port| {
+            let l = std::net::TcpListener::bind(("127.0.0.1", port)).ok()?;
+            Some(l.local_addr().ok()?.to_string())
+        })
+        .expect("a free loopback port below the ephemeral range")
+}
+
 /// Starts a worker with `cfg` on a free loopback port.
 pub async fn start(cfg: SimConfig) -> SimHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

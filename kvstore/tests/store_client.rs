@@ -146,6 +146,25 @@ async fn zero_copy_and_batch_forms() {
     assert!(ex[..64].iter().all(|r| *r.as_ref().unwrap()));
     assert!(!ex[64].as_ref().unwrap());
 
+    // A batch big enough to share one allocation: exact values around a miss.
+    let big: Vec<(String, Vec<u8>)> = (0..6)
+        .map(|i| {
+            (
+                format!("big/{i}"),
+                value(200 + i, (1 << 20) - 3 * i as usize),
+            )
+        })
+        .collect();
+    assert!(c.batch_put(&big).await.iter().all(Result::is_ok));
+    let mut keys: Vec<&str> = big.iter().map(|(k, _)| k.as_str()).collect();
+    keys.insert(3, "big/missing");
+    let mut got = node.batch_get(&keys).await;
+    let missing = got.remove(3);
+    assert_eq!(name(missing.as_ref().unwrap_err()), "OBJECT_NOT_FOUND");
+    for ((k, v), g) in big.iter().zip(&got) {
+        assert_eq!(g.as_ref().unwrap(), v, "{k}");
+    }
+
     // Zero-copy batches: 16 pages of one registered buffer each way.
     let page = 64 << 10;
     let zitems: Vec<(String, BufRange<'_>)> = (0..16)

@@ -270,6 +270,11 @@ impl RegisteredBuffer {
         self.region().to_vec(offset, len)
     }
 
+    /// Appends `len` bytes at `offset` to `out` (bounds-checked).
+    pub fn append_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.region().append_to(offset, len, out)
+    }
+
     /// Faults `buffers` in, one after the other, on one background thread,
     /// `PREFAULT_CHUNK` bytes at a time, so that the first transfers into them do not pay the
     /// kernel's first touch (zeroing and mapping every page) on their path. Nothing is

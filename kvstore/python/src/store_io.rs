@@ -261,7 +261,12 @@ impl MooncakeDistributedStore {
     }
 
     /// Values of `keys` (copied through the copy buffer), one master request.
-    fn get_values(&self, py: Python<'_>, op: &str, keys: &[String]) -> Vec<Result<Vec<u8>, i32>> {
+    fn get_values(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        keys: &[String],
+    ) -> Vec<Result<bytes::Bytes, i32>> {
         self.with_state(op, vec![Err(INVALID_PARAMS); keys.len()], |s| {
             if s.zero_copy_only {
                 return vec![

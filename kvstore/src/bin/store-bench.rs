@@ -284,9 +284,9 @@ impl Bench {
             }
             let region = Region::new(GLOBAL);
             let t = Instant::now();
-            let results: Vec<Result<Option<Vec<u8>>, StoreError>> = match op {
+            let results: Vec<Result<Option<bytes::Bytes>, StoreError>> = match op {
                 "put" => vec![self.c.put(ks[0], &scratch[0]).await.map(|()| None)],
-                "get" => vec![self.c.get(ks[0]).await.map(Some)],
+                "get" => vec![self.c.get(ks[0]).await.map(|v| Some(v.into()))],
                 "put_from" => vec![
                     self.c
                         .put_from(ks[0], BufRange::new(&self.src, 0, size))

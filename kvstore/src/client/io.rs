@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use bytes::Bytes;
 use openapi::master as wire;
 use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
 
@@ -13,7 +14,7 @@ use super::staging::Slot;
 use super::{BufRange, StoreClient};
 
 /// Where one object's bytes come from (put) or go to (get) on this side.
-enum Side<'a> {
+pub(super) enum Side<'a> {
     /// Through a slot of the copy buffer.
     Copy(Slot),
     /// Caller-registered memory.
@@ -21,6 +22,14 @@ enum Side<'a> {
 }
 
 impl Side<'_> {
+    /// The copy-buffer slot of a side that reads through the copy buffer.
+    pub(super) fn copy_slot(&self) -> &Slot {
+        match self {
+            Side::Copy(slot) => slot,
+            Side::Registered(..) => unreachable!("a copying read has a copy-buffer side"),
+        }
+    }
+
     fn buf_offset(&self) -> (&RegisteredBuffer, usize) {
         match self {
             Side::Copy(s) => (s.buf(), s.offset()),
@@ -551,22 +560,15 @@ impl StoreClient {
     }
 
     /// The values of many keys: one lookup request, one transfer batch (more only for
-    /// replicas that fail).
-    pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Vec<u8>>> {
+    /// replicas that fail). The values of a big batch share one allocation, which lives
+    /// until the last of them is dropped.
+    pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
             return Vec::new();
         }
         let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
         let got = self.get_pipeline(&ks, |_, len| self.copy_side(len)).await;
-        let out: Vec<_> = got
-            .into_iter()
-            .map(|r| {
-                r.and_then(|(len, side)| match side {
-                    Side::Copy(slot) => slot.to_vec(len as usize),
-                    Side::Registered(..) => unreachable!("batch_get reads through the copy buffer"),
-                })
-            })
-            .collect();
+        let out = super::values::values_of(&self.inner.values, got);
         crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
     }

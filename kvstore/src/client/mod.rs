@@ -21,6 +21,7 @@
 //! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1).
 //! - `staging`: the registered copy buffer and its slots.
 //! - `io`: the put and get pipelines shared by single and batch forms.
+//! - `values`: the buffers `batch_get`'s values live in, recycled once released.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
 
 mod config;
@@ -29,6 +30,7 @@ mod heartbeat;
 mod io;
 mod rpc;
 mod staging;
+mod values;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +95,7 @@ struct Inner {
     engine: TransferEngine,
     segment: Option<(RegisteredBuffer, SegmentSpec)>,
     staging: Arc<Staging>,
+    values: Arc<values::ValuePool>,
     health: Arc<HealthState>,
     stop: CancellationToken,
 }
@@ -235,6 +238,8 @@ impl StoreClient {
             replica_num: config.replica_num,
             ..ReplicateConfig::default()
         };
+        // Idle batch buffers are kept up to the copy buffer's size: what a batch can carry.
+        let values = values::ValuePool::new(to_usize(config.local_buffer_size)?);
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -243,6 +248,7 @@ impl StoreClient {
                 engine,
                 segment,
                 staging,
+                values,
                 health,
                 stop,
             }),
@@ -329,7 +335,9 @@ impl StoreClient {
 
     /// The value of `key`, in a new vector.
     pub async fn get(&self, key: &str) -> StoreResult<Vec<u8>> {
-        self.batch_get(&[key]).await.pop().expect("one result")
+        let value = self.batch_get(&[key]).await.pop().expect("one result")?;
+        // A lone value has a vector of its own: this takes it back without a copy.
+        Ok(Vec::from(value))
     }
 
     /// Reads the value of `key` into `dst` (which must have room for it); returns its length.

@@ -36,8 +36,8 @@ mod raw;
 pub(crate) use cpu::{Access, CpuLock, lock_all};
 pub(crate) use raw::make_this_thread_idle;
 use raw::populate_live;
+pub use raw::{BULK_VEC_MIN, bulk_vec, huge_page_size, page_size};
 pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};
-pub use raw::{huge_page_size, page_size};
 
 /// Size of the control page in front of every shared-memory region.
 pub(crate) const SHM_CONTROL_LEN: usize = 4096;
@@ -494,18 +494,32 @@ impl MemoryRegion {
     /// Copies `len` bytes at `offset` into a new `Vec` (one pass: the vector is not zeroed
     /// first).
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
-        self.check(offset, len)?;
-        let _held = self.cpu.lock(offset, len, Access::Read);
         let mut v = Vec::with_capacity(len);
-        // SAFETY: bounds checked above, so the source holds `len` readable bytes (not written
-        // by a thread of this process while the stripes are held shared); the vector has
-        // capacity `len` and is a distinct allocation, so the ranges cannot overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.as_ptr().wrapping_add(offset), v.as_mut_ptr(), len)
-        };
-        // SAFETY: the copy above initialised the first `len` bytes, within capacity.
-        unsafe { v.set_len(len) };
+        self.append_to(offset, len, &mut v)?;
         Ok(v)
+    }
+
+    /// Appends `len` bytes at `offset` to `out` (bounds-checked; `out` grows as a `Vec`
+    /// does, so one with room for them is not reallocated).
+    pub fn append_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.check(offset, len)?;
+        out.reserve(len);
+        let at = out.len();
+        let _held = self.cpu.lock(offset, len, Access::Read);
+        // SAFETY: bounds checked above, so the source holds `len` readable bytes (not written
+        // by a thread of this process while the stripes are held shared); `reserve` left room
+        // for `len` more bytes after `at` in the vector, a distinct allocation, so the ranges
+        // cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.as_ptr().wrapping_add(offset),
+                out.as_mut_ptr().wrapping_add(at),
+                len,
+            )
+        };
+        // SAFETY: the copy above initialised the `len` bytes after `at`, within capacity.
+        unsafe { out.set_len(at + len) };
+        Ok(())
     }
 
     /// Borrows the whole region as a slice (zero-copy reads).

@@ -537,7 +537,7 @@ impl MooncakeDistributedStore {
         let mut keys: Vec<String> = all_keys.iter().flatten().cloned().collect();
         keys.sort();
         keys.dedup();
-        let got: HashMap<String, Result<Vec<u8>, i32>> = keys
+        let got: HashMap<String, Result<bytes::Bytes, i32>> = keys
             .iter()
             .cloned()
             .zip(self.get_values(py, op, &keys))

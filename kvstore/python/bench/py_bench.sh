@@ -29,6 +29,9 @@ OUT=${OUT:-$(mktemp -d /tmp/py_bench.XXXXXX)}
 BENCH_PY=kvstore/python/bench/py_bench.py
 MC_RPC=$((BASE_PORT + 51)); MC_META=$((BASE_PORT + 80)); MC_METRICS=$((BASE_PORT + 3)); MG_PORT=$((BASE_PORT + 100))
 export MC_TCP_BIND_ADDRESS=127.0.0.1   # keep Mooncake's transfer engine on loopback
+# numpy is imported for its buffers only: keep OpenBLAS's thread pool (which spins after start on
+# every core) from taking CPU from the wheels measured, both alike.
+export OPENBLAS_NUM_THREADS=1
 [ -x "$MC_PY" ] || { echo "Mooncake's wheel is not installed: run ../shared/bench/install_peers.sh" >&2; exit 1; }
 
 if [ -z "${SKIP_BUILD:-}" ]; then

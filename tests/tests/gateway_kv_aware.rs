@@ -16,6 +16,11 @@ use tokio::net::TcpListener;
 /// A simulated worker of `mode` with a prefix cache (4-token pages) publishing its KV events
 /// (and a replay socket) on loopback ports of its own.
 async fn sim_with_events(mode: sim::SimMode) -> SimHandle {
+    sim_with(mode, SimConfig::default()).await
+}
+
+/// [`sim_with_events`] with the rest of its configuration from `base`.
+async fn sim_with(mode: sim::SimMode, base: SimConfig) -> SimHandle {
     let cfg = SimConfig {
         port: 0,
         model: "m".into(),
@@ -30,7 +35,7 @@ async fn sim_with_events(mode: sim::SimMode) -> SimHandle {
             replay_endpoint: Some("tcp://127.0.0.1:0".into()),
             ..KvEventsConfig::default()
         }),
-        ..SimConfig::default()
+        ..base
     };
     sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
         .await
@@ -113,6 +118,67 @@ async fn prompts_go_where_their_prefix_is_cached() {
     }
     let (pages, applied) = kv.index_stats();
     assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
+}
+
+#[tokio::test]
+async fn a_prefill_backlog_lasts_until_the_first_token() {
+    // 64 uncached tokens at 10 ms each: the first token comes 640 ms after the request,
+    // then one every 200 ms.
+    let s = sim_with(
+        sim::SimMode::Regular,
+        SimConfig {
+            prefill_compute_per_token: std::time::Duration::from_millis(10),
+            tpot: std::time::Duration::from_millis(200),
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    let cfg = gateway::config::ServeConfig {
+        worker_urls: vec![s.url()],
+        policy: PolicyKind::KvAware,
+        ..fast_config()
+    };
+    let gw = start_gateway(cfg).await;
+    eventually("worker ready", || gw.state().registry().counts().0 == 1).await;
+    let router = gw.state().router();
+    let kv = router.policy().kv_aware().unwrap();
+    eventually("the gateway follows the worker's events", || {
+        kv.followed() == 1
+    })
+    .await;
+    let c = reqwest::Client::new();
+    for attempt in 0..50 {
+        generate(&c, &s.url(), &[1, 2, 3, 4]).await;
+        if workers(&gw).iter().all(|w| kv.has_events(w)) {
+            break;
+        }
+        assert!(attempt < 49, "events never arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let w = workers(&gw).pop().unwrap();
+    assert_eq!(w.prefill_backlog(), 0);
+    let body = json!({"input_ids": (100..164).collect::<Vec<u32>>(),
+        "sampling_params": {"max_new_tokens": 4}, "stream": true});
+    let gw_url = gw.url();
+    let sent = tokio::spawn(async move {
+        c.post(format!("{gw_url}/generate"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    });
+    eventually("the request's prefill charged to the worker", || {
+        w.prefill_backlog() == 64
+    })
+    .await;
+    let mut resp = sent.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().expect("a first event");
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    // The gateway released the charge when it relayed the first token; the stream goes on.
+    assert_eq!(w.prefill_backlog(), 0);
+    assert_eq!(w.load(), 1);
+    while resp.chunk().await.unwrap().is_some() {}
 }
 
 #[tokio::test]

@@ -12,10 +12,10 @@
 //!
 //! `--speedup K` divides the trace's arrival times and the simulated compute (prefill per
 //! token, time per output token) by K; latencies are reported multiplied back by K, on the
-//! trace's clock. Requests are `/generate` with the synthesized `input_ids`, `ignore_eos`
-//! and `max_new_tokens` = the trace's output length, answered whole; their TTFT is the
-//! end-to-end time less the simulated decode (`(output − 1) × tpot`), which the simulator
-//! spends exactly.
+//! trace's clock. Requests are streamed `/generate` with the synthesized `input_ids`,
+//! `ignore_eos` and `max_new_tokens` = the trace's output length, as SGLang's clients send
+//! them; their TTFT is the time to the first event (the first token), and the gateways see
+//! it too (a `kv_aware` worker's prefill backlog is released at the first token).
 //!
 //! # Layout
 //! - [`trace`]: the trace format and the token ids synthesized from its block hashes.
@@ -101,6 +101,10 @@ pub struct BenchConfig {
     /// PD: also run each policy with this `--pd-min-uncached-tokens` (disaggregate or not).
     #[arg(long)]
     pub pd_min_uncached_tokens: Option<u64>,
+    /// `kv_aware`'s weight of the tokens to prefill against the requests in flight (the
+    /// gateway's `--kv-overlap-weight`).
+    #[arg(long, default_value_t = ServeConfig::default().kv_overlap_weight)]
+    pub kv_overlap_weight: f64,
     /// Write the summaries here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -265,6 +269,7 @@ fn gateway_config(cfg: &BenchConfig, run: &Run, sims: &[SimHandle]) -> ServeConf
         health_check_pending_interval_ms: 50,
         request_timeout_secs: 3600,
         pd_min_uncached_tokens: run.pd_min_uncached,
+        kv_overlap_weight: cfg.kv_overlap_weight,
         ..ServeConfig::default()
     };
     match cfg.pd {
@@ -361,19 +366,16 @@ async fn run_one(
             bar.clone(),
         );
         let url = urls[i % urls.len()].clone();
-        let (speedup, tpot) = (cfg.speedup, cfg.tpot);
+        let speedup = cfg.speedup;
         tasks.push(tokio::spawn(async move {
-            let r = &reqs[i];
-            match one(&client, &url, r).await {
-                Ok((prompt, cached, elapsed)) => {
-                    let e2e_ms = elapsed.as_secs_f64() * 1000.0 * speedup;
-                    let decode =
-                        tpot.as_secs_f64() * 1000.0 * r.output_length.saturating_sub(1) as f64;
+            match one(&client, &url, &reqs[i]).await {
+                Ok(m) => {
+                    let ms = |d: Duration| d.as_secs_f64() * 1000.0 * speedup;
                     samples.lock().push(Sample {
-                        prompt,
-                        cached,
-                        ttft_ms: (e2e_ms - decode).max(0.0),
-                        e2e_ms,
+                        prompt: m.prompt,
+                        cached: m.cached,
+                        ttft_ms: ms(m.ttft),
+                        e2e_ms: ms(m.e2e),
                     });
                 }
                 Err(e) => {
@@ -401,15 +403,21 @@ async fn run_one(
     Ok((Summary::of(run.name.clone(), &samples, errors, secs), ttfts))
 }
 
-/// Sends one request; its prompt and cached tokens and how long it took.
-async fn one(
-    client: &HttpClient,
-    url: &str,
-    r: &TraceRequest,
-) -> anyhow::Result<(u64, u64, Duration)> {
+/// What one request measured.
+struct Measured {
+    prompt: u64,
+    cached: u64,
+    ttft: Duration,
+    e2e: Duration,
+}
+
+/// Sends one streamed request: its prompt and cached tokens (from the last event's
+/// `meta_info`), the time to its first event and to its end.
+async fn one(client: &HttpClient, url: &str, r: &TraceRequest) -> anyhow::Result<Measured> {
     let body = serde_json::to_vec(&serde_json::json!({
         "input_ids": r.tokens(),
         "sampling_params": {"max_new_tokens": r.output_length, "ignore_eos": true},
+        "stream": true,
     }))?;
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -417,18 +425,35 @@ async fn one(
     let t = Instant::now();
     let resp = client.request(req).await?;
     let status = resp.status();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    let elapsed = t.elapsed();
+    let mut body = resp.into_body();
+    let (mut ttft, mut bytes) = (None, Vec::new());
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if ttft.is_none() && !data.is_empty() {
+                ttft = Some(t.elapsed());
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    let e2e = t.elapsed();
     anyhow::ensure!(
         status.is_success(),
         "status {status}: {}",
         String::from_utf8_lossy(&bytes)
     );
-    let v: serde_json::Value = serde_json::from_slice(&bytes)?;
+    let text = std::str::from_utf8(&bytes)?;
+    let last = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .last()
+        .context("a stream without events")?;
+    let v: serde_json::Value = serde_json::from_str(last)?;
     let meta = &v["meta_info"];
-    Ok((
-        meta["prompt_tokens"].as_u64().unwrap_or(r.input_length),
-        meta["cached_tokens"].as_u64().unwrap_or(0),
-        elapsed,
-    ))
+    Ok(Measured {
+        prompt: meta["prompt_tokens"].as_u64().unwrap_or(r.input_length),
+        cached: meta["cached_tokens"].as_u64().unwrap_or(0),
+        ttft: ttft.unwrap_or(e2e),
+        e2e,
+    })
 }

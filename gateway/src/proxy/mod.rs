@@ -153,8 +153,8 @@ impl RegularRouter {
                 exclude: &[],
                 key: key.as_deref(),
             };
-            let worker = match tries.select(&self.policy, &self.registry.snapshot(), want) {
-                Ok(w) => w,
+            let pick = match tries.select(&self.policy, &self.registry.snapshot(), want) {
+                Ok(p) => p,
                 Err(e) => {
                     return match last {
                         // After failures, report the last one rather than "none ready".
@@ -166,10 +166,12 @@ impl RegularRouter {
                     };
                 }
             };
-            let Some(guard) = LoadGuard::admit(worker.clone()) else {
+            let worker = pick.worker;
+            let Some(mut guard) = LoadGuard::admit(worker.clone()) else {
                 tries.refused(worker);
                 continue;
             };
+            guard.charge_prefill(pick.prefill_tokens);
             tries.attempts += 1;
             let sent = self.dispatcher.send(&worker, &out, &mut deadline).await;
             match sent {

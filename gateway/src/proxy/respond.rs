@@ -186,6 +186,10 @@ impl http_body::Body for RelayBody {
                     if let Some((start, report)) = this.first_frame.take() {
                         report(start.elapsed());
                     }
+                    // Output has begun: the worker is done prefilling this prompt.
+                    if let Some(g) = this.guard.as_mut() {
+                        g.prefill_done();
+                    }
                     match (&mut this.rewrite, frame.into_data()) {
                         (Some(rw), Ok(data)) => {
                             let out = rw.push(&data);

@@ -14,7 +14,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use crate::config::ServeConfig;
-use crate::select::{NoWorker, Policy, Want};
+use crate::select::{NoWorker, Pick, Policy, Want};
 use crate::workers::Worker;
 use crate::workers::registry::WorkerSet;
 
@@ -133,12 +133,12 @@ impl Tries {
         policy: &Policy,
         set: &WorkerSet,
         want: Want<'_>,
-    ) -> Result<Arc<Worker>, NoWorker> {
+    ) -> Result<Pick, NoWorker> {
         if self.tried.is_empty() && self.refused.is_empty() {
-            return policy.select(set, &want);
+            return policy.pick(set, &want);
         }
         let both: Vec<Arc<Worker>> = self.tried.iter().chain(&self.refused).cloned().collect();
-        match policy.select(
+        match policy.pick(
             set,
             &Want {
                 exclude: &both,
@@ -146,7 +146,7 @@ impl Tries {
             },
         ) {
             Err(NoWorker::NoneReady | NoWorker::CircuitOpen) if !self.tried.is_empty() => policy
-                .select(
+                .pick(
                     set,
                     &Want {
                         exclude: &self.refused,

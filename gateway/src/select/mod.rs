@@ -44,6 +44,17 @@ pub enum NoWorker {
     CircuitOpen,
 }
 
+/// A worker chosen by [`Policy::pick`], with what the policy expects of it.
+#[derive(Debug, Clone)]
+pub struct Pick {
+    /// The worker.
+    pub worker: Arc<Worker>,
+    /// Prompt tokens the worker is expected to compute for the request (`kv_aware`: the
+    /// part of the prompt it does not hold; 0 where the policy does not know), for its
+    /// [`crate::workers::LoadGuard::charge_prefill`].
+    pub prefill_tokens: u64,
+}
+
 /// What a request asks of selection.
 #[derive(Debug, Clone, Copy)]
 pub struct Want<'a> {
@@ -125,8 +136,15 @@ impl Policy {
 
     /// Picks a worker from `set` for `want`.
     pub fn select(&self, set: &WorkerSet, want: &Want<'_>) -> Result<Arc<Worker>, NoWorker> {
+        self.pick(set, want).map(|p| p.worker)
+    }
+
+    /// Picks a worker from `set` for `want`, with the prompt tokens it is expected to
+    /// compute.
+    pub fn pick(&self, set: &WorkerSet, want: &Want<'_>) -> Result<Pick, NoWorker> {
         let candidates = || set.iter().filter(|w| want.admits(w));
         let n = candidates().count();
+        let mut prefill_tokens = 0;
         let pick = match n {
             0 => None,
             1 if !self.needs_key() => candidates().next(),
@@ -154,7 +172,11 @@ impl Policy {
                 PolicyKind::KvAware => match &self.kv {
                     Some(k) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
-                        (!all.is_empty()).then(|| k.pick(&all, want.key))
+                        (!all.is_empty()).then(|| {
+                            let (w, tokens) = k.pick(&all, want.key);
+                            prefill_tokens = tokens;
+                            w
+                        })
                     }
                     None => candidates().next(),
                 },
@@ -162,7 +184,10 @@ impl Policy {
         };
         // The set can change between counting and picking; fall back to any candidate.
         if let Some(w) = pick.or_else(|| candidates().next()) {
-            return Ok(w.clone());
+            return Ok(Pick {
+                worker: w.clone(),
+                prefill_tokens,
+            });
         }
         if set.iter().any(|w| want.fits(w)) {
             return Err(NoWorker::CircuitOpen);

@@ -178,6 +178,9 @@ pub struct Worker {
     model: ArcSwapOption<String>,
     status: AtomicU8,
     in_flight: AtomicUsize,
+    /// Prompt tokens its requests in flight still have to prefill, as the policy that
+    /// picked them estimated (see [`LoadGuard::charge_prefill`]).
+    prefill_backlog: AtomicU64,
     failures: AtomicU64,
     breaker: Breaker,
     draining: AtomicBool,
@@ -213,6 +216,7 @@ impl Worker {
             model: ArcSwapOption::new(spec.model_id.map(Arc::new)),
             status: AtomicU8::new(PENDING),
             in_flight: AtomicUsize::new(0),
+            prefill_backlog: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             breaker: Breaker::default(),
             draining: AtomicBool::new(false),
@@ -325,6 +329,14 @@ impl Worker {
     #[inline]
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens its requests in flight still have to prefill, by the estimates of the
+    /// policy that routed them: charged when a request is sent, released when its answer's
+    /// first frame arrives (a streamed answer's first token) or the request ends.
+    #[inline]
+    pub fn prefill_backlog(&self) -> u64 {
+        self.prefill_backlog.load(Ordering::Relaxed)
     }
 
     /// Ready, not draining and its breaker not open: counts as serving (readiness).
@@ -465,6 +477,8 @@ fn bearer_header(key: &str) -> Option<Arc<HeaderValue>> {
 pub struct LoadGuard {
     worker: Arc<Worker>,
     trial: bool,
+    /// Tokens charged to the worker's prefill backlog, until released.
+    prefill: u64,
 }
 
 impl LoadGuard {
@@ -475,6 +489,7 @@ impl LoadGuard {
         Self {
             worker,
             trial: false,
+            prefill: 0,
         }
     }
 
@@ -484,7 +499,11 @@ impl LoadGuard {
     pub fn admit(worker: Arc<Worker>) -> Option<Self> {
         let trial = worker.breaker.try_acquire()?;
         worker.in_flight.fetch_add(1, Ordering::AcqRel);
-        Some(Self { worker, trial })
+        Some(Self {
+            worker,
+            trial,
+            prefill: 0,
+        })
     }
 
     /// The worker this guard counts on.
@@ -492,11 +511,33 @@ impl LoadGuard {
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
     }
+
+    /// Adds `tokens` (the prompt tokens the worker is expected to compute for this
+    /// request) to the worker's prefill backlog until [`LoadGuard::prefill_done`] or the
+    /// guard's end.
+    #[inline]
+    pub fn charge_prefill(&mut self, tokens: u64) {
+        self.worker
+            .prefill_backlog
+            .fetch_add(tokens, Ordering::Relaxed);
+        self.prefill += tokens;
+    }
+
+    /// The request's prefill is over (its first output arrived): releases its charge.
+    #[inline]
+    pub fn prefill_done(&mut self) {
+        if self.prefill > 0 {
+            self.worker
+                .prefill_backlog
+                .fetch_sub(std::mem::take(&mut self.prefill), Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for LoadGuard {
     #[inline]
     fn drop(&mut self) {
+        self.prefill_done();
         if self.trial {
             self.worker.breaker.release_trial();
         }
@@ -603,6 +644,17 @@ pub(crate) mod tests {
         assert_eq!(w.load(), 1);
         drop(g2);
         assert_eq!(w.info().load, 0);
+        // A prefill charge lasts until the first output or the guard's end, once.
+        let (mut g1, mut g2) = (LoadGuard::new(w.clone()), LoadGuard::new(w.clone()));
+        g1.charge_prefill(100);
+        g2.charge_prefill(30);
+        assert_eq!(w.prefill_backlog(), 130);
+        g1.prefill_done();
+        g1.prefill_done();
+        assert_eq!(w.prefill_backlog(), 30);
+        drop(g1);
+        drop(g2);
+        assert_eq!(w.prefill_backlog(), 0);
         assert!(!w.is_available());
         w.set_status(WorkerStatus::Ready);
         assert!(w.is_available());

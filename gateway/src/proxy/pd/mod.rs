@@ -124,6 +124,7 @@ impl PdRouter {
         };
         tries
             .select(policy, &self.registry.snapshot(), want)
+            .map(|p| p.worker)
             .map_err(|e| (side, e))
     }
 

@@ -13,9 +13,14 @@
 //!   prompts have no ids at the gateway; they are routed by the fallback.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
 //!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
-//!   prefill; cost = `--kv-overlap-weight` × tokens to prefill + requests in flight × mean
-//!   prompt tokens (Dynamo's prefill-blocks-plus-decode-blocks cost, in tokens). The cheapest wins
-//!   (`--router-temperature` 0), or one is drawn with softmax(−cost / max cost / T).
+//!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + the worker's prefill
+//!   backlog) + requests in flight × mean prompt tokens (Dynamo's prefill-blocks-plus-
+//!   decode-blocks cost, in tokens). The backlog ([`Worker::prefill_backlog`]) is what the
+//!   requests this gateway sent there still have to prefill: each request's tokens to
+//!   prefill are charged when it is sent and released at its answer's first frame (a
+//!   streamed answer's first token; an answer relayed whole holds them to its end). The
+//!   cheapest wins (`--router-temperature` 0), or one is drawn with softmax(−cost / max
+//!   cost / T).
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than
 //!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
 //!   instead, and said so once in the log; with no events at all, or no token ids,
@@ -246,25 +251,40 @@ impl KvAware {
         out
     }
 
-    /// Picks one of `candidates` (not empty) for the prompt `key`.
-    pub fn pick<'a>(&self, candidates: &[&'a Arc<Worker>], key: Option<&[u8]>) -> &'a Arc<Worker> {
-        let (w, d) = self.decide(candidates, key);
+    /// Picks one of `candidates` (not empty) for the prompt `key`; also answers the prompt
+    /// tokens the chosen worker is expected to compute (0 when `cache_aware` decided).
+    pub fn pick<'a>(
+        &self,
+        candidates: &[&'a Arc<Worker>],
+        key: Option<&[u8]>,
+    ) -> (&'a Arc<Worker>, u64) {
+        let (w, d, uncached) = self.decide_charged(candidates, key);
         metrics::kv_aware_decision(d);
-        w
+        (w, uncached)
     }
 
-    /// [`KvAware::pick`] without the metric.
+    /// [`KvAware::pick`] without the metric and the tokens to prefill.
     pub fn decide<'a>(
         &self,
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, KvDecision) {
+        let (w, d, _) = self.decide_charged(candidates, key);
+        (w, d)
+    }
+
+    fn decide_charged<'a>(
+        &self,
+        candidates: &[&'a Arc<Worker>],
+        key: Option<&[u8]>,
+    ) -> (&'a Arc<Worker>, KvDecision, u64) {
         let tokens = key.and_then(key_tokens);
         let live = self.live_slots();
         let (Some(tokens), true) = (tokens, live != 0) else {
             return (
                 self.fallback.decide(candidates, key).0,
                 KvDecision::Fallback,
+                0,
             );
         };
         let mut cached = self.cached_tokens(candidates, &tokens);
@@ -273,6 +293,7 @@ impl KvAware {
             return (
                 self.fallback.decide(candidates, key).0,
                 KvDecision::Fallback,
+                0,
             );
         }
         let key = key.unwrap_or_default();
@@ -288,12 +309,15 @@ impl KvAware {
         let mean = if mean == 0.0 { n } else { mean };
         self.mean_pages
             .store((mean * 0.99 + n * 0.01).to_bits(), Ordering::Relaxed);
+        let uncached: Vec<f64> = cached
+            .iter()
+            .map(|c| (n - c.unwrap_or(0.0)).max(0.0))
+            .collect();
         let costs: Vec<f64> = candidates
             .iter()
-            .zip(&cached)
-            .map(|(w, c)| {
-                let uncached = (n - c.unwrap_or(0.0)).max(0.0);
-                self.cfg.overlap_weight * uncached + w.load() as f64 * mean
+            .zip(&uncached)
+            .map(|(w, u)| {
+                self.cfg.overlap_weight * (u + w.prefill_backlog() as f64) + w.load() as f64 * mean
             })
             .collect();
         let i = choose(&costs, self.cfg.temperature, |i| candidates[i].load());
@@ -308,6 +332,7 @@ impl KvAware {
             } else {
                 KvDecision::Events
             },
+            uncached[i] as u64,
         )
     }
 

@@ -62,6 +62,17 @@ fn the_worker_holding_the_prefix_wins() {
     let _busy: Vec<LoadGuard> = (0..2).map(|_| LoadGuard::new(ws[2].clone())).collect();
     let (w, _) = kv.decide(&all, Some(&key(&prompt)));
     assert!(Arc::ptr_eq(w, &ws[0]), "{}", w.url().as_str());
+    // So does a prefill backlog: worker 0's queue of prompts to compute sends the request
+    // to worker 1, which holds nothing but has nothing to do.
+    let mut queued = LoadGuard::new(ws[0].clone());
+    queued.charge_prefill(200);
+    let (w, d) = kv.pick(&all, Some(&key(&prompt)));
+    assert!(Arc::ptr_eq(w, &ws[1]), "{}", w.url().as_str());
+    assert_eq!(d, 64, "it computes the whole prompt");
+    drop(queued);
+    let (w, d) = kv.pick(&all, Some(&key(&prompt)));
+    assert!(Arc::ptr_eq(w, &ws[0]));
+    assert_eq!(d, 48, "16 of 64 tokens cached");
     // A resync forgets the worker's pages.
     sinks[0].resync();
     assert_eq!(kv.cached_tokens(&all, &prompt)[0], Some(0.0));

@@ -43,18 +43,10 @@ async fn repeated_prompts_report_cached_tokens() {
         "two whole pages of four"
     );
     let chat = json!({"messages": [{"role": "user", "content": "one two three four five six"}]});
-    let client = reqwest::Client::new();
     let mut cached = Vec::new();
     for _ in 0..2 {
-        let r: Value = client
-            .post(format!("{}/v1/chat/completions", w.url()))
-            .json(&chat)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (status, r) = common::post(&format!("{}/v1/chat/completions", w.url()), &chat).await;
+        assert_eq!(status, 200, "{r}");
         cached.push(
             r["usage"]["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
@@ -63,14 +55,7 @@ async fn repeated_prompts_report_cached_tokens() {
     }
     assert_eq!(cached[0], 0);
     assert!(cached[1] >= 8, "{cached:?}");
-    let stats: Value = client
-        .get(format!("{}/sim/prefix", w.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = common::get_json(&format!("{}/sim/prefix", w.url())).await;
     assert_eq!(stats["page_size"], 4);
 }
 

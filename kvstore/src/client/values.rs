@@ -64,10 +64,17 @@ impl ValuePool {
         idle.push(v);
         idle.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
         let mut kept = 0usize;
-        idle.retain(|v| {
-            kept += v.capacity();
-            kept <= self.cap
-        });
+        let keep = idle
+            .iter()
+            .take_while(|v| {
+                kept += v.capacity();
+                kept <= self.cap
+            })
+            .count();
+        let excess = idle.split_off(keep);
+        // Unmapping the excess (megabytes) happens after the lock is let go.
+        drop(idle);
+        drop(excess);
     }
 
     /// Idle bytes held (tests).

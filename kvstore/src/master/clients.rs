@@ -10,6 +10,9 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
+use uuid::Uuid;
+
+use super::journal::{Change, Record, SegmentRecord};
 use super::object::Replicas;
 use super::segment::{Segment, SegmentSpec, SegmentTable, SegmentView, specs_collide};
 use super::{ClientId, Master, MasterError, MasterResult};
@@ -46,16 +49,55 @@ pub struct ClientView {
 }
 
 #[derive(Debug)]
-struct ClientEntry {
-    last_seen: u64,
-    status: ClientStatus,
-    segments: Vec<Arc<str>>,
+pub(crate) struct ClientEntry {
+    pub(crate) last_seen: u64,
+    pub(crate) status: ClientStatus,
+    pub(crate) segments: Vec<Arc<str>>,
 }
 
 /// Known clients.
 #[derive(Debug, Default)]
 pub(crate) struct ClientTable {
-    map: HashMap<ClientId, ClientEntry>,
+    pub(crate) map: HashMap<ClientId, ClientEntry>,
+    /// Journaled masters: mounts appended and not yet committed, by segment name.
+    pending: HashMap<String, PendingMount>,
+}
+
+/// A mount waiting for its commit: its name and range are taken.
+#[derive(Debug)]
+struct PendingMount {
+    client: ClientId,
+    spec: SegmentSpec,
+    mount: u64,
+}
+
+/// What a mount finds for its segment name.
+enum Found {
+    /// Nothing: it may mount.
+    Free,
+    /// The same segment of the same client is mounted already.
+    Mounted(Arc<Segment>),
+    /// The same segment of the same client is being made durable.
+    Pending,
+}
+
+/// A fresh mount id (never 0).
+fn new_mount_id() -> u64 {
+    Uuid::new_v4().as_u64_pair().0 | 1
+}
+
+/// The view of a segment mounted (or being mounted) with nothing allocated yet.
+fn fresh_view(spec: &SegmentSpec, client: ClientId, align_shift: u32) -> SegmentView {
+    SegmentView {
+        name: spec.name.clone(),
+        client_id: client,
+        base: spec.base,
+        size: spec.size,
+        endpoint: spec.endpoint.clone(),
+        capacity_bytes: (spec.size >> align_shift) << align_shift,
+        allocated_bytes: 0,
+        allocations: 0,
+    }
 }
 
 impl ClientTable {
@@ -81,7 +123,7 @@ impl ClientEntry {
         }
     }
 
-    fn add_segment(&mut self, name: &Arc<str>) {
+    pub(crate) fn add_segment(&mut self, name: &Arc<str>) {
         if !self.segments.iter().any(|s| s == name) {
             self.segments.push(name.clone());
         }
@@ -116,16 +158,17 @@ impl Master {
         Ok(())
     }
 
-    /// Checks `spec` can be mounted for `client` next to what is mounted; `Some` when the
-    /// very same segment is already there (idempotent mount).
+    /// Checks `spec` can be mounted for `client` next to what is mounted and what is being
+    /// mounted (journaled masters).
     fn check_mount(
         table: &SegmentTable,
+        clients: &ClientTable,
         client: ClientId,
         spec: &SegmentSpec,
-    ) -> MasterResult<Option<Arc<Segment>>> {
+    ) -> MasterResult<Found> {
         if let Some(seg) = table.get(&spec.name) {
             if seg.same_geometry(spec, client) {
-                return Ok(Some(seg.clone()));
+                return Ok(Found::Mounted(seg.clone()));
             }
             return Err(MasterError::SegmentAlreadyExists(format!(
                 "{} is mounted by client {} at {:#x}+{}",
@@ -133,6 +176,15 @@ impl Master {
                 seg.client(),
                 seg.base(),
                 seg.size()
+            )));
+        }
+        if let Some(p) = clients.pending.get(&spec.name) {
+            if p.client == client && p.spec == *spec {
+                return Ok(Found::Pending);
+            }
+            return Err(MasterError::SegmentAlreadyExists(format!(
+                "{} is being mounted by client {}",
+                spec.name, p.client
             )));
         }
         if let Some(other) = table.list.iter().find(|s| s.overlaps(spec)) {
@@ -143,23 +195,97 @@ impl Master {
                 other.endpoint()
             )));
         }
-        Ok(None)
+        if let Some(other) = clients
+            .pending
+            .values()
+            .find(|p| specs_collide(&p.spec, spec))
+        {
+            return Err(MasterError::InvalidParams(format!(
+                "{} overlaps segment {} on endpoint {}",
+                spec.name, other.spec.name, other.spec.endpoint
+            )));
+        }
+        Ok(Found::Free)
     }
 
-    /// Mounts one segment for `client` (idempotent for the same client and geometry).
+    /// Reserves `spec` for `client` and appends its mount; the apply step mounts it (and,
+    /// for the last segment of a remount, marks the client `ok`).
+    fn journal_mount(
+        &self,
+        clients: &mut ClientTable,
+        client: ClientId,
+        spec: &SegmentSpec,
+        ends_remount: bool,
+    ) -> Change {
+        let mount = new_mount_id();
+        clients.pending.insert(
+            spec.name.clone(),
+            PendingMount {
+                client,
+                spec: spec.clone(),
+                mount,
+            },
+        );
+        let record = Record::Mount(SegmentRecord {
+            client,
+            mount,
+            spec: spec.clone(),
+        });
+        let name = spec.name.clone();
+        Change::then(record, move |m: &Master| {
+            m.finish_mount(client, &name, mount, ends_remount)
+        })
+    }
+
+    /// A journaled mount's apply step: the committed segment is mounted.
+    fn finish_mount(&self, client: ClientId, name: &str, mount: u64, ends_remount: bool) {
+        let now = self.clock.now_ms();
+        let mut clients = self.clients.lock();
+        let Some(p) = clients.pending.remove(name) else {
+            return;
+        };
+        if p.mount != mount {
+            clients.pending.insert(name.to_owned(), p);
+            return;
+        }
+        let seg = Arc::new(Segment::new(&p.spec, client, self.align_shift, mount));
+        self.segments.write().insert(seg.clone());
+        let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
+            last_seen: now,
+            status: ClientStatus::Ok,
+            segments: Vec::new(),
+        });
+        entry.last_seen = now;
+        entry.add_segment(seg.name_arc());
+        if ends_remount {
+            entry.status = ClientStatus::Ok;
+        }
+    }
+
+    /// Mounts one segment for `client` (idempotent for the same client and geometry). A
+    /// journaled master mounts it once the mount is committed ([`Master::durable`]).
     pub fn mount_segment(&self, client: ClientId, spec: SegmentSpec) -> MasterResult<SegmentView> {
         self.check_spec(&spec)?;
         let now = self.clock.now_ms();
         let mut clients = self.clients.lock();
-        let seg = {
-            let mut table = self.segments.write();
-            match Self::check_mount(&table, client, &spec)? {
-                Some(seg) => seg,
-                None => {
-                    let seg = Arc::new(Segment::new(&spec, client, self.align_shift));
-                    table.insert(seg.clone());
-                    seg
-                }
+        let found = Self::check_mount(&self.segments.read(), &clients, client, &spec)?;
+        let seg = match (found, &self.journal) {
+            (Found::Mounted(seg), _) => seg,
+            (Found::Pending, _) => return Ok(fresh_view(&spec, client, self.align_shift)),
+            (Found::Free, Some(journal)) => {
+                let change = self.journal_mount(&mut clients, client, &spec, false);
+                journal.append(vec![change]);
+                return Ok(fresh_view(&spec, client, self.align_shift));
+            }
+            (Found::Free, None) => {
+                let seg = Arc::new(Segment::new(
+                    &spec,
+                    client,
+                    self.align_shift,
+                    new_mount_id(),
+                ));
+                self.segments.write().insert(seg.clone());
+                seg
             }
         };
         let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
@@ -173,7 +299,8 @@ impl Master {
     }
 
     /// Remounts a client's segments (all it has) after it was told `need_remount`; the
-    /// client is `ok` afterwards. All-or-nothing: a conflict mounts none of them.
+    /// client is `ok` afterwards (on a journaled master: once the new mounts are
+    /// committed). All-or-nothing: a conflict mounts none of them.
     pub fn remount_segments(
         &self,
         client: ClientId,
@@ -194,28 +321,55 @@ impl Master {
         let now = self.clock.now_ms();
         let mut clients = self.clients.lock();
         let mut table = self.segments.write();
+        let mut found = Vec::with_capacity(specs.len());
         for spec in &specs {
-            Self::check_mount(&table, client, spec)?;
+            found.push(Self::check_mount(&table, &clients, client, spec)?);
         }
         let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
             last_seen: now,
             status: ClientStatus::Ok,
             segments: Vec::new(),
         });
-        for spec in &specs {
-            let seg = match Self::check_mount(&table, client, spec)? {
-                Some(seg) => seg,
-                None => {
-                    let seg = Arc::new(Segment::new(spec, client, self.align_shift));
-                    table.insert(seg.clone());
-                    seg
-                }
-            };
-            entry.add_segment(seg.name_arc());
-        }
-        entry.status = ClientStatus::Ok;
         entry.last_seen = now;
-        Ok(entry.view(client, now))
+        let mut fresh = Vec::new();
+        for (spec, found) in specs.iter().zip(found) {
+            match found {
+                Found::Mounted(seg) => entry.add_segment(seg.name_arc()),
+                Found::Pending => {}
+                Found::Free if self.journal.is_some() => fresh.push(spec),
+                Found::Free => {
+                    let seg =
+                        Arc::new(Segment::new(spec, client, self.align_shift, new_mount_id()));
+                    table.insert(seg.clone());
+                    entry.add_segment(seg.name_arc());
+                }
+            }
+        }
+        match &self.journal {
+            Some(journal) if !fresh.is_empty() => {
+                let view = entry.view(client, now);
+                let last = fresh.len() - 1;
+                let changes = fresh
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, spec)| self.journal_mount(&mut clients, client, spec, i == last))
+                    .collect();
+                journal.append(changes);
+                Ok(view)
+            }
+            _ => {
+                entry.status = ClientStatus::Ok;
+                Ok(entry.view(client, now))
+            }
+        }
+    }
+
+    /// Appends the end of `seg`'s mount (journaled masters).
+    fn journal_unmount(&self, seg: &Segment) {
+        self.journal_append(vec![Change::record(Record::Unmount {
+            name: seg.name().to_owned(),
+            mount: seg.mount_id(),
+        })]);
     }
 
     /// Unmounts one of `client`'s segments; replicas on it are dropped.
@@ -232,7 +386,9 @@ impl Master {
                     seg.client()
                 )));
             }
-            table.remove(name);
+            if let Some(seg) = table.remove(name) {
+                self.journal_unmount(&seg);
+            }
             if let Some(e) = clients.map.get_mut(&client) {
                 e.segments.retain(|s| &**s != name);
             }
@@ -251,8 +407,10 @@ impl Master {
                 .ok_or_else(|| MasterError::ClientNotFound(client.to_string()))?;
             let mut table = self.segments.write();
             for name in &entry.segments {
-                if table.get(name).is_some_and(|s| s.client() == client) {
-                    table.remove(name);
+                if table.get(name).is_some_and(|s| s.client() == client)
+                    && let Some(seg) = table.remove(name)
+                {
+                    self.journal_unmount(&seg);
                 }
             }
         }
@@ -309,8 +467,10 @@ impl Master {
                 }
                 e.status = ClientStatus::NeedRemount;
                 for name in e.segments.drain(..) {
-                    if table.get(&name).is_some_and(|s| s.client() == id) {
-                        table.remove(&name);
+                    if table.get(&name).is_some_and(|s| s.client() == id)
+                        && let Some(seg) = table.remove(&name)
+                    {
+                        self.journal_unmount(&seg);
                     }
                 }
                 expired += 1;
@@ -348,7 +508,11 @@ impl Master {
                     .collect();
                 if kept.is_empty() {
                     let hash = self.hash_bytes(shard.get(i).key.as_bytes());
-                    shard.remove(hash, i);
+                    let gone = shard.remove(hash, i);
+                    if gone.is_durable() {
+                        let key = gone.key.as_str().to_owned();
+                        self.journal_append(vec![Change::record(Record::Remove { key })]);
+                    }
                 } else {
                     shard.get_mut(i).replicas = Replicas::from_vec(kept);
                 }

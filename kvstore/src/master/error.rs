@@ -55,6 +55,11 @@ pub enum MasterError {
     /// admin key answers loopback callers only). Moongate's own code.
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// An HA master cannot serve this now: it is not the leader and knows none, or it
+    /// could not make the change durable in etcd in time (nothing was acknowledged).
+    /// Retryable. Moongate's own code.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl MasterError {
@@ -77,6 +82,7 @@ impl MasterError {
             // Outside every range Mooncake's `ErrorCode` uses.
             Self::Unauthorized(_) => -2001,
             Self::Forbidden(_) => -2002,
+            Self::Unavailable(_) => -2003,
         }
     }
 
@@ -98,6 +104,7 @@ impl MasterError {
             Self::ObjectHasLease(_) => "OBJECT_HAS_LEASE",
             Self::Unauthorized(_) => "UNAUTHORIZED",
             Self::Forbidden(_) => "FORBIDDEN",
+            Self::Unavailable(_) => "UNAVAILABLE",
         }
     }
 
@@ -115,6 +122,7 @@ impl MasterError {
             | Self::ObjectAlreadyExists(_)
             | Self::ObjectHasLease(_) => 409,
             Self::NoAvailableHandle(_) => 507,
+            Self::Unavailable(_) => 503,
         }
     }
 
@@ -138,6 +146,7 @@ impl MasterError {
             "OBJECT_HAS_LEASE" => Self::ObjectHasLease,
             "UNAUTHORIZED" => Self::Unauthorized,
             "FORBIDDEN" => Self::Forbidden,
+            "UNAVAILABLE" => Self::Unavailable,
             other => return Self::InternalError(format!("{other}: {message}")),
         };
         // The wire message is this type's `Display`: drop the prefix it adds again.
@@ -150,7 +159,10 @@ impl MasterError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::NoAvailableHandle(_) | Self::ReplicaIsNotReady(_) | Self::ObjectHasLease(_)
+            Self::NoAvailableHandle(_)
+                | Self::ReplicaIsNotReady(_)
+                | Self::ObjectHasLease(_)
+                | Self::Unavailable(_)
         )
     }
 }
@@ -177,6 +189,7 @@ mod tests {
             MasterError::ObjectHasLease("l".into()),
             MasterError::Unauthorized("u".into()),
             MasterError::Forbidden("f".into()),
+            MasterError::Unavailable("no leader".into()),
         ];
         for e in all {
             assert_eq!(MasterError::from_wire(e.name(), &e.to_string()), e);
@@ -208,6 +221,7 @@ mod tests {
             (MasterError::ObjectAlreadyExists(String::new()), -705, 409),
             (MasterError::ObjectHasLease(String::new()), -706, 409),
             (MasterError::Unauthorized(String::new()), -2001, 401),
+            (MasterError::Unavailable(String::new()), -2003, 503),
         ];
         for (e, code, status) in all {
             assert_eq!((e.code(), e.http_status()), (code, status), "{}", e.name());

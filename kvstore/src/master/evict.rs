@@ -135,7 +135,11 @@ impl Master {
                 .processing
                 .iter()
                 .copied()
-                .filter(|&i| now >= shard.get(i).aux.saturating_add(timeout))
+                .filter(|&i| {
+                    let o = shard.get(i);
+                    // A journaled put_end in flight: its commit decides, not the timeout.
+                    !o.is_ending() && now >= o.aux.saturating_add(timeout)
+                })
                 .collect();
             for i in stale {
                 let hash = self.hash_bytes(shard.get(i).key.as_bytes());
@@ -223,7 +227,7 @@ impl Master {
                 let obj = shard.remove(hash, i);
                 got += obj.footprint();
                 report.evicted_objects += 1;
-                obj.release();
+                self.retire(obj);
             }
             freed += got;
         }

@@ -12,6 +12,9 @@
 //! - `clients`: mount / remount / unmount, ping, client TTL.
 //! - `evict`: the background tick: zombie puts, client expiry, watermark eviction.
 //! - `admin`: read-only views (keys with paging, one object, segments, clients, stats).
+//! - `journal`: durable changes and their records, for a master that writes through a
+//!   [`Journal`] (the HA master); without one nothing there runs.
+//! - `restore`: a master rebuilt from durable records ([`Master::restore`]).
 //!
 //! # Concurrency
 //! Object metadata is split over `config.shards` shards by key hash, each behind its own
@@ -26,9 +29,11 @@ mod clock;
 mod config;
 mod error;
 mod evict;
+mod journal;
 mod object;
 mod ops;
 mod placement;
+mod restore;
 mod segment;
 
 use std::hash::BuildHasher;
@@ -44,8 +49,12 @@ pub use clock::{Clock, ManualClock, TokioClock};
 pub use config::MasterConfig;
 pub use error::{MasterError, MasterResult};
 pub use evict::{EvictReport, TickReport};
+pub use journal::{
+    Apply, Change, Durable, Journal, ObjectRecord, Record, ReplicaRecord, SegmentRecord,
+};
 pub use object::{ObjectStatus, ReplicaLocation, ReplicateConfig};
 pub use ops::ReplicaSet;
+pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};
 pub use uuid::Uuid as ClientId;
 
@@ -89,6 +98,7 @@ pub struct Master {
     evicted_objects: AtomicU64,
     evicted_bytes: AtomicU64,
     metadata: crate::metadata::MetadataStore,
+    journal: Option<Arc<dyn Journal>>,
 }
 
 impl std::fmt::Debug for Master {
@@ -108,6 +118,16 @@ impl Master {
 
     /// A master reading time from `clock`.
     pub fn with_clock(config: MasterConfig, clock: Arc<dyn Clock>) -> MasterResult<Self> {
+        Self::with_journal(config, clock, None)
+    }
+
+    /// A master reading time from `clock` that makes its durable changes through `journal`
+    /// (see the `journal` module; `None`: the plain in-memory master).
+    pub fn with_journal(
+        config: MasterConfig,
+        clock: Arc<dyn Clock>,
+        journal: Option<Arc<dyn Journal>>,
+    ) -> MasterResult<Self> {
         config.validate()?;
         let shards = (0..config.shards).map(|_| Shard::default()).collect();
         // A fresh view version per master instance: clients that see it change know the
@@ -137,6 +157,7 @@ impl Master {
             view_version,
             evicted_objects: AtomicU64::new(0),
             evicted_bytes: AtomicU64::new(0),
+            journal,
         })
     }
 
@@ -220,6 +241,8 @@ impl std::ops::DerefMut for ShardGuard<'_> {
     }
 }
 
+#[cfg(test)]
+mod journal_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

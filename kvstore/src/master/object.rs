@@ -132,6 +132,8 @@ impl Key {
 const COMPLETE: u8 = 1;
 const SOFT_PIN: u8 = 2;
 const HARD_PIN: u8 = 4;
+/// Journaled masters: `put_end` is appended and waits for its commit (still unreadable).
+const ENDING: u8 = 8;
 
 /// Metadata of one object.
 #[derive(Debug)]
@@ -192,13 +194,49 @@ impl Object {
 
     /// Marks the object readable at `now`, starting its soft pin if it asked for one.
     pub(crate) fn complete(&mut self, now: u64, soft_pin_ttl: u64) {
-        self.flags |= COMPLETE;
+        self.flags = (self.flags | COMPLETE) & !ENDING;
         self.lease_until = now;
         self.aux = if self.flags & SOFT_PIN != 0 {
             now.saturating_add(soft_pin_ttl)
         } else {
             0
         };
+    }
+
+    /// Whether a journaled `put_end` is waiting for its commit.
+    pub(crate) fn is_ending(&self) -> bool {
+        self.flags & ENDING != 0
+    }
+
+    pub(crate) fn set_ending(&mut self) {
+        self.flags |= ENDING;
+    }
+
+    /// Whether a journaled master made this object durable (or is making it): its space
+    /// may only be reused once its removal is committed.
+    pub(crate) fn is_durable(&self) -> bool {
+        self.flags & (COMPLETE | ENDING) != 0
+    }
+
+    /// The durable form of this object.
+    pub(crate) fn record(&self) -> super::journal::ObjectRecord {
+        super::journal::ObjectRecord {
+            key: self.key.as_str().to_owned(),
+            length: self.length,
+            client: self.client,
+            soft_pin: self.flags & SOFT_PIN != 0,
+            hard_pin: self.flags & HARD_PIN != 0,
+            replicas: self
+                .replicas
+                .as_slice()
+                .iter()
+                .map(|r| super::journal::ReplicaRecord {
+                    segment: r.segment.name().to_owned(),
+                    mount: r.segment.mount_id(),
+                    offset: r.alloc.offset,
+                })
+                .collect(),
+        }
     }
 
     pub(crate) fn put_started_at(&self) -> u64 {

@@ -4,6 +4,7 @@
 //! Every operation validates its input before it touches state, so a refused request
 //! changes nothing.
 
+use super::journal::{Change, Record};
 use super::object::{Object, ReplicaLocation, Replicas, ReplicateConfig};
 use super::{ClientId, Discarded, Master, MasterError, MasterResult};
 
@@ -109,7 +110,7 @@ impl Master {
                 let discard_at = o
                     .aux
                     .saturating_add(self.config.put_start_discard_timeout_ms);
-                if o.is_complete() || now < discard_at {
+                if o.is_complete() || o.is_ending() || now < discard_at {
                     return Err(MasterError::ObjectAlreadyExists(key.to_string()));
                 }
                 Some(i)
@@ -160,11 +161,53 @@ impl Master {
                 o.client
             )));
         }
-        if !o.is_complete() {
-            o.complete(now, self.config.soft_pin_ttl_ms);
-            shard.processing.remove(&i);
+        if o.is_complete() {
+            return Ok(());
         }
+        if let Some(journal) = &self.journal {
+            // Durable first: the object turns readable when its record is committed.
+            if !o.is_ending() {
+                o.set_ending();
+                let key = key.to_owned();
+                journal.append(vec![Change::then(
+                    Record::Put(o.record()),
+                    move |m: &Master| m.finish_put_end(client, &key),
+                )]);
+            }
+            return Ok(());
+        }
+        o.complete(now, self.config.soft_pin_ttl_ms);
+        shard.processing.remove(&i);
         Ok(())
+    }
+
+    /// A journaled put_end's apply step: the committed object turns readable (unless it
+    /// vanished meanwhile, its segment unmounted; that removal is journaled after it).
+    fn finish_put_end(&self, client: ClientId, key: &str) {
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        if let Some(i) = shard.find(hash, key) {
+            let o = shard.get_mut(i);
+            if o.client == client && o.is_ending() {
+                o.complete(now, self.config.soft_pin_ttl_ms);
+                shard.processing.remove(&i);
+            }
+        }
+    }
+
+    /// Lets go of a removed object's space: at once, or for a durable object of a
+    /// journaled master once its removal is committed (see `journal`).
+    pub(crate) fn retire(&self, obj: Object) {
+        match &self.journal {
+            Some(journal) if obj.is_durable() => {
+                let key = obj.key.as_str().to_owned();
+                journal.append(vec![Change::then(Record::Remove { key }, move |_| {
+                    obj.release()
+                })]);
+            }
+            _ => obj.release(),
+        }
     }
 
     /// Revokes an unfinished put: its space is freed at once and the key is free again.
@@ -185,6 +228,11 @@ impl Master {
         if o.is_complete() {
             return Err(MasterError::InvalidWrite(format!(
                 "{key} is complete; remove it instead"
+            )));
+        }
+        if o.is_ending() {
+            return Err(MasterError::InvalidWrite(format!(
+                "{key}: its put_end is being made durable"
             )));
         }
         shard.remove(hash, i).release();
@@ -256,7 +304,8 @@ impl Master {
                 o.lease_until - now
             )));
         }
-        shard.remove(hash, i).release();
+        let obj = shard.remove(hash, i);
+        self.retire(obj);
         Ok(())
     }
 
@@ -296,7 +345,8 @@ impl Master {
                 .collect();
             for i in doomed {
                 let hash = self.hash_bytes(shard.get(i).key.as_bytes());
-                shard.remove(hash, i).release();
+                let obj = shard.remove(hash, i);
+                self.retire(obj);
                 removed += 1;
             }
         }

@@ -33,6 +33,7 @@ pub struct Segment {
     base: u64,
     size: u64,
     client: Uuid,
+    mount: u64,
     align_shift: u32,
     alloc: Mutex<OffsetAllocator>,
     allocated: AtomicU64,
@@ -61,18 +62,56 @@ pub struct SegmentView {
 }
 
 impl Segment {
-    pub(crate) fn new(spec: &SegmentSpec, client: Uuid, align_shift: u32) -> Self {
+    pub(crate) fn new(spec: &SegmentSpec, client: Uuid, align_shift: u32, mount: u64) -> Self {
+        Self::with_allocator(
+            spec,
+            client,
+            align_shift,
+            mount,
+            OffsetAllocator::new(spec.size >> align_shift),
+        )
+    }
+
+    /// A segment rebuilt from durable records: `used` (offset, units) ranges are allocated
+    /// already; answers each range's allocation (`None`: unusable, see
+    /// [`OffsetAllocator::with_used`]).
+    pub(crate) fn restored(
+        spec: &SegmentSpec,
+        client: Uuid,
+        align_shift: u32,
+        mount: u64,
+        used: &[(u64, u64)],
+    ) -> (Self, Vec<Option<Allocation>>) {
+        let (alloc, got) = OffsetAllocator::with_used(spec.size >> align_shift, used);
+        let seg = Self::with_allocator(spec, client, align_shift, mount, alloc);
+        (seg, got)
+    }
+
+    fn with_allocator(
+        spec: &SegmentSpec,
+        client: Uuid,
+        align_shift: u32,
+        mount: u64,
+        alloc: OffsetAllocator,
+    ) -> Self {
+        let allocated = alloc.used_units() << align_shift;
         Self {
             name: spec.name.as_str().into(),
             endpoint: spec.endpoint.as_str().into(),
             base: spec.base,
             size: spec.size,
             client,
+            mount,
             align_shift,
-            alloc: Mutex::new(OffsetAllocator::new(spec.size >> align_shift)),
-            allocated: AtomicU64::new(0),
+            alloc: Mutex::new(alloc),
+            allocated: AtomicU64::new(allocated),
             mounted: AtomicBool::new(true),
         }
+    }
+
+    /// Mount id: unique per mount (a remount of the name gets a new one).
+    pub fn mount_id(&self) -> u64 {
+        self.mount
     }
 
     /// Segment name.

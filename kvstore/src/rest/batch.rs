@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use openapi::master as wire;
 
-use super::{ApiJson, ApiResult, MasterErrors, client_id, detail, observed, replicas};
+use super::{ApiJson, ApiResult, MasterErrors, client_id, detail, durable, observed, replicas};
 use crate::master::{Master, MasterResult};
 
 /// Counts each item as one `op` request (the batch itself is counted as `batch_<op>`).
@@ -68,6 +68,7 @@ pub async fn put_end(
     ApiJson(req): ApiJson<wire::BatchClientKeysRequest>,
 ) -> ApiResult<Json<wire::BatchKeyResponse>> {
     let r = client_id(&req.client_id).and_then(|c| m.batch_put_end(c, &req.keys));
+    let r = durable(&m, r).await;
     let results = observed("batch_put_end", r)?;
     items("put_end", &results);
     Ok(Json(key_results(req.keys, results)))
@@ -157,7 +158,8 @@ pub async fn remove(
     State(m): State<Arc<Master>>,
     ApiJson(req): ApiJson<wire::BatchRemoveRequest>,
 ) -> ApiResult<Json<wire::BatchKeyResponse>> {
-    let results = observed("batch_remove", m.batch_remove(&req.keys, req.force))?;
+    let r = durable(&m, m.batch_remove(&req.keys, req.force)).await;
+    let results = observed("batch_remove", r)?;
     items("remove", &results);
     Ok(Json(key_results(req.keys, results)))
 }

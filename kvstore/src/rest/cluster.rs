@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use openapi::master as wire;
 
 use super::{
-    ApiJson, ApiPath, ApiResult, MasterErrors, blocking, client, client_id, client_status,
+    ApiJson, ApiPath, ApiResult, MasterErrors, blocking, client, client_id, client_status, durable,
     observed, segment,
 };
 use crate::master::Master;
@@ -24,6 +24,7 @@ pub async fn mount_segment(
     ApiJson(spec): ApiJson<wire::SegmentSpec>,
 ) -> ApiResult<Json<wire::Segment>> {
     let r = client_id(&id).and_then(|c| m.mount_segment(c, spec));
+    let r = durable(&m, r).await;
     observed("mount_segment", r).map(|v| Json(segment(v)))
 }
 
@@ -38,7 +39,13 @@ pub async fn remount(
     ApiJson(req): ApiJson<wire::RemountRequest>,
 ) -> ApiResult<Json<wire::Client>> {
     let specs = req.segments.into_iter().collect();
-    let r = client_id(&id).and_then(|c| m.remount_segments(c, specs));
+    let r = match client_id(&id) {
+        // A journaled master marks the client `ok` once the mounts are committed.
+        Ok(c) => durable(&m, m.remount_segments(c, specs))
+            .await
+            .and_then(|_| m.client(c)),
+        Err(e) => Err(e),
+    };
     observed("remount", r).map(|v| Json(client(v)))
 }
 
@@ -52,9 +59,10 @@ pub async fn unmount_segment(
     ApiPath((id, name)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let r = match client_id(&id) {
-        Ok(c) => blocking(&m, move |m| m.unmount_segment(c, &name))
-            .await
-            .and_then(|r| r),
+        Ok(c) => {
+            let r = blocking(&m, move |m| m.unmount_segment(c, &name)).await;
+            durable(&m, r.and_then(|r| r)).await
+        }
         Err(e) => Err(e),
     };
     observed("unmount_segment", r).map(|()| StatusCode::NO_CONTENT)
@@ -106,9 +114,10 @@ pub async fn remove_client(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let r = match client_id(&id) {
-        Ok(c) => blocking(&m, move |m| m.remove_client(c))
-            .await
-            .and_then(|r| r),
+        Ok(c) => {
+            let r = blocking(&m, move |m| m.remove_client(c)).await;
+            durable(&m, r.and_then(|r| r)).await
+        }
         Err(e) => Err(e),
     };
     observed("remove_client", r).map(|()| StatusCode::NO_CONTENT)

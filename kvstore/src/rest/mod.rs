@@ -182,6 +182,15 @@ fn observed<T>(op: &'static str, r: MasterResult<T>) -> ApiResult<T> {
     r.map_err(ApiError)
 }
 
+/// `r`, once every change the call made is durable: at once on a plain master; on a
+/// journaled (HA) master when committed, or `UNAVAILABLE` (retryable) when that does not
+/// happen in time. A refused call changed nothing and answers at once.
+async fn durable<T>(m: &Master, r: MasterResult<T>) -> MasterResult<T> {
+    let r = r?;
+    m.durable().await?;
+    Ok(r)
+}
+
 /// Runs a call that may scan every shard off the async workers.
 async fn blocking<T: Send + 'static>(
     master: &Arc<Master>,

@@ -10,7 +10,8 @@ use axum::http::StatusCode;
 use openapi::master as wire;
 
 use super::{
-    ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, client_id, observed, replicas,
+    ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, client_id, durable, observed,
+    replicas,
 };
 use crate::master::{Master, MasterError, ObjectStatus};
 
@@ -45,6 +46,7 @@ pub async fn put_end(
     ApiJson(req): ApiJson<wire::ClientRequest>,
 ) -> ApiResult<StatusCode> {
     let r = client_id(&req.client_id).and_then(|c| m.put_end(c, &key));
+    let r = durable(&m, r).await;
     observed("put_end", r).map(|()| StatusCode::NO_CONTENT)
 }
 
@@ -133,7 +135,7 @@ pub async fn remove_object(
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<wire::RemoveQuery>,
 ) -> ApiResult<Json<wire::RemovedResponse>> {
-    let r = m.remove(&key, q.force.unwrap_or(false));
+    let r = durable(&m, m.remove(&key, q.force.unwrap_or(false))).await;
     observed("remove", r).map(|()| Json(wire::RemovedResponse { removed: 1 }))
 }
 
@@ -185,5 +187,6 @@ pub async fn remove_objects(
             )),
         ),
     };
-    observed(op, r.and_then(|r| r)).map(|removed| Json(wire::RemovedResponse { removed }))
+    let r = durable(&m, r.and_then(|r| r)).await;
+    observed(op, r).map(|removed| Json(wire::RemovedResponse { removed }))
 }

@@ -18,7 +18,8 @@
 //! # Layout
 //! - `config`: [`ClientConfig`] and its defaults.
 //! - `error`: [`StoreError`], Mooncake's client-side codes.
-//! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1).
+//! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1), following
+//!   the leader of an HA cluster of masters.
 //! - `staging`: the registered copy buffer and its slots.
 //! - `io`: the put and get pipelines shared by single and batch forms.
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
@@ -31,6 +32,9 @@ mod io;
 mod rpc;
 mod staging;
 mod values;
+
+#[cfg(test)]
+mod failover_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -463,11 +467,13 @@ fn master_rpc(config: &ClientConfig, engine: &TransferEngine) -> StoreResult<Mas
         config.admin_api_key.as_ref(),
         config.master_ca_cert.as_deref(),
     )?;
-    if rpc::in_the_clear_off_host(rpc.base()) {
-        tracing::warn!(
-            master = rpc.base(),
-            "the store key goes to a master on another host over plain HTTP; give it an https:// URL"
-        );
+    for base in rpc.bases() {
+        if rpc::in_the_clear_off_host(base) {
+            tracing::warn!(
+                master = %base,
+                "the store key goes to a master on another host over plain HTTP; give it an https:// URL"
+            );
+        }
     }
     Ok(rpc)
 }

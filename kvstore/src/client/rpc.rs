@@ -9,9 +9,19 @@
 //!
 //! Every call carries the store key (`Authorization: Bearer`), but for the admin plane's
 //! ([`MasterRpc::remove_all`]), which carries the admin key when one is configured. Keys go
-//! to the configured master URL only: hyper's client follows no redirect.
+//! to the configured master URLs only: hyper's client follows no redirect, and this one
+//! follows an HA follower's `307` only to a master on its own list.
+//!
+//! # Several masters (HA)
+//! The master URL may be a comma-separated list of the masters of one HA cluster. Calls go
+//! to the one that answered last; a master that cannot be reached, answers `503
+//! UNAVAILABLE` (no leader yet, or a change not committed in time) or redirects to the
+//! leader makes the call move on (the next on the list, or the redirect's target) until it
+//! is answered or the call's timeout passes. With one URL nothing is retried.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,11 +47,14 @@ enum Plane {
     Admin,
 }
 
-/// Typed calls to one master.
+/// Typed calls to a master (or to the leader of an HA cluster's masters).
 #[derive(Clone)]
 pub(crate) struct MasterRpc {
     http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    base: String,
+    /// Every master's base URL (one without HA).
+    bases: Arc<[String]>,
+    /// Index in `bases` of the master calls go to.
+    current: Arc<AtomicUsize>,
     timeout: Duration,
     /// `Bearer <store key>` (marked sensitive).
     store_auth: HeaderValue,
@@ -52,7 +65,7 @@ pub(crate) struct MasterRpc {
 impl std::fmt::Debug for MasterRpc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MasterRpc")
-            .field("base", &self.base)
+            .field("bases", &self.bases)
             .finish()
     }
 }
@@ -70,6 +83,20 @@ pub(crate) fn master_url(base: &str) -> StoreResult<String> {
         )));
     }
     Ok(base)
+}
+
+/// Every master URL of a comma-separated list, checked (at least one).
+pub(crate) fn master_urls(list: &str) -> StoreResult<Vec<String>> {
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(master_url)
+        .collect::<StoreResult<_>>()?;
+    if urls.is_empty() {
+        return Err(StoreError::InvalidArgument("no master URL given".into()));
+    }
+    Ok(urls)
 }
 
 /// Whether the (checked) master URL `base` is plain HTTP to a host other than this one:
@@ -156,7 +183,7 @@ impl MasterRpc {
         admin_key: Option<&Secret>,
         ca_cert: Option<&Path>,
     ) -> StoreResult<Self> {
-        let base = master_url(base)?;
+        let bases = master_urls(base)?;
         let store_auth = bearer("store_api_key", store_key)?;
         let admin_auth = admin_key.map(|k| bearer("admin_api_key", k)).transpose()?;
         let roots = transfer::tls::trust_roots(ca_cert)
@@ -172,21 +199,27 @@ impl MasterRpc {
             .build(connector);
         Ok(Self {
             http,
-            base,
+            bases: bases.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             timeout,
             store_auth,
             admin_auth,
         })
     }
 
-    /// The master's base URL.
+    /// The base URL of the master calls go to now.
     pub(crate) fn base(&self) -> &str {
-        &self.base
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// Every master's base URL.
+    pub(crate) fn bases(&self) -> &[String] {
+        &self.bases
     }
 
     fn fail(&self, reason: impl std::fmt::Display) -> StoreError {
         StoreError::Rpc {
-            url: self.base.clone(),
+            url: self.base().to_owned(),
             reason: reason.to_string(),
         }
     }
@@ -204,9 +237,9 @@ impl MasterRpc {
         self.fail(why)
     }
 
+    /// The path (and query) of a call; [`MasterRpc::send_on`] puts the master's base before it.
     fn url(&self, parts: &[&str], encoded: &[&str]) -> String {
-        let mut u = String::with_capacity(self.base.len() + 96);
-        u.push_str(&self.base);
+        let mut u = String::with_capacity(96);
         let mut enc = encoded.iter();
         for p in parts {
             u.push_str(p);
@@ -230,16 +263,93 @@ impl MasterRpc {
         &self,
         plane: Plane,
         method: Method,
-        uri: String,
+        path: String,
         body: Option<Vec<u8>>,
     ) -> StoreResult<T> {
-        let mut req = Request::builder().method(method).uri(uri);
+        let body = body.map(Bytes::from);
+        let ha = self.bases.len() > 1;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut moves = 0usize;
+        // A master that stopped answering (frozen, partitioned) may take one attempt's
+        // share of the timeout, not the whole call's.
+        let attempt = if ha { self.timeout / 2 } else { self.timeout };
+        loop {
+            let at = self.current.load(Ordering::Relaxed) % self.bases.len();
+            let until = deadline.min(tokio::time::Instant::now() + attempt);
+            let sent = self
+                .exchange(plane, &method, &self.bases[at], &path, body.clone(), until)
+                .await;
+            // Where to go next, if this master did not answer the call.
+            let next = match &sent {
+                _ if !ha => None,
+                Err(_) => Some((at + 1) % self.bases.len()),
+                Ok((status, headers, _)) if *status == StatusCode::TEMPORARY_REDIRECT => {
+                    let location = headers
+                        .get(header::LOCATION)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    let known = self
+                        .bases
+                        .iter()
+                        .position(|b| location.starts_with(b.as_str()));
+                    if known.is_none() {
+                        return Err(self.fail(format!(
+                            "redirected to {location:?}, which is not on this client's master \
+                             list (keys go to listed masters only)"
+                        )));
+                    }
+                    known
+                }
+                Ok((status, _, _)) if *status == StatusCode::SERVICE_UNAVAILABLE => {
+                    Some((at + 1) % self.bases.len())
+                }
+                Ok(_) => None,
+            };
+            if let Some(to) = next {
+                // The next call starts there too, even when this one has no time left.
+                let _ = self
+                    .current
+                    .compare_exchange(at, to, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            match next {
+                Some(_) if tokio::time::Instant::now() < deadline => {
+                    moves += 1;
+                    // A full round without an answer: the cluster is between leaders.
+                    if moves.is_multiple_of(self.bases.len()) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let (status, _, body) = sent?;
+            if status.is_success() {
+                return T::decode(&body)
+                    .map_err(|e| self.fail(format!("bad answer ({status}): {e}")));
+            }
+            return Err(self.refusal(status, &body));
+        }
+    }
+
+    /// One request to the master at `base`, answered before `deadline`.
+    async fn exchange(
+        &self,
+        plane: Plane,
+        method: &Method,
+        base: &str,
+        path: &str,
+        body: Option<Bytes>,
+        deadline: tokio::time::Instant,
+    ) -> StoreResult<(StatusCode, http::HeaderMap, Bytes)> {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(format!("{base}{path}"));
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         req = req.header(header::AUTHORIZATION, self.auth(plane).clone());
         let req = req
-            .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
+            .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| self.fail(e))?;
         let exchange = async {
             let resp = self
@@ -247,22 +357,17 @@ impl MasterRpc {
                 .request(req)
                 .await
                 .map_err(|e| self.unreachable(&e))?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
+            let (parts, body) = resp.into_parts();
+            let body = body
                 .collect()
                 .await
                 .map_err(|e| self.fail(format!("reading the answer: {e}")))?
                 .to_bytes();
-            Ok::<_, StoreError>((status, body))
+            Ok::<_, StoreError>((parts.status, parts.headers, body))
         };
-        let (status, body) = tokio::time::timeout(self.timeout, exchange)
+        tokio::time::timeout_at(deadline, exchange)
             .await
-            .map_err(|_| self.fail(format!("no answer within {:?}", self.timeout)))??;
-        if status.is_success() {
-            return T::decode(&body).map_err(|e| self.fail(format!("bad answer ({status}): {e}")));
-        }
-        Err(self.refusal(status, &body))
+            .map_err(|_| self.fail(format!("no answer within {:?}", self.timeout)))?
     }
 
     /// The `Authorization` value a call of `plane` carries.
@@ -498,10 +603,17 @@ mod tests {
         assert!(rpc("ftp://m:1", "k", None).is_err());
         assert!(rpc("not a url", "k", None).is_err());
         let r = rpc("http://m:1/prefix/", "k", None).unwrap();
+        assert_eq!(r.base(), "http://m:1/prefix");
         assert_eq!(
             r.url(&["/api/v1/objects/", "/replicas"], &["k/1"]),
-            "http://m:1/prefix/api/v1/objects/k%2F1/replicas"
+            "/api/v1/objects/k%2F1/replicas"
         );
+        // An HA cluster: every master, checked; calls start at the first.
+        let ha = rpc(" http://a:1, https://b:2/ ,", "k", None).unwrap();
+        assert_eq!(ha.bases(), ["http://a:1", "https://b:2"]);
+        assert_eq!(ha.base(), "http://a:1");
+        assert!(rpc("http://a:1,ftp://b:2", "k", None).is_err());
+        assert!(rpc(" , ", "k", None).is_err());
     }
 
     #[test]

@@ -361,6 +361,9 @@ pub struct ServeConfig {
     /// The hosted KV master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
+    /// The hosted master as one of an HA cluster on etcd (`[ha]` in the TOML file).
+    #[command(flatten)]
+    pub ha: kvstore::HaConfig,
 }
 
 /// One `--prefill URL [BOOTSTRAP_PORT|none]`, parsed.
@@ -451,6 +454,7 @@ impl Default for ServeConfig {
             cors_allowed_origins: Vec::new(),
             log_json: false,
             master: MasterConfig::default(),
+            ha: kvstore::HaConfig::default(),
         }
     }
 }
@@ -599,6 +603,9 @@ impl ServeConfig {
             }
         }
         errs.extend(master_problem(&self.master));
+        if !self.disable_master {
+            errs.extend(self.ha.problems());
+        }
         ConfigError::check(errs)
     }
 

@@ -40,39 +40,103 @@ use crate::error::GatewayError;
 use crate::listen::{ClientLimits, DeadlineBody};
 use tower::ServiceExt;
 
-/// A master this process hosts.
+/// A master this process hosts: alone, or as one master of an HA cluster on etcd
+/// (`--ha`, cargo feature `etcd`), where the routes answer for the cluster's leader.
 #[derive(Debug, Clone)]
 pub struct HostedMaster {
+    /// Alone: the master. With HA: only the shape of the routes (documentation); the
+    /// leader's master is [`HostedMaster::current`].
     master: Arc<Master>,
+    #[cfg(feature = "etcd")]
+    ha: Option<kvstore::ha::HaNode>,
 }
 
 impl HostedMaster {
-    /// Builds the master from `config` (validated again here) and registers its metrics on
-    /// the process's Prometheus recorder.
-    pub fn new(config: MasterConfig) -> Result<Self, MasterError> {
+    /// Builds the master from `config` (validated again here), as one of the HA cluster
+    /// `ha` names when it is enabled, and registers its metrics on the process's
+    /// Prometheus recorder. Starts nothing: [`HostedMaster::spawn_background`] does.
+    pub fn new(config: MasterConfig, ha: &kvstore::HaConfig) -> Result<Self, MasterError> {
         crate::metrics::install();
         kvstore::metrics::describe();
-        let master = Arc::new(Master::new(config)?);
-        kvstore::metrics::publish(&master);
-        Ok(Self { master })
+        let problems = ha.problems();
+        if !problems.is_empty() {
+            return Err(MasterError::InvalidParams(problems.join("; ")));
+        }
+        let master = Arc::new(Master::new(config.clone())?);
+        #[cfg(feature = "etcd")]
+        let ha = match ha.enabled {
+            true => Some(kvstore::ha::HaNode::new(ha.clone(), config)?),
+            false => None,
+        };
+        let hosted = Self {
+            master,
+            #[cfg(feature = "etcd")]
+            ha,
+        };
+        if !hosted.is_ha() {
+            kvstore::metrics::publish(&hosted.master);
+        }
+        Ok(hosted)
     }
 
-    /// The master.
+    /// Whether this is one master of an HA cluster.
+    pub fn is_ha(&self) -> bool {
+        #[cfg(feature = "etcd")]
+        return self.ha.is_some();
+        #[cfg(not(feature = "etcd"))]
+        false
+    }
+
+    /// The master serving now: the one alone, or this HA master's while it leads.
+    pub fn current(&self) -> Option<Arc<Master>> {
+        #[cfg(feature = "etcd")]
+        if let Some(node) = &self.ha {
+            return node.leader_master();
+        }
+        Some(self.master.clone())
+    }
+
+    /// This master alone (with HA: the documentation-only one; see [`HostedMaster::current`]).
     pub fn master(&self) -> &Arc<Master> {
         &self.master
     }
 
+    /// The HA node, when this master is one of a cluster.
+    #[cfg(feature = "etcd")]
+    pub fn ha(&self) -> Option<&kvstore::ha::HaNode> {
+        self.ha.as_ref()
+    }
+
     /// The master's REST API (`/api/v1/...`, `/metadata`): the store plane and the admin
-    /// plane, each behind its key in `auth`.
+    /// plane, each behind its key in `auth`, `GET /api/v1/ha` on the store plane. With HA,
+    /// answered by the cluster's leader (a follower redirects there, a candidate answers
+    /// 503), but for `/api/v1/ha`, which every master answers itself.
     pub fn routes(&self, auth: &Auth) -> OpenApiRouter {
         let store = kvstore::rest::store_router(self.master.clone());
         let admin = kvstore::rest::admin_router(self.master.clone());
-        auth.guard(Plane::Store, store, master_rejection())
+        #[cfg(feature = "etcd")]
+        let (store, admin, status) = match &self.ha {
+            Some(node) => (
+                kvstore::ha::gated(store, node),
+                kvstore::ha::gated(admin, node),
+                kvstore::ha::status_router(node),
+            ),
+            None => (store, admin, kvstore::ha::standalone_router()),
+        };
+        #[cfg(not(feature = "etcd"))]
+        let status = kvstore::ha::standalone_router();
+        // `/api/v1/ha` is answered by every master itself (never forwarded to the leader).
+        auth.guard(Plane::Store, store.merge(status), master_rejection())
             .merge(auth.guard(Plane::Admin, admin, master_rejection()))
     }
 
-    /// Runs the background task until `stop` is cancelled.
+    /// Runs the background task (alone: the tick; with HA: following, campaigning and
+    /// leading, the leader's tick included) until `stop` is cancelled.
     pub fn spawn_background(&self, stop: CancellationToken) -> JoinHandle<()> {
+        #[cfg(feature = "etcd")]
+        if let Some(node) = &self.ha {
+            return node.spawn(stop);
+        }
         tokio::spawn(kvstore::run_background(
             self.master.clone(),
             stop.cancelled_owned(),
@@ -111,7 +175,7 @@ pub fn master_app(hosted: &HostedMaster, auth: &Auth) -> (Router, Document) {
     let own = OpenApiRouter::new()
         .routes(routes!(health))
         .routes(routes!(metrics))
-        .with_state(hosted.master.clone());
+        .with_state(hosted.clone());
     let api = OpenApiRouter::with_openapi(MasterAloneApi::openapi())
         .merge(hosted.routes(auth))
         .merge(own);
@@ -136,8 +200,10 @@ async fn health() -> Json<MasterHealth> {
 /// Prometheus text exposition (`moongate_master_*`), gauges refreshed first.
 #[utoipa::path(get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
-async fn metrics(State(master): State<Arc<Master>>) -> Response {
-    kvstore::metrics::publish(&master);
+async fn metrics(State(hosted): State<HostedMaster>) -> Response {
+    if let Some(master) = hosted.current() {
+        kvstore::metrics::publish(&master);
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -151,7 +217,7 @@ async fn metrics(State(master): State<Arc<Master>>) -> Response {
 /// The OpenAPI document `moongate master` with `cfg` serves at `/api-docs/openapi.json`
 /// (the store key is not read: the document only says that one is required).
 pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
-    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    let hosted = HostedMaster::new(cfg.master.clone(), &cfg.ha).context("KV master settings")?;
     let auth = Auth::new(cfg.auth_settings(KeySet::unresolved()));
     Ok(master_app(&hosted, &auth).1)
 }
@@ -214,7 +280,7 @@ pub async fn spawn_master(
     cfg: MasterHostConfig,
     listener: TcpListener,
 ) -> anyhow::Result<MasterProcess> {
-    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    let hosted = HostedMaster::new(cfg.master.clone(), &cfg.ha).context("KV master settings")?;
     let auth = Auth::new(cfg.auth_settings(cfg.store_key()?));
     let tls = crate::tls::acceptor(cfg.tls_cert_file.as_deref(), cfg.tls_key_file.as_deref())
         .map_err(anyhow::Error::msg)?;

@@ -88,7 +88,8 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         state.auth().update(|s| s.store = Some(store));
     }
     let extra = master_routes(&state, hosted.as_ref());
-    if let Some(h) = &hosted {
+    if let Some(h) = hosted.as_ref().filter(|h| !h.is_ha()) {
+        // Alone, `/metrics` refreshes its gauges; an HA leader's tick does that instead.
         state.host_master(h.master().clone());
     }
     crate::auth::spawn_open_admin_warning(state.auth(), state.cancel_token().clone());
@@ -104,7 +105,7 @@ fn hosted_master(cfg: &ServeConfig) -> anyhow::Result<Option<HostedMaster>> {
     if cfg.disable_master {
         return Ok(None);
     }
-    let hosted = HostedMaster::new(cfg.master.clone()).context("KV master settings")?;
+    let hosted = HostedMaster::new(cfg.master.clone(), &cfg.ha).context("KV master settings")?;
     Ok(Some(hosted))
 }
 

@@ -12,6 +12,8 @@
 //!   ([`rest::store_router`], [`rest::admin_router`]; [`router`] is both, unguarded).
 //! - `background`: the periodic work the host spawns ([`run_background`]).
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
+//! - `ha`: the HA master on etcd ([`ha::HaConfig`] always; [`ha::HaNode`] with the
+//!   feature `etcd`).
 //! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
 //!
 //! # Hosting the master
@@ -29,6 +31,7 @@
 
 mod background;
 pub mod client;
+pub mod ha;
 pub mod hicache;
 mod hosting;
 pub mod master;
@@ -39,6 +42,7 @@ pub mod rest;
 
 pub use background::run_background;
 pub use client::{BufRange, ClientConfig, StoreClient, StoreError, StoreResult};
+pub use ha::HaConfig;
 pub use hosting::MasterServer;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;

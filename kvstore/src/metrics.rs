@@ -30,8 +30,22 @@ pub const EVICTIONS: &str = "moongate_master_evictions_total";
 /// Counter: bytes freed by eviction.
 pub const EVICTED_BYTES: &str = "moongate_master_evicted_bytes_total";
 
+/// Counter: etcd transactions an HA leader committed (group commits).
+pub const HA_COMMITS: &str = "moongate_master_ha_commits_total";
+/// Counter: durable changes those transactions carried.
+pub const HA_CHANGES: &str = "moongate_master_ha_changes_total";
+
+/// Gauge: 1 while this HA master leads, 0 otherwise.
+pub const HA_LEADER: &str = "moongate_master_ha_leader";
+/// Gauge: the term of the leader this HA master knows (0: none).
+pub const HA_TERM: &str = "moongate_master_ha_term";
+
 /// Registers help texts (call once after the recorder is installed).
 pub fn describe() {
+    metrics::describe_gauge!(HA_LEADER, "1 while this HA master leads, else 0");
+    metrics::describe_gauge!(HA_TERM, "Term of the leader this HA master knows (0: none)");
+    metrics::describe_counter!(HA_COMMITS, "etcd transactions committed by the HA leader");
+    metrics::describe_counter!(HA_CHANGES, "Durable changes committed by the HA leader");
     metrics::describe_gauge!(
         CAPACITY_BYTES,
         metrics::Unit::Bytes,
@@ -57,6 +71,18 @@ pub fn describe() {
         metrics::Unit::Bytes,
         "Bytes freed by eviction"
     );
+}
+
+/// Publishes an HA master's role and the term it knows.
+pub fn record_ha_role(leader: bool, term: i64) {
+    metrics::gauge!(HA_LEADER).set(if leader { 1.0 } else { 0.0 });
+    metrics::gauge!(HA_TERM).set(term as f64);
+}
+
+/// Counts one committed group transaction of `changes` changes (HA leader).
+pub fn record_ha_commit(changes: usize) {
+    metrics::counter!(HA_COMMITS).increment(1);
+    metrics::counter!(HA_CHANGES).increment(changes as u64);
 }
 
 /// Counts one request of `op`, and its failure if it failed.

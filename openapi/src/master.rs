@@ -318,6 +318,17 @@ pub struct MasterHealth {
     pub version: String,
 }
 
+/// `GET /api/v1/ha`: a master's role in its HA cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HaStatus {
+    /// `leader`, `follower` or `candidate` (between leaders); `standalone` without HA.
+    pub role: String,
+    /// Where the leader serves (its advertise URL), when one is known.
+    pub leader_url: Option<String>,
+    /// The leader's term (increases with every new leader; 0: none known).
+    pub term: i64,
+}
+
 /// Query of `GET /api/v1/objects`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -76,6 +76,9 @@ pub struct MasterHostConfig {
     /// The master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
+    /// The master as one of an HA cluster on etcd (`[ha]` in the TOML file).
+    #[command(flatten)]
+    pub ha: kvstore::HaConfig,
 }
 
 impl Default for MasterHostConfig {
@@ -99,6 +102,7 @@ impl Default for MasterHostConfig {
             client_body_timeout_secs: serve.client_body_timeout_secs,
             max_connections: serve.max_connections,
             master: serve.master,
+            ha: serve.ha,
         }
     }
 }
@@ -130,6 +134,7 @@ impl MasterHostConfig {
         errs.extend(security::master_problems(self));
         errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         errs.extend(master_problem(&self.master));
+        errs.extend(self.ha.problems());
         ConfigError::check(errs)
     }
 

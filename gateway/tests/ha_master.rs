@@ -1,0 +1,554 @@
+//! The HA master as users run it: a real etcd (Debian's `etcd-server`, started here on
+//! loopback ports with a temporary data dir), `moongate master --ha` processes, and a store
+//! client that lists them all. Leaders are SIGKILLed and SIGSTOPped while a client puts and
+//! gets; a manifest of every acknowledged put is read back after each failover; a resumed
+//! old leader must refuse writes; etcd is killed and restarted under load.
+//!
+//! Needs the cargo feature `etcd` (and `protoc` to build it) and the `etcd` binary; `.ci/run`
+//! installs both. `MOONGATE_HA_FAILOVERS=20` runs the long loop of the closing note.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kvstore::{ClientConfig, Secret, StoreClient};
+use parking_lot::Mutex;
+
+const STORE_KEY: &str = "ha-test-store-key";
+/// The masters' lease TTL: 2 s here (shorter failovers, shorter tests);
+/// `MOONGATE_HA_TEST_LEASE_TTL_SECS=3` runs the default.
+fn lease_ttl_secs() -> String {
+    std::env::var("MOONGATE_HA_TEST_LEASE_TTL_SECS").unwrap_or_else(|_| "2".into())
+}
+
+fn etcd_binary() -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("etcd"))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("these tests need the `etcd` binary (Debian: apt-get install etcd-server); .ci/run installs it")
+    })
+}
+
+/// An etcd member on loopback ports, with its own data dir; killed when dropped.
+struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client: String,
+    peer: String,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let mut e = Etcd {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            client: common::restartable_loopback_addr(),
+            peer: common::restartable_loopback_addr(),
+        };
+        e.run();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// Starts (or restarts) the member on the same ports and data, and waits until healthy.
+    fn run(&mut self) {
+        let peer = format!("http://{}", self.peer);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new(etcd_binary())
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url()])
+            .args(["--advertise-client-urls", &self.url()])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let health = format!("{}/health", self.url());
+        while Instant::now() < deadline {
+            if let Ok(r) = raw::blocking_get(&health)
+                && r.contains("true")
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("etcd did not become healthy; log in {:?}", self.dir.path());
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A blocking GET over a plain socket (setup code runs outside the runtime).
+mod raw {
+    use std::io::{Read, Write};
+
+    pub fn blocking_get(url: &str) -> std::io::Result<String> {
+        let rest = url.trim_start_matches("http://");
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let mut s = std::net::TcpStream::connect(host)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+        write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// A `moongate master --ha` process at a fixed loopback address.
+struct MasterProc {
+    child: Option<Child>,
+    addr: String,
+    log: PathBuf,
+    etcd: String,
+    cluster: String,
+}
+
+impl MasterProc {
+    fn start(etcd: &str, cluster: &str, logs: &Path, n: usize) -> MasterProc {
+        let mut m = MasterProc {
+            child: None,
+            addr: common::restartable_loopback_addr(),
+            log: logs.join(format!("master-{n}.log")),
+            etcd: etcd.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        m.run();
+        m
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn run(&mut self) {
+        let (host, port) = self.addr.rsplit_once(':').unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = common::moongate()
+            .args(["master", "--host", host, "--port", port, "--ha"])
+            .args(["--etcd-endpoints", &self.etcd])
+            .args(["--advertise-url", &self.url()])
+            .args(["--cluster-id", &self.cluster])
+            .args(["--ha-lease-ttl-secs", &lease_ttl_secs()])
+            .args(["--ha-commit-timeout-ms", "1000"])
+            .args(["--store-api-key", STORE_KEY])
+            .args(["--master-client-ttl-ms", "10000"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn moongate master");
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> String {
+        self.child.as_ref().expect("running").id().to_string()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for MasterProc {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.signal("-CONT");
+        }
+        self.kill9();
+    }
+}
+
+async fn ha_status(url: &str) -> Option<serde_json::Value> {
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let r = c
+        .get(format!("{url}/api/v1/ha"))
+        .bearer_auth(STORE_KEY)
+        .send()
+        .await
+        .ok()?;
+    r.json().await.ok()
+}
+
+/// The index of the master that serves as leader, waiting up to 30 s for one.
+async fn leader(masters: &[MasterProc]) -> (usize, i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        for (i, m) in masters.iter().enumerate() {
+            if m.child.is_none() {
+                continue;
+            }
+            if let Some(s) = ha_status(&m.url()).await
+                && s["role"] == "leader"
+            {
+                return (i, s["term"].as_i64().unwrap());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no leader within 30 s");
+}
+
+fn value(i: u64) -> Vec<u8> {
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn client(masters: &[MasterProc]) -> StoreClient {
+    let urls: Vec<String> = masters.iter().map(MasterProc::url).collect();
+    let cfg = ClientConfig {
+        store_api_key: Some(Secret::new(STORE_KEY.to_owned())),
+        rpc_timeout_ms: 1500,
+        heartbeat_interval_ms: 200,
+        local_buffer_size: 8 << 20,
+        ..ClientConfig::local(&urls.join(","), 64 << 20)
+    };
+    // The cluster may still be electing: connecting retries within its timeout too.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match StoreClient::connect(cfg.clone()).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("connect: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no store client: {e}"),
+        }
+    }
+}
+
+/// Acknowledged puts: key index and when the put started.
+#[derive(Default)]
+struct Manifest {
+    acked: Mutex<Vec<u64>>,
+}
+
+/// Puts fresh keys until `stop`, recording each acknowledged one (and when it started).
+fn spawn_writer(
+    c: StoreClient,
+    manifest: Arc<Manifest>,
+    first: u64,
+    stop: Arc<AtomicBool>,
+    started_acked: Arc<Mutex<Vec<(Instant, Instant)>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut i = first;
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            if c.put(&format!("k{i}"), &value(i)).await.is_ok() {
+                manifest.acked.lock().push(i);
+                started_acked.lock().push((t, Instant::now()));
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            i += 1;
+        }
+    })
+}
+
+/// Gets acknowledged keys until `stop`; a get that answers must answer the right bytes.
+fn spawn_reader(
+    c: StoreClient,
+    manifest: Arc<Manifest>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut reads = 0;
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let pick = {
+                let acked = manifest.acked.lock();
+                (!acked.is_empty()).then(|| acked[(n as usize * 7919) % acked.len()])
+            };
+            n += 1;
+            match pick {
+                Some(i) => {
+                    if let Ok(v) = c.get(&format!("k{i}")).await {
+                        assert!(v == value(i), "k{i} read back wrong bytes");
+                        reads += 1;
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        reads
+    })
+}
+
+/// Every acknowledged key reads back exactly (retrying briefly: a failover may be under way).
+async fn check_manifest(c: &StoreClient, manifest: &Manifest) -> usize {
+    let keys: Vec<u64> = manifest.acked.lock().clone();
+    for chunk in keys.chunks(256) {
+        let names: Vec<String> = chunk.iter().map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let got = c.batch_get(&refs).await;
+            let bad: Vec<_> = got
+                .iter()
+                .zip(chunk)
+                .filter(|(r, i)| !r.as_ref().is_ok_and(|v| v[..] == value(**i)[..]))
+                .map(|(r, i)| (format!("k{i}"), r.as_ref().err().map(|e| e.to_string())))
+                .collect();
+            if bad.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "acknowledged objects lost or wrong: {} of {}, e.g. {:?}",
+                bad.len(),
+                chunk.len(),
+                &bad[..bad.len().min(3)]
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    keys.len()
+}
+
+/// Puts (and reads back) a probe until it succeeds; returns how long that took.
+async fn served_again(c: &StoreClient, key: &str, since: Instant) -> Duration {
+    let v = value(u64::MAX);
+    let deadline = since + Duration::from_secs(30);
+    loop {
+        let last = match c.put(key, &v).await {
+            Ok(()) => match c.get(key).await {
+                Ok(g) if g == v => return since.elapsed(),
+                other => format!("get: {:?}", other.map(|g| g.len())),
+            },
+            Err(e) => format!("put: {e}"),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "not served again within 30 s; last error: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A raw put-start at `url` with the store key: its HTTP status.
+async fn raw_put_start(url: &str) -> u16 {
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let body = serde_json::json!({
+        "client_id": "00000000-0000-0000-0000-00000000f00d",
+        "length": 10,
+    });
+    c.post(format!("{url}/api/v1/objects/fenced-write/put-start"))
+        .bearer_auth(STORE_KEY)
+        .json(&body)
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_puts_survive_leaders_killed_and_frozen() {
+    let failovers: usize = std::env::var("MOONGATE_HA_FAILOVERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let etcd = Etcd::start();
+    let logs = tempfile::tempdir().unwrap();
+    let mut masters: Vec<MasterProc> = (0..3)
+        .map(|n| MasterProc::start(&etcd.url(), "t1", logs.path(), n))
+        .collect();
+    let (_, first_term) = leader(&masters).await;
+    let c = client(&masters).await;
+    let manifest = Arc::new(Manifest::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            spawn_writer(
+                c.clone(),
+                manifest.clone(),
+                w * 1_000_000,
+                stop.clone(),
+                times.clone(),
+            )
+        })
+        .collect();
+    let reader = spawn_reader(c.clone(), manifest.clone(), stop.clone());
+    let mut recoveries = Vec::new();
+    let mut term = first_term;
+    for n in 0..failovers {
+        // Let some puts land under this leader first.
+        let before = manifest.acked.lock().len();
+        let t = Instant::now();
+        while manifest.acked.lock().len() < before + 20 && t.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (old, old_term) = leader(&masters).await;
+        assert!(old_term >= term, "terms only grow");
+        let freeze = n % 2 == 1;
+        let since = Instant::now();
+        if freeze {
+            masters[old].signal("-STOP");
+        } else {
+            masters[old].kill9();
+        }
+        let took = served_again(&c, &format!("probe-{n}"), since).await;
+        recoveries.push(took);
+        let (new, new_term) = leader(&masters).await;
+        assert_ne!(new, old);
+        assert!(new_term > old_term);
+        term = new_term;
+        if freeze {
+            // The old leader wakes past its lease: whatever it believes, it must not write.
+            masters[old].signal("-CONT");
+            let status = raw_put_start(&masters[old].url()).await;
+            assert!(
+                status == 307 || status == 503,
+                "a deposed leader answered a write with {status}"
+            );
+            // And it rejoins as a follower of the new term.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let s = ha_status(&masters[old].url()).await;
+                if s.as_ref()
+                    .is_some_and(|s| s["role"] == "follower" && s["term"] == new_term)
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "old leader did not follow: {s:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } else {
+            masters[old].run();
+        }
+        let checked = check_manifest(&c, &manifest).await;
+        eprintln!(
+            "failover {n} ({}): served again after {took:?}; {checked} acknowledged objects all read back",
+            if freeze { "SIGSTOP" } else { "SIGKILL" }
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let reads = reader.await.unwrap();
+    let total = check_manifest(&c, &manifest).await;
+    let worst = recoveries.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "{failovers} failovers: {total} acknowledged puts, none lost; {reads} reads checked; \
+         worst time to serve again {worst:?} (lease TTL {} s)",
+        lease_ttl_secs()
+    );
+    assert!(total > 0 && reads > 0);
+    // A bound, not a benchmark: generous for a loaded 2-core CI machine.
+    assert!(worst < Duration::from_secs(15), "failover took {worst:?}");
+    let _ = c.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_lost_and_back_under_load_acknowledges_nothing_meanwhile() {
+    let mut etcd = Etcd::start();
+    let logs = tempfile::tempdir().unwrap();
+    let masters: Vec<MasterProc> = (0..2)
+        .map(|n| MasterProc::start(&etcd.url(), "t2", logs.path(), n))
+        .collect();
+    leader(&masters).await;
+    let c = client(&masters).await;
+    let manifest = Arc::new(Manifest::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let writer = spawn_writer(c.clone(), manifest.clone(), 0, stop.clone(), times.clone());
+    let t = Instant::now();
+    while manifest.acked.lock().len() < 30 && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    etcd.kill();
+    let down = Instant::now();
+    // Longer than the lease: the leader must step down, not hang or lie.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status: Vec<_> = {
+        let mut v = Vec::new();
+        for m in &masters {
+            v.push(ha_status(&m.url()).await.map(|s| s["role"].clone()));
+        }
+        v
+    };
+    assert!(
+        status
+            .iter()
+            .all(|r| r.as_ref().is_none_or(|r| r != "leader")),
+        "a master still claims to lead without etcd: {status:?}"
+    );
+    let up = Instant::now();
+    etcd.run();
+    let took = served_again(&c, "after-etcd", up).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    // No put that started while etcd was down was acknowledged before it came back.
+    let lied = times
+        .lock()
+        .iter()
+        .filter(|(started, acked)| *started > down && *acked < up)
+        .count();
+    assert_eq!(lied, 0, "puts acknowledged while etcd was down");
+    let total = check_manifest(&c, &manifest).await;
+    eprintln!(
+        "etcd down {:?}: {total} acknowledged puts all read back; served again {took:?} after etcd returned",
+        up - down
+    );
+    let _ = c.close().await;
+}

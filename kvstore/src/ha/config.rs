@@ -1,0 +1,176 @@
+//! Every setting of the HA master, with its default, in one place (the `[ha]` TOML table,
+//! `--ha-*` flags and `MOONGATE_HA_*` variables of `moongate master` and `moongate serve`).
+//! Always compiled, so a binary built without the `etcd` feature still parses `--ha` and
+//! can say which feature it lacks.
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variables, one per setting.
+pub mod env {
+    /// `--ha`.
+    pub const ENABLED: &str = "MOONGATE_HA";
+    /// `--etcd-endpoints`.
+    pub const ETCD_ENDPOINTS: &str = "MOONGATE_HA_ETCD_ENDPOINTS";
+    /// `--advertise-url`.
+    pub const ADVERTISE_URL: &str = "MOONGATE_HA_ADVERTISE_URL";
+    /// `--cluster-id`.
+    pub const CLUSTER_ID: &str = "MOONGATE_HA_CLUSTER_ID";
+    /// `--ha-lease-ttl-secs`.
+    pub const LEASE_TTL_SECS: &str = "MOONGATE_HA_LEASE_TTL_SECS";
+    /// `--ha-commit-timeout-ms`.
+    pub const COMMIT_TIMEOUT_MS: &str = "MOONGATE_HA_COMMIT_TIMEOUT_MS";
+    /// `--ha-max-txn-ops`.
+    pub const MAX_TXN_OPS: &str = "MOONGATE_HA_MAX_TXN_OPS";
+}
+
+/// The HA master: leader election on an etcd lease, every durable change committed to etcd
+/// before it is acknowledged (see `kvstore::ha`, feature `etcd`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "HA master (etcd)")]
+pub struct HaConfig {
+    /// Run as one of several masters of a cluster, on etcd: one leader serves, the others
+    /// stand by with the state loaded and redirect. Needs a binary built with the cargo
+    /// feature `etcd`.
+    #[arg(id = "ha.enabled", long = "ha", env = env::ENABLED, action = clap::ArgAction::SetTrue)]
+    pub enabled: bool,
+    /// etcd client URLs, comma-separated (`http://h1:2379,http://h2:2379`). Plain HTTP
+    /// only for now: keep etcd's client port on a trusted network.
+    #[arg(id = "ha.etcd_endpoints", long = "etcd-endpoints", env = env::ETCD_ENDPOINTS, value_name = "URLS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// The URL other masters redirect clients to while this one leads
+    /// (`http://this-host:port`): it must reach this process from every client.
+    #[arg(id = "ha.advertise_url", long = "advertise-url", env = env::ADVERTISE_URL, value_name = "URL",
+        default_value_t = HaConfig::default().advertise_url)]
+    pub advertise_url: String,
+    /// Name of the cluster: masters with the same id (and etcd) elect one leader and share
+    /// one state, under the etcd prefix `/moongate/<id>/`.
+    #[arg(id = "ha.cluster_id", long = "cluster-id", env = env::CLUSTER_ID, value_name = "NAME",
+        default_value_t = HaConfig::default().cluster_id)]
+    pub cluster_id: String,
+    /// TTL of the leader's etcd lease, in seconds: a dead leader is replaced within about
+    /// this long (plus a moment to load the state). Default 3, so that writes and reads are
+    /// served again within 5 s of a leader's death (Mooncake's lease is 5 s); a leader that
+    /// cannot reach etcd for this long steps down.
+    #[arg(id = "ha.lease_ttl_secs", long = "ha-lease-ttl-secs", env = env::LEASE_TTL_SECS, value_name = "SECS",
+        default_value_t = HaConfig::default().lease_ttl_secs)]
+    pub lease_ttl_secs: u64,
+    /// A change not committed to etcd within this long is answered 503 `UNAVAILABLE`
+    /// (retryable; nothing acknowledged). Must be below the lease TTL. Default 1500.
+    #[arg(id = "ha.commit_timeout_ms", long = "ha-commit-timeout-ms", env = env::COMMIT_TIMEOUT_MS, value_name = "MS",
+        default_value_t = HaConfig::default().commit_timeout_ms)]
+    pub commit_timeout_ms: u64,
+    /// Most operations in one etcd transaction (group commit); etcd's own limit
+    /// (`--max-txn-ops`) is 128 by default, and the fence takes none of them. Default 128.
+    #[arg(id = "ha.max_txn_ops", long = "ha-max-txn-ops", env = env::MAX_TXN_OPS, value_name = "N",
+        default_value_t = HaConfig::default().max_txn_ops)]
+    pub max_txn_ops: usize,
+}
+
+/// Most bytes of keys and values in one transaction: etcd refuses requests over 1.5 MiB.
+pub const MAX_TXN_BYTES: usize = 1 << 20;
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            etcd_endpoints: Vec::new(),
+            advertise_url: String::new(),
+            cluster_id: "default".to_owned(),
+            lease_ttl_secs: 3,
+            commit_timeout_ms: 1500,
+            max_txn_ops: 128,
+        }
+    }
+}
+
+impl HaConfig {
+    /// Problems that keep an HA master from starting (none when HA is off).
+    pub fn problems(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        if !self.enabled {
+            return errs;
+        }
+        if self.etcd_endpoints.is_empty() {
+            errs.push("--ha needs --etcd-endpoints".to_owned());
+        }
+        for e in &self.etcd_endpoints {
+            if !e.starts_with("http://") {
+                errs.push(format!(
+                    "etcd endpoint {e:?} must be http://host:port (TLS to etcd is not supported yet: \
+                     keep etcd's client port on a trusted network or loopback)"
+                ));
+            }
+        }
+        if !(self.advertise_url.starts_with("http://")
+            || self.advertise_url.starts_with("https://"))
+        {
+            errs.push(
+                "--ha needs --advertise-url http(s)://host:port (where clients reach this master)"
+                    .to_owned(),
+            );
+        }
+        if self.cluster_id.is_empty()
+            || !self
+                .cluster_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            errs.push("cluster_id must be non-empty letters, digits, '-', '_' or '.'".to_owned());
+        }
+        if self.lease_ttl_secs < 2 {
+            errs.push("ha lease_ttl_secs must be at least 2".to_owned());
+        }
+        if self.commit_timeout_ms == 0 || self.commit_timeout_ms >= self.lease_ttl_secs * 1000 {
+            errs.push("ha commit_timeout_ms must be positive and below the lease TTL".to_owned());
+        }
+        if !(1..=1024).contains(&self.max_txn_ops) {
+            errs.push("ha max_txn_ops must be within 1..=1024".to_owned());
+        }
+        if !cfg!(feature = "etcd") {
+            errs.push(
+                "--ha needs a binary built with the cargo feature `etcd` \
+                 (cargo build --release -p gateway --features etcd)"
+                    .to_owned(),
+            );
+        }
+        errs
+    }
+
+    /// The etcd key prefix of this cluster.
+    pub fn prefix(&self) -> String {
+        format!("/moongate/{}/", self.cluster_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_off_and_ha_needs_its_settings() {
+        assert!(HaConfig::default().problems().is_empty());
+        let on = HaConfig {
+            enabled: true,
+            ..HaConfig::default()
+        };
+        let p = on.problems().join("; ");
+        assert!(
+            p.contains("--etcd-endpoints") && p.contains("--advertise-url"),
+            "{p}"
+        );
+        let good = HaConfig {
+            enabled: true,
+            etcd_endpoints: vec!["http://127.0.0.1:2379".into()],
+            advertise_url: "http://127.0.0.1:50051".into(),
+            ..HaConfig::default()
+        };
+        assert_eq!(
+            good.problems().is_empty(),
+            cfg!(feature = "etcd"),
+            "{:?}",
+            good.problems()
+        );
+        assert_eq!(good.prefix(), "/moongate/default/");
+    }
+}

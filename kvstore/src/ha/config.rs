@@ -21,6 +21,8 @@ pub mod env {
     pub const COMMIT_TIMEOUT_MS: &str = "MOONGATE_HA_COMMIT_TIMEOUT_MS";
     /// `--ha-max-txn-ops`.
     pub const MAX_TXN_OPS: &str = "MOONGATE_HA_MAX_TXN_OPS";
+    /// `--ha-txns-in-flight`.
+    pub const TXNS_IN_FLIGHT: &str = "MOONGATE_HA_TXNS_IN_FLIGHT";
 }
 
 /// The HA master: leader election on an etcd lease, every durable change committed to etcd
@@ -65,6 +67,11 @@ pub struct HaConfig {
     #[arg(id = "ha.max_txn_ops", long = "ha-max-txn-ops", env = env::MAX_TXN_OPS, value_name = "N",
         default_value_t = HaConfig::default().max_txn_ops)]
     pub max_txn_ops: usize,
+    /// etcd transactions under way at once (on disjoint keys; changes still turn durable
+    /// in the order they were made). Default 4.
+    #[arg(id = "ha.txns_in_flight", long = "ha-txns-in-flight", env = env::TXNS_IN_FLIGHT, value_name = "N",
+        default_value_t = HaConfig::default().txns_in_flight)]
+    pub txns_in_flight: usize,
 }
 
 /// Most bytes of keys and values in one transaction: etcd refuses requests over 1.5 MiB.
@@ -80,6 +87,7 @@ impl Default for HaConfig {
             lease_ttl_secs: 3,
             commit_timeout_ms: 1500,
             max_txn_ops: 128,
+            txns_in_flight: 4,
         }
     }
 }
@@ -126,6 +134,9 @@ impl HaConfig {
         }
         if !(1..=1024).contains(&self.max_txn_ops) {
             errs.push("ha max_txn_ops must be within 1..=1024".to_owned());
+        }
+        if !(1..=64).contains(&self.txns_in_flight) {
+            errs.push("ha txns_in_flight must be within 1..=64".to_owned());
         }
         if !cfg!(feature = "etcd") {
             errs.push(

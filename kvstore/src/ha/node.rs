@@ -359,7 +359,7 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
         client.clone(),
         layout.clone(),
         term,
-        inner.cfg.max_txn_ops,
+        (inner.cfg.max_txn_ops, inner.cfg.txns_in_flight),
         lead.clone(),
     ));
     tokio::spawn(crate::run_background(

@@ -235,15 +235,7 @@ async fn leader(masters: &[MasterProc]) -> (usize, i64) {
 }
 
 fn value(i: u64) -> Vec<u8> {
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..4096)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::value(i, 4096)
 }
 
 async fn client(masters: &[MasterProc]) -> StoreClient {

@@ -127,17 +127,7 @@ async fn client(m: &str, protocol: Protocol) -> StoreClient {
     StoreClient::connect(cfg).await.unwrap()
 }
 
-fn value(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use common::value;
 
 /// Waits until `cond` holds, checking every 50 ms; fails the test after `limit`.
 async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {

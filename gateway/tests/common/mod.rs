@@ -129,3 +129,17 @@ pub async fn stream(url: &str, body: &Value) -> (String, Vec<Value>) {
         .collect();
     (ctype, json)
 }
+
+/// `len` deterministic pseudo-random bytes for `seed` (xorshift): test values that a torn,
+/// stale or misplaced read cannot pass for.
+pub fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -101,6 +101,17 @@ fn fresh_view(spec: &SegmentSpec, client: ClientId, align_shift: u32) -> Segment
 }
 
 impl ClientTable {
+    /// The entry of `client`, seen at `now` (a new one is alive, with nothing mounted).
+    pub(crate) fn seen(&mut self, client: ClientId, now: u64) -> &mut ClientEntry {
+        let entry = self.map.entry(client).or_insert_with(|| ClientEntry {
+            last_seen: now,
+            status: ClientStatus::Ok,
+            segments: Vec::new(),
+        });
+        entry.last_seen = now;
+        entry
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
@@ -250,12 +261,7 @@ impl Master {
         }
         let seg = Arc::new(Segment::new(&p.spec, client, self.align_shift, mount));
         self.segments.write().insert(seg.clone());
-        let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
-            last_seen: now,
-            status: ClientStatus::Ok,
-            segments: Vec::new(),
-        });
-        entry.last_seen = now;
+        let entry = clients.seen(client, now);
         entry.add_segment(seg.name_arc());
         if ends_remount {
             entry.status = ClientStatus::Ok;
@@ -288,12 +294,7 @@ impl Master {
                 seg
             }
         };
-        let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
-            last_seen: now,
-            status: ClientStatus::Ok,
-            segments: Vec::new(),
-        });
-        entry.last_seen = now;
+        let entry = clients.seen(client, now);
         entry.add_segment(seg.name_arc());
         Ok(seg.view())
     }
@@ -325,12 +326,7 @@ impl Master {
         for spec in &specs {
             found.push(Self::check_mount(&table, &clients, client, spec)?);
         }
-        let entry = clients.map.entry(client).or_insert_with(|| ClientEntry {
-            last_seen: now,
-            status: ClientStatus::Ok,
-            segments: Vec::new(),
-        });
-        entry.last_seen = now;
+        let entry = clients.seen(client, now);
         let mut fresh = Vec::new();
         for (spec, found) in specs.iter().zip(found) {
             match found {

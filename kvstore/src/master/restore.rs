@@ -13,11 +13,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::clients::ClientEntry;
 use super::journal::{Journal, ObjectRecord, SegmentRecord};
 use super::object::{Object, Replica, Replicas, ReplicateConfig};
 use super::segment::Segment;
-use super::{ClientStatus, Clock, Master, MasterConfig, MasterResult};
+use super::{Clock, Master, MasterConfig, MasterResult};
 
 /// The durable state of a cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -153,14 +152,7 @@ impl Master {
                 else {
                     continue;
                 };
-                let entry = clients
-                    .map
-                    .entry(rec.client)
-                    .or_insert_with(|| ClientEntry {
-                        last_seen: now,
-                        status: ClientStatus::Ok,
-                        segments: Vec::new(),
-                    });
+                let entry = clients.seen(rec.client, now);
                 entry.add_segment(seg.name_arc());
                 table.insert(seg);
             }

@@ -544,3 +544,47 @@ async fn etcd_lost_and_back_under_load_acknowledges_nothing_meanwhile() {
     );
     let _ = c.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
+    let etcd = Etcd::start();
+    let logs = tempfile::tempdir().unwrap();
+    let mut masters: Vec<MasterProc> = (0..2)
+        .map(|n| MasterProc::start(&etcd.url(), "t3", logs.path(), n))
+        .collect();
+    leader(&masters).await;
+    let url = format!("etcd://{}/t3", etcd.client);
+    let want: std::collections::BTreeSet<String> = masters.iter().map(MasterProc::url).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = kvstore::ha::discover_masters(&url).await;
+        let got: std::collections::BTreeSet<String> = found
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if got == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "found {found:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = StoreClient::connect(ClientConfig {
+        store_api_key: Some(Secret::new(STORE_KEY.to_owned())),
+        rpc_timeout_ms: 1500,
+        local_buffer_size: 8 << 20,
+        ..ClientConfig::local(&url, 16 << 20)
+    })
+    .await
+    .unwrap();
+    c.put("via-etcd", &value(1)).await.unwrap();
+    let (old, _) = leader(&masters).await;
+    masters[old].kill9();
+    served_again(&c, "after-kill", Instant::now()).await;
+    assert_eq!(c.get("via-etcd").await.unwrap(), value(1));
+    let none = kvstore::ha::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
+    assert!(none.unwrap_err().contains("no master is registered"));
+    let _ = c.close().await;
+}

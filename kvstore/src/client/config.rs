@@ -142,7 +142,9 @@ fn size(s: &str) -> u64 {
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     /// Base URL of the KV master (`moongate serve` hosts it); for an HA cluster, every
-    /// master's URL, comma-separated (calls follow the leader).
+    /// master's URL, comma-separated (calls follow the leader), or
+    /// `etcd://h1:2379,h2:2379[/cluster]` to read them from the cluster's etcd at start
+    /// (a build with the cargo feature `etcd`).
     #[arg(long = "master", env = env::MASTER, default_value = DEFAULT_MASTER)]
     pub master: String,
     /// Bytes of memory this node contributes to the store as its segment (0: a pure
@@ -260,7 +262,9 @@ impl ClientConfig {
             return bad("heartbeat_interval_ms and rpc_timeout_ms must be positive".into());
         }
         MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
-        super::rpc::master_urls(&self.master)?;
+        if !crate::ha::is_etcd_url(&self.master) {
+            super::rpc::master_urls(&self.master)?;
+        }
         for (name, key) in [
             ("store_api_key", &self.store_api_key),
             ("admin_api_key", &self.admin_api_key),

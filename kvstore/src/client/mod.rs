@@ -146,8 +146,14 @@ impl StoreClient {
         Self::open(config, true).await
     }
 
-    async fn open(config: ClientConfig, wait_for_master: bool) -> StoreResult<Self> {
+    async fn open(mut config: ClientConfig, wait_for_master: bool) -> StoreResult<Self> {
         config.validate()?;
+        if crate::ha::is_etcd_url(&config.master) {
+            config.master = crate::ha::discover_masters(&config.master)
+                .await
+                .map_err(StoreError::InvalidArgument)?;
+            tracing::info!(masters = %config.master, "masters found in etcd");
+        }
         let engine = TransferEngine::new(config.engine_config()?)
             .await
             .map_err(|e| StoreError::setup("starting the transfer engine", e))?;

@@ -184,4 +184,13 @@ mod tests {
         );
         assert_eq!(good.prefix(), "/moongate/default/");
     }
+
+    #[tokio::test]
+    async fn etcd_urls_are_recognised_and_checked() {
+        assert!(super::super::is_etcd_url(" etcd://h:2379/c"));
+        assert!(!super::super::is_etcd_url("http://h:1"));
+        for bad in ["etcd://", "etcd:///c", "etcd://h:1/a/b"] {
+            assert!(super::super::discover_masters(bad).await.is_err(), "{bad}");
+        }
+    }
 }

@@ -5,6 +5,8 @@
 //!   the leader's **term** and the fence of every write.
 //! - `seg/<name>/<mount id, 16 hex>`: a mounted segment ([`SegmentRecord`], JSON).
 //! - `obj/<key>`: a readable object ([`ObjectRecord`], JSON).
+//! - `masters/<advertise URL>`: every running master (its URL, on its own lease), which
+//!   `etcd://` clients read to find them all.
 //!
 //! The keyspace *is* the state (a snapshot that every commit keeps current), not a log to
 //! replay: a put_end is one `put`, a remove one `delete`, an unmount one `delete`. etcd's
@@ -57,6 +59,10 @@ impl Layout {
 
     pub(crate) fn leader(&self) -> Vec<u8> {
         format!("{}leader", self.prefix).into_bytes()
+    }
+
+    pub(crate) fn masters(&self) -> Vec<u8> {
+        format!("{}masters/", self.prefix).into_bytes()
     }
 
     fn segment(&self, name: &str, mount: u64) -> Vec<u8> {

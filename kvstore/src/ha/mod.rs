@@ -13,8 +13,9 @@
 //! - `layout` (feature `etcd`): the keys in etcd and a follower's copy of them.
 //! - `journal` (feature `etcd`): the leader's fenced group commit.
 //! - `node` (feature `etcd`): election, following, leading, stepping down ([`HaNode`]).
-//! - here: how requests reach the leader ([`gated`]) and `GET /api/v1/ha`
-//!   ([`status_router`]).
+//! - here: how requests reach the leader ([`gated`]), `GET /api/v1/ha`
+//!   ([`status_router`]), and how a client given `etcd://` finds the masters
+//!   ([`discover_masters`]).
 //!
 //! # Recovery argument
 //! 1. *Fencing.* Every write is a transaction guarded by
@@ -144,6 +145,78 @@ mod serve {
 
 #[cfg(feature = "etcd")]
 pub use serve::{gated, status_router};
+
+/// Whether a master URL names etcd (`etcd://h1:2379,h2:2379[/cluster]`) rather than masters.
+pub fn is_etcd_url(url: &str) -> bool {
+    url.trim_start().starts_with("etcd://")
+}
+
+/// Every master registered in etcd for the cluster `url` names
+/// (`etcd://h1:2379,h2:2379[/cluster]`, cluster `default` when none is given), as the
+/// comma-separated list a client takes. Read once, when the client connects.
+pub async fn discover_masters(url: &str) -> Result<String, String> {
+    let rest = url.trim().trim_start_matches("etcd://");
+    let (hosts, cluster) = rest.split_once('/').unwrap_or((rest, "default"));
+    let cluster = cluster.trim_end_matches('/');
+    let cfg = HaConfig {
+        cluster_id: if cluster.is_empty() {
+            "default"
+        } else {
+            cluster
+        }
+        .to_owned(),
+        ..HaConfig::default()
+    };
+    let endpoints: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("http://{h}"))
+        .collect();
+    if endpoints.is_empty() || cfg.cluster_id.contains('/') {
+        return Err(format!(
+            "{url:?} is not etcd://host:port[,host:port...][/cluster]"
+        ));
+    }
+    discover(&endpoints, &cfg.prefix()).await
+}
+
+#[cfg(feature = "etcd")]
+async fn discover(endpoints: &[String], prefix: &str) -> Result<String, String> {
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(std::time::Duration::from_secs(2))
+        .with_timeout(std::time::Duration::from_secs(5));
+    let mut client = etcd_client::Client::connect(endpoints, Some(opts))
+        .await
+        .map_err(|e| format!("etcd {endpoints:?}: {e}"))?;
+    let key = format!("{prefix}masters/");
+    let resp = client
+        .get(
+            key.clone(),
+            Some(etcd_client::GetOptions::new().with_prefix().with_limit(64)),
+        )
+        .await
+        .map_err(|e| format!("etcd {endpoints:?}: {e}"))?;
+    let urls: Vec<String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.value_str().ok().map(str::to_owned))
+        .collect();
+    if urls.is_empty() {
+        return Err(format!(
+            "no master is registered under {key} in etcd {endpoints:?}"
+        ));
+    }
+    Ok(urls.join(","))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn discover(_: &[String], _: &str) -> Result<String, String> {
+    Err(
+        "etcd:// master URLs need a build with the cargo feature `etcd`; list the masters' \
+         URLs instead"
+            .to_owned(),
+    )
+}
 
 /// `GET /api/v1/ha` of a master without HA: `{"role": "standalone", "leader_url": null,
 /// "term": 0}`, so tools can ask any master the same question.

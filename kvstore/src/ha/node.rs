@@ -236,6 +236,7 @@ async fn run(inner: Arc<Inner>, stop: CancellationToken) {
             }
         }
     };
+    tokio::spawn(register(inner.clone(), client.clone(), stop.clone()));
     while !stop.is_cancelled() {
         if let Err(e) = cycle(&inner, &mut client, &stop).await {
             inner.set(State::Candidate);
@@ -462,6 +463,53 @@ async fn keep_leading(
         }
         if !inner.lease_live() {
             return "the lease ran out before it was renewed";
+        }
+    }
+}
+
+/// Keeps this master listed under `masters/` (on a lease of its own) until `stop`, so
+/// clients given `etcd://` find every master, not only the leader.
+async fn register(inner: Arc<Inner>, mut client: Client, stop: CancellationToken) {
+    let url = inner.cfg.advertise_url.clone();
+    let mut key = inner.layout.masters();
+    key.extend_from_slice(url.as_bytes());
+    let ttl = inner.cfg.lease_ttl_secs.max(2) as i64;
+    let period = Duration::from_secs(ttl as u64) / 3;
+    while !stop.is_cancelled() {
+        let listed = async {
+            let lease = client.lease_grant(ttl, None).await?.id();
+            let opts = PutOptions::new().with_lease(lease);
+            client.put(key.clone(), url.clone(), Some(opts)).await?;
+            Ok::<_, etcd_client::Error>(lease)
+        };
+        let lease = match listed.await {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing this master in etcd failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(period) => continue,
+                }
+            }
+        };
+        if let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(period) => {}
+                }
+                let alive = async {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                match tokio::time::timeout(period, alive).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                    _ => break,
+                }
+            }
+        }
+        if stop.is_cancelled() {
+            let _ = client.lease_revoke(lease).await;
         }
     }
 }

@@ -327,7 +327,10 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
         }
     }
     follow_stop.cancel();
-    let snapshot = replica.lock().snapshot();
+    // The copy and the snapshot are dropped once restored: a leader holds its state once.
+    let snapshot = std::mem::take(&mut *replica.lock()).snapshot();
+    drop(replica);
+    let (objects, segments) = (snapshot.objects.len(), snapshot.segments.len());
     let journal = Arc::new(EtcdJournal::new(Duration::from_millis(
         inner.cfg.commit_timeout_ms,
     )));
@@ -338,6 +341,7 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
         &snapshot,
     )
     .map_err(|e| format!("restoring the master: {e}"))?;
+    drop(snapshot);
     let master = Arc::new(restored.master);
     // Records that describe nothing any more go (no one waits on it).
     let stale: Vec<Change> = restored
@@ -373,8 +377,8 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
     inner.set(State::Leader { term, master, app });
     tracing::info!(
         term,
-        objects = snapshot.objects.len(),
-        segments = snapshot.segments.len(),
+        objects,
+        segments,
         stale_records,
         load_ms = started.elapsed().as_millis() as u64,
         "leading"

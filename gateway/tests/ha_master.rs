@@ -37,6 +37,14 @@ fn etcd_binary() -> PathBuf {
     })
 }
 
+/// SIGKILLs the child, if any, and waits for it.
+fn reap(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// An etcd member on loopback ports, with its own data dir; killed when dropped.
 struct Etcd {
     child: Option<Child>,
@@ -92,10 +100,7 @@ impl Etcd {
     }
 
     fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        reap(&mut self.child);
     }
 }
 
@@ -185,10 +190,7 @@ impl MasterProc {
     }
 
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        reap(&mut self.child);
     }
 }
 

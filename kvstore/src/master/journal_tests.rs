@@ -85,6 +85,15 @@ fn journaled() -> (Master, Arc<Manual>, Arc<ManualClock>) {
     (m, journal, clock)
 }
 
+/// A journaled master with segment `s0` of `size` bytes (client 1) mounted and committed.
+fn journaled_with_s0(size: u64) -> (Master, Arc<Manual>, Arc<ManualClock>) {
+    let (m, j, clock) = journaled();
+    m.mount_segment(client(1), spec("s0", 0x1000_0000, size))
+        .unwrap();
+    j.commit(&m);
+    (m, j, clock)
+}
+
 fn one() -> ReplicateConfig {
     ReplicateConfig::default()
 }
@@ -113,10 +122,7 @@ fn a_mount_is_usable_only_once_committed_and_is_idempotent_meanwhile() {
 
 #[test]
 fn a_journaled_put_end_is_readable_only_once_committed() {
-    let (m, j, _) = journaled();
-    m.mount_segment(client(1), spec("s0", 0x1000_0000, SEG))
-        .unwrap();
-    j.commit(&m);
+    let (m, j, _) = journaled_with_s0(SEG);
     m.put_start(client(7), "k", 100, &one()).unwrap();
     m.put_end(client(7), "k").unwrap();
     assert!(matches!(
@@ -138,10 +144,7 @@ fn a_journaled_put_end_is_readable_only_once_committed() {
 
 #[test]
 fn removed_space_is_reused_only_after_the_removal_commits() {
-    let (m, j, clock) = journaled();
-    m.mount_segment(client(1), spec("s0", 0x1000_0000, 4096))
-        .unwrap();
-    j.commit(&m);
+    let (m, j, clock) = journaled_with_s0(4096);
     m.put_start(client(7), "a", 4096, &one()).unwrap();
     m.put_end(client(7), "a").unwrap();
     j.commit(&m);
@@ -244,10 +247,7 @@ fn a_restored_master_serves_exactly_what_was_committed() {
 
 #[test]
 fn records_of_ended_mounts_are_stale_after_a_restore() {
-    let (m, j, _) = journaled();
-    m.mount_segment(client(1), spec("s0", 0x1000_0000, SEG))
-        .unwrap();
-    j.commit(&m);
+    let (m, j, _) = journaled_with_s0(SEG);
     m.put_start(client(7), "k", 100, &one()).unwrap();
     m.put_end(client(7), "k").unwrap();
     j.commit(&m);

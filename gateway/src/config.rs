@@ -15,6 +15,7 @@
 //! a `[master]` table in the TOML file, `MOONGATE_MASTER_*` variables, `--master-*` flags.
 //! [`MasterHostConfig`] is `moongate master` (the master alone), through the same pipeline.
 
+mod discovery;
 mod master;
 mod security;
 mod sources;
@@ -27,6 +28,7 @@ use kvstore::MasterConfig;
 pub use kvstore::Secret;
 use serde::{Deserialize, Serialize};
 
+pub use discovery::{ALL_NAMESPACES, DiscoveryConfig, parse_label};
 pub use master::MasterHostConfig;
 pub use sources::{merge_sources, overlay_given, read_toml};
 
@@ -364,6 +366,9 @@ pub struct ServeConfig {
     /// The hosted master as one of an HA cluster on etcd (`[ha]` in the TOML file).
     #[command(flatten)]
     pub ha: kvstore::HaConfig,
+    /// Workers found from Kubernetes pods (`[discovery]` in the TOML file).
+    #[command(flatten)]
+    pub discovery: DiscoveryConfig,
 }
 
 /// One `--prefill URL [BOOTSTRAP_PORT|none]`, parsed.
@@ -455,6 +460,7 @@ impl Default for ServeConfig {
             log_json: false,
             master: MasterConfig::default(),
             ha: kvstore::HaConfig::default(),
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -606,6 +612,7 @@ impl ServeConfig {
         if !self.disable_master {
             errs.extend(self.ha.problems());
         }
+        errs.extend(self.discovery.problems(self.pd_disaggregation));
         ConfigError::check(errs)
     }
 

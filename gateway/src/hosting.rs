@@ -58,7 +58,8 @@ impl HostedMaster {
     pub fn new(config: MasterConfig, ha: &kvstore::HaConfig) -> Result<Self, MasterError> {
         crate::metrics::install();
         kvstore::metrics::describe();
-        let problems = ha.problems();
+        let mut problems = ha.problems();
+        problems.extend(ha.feature_problem());
         if !problems.is_empty() {
             return Err(MasterError::InvalidParams(problems.join("; ")));
         }

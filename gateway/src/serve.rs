@@ -82,6 +82,10 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
     state
         .add_static_workers()
         .context("registering --worker-urls")?;
+    state
+        .start_discovery()
+        .await
+        .context("Kubernetes service discovery")?;
     let hosted = hosted_master(state.config())?;
     if hosted.is_some() {
         let store = state.config().store_key()?;

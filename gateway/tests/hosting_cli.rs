@@ -2,100 +2,18 @@
 //! the way users start them: settings reach the master, the admin key is enforced and never
 //! logged, the documents match, SIGTERM stops them cleanly. Plus `moongate openapi`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Stdio;
 use std::time::Duration;
+
+use common::{Proc, moongate};
 
 use serde_json::{Value, json};
 
 const KEY: &str = "pr0cess-admin-key";
 const WRONG: &str = "wr0ng-key-value";
-
-fn moongate() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moongate"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MOONGATE_") || k == "RUST_LOG" {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-/// A running `moongate` process whose stderr is collected line by line.
-struct Proc {
-    child: Child,
-    base: String,
-    lines: mpsc::Receiver<String>,
-    log: Vec<String>,
-}
-
-impl Proc {
-    /// Starts `moongate args...` and waits for its "listening addr=..." log line.
-    fn start(cmd: &mut Command) -> Proc {
-        let mut child = cmd.stderr(Stdio::piped()).spawn().expect("spawn moongate");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut log = Vec::new();
-        let addr = loop {
-            let line = lines
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|e| panic!("no listening line ({e}); log so far: {log:#?}"));
-            let addr = line
-                .split("addr=")
-                .nth(1)
-                .filter(|_| line.contains("listening"))
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            log.push(line);
-            if let Some(a) = addr {
-                break a;
-            }
-        };
-        Proc {
-            child,
-            base: format!("http://{addr}"),
-            lines,
-            log,
-        }
-    }
-
-    /// Sends SIGTERM, expects a clean exit within 5 s, and returns everything it logged.
-    fn terminate(mut self) -> String {
-        let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-        for _ in 0..100 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "exit status {status}");
-                self.log.extend(self.lines.iter());
-                return self.log.join("\n");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        panic!("moongate did not exit within 5 s of SIGTERM");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn status(c: &reqwest::Client, url: &str, key: Option<&str>) -> u16 {
     let mut req = c.get(url);

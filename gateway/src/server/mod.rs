@@ -57,7 +57,7 @@ pub struct AppState(Arc<Inner>);
 struct Inner {
     config: ServeConfig,
     auth: Auth,
-    manager: WorkerManager,
+    manager: Arc<WorkerManager>,
     router: ArcSwap<RegularRouter>,
     pd: Option<ArcSwap<PdRouter>>,
     dispatcher: Dispatcher,
@@ -89,7 +89,12 @@ impl AppState {
         let cancel = CancellationToken::new();
         let client = HttpClient::with_roots(roots);
         let registry = Arc::new(Registry::new());
-        let manager = WorkerManager::new(registry.clone(), client.clone(), &config, cancel.clone());
+        let manager = Arc::new(WorkerManager::new(
+            registry.clone(),
+            client.clone(),
+            &config,
+            cancel.clone(),
+        ));
         let retry = RetryPolicy::from(&config);
         let dispatcher = Dispatcher::new(
             client.clone(),
@@ -240,6 +245,27 @@ impl AppState {
             prefill.push(spec.map_err(crate::workers::manager::AddError::Invalid)?);
         }
         self.0.manager.add_static_pd(&prefill, &cfg.decode)
+    }
+
+    /// Starts Kubernetes service discovery when `--service-discovery` asks for it: fails
+    /// when this binary lacks the `kubernetes` feature or no Kubernetes API can be
+    /// configured (in-cluster service account, `KUBECONFIG`, `~/.kube/config`).
+    pub async fn start_discovery(&self) -> anyhow::Result<()> {
+        let cfg = &self.0.config;
+        if let Some(problem) = cfg.discovery.feature_problem() {
+            anyhow::bail!(problem);
+        }
+        #[cfg(feature = "kubernetes")]
+        if cfg.discovery.enabled {
+            crate::workers::k8s::spawn(
+                &cfg.discovery,
+                cfg.pd_disaggregation,
+                Arc::downgrade(&self.0.manager),
+                self.cancel_token().clone(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The configuration the process started with (what a reload changed is in force in

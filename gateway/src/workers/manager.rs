@@ -177,17 +177,17 @@ impl WorkerManager {
     /// The key a worker of `origin` without its own key uses.
     fn default_key_for(&self, origin: Origin) -> Option<String> {
         match origin {
-            Origin::Static => self.default_key.lock().clone(),
+            Origin::Static | Origin::Discovered => self.default_key.lock().clone(),
             Origin::Api => None,
         }
     }
 
-    /// Replaces the gateway's `--api-key` (a reload): static workers without their own key
-    /// send the new one from their next request on.
+    /// Replaces the gateway's `--api-key` (a reload): static and discovered workers
+    /// without their own key send the new one from their next request on.
     pub fn set_default_key(&self, key: Option<String>) {
         *self.default_key.lock() = key.clone();
         for w in self.registry.list().iter() {
-            if w.origin() == Origin::Static {
+            if matches!(w.origin(), Origin::Static | Origin::Discovered) {
                 w.set_default_key(key.as_deref());
             }
         }
@@ -220,6 +220,22 @@ impl WorkerManager {
             });
         }
         Some(worker)
+    }
+
+    /// Registers a worker found by service discovery ([`Origin::Discovered`]) with
+    /// `labels`, and starts probing it.
+    pub fn add_discovered(
+        &self,
+        url: &str,
+        worker_type: WorkerType,
+        bootstrap_port: Option<u16>,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<Arc<Worker>, AddError> {
+        let req = CreateWorkerRequest {
+            labels,
+            ..static_worker(url, worker_type, bootstrap_port)
+        };
+        self.register(req, Origin::Discovered)
     }
 
     /// Registers the static `--worker-urls` (regular workers).

@@ -10,11 +10,16 @@
 //!   request outcomes.
 //! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`.
 //! - [`manager`]: the control plane tying them together (add, update, drain, remove).
+//! - [`pods`]: Kubernetes service discovery's reconcile step (pods to workers); the
+//!   watch that feeds it is [`k8s`] (cargo feature `kubernetes`).
 
 pub mod breaker;
 pub mod discovery;
 pub mod health;
+#[cfg(feature = "kubernetes")]
+pub mod k8s;
 pub mod manager;
+pub mod pods;
 pub mod registry;
 
 use std::collections::BTreeMap;
@@ -157,6 +162,10 @@ pub enum Origin {
     /// Registered through the worker API: only the key given with it, never the
     /// gateway's (an admin could register any URL, and the key would go there).
     Api,
+    /// Found by Kubernetes service discovery (`--service-discovery`): pods the operator's
+    /// label selector picks in the watched namespace, so the gateway's `--api-key` is its
+    /// key as for a static worker. Discovery removes it; a reload leaves it alone.
+    Discovered,
 }
 
 /// Default priority of a worker registered without one.

@@ -3,6 +3,11 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
 use gateway::sim::{self, SimConfig, SimHandle};
 use serde_json::Value;
 
@@ -142,4 +147,81 @@ pub fn value(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A running `moongate` process whose stderr is collected line by line.
+pub struct Proc {
+    /// The process.
+    pub child: Child,
+    /// `http://` + the address it listens on.
+    pub base: String,
+    lines: mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Proc {
+    /// Starts `moongate args...` and waits for its "listening addr=..." log line.
+    pub fn start(cmd: &mut Command) -> Proc {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().expect("spawn moongate");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut log = Vec::new();
+        let addr = loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("no listening line ({e}); log so far: {log:#?}"));
+            let addr = line
+                .split("addr=")
+                .nth(1)
+                .filter(|_| line.contains("listening"))
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string);
+            log.push(line);
+            if let Some(a) = addr {
+                break a;
+            }
+        };
+        Proc {
+            child,
+            base: format!("http://{addr}"),
+            lines,
+            log,
+        }
+    }
+
+    /// Sends SIGTERM, expects a clean exit within 5 s, and returns everything it logged.
+    pub fn terminate(mut self) -> String {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "exit status {status}");
+                self.log.extend(self.lines.iter());
+                return self.log.join("\n");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        panic!("moongate did not exit within 5 s of SIGTERM");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

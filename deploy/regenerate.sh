@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rewrites deploy/moongate.toml and deploy/master.toml from the binary: a comment header, then
+# Rewrites deploy/k8s/base/moongate.toml and deploy/master.toml from the binary: a comment header, then
 # exactly what `moongate serve --print-config` and `moongate master --print-config` print with
 # no --config file, no MOONGATE_* variable and no flag. gateway/tests/deploy.rs fails while
 # either file differs from that output.
@@ -33,5 +33,5 @@ write() {
   echo "wrote $file"
 }
 
-write serve deploy/moongate.toml "gateway/src/config.rs; [master]: kvstore::MasterConfig"
+write serve deploy/k8s/base/moongate.toml "gateway/src/config.rs; [master]: kvstore::MasterConfig"
 write master deploy/master.toml "gateway/src/config/master.rs; [master]: kvstore::MasterConfig"

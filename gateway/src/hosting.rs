@@ -21,7 +21,7 @@ use axum::Json;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, header};
+use http::{HeaderValue, StatusCode, header};
 use hyper::body::Incoming;
 use kvstore::{Master, MasterConfig, MasterError};
 use openapi::master::MasterHealth;
@@ -95,6 +95,17 @@ impl HostedMaster {
             return node.leader_master();
         }
         Some(self.master.clone())
+    }
+
+    /// Whether master calls get an answer here: alone, always; with HA, while this master
+    /// leads or follows a known leader (a candidate answers 503).
+    pub fn answers(&self) -> bool {
+        #[cfg(feature = "etcd")]
+        if let Some(node) = &self.ha {
+            let status = node.status();
+            return status.role != kvstore::ha::Role::Candidate && status.leader_url.is_some();
+        }
+        true
     }
 
     /// This master alone (with HA: the documentation-only one; see [`HostedMaster::current`]).
@@ -175,6 +186,8 @@ struct MasterAloneApi;
 pub fn master_app(hosted: &HostedMaster, auth: &Auth) -> (Router, Document) {
     let own = OpenApiRouter::new()
         .routes(routes!(health))
+        .routes(routes!(liveness))
+        .routes(routes!(readiness))
         .routes(routes!(metrics))
         .with_state(hosted.clone());
     let api = OpenApiRouter::with_openapi(MasterAloneApi::openapi())
@@ -196,6 +209,31 @@ async fn health() -> Json<MasterHealth> {
         status: "alive".into(),
         version: env!("CARGO_PKG_VERSION").into(),
     })
+}
+
+/// The process is up (the liveness probe; the same answer as `/health`).
+#[utoipa::path(get, path = "/liveness", tag = "ops",
+    responses((status = 200, description = "Alive", body = MasterHealth)))]
+async fn liveness() -> Json<MasterHealth> {
+    health().await
+}
+
+/// Whether this master answers master calls (the readiness probe): alone, always; in an HA
+/// cluster, while it leads or follows a known leader (it redirects there), not while there
+/// is no leader (every call would get 503).
+#[utoipa::path(get, path = "/readiness", tag = "ops",
+    responses((status = 200, description = "Serving or redirecting", body = MasterHealth),
+              (status = 503, description = "No leader known yet", body = MasterHealth)))]
+async fn readiness(State(hosted): State<HostedMaster>) -> Response {
+    let (code, status) = match hosted.answers() {
+        true => (StatusCode::OK, "ready"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+    };
+    let body = MasterHealth {
+        status: status.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
+    (code, Json(body)).into_response()
 }
 
 /// Prometheus text exposition (`moongate_master_*`), gauges refreshed first.

@@ -403,6 +403,18 @@ async fn acknowledged_puts_survive_leaders_killed_and_frozen() {
         .map(|n| MasterProc::start(&etcd.url(), "t1", logs.path(), n))
         .collect();
     let (_, first_term) = leader(&masters).await;
+    // Leader and followers are ready (a follower redirects to the leader it knows).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for m in &masters {
+        loop {
+            let r = reqwest::get(format!("{}/readiness", m.url())).await;
+            if r.is_ok_and(|r| r.status() == 200) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} never ready", m.url());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let c = client(&masters).await;
     let manifest = Arc::new(Manifest::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -583,6 +595,24 @@ async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     .unwrap();
     c.put("via-etcd", &value(1)).await.unwrap();
     let (old, _) = leader(&masters).await;
+    // The dashboard's HA panels query what the leader exposes after a commit.
+    let metrics = reqwest::get(format!("{}/metrics", masters[old].url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ha: Vec<String> = common::dashboard_metrics()
+        .into_iter()
+        .filter(|m| m.starts_with("moongate_master_ha_"))
+        .collect();
+    assert!(ha.len() >= 4, "{ha:?}");
+    for m in &ha {
+        assert!(
+            common::exposes(&metrics, m),
+            "the leader exposes no {m}:\n{metrics}"
+        );
+    }
     masters[old].kill9();
     served_again(&c, "after-kill", Instant::now()).await;
     assert_eq!(c.get("via-etcd").await.unwrap(), value(1));

@@ -213,6 +213,12 @@ async fn master_process_alone() {
         json_of(&c, &format!("{base}/health")).await["status"],
         "alive"
     );
+    // The probes are open: liveness, and readiness (a master alone always answers).
+    assert_eq!(status(&c, &format!("{base}/liveness"), None).await, 200);
+    assert_eq!(
+        json_of(&c, &format!("{base}/readiness")).await["status"],
+        "ready"
+    );
     assert_eq!(
         status(&c, &format!("{base}/api/v1/segments"), None).await,
         401

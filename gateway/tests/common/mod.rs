@@ -225,3 +225,51 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// Every `moongate_*` metric the Grafana dashboards in deploy/grafana/dashboards query.
+pub fn dashboard_metrics() -> std::collections::BTreeSet<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/dashboards");
+    let mut names = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(dir).expect("deploy/grafana/dashboards") {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let mut stack = vec![&v];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Object(m) => {
+                    if let Some(Value::String(expr)) = m.get("expr") {
+                        names.extend(metric_names(expr));
+                    }
+                    stack.extend(m.values());
+                }
+                Value::Array(a) => stack.extend(a),
+                _ => {}
+            }
+        }
+    }
+    names
+}
+
+/// The `moongate_*` names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("moongate_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Whether a Prometheus text exposition has a sample of `name`.
+pub fn exposes(text: &str, name: &str) -> bool {
+    text.lines().any(|l| {
+        !l.starts_with('#')
+            && l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+    })
+}

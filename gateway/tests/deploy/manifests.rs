@@ -107,6 +107,8 @@ pub enum Wants {
     Sim(&'static str, Option<u16>),
     /// A KV master: `moongate master`, or `moongate serve` hosting it.
     Master,
+    /// An etcd member's client port.
+    Etcd,
 }
 
 /// A URL one process is given to reach another.
@@ -123,6 +125,22 @@ pub struct Link {
 }
 
 impl Link {
+    /// The links of a `--master` value: a comma-separated list of master URLs, or
+    /// `etcd://h1:2379,h2:2379/CLUSTER` (etcd members that list the masters).
+    fn masters(value: &str) -> Vec<Link> {
+        if let Some(rest) = value.strip_prefix("etcd://") {
+            let hosts = rest.split('/').next().unwrap_or_default();
+            return hosts
+                .split(',')
+                .map(|h| Link::new(&format!("http://{h}"), Wants::Etcd))
+                .collect();
+        }
+        value
+            .split(',')
+            .map(|u| Link::new(u, Wants::Master))
+            .collect()
+    }
+
     fn new(url: &str, wants: Wants) -> Link {
         let u = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
         Link {
@@ -284,6 +302,7 @@ impl Process {
                     || (self.sub() == "serve"
                         && self.settings.get("disable_master") != Some(&toml::Value::Boolean(true)))
             }
+            Wants::Etcd => false,
             Wants::Sim(mode, bootstrap) => {
                 self.sub() == "sim-worker"
                     && self.str("mode") == *mode
@@ -328,10 +347,30 @@ impl Process {
             "store" => {
                 let client = self.settings["client"].as_table().expect("[client]");
                 let master = client["master"].as_str().expect("master url");
-                links.push(Link::new(master, Wants::Master));
+                links.extend(Link::masters(master));
             }
             _ => {}
         }
+        // An HA master (alone or hosted by `serve`): its etcd, and the URL it advertises,
+        // which must reach itself.
+        let ha = self.settings.get("ha").and_then(toml::Value::as_table);
+        if let Some(ha) = ha.filter(|h| h.get("enabled") == Some(&toml::Value::Boolean(true))) {
+            for url in ha["etcd_endpoints"].as_array().expect("etcd_endpoints") {
+                links.push(Link::new(url.as_str().expect("url"), Wants::Etcd));
+            }
+            let own = ha["advertise_url"].as_str().expect("advertise_url");
+            links.push(Link::new(own, Wants::Master));
+        }
         links
     }
+}
+
+/// The value of `--flag VALUE` or `--flag=VALUE` in a command line.
+pub fn flag_value(argv: &[String], flag: &str) -> Option<String> {
+    let eq = format!("{flag}=");
+    argv.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix(&eq)
+            .map(str::to_owned)
+            .or_else(|| (a == flag).then(|| argv.get(i + 1).cloned()).flatten())
+    })
 }

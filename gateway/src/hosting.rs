@@ -103,7 +103,12 @@ impl HostedMaster {
         #[cfg(feature = "etcd")]
         if let Some(node) = &self.ha {
             let status = node.status();
-            return status.role != kvstore::ha::Role::Candidate && status.leader_url.is_some();
+            return match status.role {
+                // A leader whose lease lapsed answers 503 until it steps down.
+                kvstore::ha::Role::Leader => node.leader_master().is_some(),
+                kvstore::ha::Role::Follower => status.leader_url.is_some(),
+                kvstore::ha::Role::Candidate => false,
+            };
         }
         true
     }

@@ -82,10 +82,6 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
     state
         .add_static_workers()
         .context("registering --worker-urls")?;
-    state
-        .start_discovery()
-        .await
-        .context("Kubernetes service discovery")?;
     let hosted = hosted_master(state.config())?;
     if hosted.is_some() {
         let store = state.config().store_key()?;
@@ -96,8 +92,24 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         // Alone, `/metrics` refreshes its gauges; an HA leader's tick does that instead.
         state.host_master(h.master().clone());
     }
-    crate::auth::spawn_open_admin_warning(state.auth(), state.cancel_token().clone());
-    let mut gw = spawn_with(state, extra, listener).await?;
+    // Last before serving: its watch tasks stop with the gateway's token, which a failure
+    // from here on cancels.
+    let cancel = state.cancel_token().clone();
+    let started = async {
+        state
+            .start_discovery()
+            .await
+            .context("Kubernetes service discovery")?;
+        crate::auth::spawn_open_admin_warning(state.auth(), cancel.clone());
+        spawn_with(state, extra, listener).await
+    };
+    let mut gw = match started.await {
+        Ok(gw) => gw,
+        Err(e) => {
+            cancel.cancel();
+            return Err(e);
+        }
+    };
     if let Some(h) = hosted {
         gw.master_task = Some(h.spawn_background(gw.state.cancel_token().clone()));
     }

@@ -383,7 +383,9 @@ async fn master_alone_serves_its_routes_document_and_ui() {
         paths_tagged(&doc, "ops"),
         vec![
             (Method::GET, "/health".to_string()),
-            (Method::GET, "/metrics".to_string())
+            (Method::GET, "/liveness".to_string()),
+            (Method::GET, "/metrics".to_string()),
+            (Method::GET, "/readiness".to_string())
         ]
     );
     assert_eq!(paths_tagged(&doc, "docs"), paths_tagged(&serve, "docs"));

@@ -57,7 +57,8 @@ pub struct DiscoveryConfig {
     pub decode_selector: Vec<String>,
     /// Namespace to watch. Default: the gateway's own (the service account's, or the
     /// kubeconfig context's), which a namespaced Role allows; `*` watches every namespace
-    /// (needs a ClusterRole).
+    /// (needs a ClusterRole), as sglang-router does when this is unset. With `*`,
+    /// discovered workers get no `--api-key`: labels do not say who made a pod elsewhere.
     #[arg(id = "discovery.namespace", long = "service-discovery-namespace", env = env::NAMESPACE,
           value_name = "NAMESPACE")]
     pub namespace: Option<String>,
@@ -140,8 +141,17 @@ impl DiscoveryConfig {
                 errs.push(e);
             }
         }
-        if self.prefill_selector == self.decode_selector && !self.prefill_selector.is_empty() {
-            errs.push("--prefill-selector and --decode-selector must differ".to_owned());
+        // A pod matching both roles is used by neither: every pod the wider selector picks
+        // would also match the narrower one.
+        use std::collections::BTreeSet;
+        let p: BTreeSet<&String> = self.prefill_selector.iter().collect();
+        let d: BTreeSet<&String> = self.decode_selector.iter().collect();
+        if !p.is_empty() && !d.is_empty() && (p.is_subset(&d) || d.is_subset(&p)) {
+            errs.push(
+                "--prefill-selector and --decode-selector overlap: one's labels include all of \
+                 the other's, so its pods would match both roles (give each a label of its own)"
+                    .to_owned(),
+            );
         }
         if let Some(ns) = &self.namespace
             && ns != ALL_NAMESPACES
@@ -261,7 +271,13 @@ mod tests {
             decode_selector: vec!["role=prefill".into()],
             ..pd
         };
-        assert!(same.problems(true)[0].contains("differ"));
+        assert!(same.problems(true)[0].contains("overlap"));
+        let wider = DiscoveryConfig {
+            prefill_selector: vec!["app=sglang".into()],
+            decode_selector: vec!["role=decode".into(), "app=sglang".into()],
+            ..same
+        };
+        assert!(wider.problems(true)[0].contains("overlap"));
         assert_eq!(
             on(&["app=sglang"]).feature_problem().is_some(),
             !cfg!(feature = "kubernetes")

@@ -27,6 +27,9 @@ use super::WorkerManager;
 use super::pods::{PodView, Reconciler};
 use crate::config::{ALL_NAMESPACES, DiscoveryConfig};
 
+/// How soon to reconcile again while a pod waits for a draining worker's URL.
+const DRAIN_POLL: Duration = Duration::from_millis(500);
+
 /// Connects to the Kubernetes API (in-cluster service account, `KUBECONFIG` or
 /// `~/.kube/config`) and starts the watches and the reconcile loop, which stop with
 /// `cancel` (or when the manager is gone). Fails when no API can be configured.
@@ -45,6 +48,17 @@ pub async fn spawn(
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
+    if namespace == ALL_NAMESPACES {
+        // Labels are no authorization boundary across namespaces: whoever may create a pod
+        // with these labels anywhere would receive the gateway's key.
+        if let Some(m) = manager.upgrade() {
+            m.set_discovered_keyed(false);
+        }
+        tracing::warn!(
+            "service discovery watches every namespace: discovered workers get no --api-key \
+             (register keyed workers through the worker API)"
+        );
+    }
     let roles = if pd {
         vec![
             (WorkerType::Prefill, &cfg.prefill_selector),
@@ -124,11 +138,14 @@ async fn reconcile_loop(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_problems = Vec::new();
+    // Set while a pod waits for a draining worker to release its URL.
+    let mut again: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = changed.notified() => {}
             _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(again.unwrap_or_else(tokio::time::Instant::now)), if again.is_some() => {}
         }
         let Some(manager) = manager.upgrade() else {
             return;
@@ -138,6 +155,7 @@ async fn reconcile_loop(
             .map(|(role, store)| (*role, store.state().iter().map(|p| view(p)).collect()))
             .collect();
         let done = reconciler.reconcile(&manager, &pods);
+        again = (done.waiting > 0).then(|| tokio::time::Instant::now() + DRAIN_POLL);
         for url in &done.added {
             tracing::info!(url = %url, "discovered worker added");
         }

@@ -46,6 +46,9 @@ pub struct WorkerManager {
     health: HealthConfig,
     breaker: Arc<BreakerConfig>,
     default_key: parking_lot::Mutex<Option<String>>,
+    /// Whether discovered workers get `default_key` (not when discovery watches every
+    /// namespace).
+    discovered_keyed: std::sync::atomic::AtomicBool,
     root: CancellationToken,
 }
 
@@ -75,6 +78,7 @@ impl WorkerManager {
             health,
             breaker: Arc::new(BreakerConfig::from(cfg)),
             default_key: parking_lot::Mutex::new(cfg.api_key.clone()),
+            discovered_keyed: std::sync::atomic::AtomicBool::new(true),
             root,
         }
     }
@@ -177,8 +181,9 @@ impl WorkerManager {
     /// The key a worker of `origin` without its own key uses.
     fn default_key_for(&self, origin: Origin) -> Option<String> {
         match origin {
-            Origin::Static | Origin::Discovered => self.default_key.lock().clone(),
-            Origin::Api => None,
+            Origin::Static => self.default_key.lock().clone(),
+            Origin::Discovered if self.discovered_keyed() => self.default_key.lock().clone(),
+            Origin::Discovered | Origin::Api => None,
         }
     }
 
@@ -187,7 +192,12 @@ impl WorkerManager {
     pub fn set_default_key(&self, key: Option<String>) {
         *self.default_key.lock() = key.clone();
         for w in self.registry.list().iter() {
-            if matches!(w.origin(), Origin::Static | Origin::Discovered) {
+            let keyed = match w.origin() {
+                Origin::Static => true,
+                Origin::Discovered => self.discovered_keyed(),
+                Origin::Api => false,
+            };
+            if keyed {
                 w.set_default_key(key.as_deref());
             }
         }
@@ -204,13 +214,13 @@ impl WorkerManager {
             w.cancel_token().cancel();
             tracing::info!(id = w.id(), url = w.url().as_str(), "worker removed");
         };
-        let drain = {
+        let mut drain = {
             let w = worker.clone();
-            async move { w.drain().await }
+            Box::pin(async move { w.drain().await })
         };
-        // Nothing in flight: remove now, so the id is gone when the caller returns.
-        if worker.load() == 0 {
-            futures::FutureExt::now_or_never(drain);
+        // Polled once here, so the worker is marked draining (no new requests) before this
+        // returns; with nothing in flight that finishes it: the id is gone at once.
+        if futures::FutureExt::now_or_never(&mut drain).is_some() {
             finish(&worker);
         } else {
             let w = worker.clone();
@@ -220,6 +230,20 @@ impl WorkerManager {
             });
         }
         Some(worker)
+    }
+
+    /// Whether discovered workers get the gateway's `--api-key`.
+    fn discovered_keyed(&self) -> bool {
+        self.discovered_keyed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Says whether workers found by service discovery get the gateway's `--api-key`
+    /// (default yes: they are pods the operator's selector picks in the gateway's own
+    /// namespace; no when discovery watches every namespace). Set before discovery starts.
+    pub fn set_discovered_keyed(&self, keyed: bool) {
+        self.discovered_keyed
+            .store(keyed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Registers a worker found by service discovery ([`Origin::Discovered`]) with

@@ -163,8 +163,10 @@ pub enum Origin {
     /// gateway's (an admin could register any URL, and the key would go there).
     Api,
     /// Found by Kubernetes service discovery (`--service-discovery`): pods the operator's
-    /// label selector picks in the watched namespace, so the gateway's `--api-key` is its
-    /// key as for a static worker. Discovery removes it; a reload leaves it alone.
+    /// label selector picks in the gateway's namespace, so the gateway's `--api-key` is its
+    /// key as for a static worker (not when discovery watches every namespace: see
+    /// [`WorkerManager::set_discovered_keyed`]). Discovery removes it; a reload leaves it
+    /// alone.
     Discovered,
 }
 

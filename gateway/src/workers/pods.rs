@@ -66,6 +66,10 @@ pub struct Reconciled {
     pub removed: Vec<String>,
     /// Pods that could not be made workers, and why.
     pub problems: Vec<String>,
+    /// Pods whose URL a draining worker still holds (a pod that was not Ready and is again,
+    /// or moved roles, while requests were in flight): they are added once it is gone, so
+    /// reconcile again soon.
+    pub waiting: usize,
 }
 
 /// The discovered workers, by pod UID. See the module doc.
@@ -132,11 +136,21 @@ impl Reconciler {
                     self.known
                         .insert(uid.clone(), (w.clone(), worker.id().to_owned()));
                 }
-                Err(AddError::Duplicate(_)) => out.problems.push(format!(
-                    "pod {}: {} is held by another worker (registered by hand, or one still \
-                     draining); tried again at the next reconcile",
-                    w.pod, w.url
-                )),
+                Err(AddError::Duplicate(_)) => {
+                    let draining = manager
+                        .registry()
+                        .list()
+                        .iter()
+                        .any(|h| h.url().as_str() == w.url && h.is_draining());
+                    if draining {
+                        out.waiting += 1;
+                    } else {
+                        out.problems.push(format!(
+                            "pod {}: {} is already registered by hand; left to that entry",
+                            w.pod, w.url
+                        ));
+                    }
+                }
                 Err(e) => out.problems.push(format!("pod {}: {e}", w.pod)),
             }
         }
@@ -446,5 +460,51 @@ mod tests {
         assert_eq!(done.added, ["http://10.0.0.1:8000"]);
         assert!(done.removed.is_empty());
         assert_eq!(m.registry().list().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_pod_ready_again_while_its_old_worker_drains_waits_then_comes_back() {
+        let m = manager();
+        let mut r = Reconciler::new(8000, "a");
+        let ready = [(WorkerType::Regular, vec![pod("a", "10.0.0.1")])];
+        r.reconcile(&m, &ready);
+        let old = m.registry().list()[0].clone();
+        let in_flight = crate::workers::LoadGuard::new(old.clone());
+        let mut flap = pod("a", "10.0.0.1");
+        flap.ready = false;
+        let done = r.reconcile(&m, &[(WorkerType::Regular, vec![flap])]);
+        assert_eq!(done.removed, ["http://10.0.0.1:8000"]);
+        assert!(old.is_draining() && m.registry().get(old.id()).is_some());
+        // Ready again while a request still runs on the draining worker: it waits.
+        let done = r.reconcile(&m, &ready);
+        assert_eq!(
+            (done.waiting, done.added.len(), done.problems.len()),
+            (1, 0, 0),
+            "{done:?}"
+        );
+        drop(in_flight);
+        for _ in 0..1000 {
+            if m.registry().get(old.id()).is_none() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let done = r.reconcile(&m, &ready);
+        assert_eq!((done.waiting, done.added.len()), (0, 1), "{done:?}");
+        assert!(m.registry().list()[0].id() != old.id());
+    }
+
+    #[tokio::test]
+    async fn workers_found_in_every_namespace_get_no_gateway_key() {
+        let m = manager();
+        m.set_discovered_keyed(false);
+        let mut r = Reconciler::new(8000, "a");
+        r.reconcile(&m, &[(WorkerType::Regular, vec![pod("a", "10.0.0.1")])]);
+        assert!(m.registry().list()[0].bearer().is_none());
+        m.set_default_key(Some("gk2".into()));
+        assert!(
+            m.registry().list()[0].bearer().is_none(),
+            "a reload does not give it one"
+        );
     }
 }

@@ -51,43 +51,76 @@ struct Etcd {
     dir: tempfile::TempDir,
     client: String,
     peer: String,
+    /// Plain HTTP `/health` (its client port may speak TLS only).
+    metrics: String,
+    /// Serve clients over TLS and require a client certificate.
+    tls: bool,
+}
+
+/// A file of the etcd TLS test fixtures (`tests/fixtures/etcd-tls`).
+fn etcd_tls(name: &str) -> String {
+    format!(
+        "{}/../tests/fixtures/etcd-tls/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
 impl Etcd {
     fn start() -> Etcd {
+        Self::start_with(false)
+    }
+
+    /// A member whose client port speaks TLS with the fixtures' server certificate and
+    /// accepts only clients with a certificate of the fixtures' CA.
+    fn start_tls() -> Etcd {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Etcd {
         let mut e = Etcd {
             child: None,
             dir: tempfile::tempdir().unwrap(),
             client: common::restartable_loopback_addr(),
             peer: common::restartable_loopback_addr(),
+            metrics: common::restartable_loopback_addr(),
+            tls,
         };
         e.run();
         e
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// Starts (or restarts) the member on the same ports and data, and waits until healthy.
     fn run(&mut self) {
         let peer = format!("http://{}", self.peer);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
-        let child = Command::new(etcd_binary())
-            .args(["--name", "t", "--data-dir"])
+        let mut cmd = Command::new(etcd_binary());
+        cmd.args(["--name", "t", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &self.url()])
             .args(["--advertise-client-urls", &self.url()])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--listen-metrics-urls", &format!("http://{}", self.metrics)]);
+        if self.tls {
+            cmd.args(["--cert-file", &etcd_tls("server.pem")])
+                .args(["--key-file", &etcd_tls("server.key")])
+                .args(["--trusted-ca-file", &etcd_tls("ca.pem")])
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start etcd");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        let health = format!("{}/health", self.url());
+        let health = format!("http://{}/health", self.metrics);
         while Instant::now() < deadline {
             if let Ok(r) = raw::blocking_get(&health)
                 && r.contains("true")
@@ -133,16 +166,29 @@ struct MasterProc {
     log: PathBuf,
     etcd: String,
     cluster: String,
+    /// More flags (TLS to etcd).
+    extra: Vec<String>,
 }
 
 impl MasterProc {
     fn start(etcd: &str, cluster: &str, logs: &Path, n: usize) -> MasterProc {
+        Self::start_with(etcd, cluster, logs, n, &[])
+    }
+
+    fn start_with(
+        etcd: &str,
+        cluster: &str,
+        logs: &Path,
+        n: usize,
+        extra: &[String],
+    ) -> MasterProc {
         let mut m = MasterProc {
             child: None,
             addr: common::restartable_loopback_addr(),
             log: logs.join(format!("master-{n}.log")),
             etcd: etcd.to_owned(),
             cluster: cluster.to_owned(),
+            extra: extra.to_vec(),
         };
         m.run();
         m
@@ -168,6 +214,7 @@ impl MasterProc {
             .args(["--ha-commit-timeout-ms", "1000"])
             .args(["--store-api-key", STORE_KEY])
             .args(["--master-client-ttl-ms", "10000"])
+            .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -618,5 +665,48 @@ async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     assert_eq!(c.get("via-etcd").await.unwrap(), value(1));
     let none = kvstore::ha::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
     assert!(none.unwrap_err().contains("no master is registered"));
+    let _ = c.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn masters_reach_etcd_over_tls_with_a_client_certificate() {
+    let etcd = Etcd::start_tls();
+    let logs = tempfile::tempdir().unwrap();
+    let ca = ["--etcd-ca-cert".to_owned(), etcd_tls("ca.pem")];
+    let mut keyed = ca.to_vec();
+    keyed.extend([
+        "--etcd-cert-file".to_owned(),
+        etcd_tls("client.pem"),
+        "--etcd-key-file".to_owned(),
+        etcd_tls("client.key"),
+    ]);
+    let masters: Vec<MasterProc> = (0..2)
+        .map(|n| MasterProc::start_with(&etcd.url(), "tls", logs.path(), n, &keyed))
+        .collect();
+    leader(&masters).await;
+    let c = client(&masters).await;
+    c.put("over-tls", &value(3)).await.unwrap();
+    assert_eq!(c.get("over-tls").await.unwrap(), value(3));
+
+    // Without a client certificate etcd refuses the connection: the master never leaves
+    // candidate, and says it is not ready.
+    let stranger = MasterProc::start_with(&etcd.url(), "tls", logs.path(), 9, &ca);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&stranger.log).unwrap_or_default();
+        if log.contains("cannot reach etcd") || log.contains("HA cycle failed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no etcd failure logged:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = ha_status(&stranger.url())
+        .await
+        .expect("it answers /api/v1/ha");
+    assert_eq!(s["role"], "candidate", "{s}");
+    let ready = reqwest::get(format!("{}/readiness", stranger.url()))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
     let _ = c.close().await;
 }

@@ -23,6 +23,12 @@ pub mod env {
     pub const MAX_TXN_OPS: &str = "MOONGATE_HA_MAX_TXN_OPS";
     /// `--ha-txns-in-flight`.
     pub const TXNS_IN_FLIGHT: &str = "MOONGATE_HA_TXNS_IN_FLIGHT";
+    /// `--etcd-ca-cert`.
+    pub const ETCD_CA_CERT: &str = "MOONGATE_HA_ETCD_CA_CERT";
+    /// `--etcd-cert-file`.
+    pub const ETCD_CERT_FILE: &str = "MOONGATE_HA_ETCD_CERT_FILE";
+    /// `--etcd-key-file`.
+    pub const ETCD_KEY_FILE: &str = "MOONGATE_HA_ETCD_KEY_FILE";
 }
 
 /// The HA master: leader election on an etcd lease, every durable change committed to etcd
@@ -36,10 +42,24 @@ pub struct HaConfig {
     /// feature `etcd`.
     #[arg(id = "ha.enabled", long = "ha", env = env::ENABLED, action = clap::ArgAction::SetTrue)]
     pub enabled: bool,
-    /// etcd client URLs, comma-separated (`http://h1:2379,http://h2:2379`). Plain HTTP
-    /// only for now: keep etcd's client port on a trusted network.
+    /// etcd client URLs, comma-separated: `https://h1:2379,https://h2:2379` (TLS, with
+    /// `--etcd-ca-cert` and a client certificate), or `http://...` (plain: keep etcd's
+    /// client port on a network only the masters reach).
     #[arg(id = "ha.etcd_endpoints", long = "etcd-endpoints", env = env::ETCD_ENDPOINTS, value_name = "URLS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// PEM file of the CA that signed etcd's server certificates (`https://` endpoints).
+    #[arg(id = "ha.etcd_ca_cert", long = "etcd-ca-cert", env = env::ETCD_CA_CERT, value_name = "PEM")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_ca_cert: Option<std::path::PathBuf>,
+    /// PEM client certificate this master presents to etcd (`--client-cert-auth` on etcd);
+    /// needs `--etcd-key-file`.
+    #[arg(id = "ha.etcd_cert_file", long = "etcd-cert-file", env = env::ETCD_CERT_FILE, value_name = "PEM")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `--etcd-cert-file`.
+    #[arg(id = "ha.etcd_key_file", long = "etcd-key-file", env = env::ETCD_KEY_FILE, value_name = "PEM")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_key_file: Option<std::path::PathBuf>,
     /// The URL other masters redirect clients to while this one leads
     /// (`http://this-host:port`): it must reach this process from every client.
     #[arg(id = "ha.advertise_url", long = "advertise-url", env = env::ADVERTISE_URL, value_name = "URL",
@@ -82,6 +102,9 @@ impl Default for HaConfig {
         Self {
             enabled: false,
             etcd_endpoints: Vec::new(),
+            etcd_ca_cert: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
             advertise_url: String::new(),
             cluster_id: "default".to_owned(),
             lease_ttl_secs: 3,
@@ -102,14 +125,7 @@ impl HaConfig {
         if self.etcd_endpoints.is_empty() {
             errs.push("--ha needs --etcd-endpoints".to_owned());
         }
-        for e in &self.etcd_endpoints {
-            if !e.starts_with("http://") {
-                errs.push(format!(
-                    "etcd endpoint {e:?} must be http://host:port (TLS to etcd is not supported yet: \
-                     keep etcd's client port on a trusted network or loopback)"
-                ));
-            }
-        }
+        errs.extend(self.tls_problems());
         if !(self.advertise_url.starts_with("http://")
             || self.advertise_url.starts_with("https://"))
         {
@@ -152,6 +168,45 @@ impl HaConfig {
         })
     }
 
+    /// Whether the masters reach etcd over TLS (`https://` endpoints).
+    pub fn etcd_tls(&self) -> bool {
+        self.etcd_endpoints
+            .iter()
+            .any(|e| e.starts_with("https://"))
+    }
+
+    /// What is wrong with the endpoints' schemes and the TLS files.
+    fn tls_problems(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        for e in &self.etcd_endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                errs.push(format!(
+                    "etcd endpoint {e:?} must be https://host:port or http://host:port"
+                ));
+            }
+        }
+        let tls = self.etcd_tls();
+        if tls && self.etcd_endpoints.iter().any(|e| e.starts_with("http://")) {
+            errs.push("etcd endpoints must be all https:// or all http://".to_owned());
+        }
+        if tls && self.etcd_ca_cert.is_none() {
+            errs.push(
+                "https:// etcd endpoints need --etcd-ca-cert (the CA of etcd's certificates)"
+                    .to_owned(),
+            );
+        }
+        if self.etcd_cert_file.is_some() != self.etcd_key_file.is_some() {
+            errs.push("--etcd-cert-file and --etcd-key-file go together".to_owned());
+        }
+        let files = self.etcd_ca_cert.is_some() || self.etcd_cert_file.is_some();
+        if files && !tls {
+            errs.push(
+                "--etcd-ca-cert and --etcd-cert-file need https:// etcd endpoints".to_owned(),
+            );
+        }
+        errs
+    }
+
     /// The etcd key prefix of this cluster.
     pub fn prefix(&self) -> String {
         format!("/moongate/{}/", self.cluster_id)
@@ -184,6 +239,48 @@ mod tests {
         assert_eq!(good.feature_problem().is_none(), cfg!(feature = "etcd"));
         assert!(HaConfig::default().feature_problem().is_none());
         assert_eq!(good.prefix(), "/moongate/default/");
+        let tls = HaConfig {
+            etcd_endpoints: vec!["https://127.0.0.1:2379".into()],
+            ..good.clone()
+        };
+        assert!(
+            tls.problems()[0].contains("--etcd-ca-cert"),
+            "{:?}",
+            tls.problems()
+        );
+        let tls = HaConfig {
+            etcd_ca_cert: Some("ca.pem".into()),
+            etcd_cert_file: Some("c.pem".into()),
+            ..tls
+        };
+        assert!(
+            tls.problems()[0].contains("go together"),
+            "{:?}",
+            tls.problems()
+        );
+        let tls = HaConfig {
+            etcd_key_file: Some("c.key".into()),
+            ..tls
+        };
+        assert!(
+            tls.problems().is_empty() && tls.etcd_tls(),
+            "{:?}",
+            tls.problems()
+        );
+        let mixed = HaConfig {
+            etcd_endpoints: vec!["https://a:1".into(), "http://b:1".into()],
+            ..tls.clone()
+        };
+        assert!(
+            mixed.problems()[0].contains("all https"),
+            "{:?}",
+            mixed.problems()
+        );
+        let plain_with_files = HaConfig {
+            etcd_endpoints: vec!["http://a:1".into()],
+            ..tls
+        };
+        assert!(plain_with_files.problems()[0].contains("need https"));
     }
 
     #[tokio::test]

@@ -99,6 +99,8 @@ struct Inner {
     deadline_ms: AtomicU64,
     epoch: Instant,
     changed: Notify,
+    /// TLS to etcd (`https://` endpoints), read from the PEM files at start.
+    tls: Option<etcd_client::TlsOptions>,
 }
 
 /// One master of an HA cluster (cheap to clone); see the module doc.
@@ -125,8 +127,10 @@ impl HaNode {
             return Err(MasterError::InvalidParams(problems.join("; ")));
         }
         master_cfg.validate()?;
+        let tls = tls_options(&cfg).map_err(MasterError::InvalidParams)?;
         Ok(Self {
             inner: Arc::new(Inner {
+                tls,
                 layout: Layout::new(cfg.prefix()),
                 cfg,
                 master_cfg,
@@ -217,11 +221,35 @@ impl Inner {
 /// A cycle failed on etcd (or restoring); logged, retried.
 type CycleResult = Result<(), String>;
 
+/// The TLS settings `cfg`'s files give (`None` for `http://` endpoints): the CA that
+/// verifies etcd, and the client certificate this master presents, if any.
+fn tls_options(cfg: &HaConfig) -> Result<Option<etcd_client::TlsOptions>, String> {
+    if !cfg.etcd_tls() {
+        return Ok(None);
+    }
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()));
+    let ca = cfg
+        .etcd_ca_cert
+        .as_deref()
+        .ok_or("https:// etcd endpoints need --etcd-ca-cert")?;
+    let mut tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+    if let (Some(cert), Some(key)) = (&cfg.etcd_cert_file, &cfg.etcd_key_file) {
+        tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(Some(tls))
+}
+
 async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(1))
         .with_timeout(Duration::from_millis(inner.cfg.commit_timeout_ms))
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+    let opts = match &inner.tls {
+        Some(tls) => opts.with_tls(tls.clone()),
+        None => opts,
+    };
     let mut backoff = Duration::from_millis(100);
     let mut client = loop {
         match Client::connect(&inner.cfg.etcd_endpoints, Some(opts.clone())).await {

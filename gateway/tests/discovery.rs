@@ -269,7 +269,9 @@ async fn wait_for(base: &str, want: &[String]) {
     }
 }
 
-fn gateway(kube: &tempfile::TempDir, args: &[&str]) -> Proc {
+/// `moongate serve --service-discovery ... args`, its workers on `port`, with `kube`'s
+/// kubeconfig.
+fn gateway(kube: &tempfile::TempDir, port: u16, args: &[&str]) -> Proc {
     let mut cmd = moongate();
     cmd.env("KUBECONFIG", kube.path().join("config"))
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -289,6 +291,7 @@ fn gateway(kube: &tempfile::TempDir, args: &[&str]) -> Proc {
             "--service-discovery-resync-secs",
             "3600",
         ])
+        .args(["--service-discovery-port", &port.to_string()])
         .args(args);
     Proc::start(&mut cmd)
 }
@@ -309,17 +312,7 @@ async fn pods_come_and_go_as_workers_and_a_stale_watch_lists_again() {
         json!({"app": "other", "tier": "gpu"}),
     ));
     let kube = kubeconfig(addr);
-    let port_arg = port.to_string();
-    let gw = gateway(
-        &kube,
-        &[
-            "--selector",
-            "app=sglang",
-            "tier=gpu",
-            "--service-discovery-port",
-            &port_arg,
-        ],
-    );
+    let gw = gateway(&kube, port, &["--selector", "app=sglang", "tier=gpu"]);
     let base = gw.base.clone();
     let client = reqwest::Client::new();
     // A worker added by hand, at an address no pod has: discovery leaves it alone.
@@ -445,9 +438,9 @@ async fn pd_pods_are_found_by_role_with_their_bootstrap_port() {
         json!({"app": "sglang", "role": "decode"}),
     ));
     let kube = kubeconfig(addr);
-    let port_arg = port.to_string();
     let gw = gateway(
         &kube,
+        port,
         &[
             "--pd-disaggregation",
             "--prefill-selector",
@@ -456,8 +449,6 @@ async fn pd_pods_are_found_by_role_with_their_bootstrap_port() {
             "--decode-selector",
             "app=sglang",
             "role=decode",
-            "--service-discovery-port",
-            &port_arg,
         ],
     );
     let (p, d) = (

@@ -182,6 +182,73 @@ async fn a_prefill_backlog_lasts_until_the_first_token() {
 }
 
 #[tokio::test]
+async fn a_worker_that_answered_a_retryable_status_holds_no_prefill_charge_during_the_retry() {
+    // s prefills at 10 ms a token; a answers every inference request 503.
+    let s = sim_with(
+        sim::SimMode::Regular,
+        SimConfig {
+            prefill_compute_per_token: std::time::Duration::from_millis(10),
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    let a = moongate_tests::Backend::start("a", "m").await;
+    a.knobs()
+        .status
+        .store(503, std::sync::atomic::Ordering::Relaxed);
+    let cfg = gateway::config::ServeConfig {
+        worker_urls: vec![s.url(), a.url()],
+        policy: PolicyKind::KvAware,
+        ..fast_config()
+    };
+    let gw = start_gateway(cfg).await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    let router = gw.state().router();
+    let kv = router.policy().kv_aware().unwrap();
+    eventually("the gateway follows s's events", || kv.followed() == 1).await;
+    let c = reqwest::Client::new();
+    let by_url = |url: String| {
+        workers(&gw)
+            .into_iter()
+            .find(|w| w.url().as_str() == url)
+            .unwrap()
+    };
+    let (ws, wa) = (by_url(s.url()), by_url(a.url()));
+    for attempt in 0..50 {
+        generate(&c, &s.url(), &[1, 2, 3, 4]).await;
+        if kv.has_events(&ws) {
+            break;
+        }
+        assert!(attempt < 49, "events never arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A backlog on s makes a the cheaper pick: the request goes to a first, is answered 503,
+    // and is retried on s.
+    let mut busy = gateway::workers::LoadGuard::new(ws.clone());
+    busy.charge_prefill(10_000);
+    let body = json!({"input_ids": (100..164).collect::<Vec<u32>>(),
+        "sampling_params": {"max_new_tokens": 2}});
+    let gw_url = gw.url();
+    let sent = tokio::spawn(async move {
+        c.post(format!("{gw_url}/generate"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    });
+    eventually("a answered and the request was retried on s", || {
+        a.hits() == 1 && ws.load() == 2
+    })
+    .await;
+    // s prefills for 640 ms; a's answer is kept in case s fails too, but a's prefill is over.
+    assert_eq!(wa.prefill_backlog(), 0, "a still charged while s prefills");
+    drop(busy);
+    let resp = sent.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(wa.prefill_backlog(), 0);
+}
+
+#[tokio::test]
 async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
     let p = sim_with_events(sim::SimMode::Prefill).await;
     let d = sim_with_events(sim::SimMode::Decode).await;

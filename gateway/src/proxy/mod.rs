@@ -184,6 +184,8 @@ impl RegularRouter {
                         tracing::debug!(worker = worker.url().as_str(), %status,
                             "retryable answer, retrying");
                         tries.failed(worker);
+                        // Kept in case every retry fails too; the worker's prefill is over.
+                        guard.prefill_done();
                         last = Some(Last::Answer(resp, guard));
                         continue;
                     }

@@ -18,7 +18,8 @@
 //!   decode-blocks cost, in tokens). The backlog ([`Worker::prefill_backlog`]) is what the
 //!   requests this gateway sent there still have to prefill: each request's tokens to
 //!   prefill are charged when it is sent and released at its answer's first frame (a
-//!   streamed answer's first token; an answer relayed whole holds them to its end). The
+//!   streamed answer's first token; an answer relayed whole holds them to its end), or
+//!   when the answer is a retryable status kept while the request is retried. The
 //!   cheapest wins (`--router-temperature` 0), or one is drawn with softmax(−cost / max
 //!   cost / T).
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than

@@ -58,6 +58,36 @@ fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {
     gw.state().registry().snapshot().iter().cloned().collect()
 }
 
+/// Sends generates straight to `sim` until the gateway's index holds events of `worker`.
+async fn until_events(
+    c: &reqwest::Client,
+    kv: &gateway::select::kv_aware::KvAware,
+    sim: &SimHandle,
+    worker: &Worker,
+) {
+    for attempt in 0..50 {
+        generate(c, &sim.url(), &[1, 2, 3, 4]).await;
+        if kv.has_events(worker) {
+            return;
+        }
+        assert!(attempt < 49, "events never arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// POSTs `body` to the gateway's `/generate` in a task of its own.
+fn generate_later(gw: &Gateway, body: Value) -> tokio::task::JoinHandle<reqwest::Response> {
+    let url = format!("{}/generate", gw.url());
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    })
+}
+
 #[tokio::test]
 async fn prompts_go_where_their_prefix_is_cached() {
     let sims = [
@@ -147,26 +177,12 @@ async fn a_prefill_backlog_lasts_until_the_first_token() {
     })
     .await;
     let c = reqwest::Client::new();
-    for attempt in 0..50 {
-        generate(&c, &s.url(), &[1, 2, 3, 4]).await;
-        if workers(&gw).iter().all(|w| kv.has_events(w)) {
-            break;
-        }
-        assert!(attempt < 49, "events never arrived");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
     let w = workers(&gw).pop().unwrap();
+    until_events(&c, kv, &s, &w).await;
     assert_eq!(w.prefill_backlog(), 0);
     let body = json!({"input_ids": (100..164).collect::<Vec<u32>>(),
         "sampling_params": {"max_new_tokens": 4}, "stream": true});
-    let gw_url = gw.url();
-    let sent = tokio::spawn(async move {
-        c.post(format!("{gw_url}/generate"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-    });
+    let sent = generate_later(&gw, body);
     eventually("the request's prefill charged to the worker", || {
         w.prefill_backlog() == 64
     })
@@ -214,28 +230,14 @@ async fn a_worker_that_answered_a_retryable_status_holds_no_prefill_charge_durin
             .unwrap()
     };
     let (ws, wa) = (by_url(s.url()), by_url(a.url()));
-    for attempt in 0..50 {
-        generate(&c, &s.url(), &[1, 2, 3, 4]).await;
-        if kv.has_events(&ws) {
-            break;
-        }
-        assert!(attempt < 49, "events never arrived");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    until_events(&c, kv, &s, &ws).await;
     // A backlog on s makes a the cheaper pick: the request goes to a first, is answered 503,
     // and is retried on s.
     let mut busy = gateway::workers::LoadGuard::new(ws.clone());
     busy.charge_prefill(10_000);
     let body = json!({"input_ids": (100..164).collect::<Vec<u32>>(),
         "sampling_params": {"max_new_tokens": 2}});
-    let gw_url = gw.url();
-    let sent = tokio::spawn(async move {
-        c.post(format!("{gw_url}/generate"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-    });
+    let sent = generate_later(&gw, body);
     eventually("a answered and the request was retried on s", || {
         a.hits() == 1 && ws.load() == 2
     })

@@ -271,6 +271,15 @@ pub struct ServeConfig {
     /// `/get_server_info` (`kv_events_config`).
     #[arg(long, env = env::KV_EVENTS_ENDPOINT)]
     pub kv_events_endpoint: Option<String>,
+    /// `kv_aware`: a local Hugging Face tokenizer (a directory with `tokenizer.json` and
+    /// `tokenizer_config.json`, or the `tokenizer.json` file) to turn text and chat prompts
+    /// into the token ids the workers cache (absent: only token-id prompts are matched
+    /// against the workers' KV events; others are routed by `cache_aware`).
+    #[arg(long, env = env::TOKENIZER_PATH)]
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// A chat template file (Jinja) that replaces the tokenizer's own.
+    #[arg(long, env = env::CHAT_TEMPLATE)]
+    pub chat_template: Option<std::path::PathBuf>,
     /// PD: send a request to the decode worker alone when fewer than this many of its
     /// prompt tokens are not cached there (0: always disaggregate).
     #[arg(long, env = env::PD_MIN_UNCACHED_TOKENS, default_value_t = ServeConfig::default().pd_min_uncached_tokens)]
@@ -429,6 +438,8 @@ impl Default for ServeConfig {
             kv_overlap_weight: 1.0,
             router_temperature: 0.0,
             kv_events_endpoint: None,
+            tokenizer_path: None,
+            chat_template: None,
             pd_min_uncached_tokens: 0,
             pd_min_uncached_ratio: 0.0,
             pd_prefill_busy_load: 0,
@@ -613,6 +624,9 @@ impl ServeConfig {
             errs.extend(self.ha.problems());
         }
         errs.extend(self.discovery.problems(self.pd_disaggregation));
+        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
+            errs.push("chat_template needs tokenizer_path".into());
+        }
         ConfigError::check(errs)
     }
 

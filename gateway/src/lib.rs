@@ -41,6 +41,9 @@
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`kv_events`]: SGLang's KV-cache events: page hashes, the msgpack wire format, the ZMQ
 //!   publisher (simulated workers) and subscriber (`kv_aware`).
+//! - [`tokenizer`]: prompt token ids as the worker computes them (`--tokenizer-path`: a
+//!   Hugging Face tokenizer and the model's chat template), for `kv_aware` and the
+//!   simulated workers.
 //! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
 //!   and response shapes and a deterministic stand-in for the model, for demos, tests and
 //!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
@@ -67,4 +70,5 @@ pub mod serve;
 pub mod server;
 pub mod sim;
 pub mod tls;
+pub mod tokenizer;
 pub mod workers;

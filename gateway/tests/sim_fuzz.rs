@@ -394,7 +394,7 @@ proptest! {
     ) {
         let want = expected(route, field, &value);
         prop_assume!(want.is_some(), "undecidable");
-        let app = sim::router(SimConfig { context_length: CONTEXT as u32, ..SimConfig::default() });
+        let app = sim::router(SimConfig { context_length: CONTEXT as u32, ..SimConfig::default() }).unwrap();
         let mut body = base(route);
         body["stream"] = json!(stream);
         body[field] = value;
@@ -409,7 +409,7 @@ proptest! {
     ) {
         let want = expected_for_bytes(route, &bytes);
         prop_assume!(want.is_some(), "undecidable");
-        let app = sim::router(SimConfig::default());
+        let app = sim::router(SimConfig::default()).unwrap();
         let status = runtime().block_on(status_of(&app, route, bytes.clone()));
         prop_assert_eq!(Some(status), want, "{} {:?}", route, bytes);
     }

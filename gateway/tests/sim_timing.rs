@@ -21,6 +21,7 @@ fn paced(ttft_ms: u64, tpot_ms: u64) -> Router {
         tpot: Duration::from_millis(tpot_ms),
         ..SimConfig::default()
     })
+    .unwrap()
 }
 
 fn post(path: &str, body: Value) -> Request<Body> {

@@ -289,3 +289,136 @@ async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
     assert_eq!(r["meta_info"]["cached_tokens"], 64, "{r}");
     assert_eq!(p.pd().unwrap().stats().moves, 1, "the prefill was skipped");
 }
+
+/// The test tokenizer (a small byte-level BPE with a ChatML template; its golden ids come
+/// from Hugging Face's own code, see `tests/fixtures/tokenizer/make.py`).
+fn tokenizer_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer")
+}
+
+fn chat(turns: &[&str]) -> Value {
+    let roles = ["user", "assistant"];
+    let messages: Vec<Value> = turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"role": roles[i % 2], "content": t}))
+        .collect();
+    json!({"model": "m", "messages": messages, "max_tokens": 2})
+}
+
+async fn post_chat(c: &reqwest::Client, base: &str, body: &Value) -> Value {
+    let r = c
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn chat_prompts_are_routed_by_the_tokens_the_workers_cache() {
+    // Workers and gateway tokenize with the same tokenizer and chat template, as a gateway
+    // and SGLang workers serving one model do.
+    let with_tokenizer = || SimConfig {
+        tokenizer_path: Some(tokenizer_dir()),
+        enable_cache_report: true,
+        ..SimConfig::default()
+    };
+    let sims = [
+        sim_with(sim::SimMode::Regular, with_tokenizer()).await,
+        sim_with(sim::SimMode::Regular, with_tokenizer()).await,
+        sim_with(sim::SimMode::Regular, with_tokenizer()).await,
+    ];
+    let cfg = gateway::config::ServeConfig {
+        worker_urls: sims.iter().map(|s| s.url()).collect(),
+        policy: PolicyKind::KvAware,
+        tokenizer_path: Some(tokenizer_dir()),
+        ..fast_config()
+    };
+    let gw = start_gateway(cfg).await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 3).await;
+    let router = gw.state().router();
+    let kv = router.policy().kv_aware().expect("kv_aware");
+    let tok: &gateway::tokenizer::Tokenizer = router
+        .policy()
+        .tokenizer()
+        .expect("the gateway loaded the tokenizer");
+    eventually("the gateway follows every worker's events", || {
+        kv.followed() == 3
+    })
+    .await;
+    let c = reqwest::Client::new();
+    // Each worker holds its own conversation, sent to it directly (the gateway never saw
+    // these prompts, so only the workers' events can tell it where they are).
+    let topics = [
+        "Tell me about the quiet forest where tall trees grow near the river.",
+        "Write a function that prints hello world and adds two numbers.",
+        "What is the weather in Paris today, and should I take an umbrella?",
+    ];
+    let firsts: Vec<Value> = topics.iter().map(|t| chat(&[t])).collect();
+    for attempt in 0..50 {
+        for (s, body) in sims.iter().zip(&firsts) {
+            post_chat(&c, &s.url(), body).await;
+        }
+        if workers(&gw).iter().all(|w| kv.has_events(w)) {
+            break;
+        }
+        assert!(attempt < 49, "events never arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let page = 4;
+    for (i, (s, topic)) in sims.iter().zip(topics).enumerate() {
+        // The conversation goes on: its rendered prompt extends the cached one.
+        let next = chat(&[topic, "Sure.", "Tell me more, please."]);
+        let key = gateway::proxy::prompt::routing_key(
+            gateway::proxy::Endpoint::ChatCompletions,
+            &serde_json::to_vec(&next).unwrap(),
+            Some(tok),
+        )
+        .unwrap();
+        assert_eq!(key[0], b'i', "a chat prompt becomes token ids");
+        let ws = workers(&gw);
+        let all: Vec<&Arc<Worker>> = ws.iter().collect();
+        let (chosen, decision) = kv.decide(&all, Some(&key));
+        assert_eq!(decision, gateway::outcome::KvDecision::Events);
+        assert_eq!(chosen.url().as_str(), s.url(), "conversation {i}");
+        // Through the gateway: the worker that holds it answers, from its cache.
+        let first = tok
+            .chat_ids(
+                &gateway::tokenizer::ChatPrompt::from_body(
+                    &serde_json::to_vec(&firsts[i]).unwrap(),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let r = post_chat(&c, &gw.url(), &next).await;
+        let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(
+            cached as usize,
+            first.len() / page * page,
+            "conversation {i}: {r}"
+        );
+        let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+        assert_eq!(
+            prompt_tokens,
+            (key.len() - 1) / 4,
+            "the worker counts the ids the gateway computed"
+        );
+    }
+    // A text prompt through /generate is tokenized too.
+    let body = json!({"text": topics[0], "sampling_params": {"max_new_tokens": 1}});
+    let key = gateway::proxy::prompt::routing_key(
+        gateway::proxy::Endpoint::Generate,
+        &serde_json::to_vec(&body).unwrap(),
+        Some(tok),
+    )
+    .unwrap();
+    assert_eq!(
+        &key[1..5],
+        &tok.text_ids(topics[0]).unwrap()[0].to_le_bytes()
+    );
+}

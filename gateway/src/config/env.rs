@@ -127,6 +127,10 @@ pub const KV_OVERLAP_WEIGHT: &str = "MOONGATE_KV_OVERLAP_WEIGHT";
 pub const ROUTER_TEMPERATURE: &str = "MOONGATE_ROUTER_TEMPERATURE";
 /// `--kv-events-endpoint`.
 pub const KV_EVENTS_ENDPOINT: &str = "MOONGATE_KV_EVENTS_ENDPOINT";
+/// `--tokenizer-path`.
+pub const TOKENIZER_PATH: &str = "MOONGATE_TOKENIZER_PATH";
+/// `--chat-template`.
+pub const CHAT_TEMPLATE: &str = "MOONGATE_CHAT_TEMPLATE";
 /// `--pd-min-uncached-tokens`.
 pub const PD_MIN_UNCACHED_TOKENS: &str = "MOONGATE_PD_MIN_UNCACHED_TOKENS";
 /// `--pd-min-uncached-ratio`.

@@ -389,6 +389,34 @@ fn bad_file_and_bad_values_are_reported() {
 }
 
 #[test]
+fn tokenizer_flags_and_their_check() {
+    let c = resolve(&[
+        "x",
+        "--policy",
+        "kv_aware",
+        "--tokenizer-path",
+        "/models/llama",
+        "--chat-template",
+        "/models/chat.jinja",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.tokenizer_path.as_deref(),
+        Some(Path::new("/models/llama"))
+    );
+    assert_eq!(
+        c.chat_template.as_deref(),
+        Some(Path::new("/models/chat.jinja"))
+    );
+    let err = resolve(&["x", "--chat-template", "/models/chat.jinja"]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("chat_template needs tokenizer_path"),
+        "{err}"
+    );
+}
+
+#[test]
 fn toml_round_trip_hides_the_key() {
     let cfg = ServeConfig {
         api_key: Some("secret".into()),

@@ -127,7 +127,7 @@ impl RegularRouter {
     pub async fn route(&self, req: Inbound<'_>) -> Result<Response, GatewayError> {
         let model = req.fields.model();
         let key = if self.policy.needs_key() {
-            prompt::prompt_key(req.endpoint, &req.body)
+            prompt::routing_key_off_thread(req.endpoint, &req.body, self.policy.tokenizer()).await
         } else {
             None
         };

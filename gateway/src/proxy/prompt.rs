@@ -12,13 +12,21 @@
 //! kinds never share a prefix, and is cut at [`MAX_KEY_BYTES`] (the prefix is what
 //! matters; matching stays cheap). A body this pass cannot read yields no key (the policy
 //! then balances by load); the proxy's own parse already rejected malformed JSON.
+//!
+//! With a tokenizer (`--tokenizer-path`, for `kv_aware`), [`routing_key`] gives text and
+//! chat prompts an `i` key too: the token ids the worker computes for them
+//! ([`crate::tokenizer`]), from at most [`MAX_KEY_BYTES`] of the text (or the rendered
+//! chat). A batch of text prompts is keyed by its first. A prompt the tokenizer cannot
+//! take (say, a template that refuses its roles) keeps the key above.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::Endpoint;
 use super::inspect::KeyName;
+use crate::tokenizer::{ChatPrompt, Tokenizer};
 
 /// Longest key kept, in bytes.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
@@ -48,6 +56,110 @@ pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
     key.extend_from_slice(&flat.bytes);
     key.truncate(MAX_KEY_BYTES);
     Some(key)
+}
+
+/// Bodies above this size are tokenized on a blocking thread ([`routing_key_off_thread`]):
+/// encoding runs at a few MB/s, so a long prompt would hold up the runtime's other
+/// connections for milliseconds.
+pub const BLOCKING_TOKENIZE_BYTES: usize = 8 * 1024;
+
+/// [`routing_key`], on a blocking thread when there is a tokenizer and the body is longer
+/// than [`BLOCKING_TOKENIZE_BYTES`].
+pub async fn routing_key_off_thread(
+    endpoint: Endpoint,
+    body: &bytes::Bytes,
+    tokenizer: Option<&Arc<Tokenizer>>,
+) -> Option<Vec<u8>> {
+    match tokenizer {
+        Some(t) if body.len() > BLOCKING_TOKENIZE_BYTES => {
+            let (t, b) = (t.clone(), body.clone());
+            tokio::task::spawn_blocking(move || routing_key(endpoint, &b, Some(&t)))
+                .await
+                .unwrap_or_else(|_| prompt_key(endpoint, body))
+        }
+        t => routing_key(endpoint, body, t.map(|t| &**t)),
+    }
+}
+
+/// The key a prefix-aware policy routes by: the token ids `tokenizer` gives the prompt
+/// when there is one and it can, else [`prompt_key`].
+pub fn routing_key(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: Option<&Tokenizer>,
+) -> Option<Vec<u8>> {
+    tokenizer
+        .and_then(|t| match token_key(endpoint, body, t) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::debug!(error = %e, "prompt not tokenized; routed by its text");
+                None
+            }
+        })
+        .or_else(|| prompt_key(endpoint, body))
+}
+
+/// The `i` key of a text or chat prompt through `tokenizer`; `None` for a prompt given as
+/// token ids (its [`prompt_key`] is already one) or without text.
+pub fn token_key(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: &Tokenizer,
+) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
+    let ids = match endpoint {
+        Endpoint::ChatCompletions => {
+            let rendered = tokenizer.render_chat(&ChatPrompt::from_body(body)?)?;
+            tokenizer.encode(cut(&rendered), false)?
+        }
+        Endpoint::Completions | Endpoint::Generate => {
+            #[derive(serde::Deserialize)]
+            struct Text {
+                #[serde(default)]
+                prompt: Option<serde_json::Value>,
+                #[serde(default)]
+                text: Option<serde_json::Value>,
+            }
+            let fields: Text = serde_json::from_slice(body)
+                .map_err(|e| crate::tokenizer::TokenizerError::Request(e.to_string()))?;
+            let field = match endpoint {
+                Endpoint::Completions => fields.prompt,
+                _ => fields.text,
+            };
+            let text = match &field {
+                Some(serde_json::Value::String(s)) => s.as_str(),
+                Some(serde_json::Value::Array(items)) => match items.first() {
+                    Some(serde_json::Value::String(s)) => s.as_str(),
+                    _ => return Ok(None),
+                },
+                _ => return Ok(None),
+            };
+            tokenizer.text_ids(cut(text))?
+        }
+    };
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let mut key = Vec::with_capacity(1 + 4 * ids.len());
+    key.push(b'i');
+    for id in ids {
+        if key.len() + 4 > MAX_KEY_BYTES {
+            break;
+        }
+        key.extend_from_slice(&id.to_le_bytes());
+    }
+    Ok(Some(key))
+}
+
+/// At most [`MAX_KEY_BYTES`] of `text`, cut at a character boundary.
+fn cut(text: &str) -> &str {
+    if text.len() <= MAX_KEY_BYTES {
+        return text;
+    }
+    let mut end = MAX_KEY_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A flattened value.
@@ -250,6 +362,85 @@ mod tests {
         assert_eq!(
             key(Endpoint::Completions, &long).unwrap().len(),
             MAX_KEY_BYTES
+        );
+    }
+
+    fn tokenizer() -> Tokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
+        Tokenizer::load(&dir, None).unwrap()
+    }
+
+    fn ids_of(key: &[u8]) -> Vec<u32> {
+        assert_eq!(key[0], b'i');
+        key[1..]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_tokenizer_turns_text_and_chat_prompts_into_token_keys() {
+        let tok = tokenizer();
+        let rk = |ep, body: &str| routing_key(ep, body.as_bytes(), Some(&tok)).unwrap();
+        let text = tok.text_ids("Once upon a time").unwrap();
+        assert_eq!(
+            ids_of(&rk(
+                Endpoint::Completions,
+                r#"{"prompt":"Once upon a time"}"#
+            )),
+            text
+        );
+        assert_eq!(
+            ids_of(&rk(
+                Endpoint::Completions,
+                r#"{"prompt":["Once upon a time","x"]}"#
+            )),
+            text
+        );
+        assert_eq!(
+            ids_of(&rk(Endpoint::Generate, r#"{"text":"Once upon a time"}"#)),
+            text
+        );
+        let chat = r#"{"messages":[{"role":"user","content":"Hi there"}]}"#;
+        let want = tok
+            .chat_ids(&ChatPrompt::from_body(chat.as_bytes()).unwrap())
+            .unwrap();
+        assert_eq!(ids_of(&rk(Endpoint::ChatCompletions, chat)), want);
+        // Token ids stay as they are; what the tokenizer refuses keeps its text key.
+        let ids = r#"{"input_ids":[5,6,7]}"#;
+        assert_eq!(
+            rk(Endpoint::Generate, ids),
+            key(Endpoint::Generate, ids).unwrap()
+        );
+        let robot = r#"{"messages":[{"role":"robot","content":"Hi"}]}"#;
+        assert_eq!(
+            rk(Endpoint::ChatCompletions, robot),
+            key(Endpoint::ChatCompletions, robot).unwrap()
+        );
+        assert_eq!(routing_key(Endpoint::Completions, b"{}", Some(&tok)), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn long_bodies_are_tokenized_off_the_runtime_to_the_same_key() {
+        let tok = Arc::new(tokenizer());
+        for n in [10, 4 * BLOCKING_TOKENIZE_BYTES] {
+            let body = bytes::Bytes::from(format!(r#"{{"prompt":"{}"}}"#, "tree ".repeat(n / 5)));
+            let off = routing_key_off_thread(Endpoint::Completions, &body, Some(&tok)).await;
+            assert_eq!(off, routing_key(Endpoint::Completions, &body, Some(&tok)));
+            assert_eq!(off.unwrap()[0], b'i');
+        }
+    }
+
+    #[test]
+    fn long_prompts_are_cut_before_they_are_tokenized() {
+        let tok = tokenizer();
+        let long = format!(r#"{{"prompt":"{}"}}"#, "é".repeat(MAX_KEY_BYTES));
+        let k = routing_key(Endpoint::Completions, long.as_bytes(), Some(&tok)).unwrap();
+        assert!(
+            k.len() <= MAX_KEY_BYTES && k.len() > 1 && (k.len() - 1).is_multiple_of(4),
+            "{}",
+            k.len()
         );
     }
 

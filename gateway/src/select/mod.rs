@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
+use crate::tokenizer::Tokenizer;
 use crate::workers::{Worker, registry::WorkerSet};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
@@ -31,6 +32,8 @@ pub struct Policy {
     cursor: AtomicUsize,
     cache: Option<CacheAware>,
     kv: Option<KvAware>,
+    /// `kv_aware`'s tokenizer for text and chat prompts.
+    tokenizer: Option<Arc<Tokenizer>>,
 }
 
 /// Why no worker was selected.
@@ -108,7 +111,22 @@ impl Policy {
             cursor: AtomicUsize::new(0),
             cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(kv.fallback.clone())),
             kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
+            tokenizer: None,
         }
+    }
+
+    /// This policy with `tokenizer` for text and chat prompts (kept only by `kv_aware`,
+    /// which matches token ids against the workers' KV events).
+    pub fn with_tokenizer(mut self, tokenizer: Option<Arc<Tokenizer>>) -> Self {
+        if self.kv.is_some() {
+            self.tokenizer = tokenizer;
+        }
+        self
+    }
+
+    /// The tokenizer its prompt keys go through ([`Policy::with_tokenizer`]).
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
     }
 
     /// Which policy this is.

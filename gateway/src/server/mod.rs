@@ -44,6 +44,7 @@ use crate::proxy::retry::RetryPolicy;
 use crate::request_id::RequestIds;
 use crate::select::Policy;
 use crate::select::kv_aware::KvAwareConfig;
+use crate::tokenizer::Tokenizer;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvstore::Master;
@@ -69,6 +70,8 @@ struct Inner {
     cancel: CancellationToken,
     master: OnceLock<Arc<Master>>,
     applied: Mutex<ServeConfig>,
+    /// `--tokenizer-path`, loaded once (a reload keeps it).
+    tokenizer: Option<Arc<Tokenizer>>,
 }
 
 impl AppState {
@@ -100,7 +103,8 @@ impl AppState {
             client.clone(),
             Duration::from_secs(config.request_timeout_secs),
         );
-        let (router, pd) = routers(&config, &registry, &dispatcher, &retry);
+        let tokenizer = load_tokenizer(&config)?;
+        let (router, pd) = routers(&config, &registry, &dispatcher, &retry, &tokenizer);
         let state = Self(Arc::new(Inner {
             admission: ArcSwap::from_pointee(Admission::new(&AdmissionConfig::from(&config))),
             request_ids: RequestIds::new(&config.request_id_headers),
@@ -116,6 +120,7 @@ impl AppState {
             prometheus,
             cancel,
             master: OnceLock::new(),
+            tokenizer,
         }));
         state.spawn_cache_upkeep();
         state.spawn_kv_upkeep();
@@ -126,7 +131,13 @@ impl AppState {
     /// the `cache_aware` settings): new routers over the same workers; requests already
     /// routed finish on the old ones. A `cache_aware` policy starts with empty trees.
     pub(crate) fn replace_policies(&self, cfg: &ServeConfig) {
-        let (router, pd) = routers(cfg, self.registry(), &self.0.dispatcher, &self.0.retry);
+        let (router, pd) = routers(
+            cfg,
+            self.registry(),
+            &self.0.dispatcher,
+            &self.0.retry,
+            &self.0.tokenizer,
+        );
         self.0.router.store(Arc::new(router));
         if let (Some(slot), Some(pd)) = (&self.0.pd, pd) {
             slot.store(Arc::new(pd));
@@ -399,14 +410,33 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
     Front::new(state.clone(), router(state, extra))
 }
 
+/// `--tokenizer-path` with `--chat-template`, loaded (none when not given).
+fn load_tokenizer(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<Tokenizer>>> {
+    let Some(path) = &cfg.tokenizer_path else {
+        return Ok(None);
+    };
+    let t = Tokenizer::load(path, cfg.chat_template.as_deref())
+        .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
+    if t.has_chat_template() {
+        tracing::info!(path = %path.display(), "tokenizer loaded (text and chat prompts)");
+    } else {
+        tracing::warn!(path = %path.display(), "tokenizer loaded without a chat template: \
+            chat prompts are routed by their text (give one with --chat-template)");
+    }
+    Ok(Some(Arc::new(t)))
+}
+
 /// The regular router and, in PD mode, the PD router for `cfg`'s policies.
 fn routers(
     cfg: &ServeConfig,
     registry: &Arc<Registry>,
     dispatcher: &Dispatcher,
     retry: &RetryPolicy,
+    tokenizer: &Option<Arc<Tokenizer>>,
 ) -> (RegularRouter, Option<PdRouter>) {
-    let policy = |kind: PolicyKind| Policy::with_configs(kind, KvAwareConfig::from(cfg));
+    let policy = |kind: PolicyKind| {
+        Policy::with_configs(kind, KvAwareConfig::from(cfg)).with_tokenizer(tokenizer.clone())
+    };
     let pd = cfg.pd_disaggregation.then(|| {
         PdRouter::new(
             registry.clone(),

@@ -28,6 +28,7 @@ use super::state::{SimState, unix_now};
 use super::stream::{
     Answer, Clock, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
 };
+use crate::tokenizer::ChatPrompt;
 
 /// The handler.
 pub async fn chat_completions(State(st): State<Arc<SimState>>, body: Bytes) -> Response {
@@ -55,7 +56,16 @@ struct Chat {
 
 fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
     let req: ChatCompletionRequest = serde_json::from_slice(body)?;
-    let prompt = PromptInfo::chat(&req.messages)?;
+    // Checks the messages either way; with a tokenizer, its ids are the prompt.
+    let mut prompt = PromptInfo::chat(&req.messages)?;
+    let tokenized: Option<Arc<[u32]>> = match st.tokenizer() {
+        Some(t) => {
+            let ids = t.chat_ids(&ChatPrompt::from_body(body)?)?;
+            prompt = PromptInfo::ids(&ids);
+            Some(Arc::from(ids))
+        }
+        None => None,
+    };
     let n = job::check_n(req.n)?;
     engine::check_sampling(req.temperature, req.top_p)?;
     let cfg = &st.cfg;
@@ -76,8 +86,9 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
         Some(rid) => rid.clone(),
         None => format!("chatcmpl-{}", st.new_id()),
     };
-    let ids: Option<Arc<[u32]>> =
-        (st.pd.is_some() || st.caches_prefixes()).then(|| Arc::from(job::chat_ids(&req.messages)));
+    let ids: Option<Arc<[u32]>> = tokenized.or_else(|| {
+        (st.pd.is_some() || st.caches_prefixes()).then(|| Arc::from(job::chat_ids(&req.messages)))
+    });
     // PD: each choice is an item with its own room; they share the prompt's KV.
     let kv = match (st.moves_kv(&req.routing), &ids) {
         (true, Some(ids)) => pd::items(&req.routing, &vec![ids.clone(); n as usize])?,

@@ -41,6 +41,8 @@ struct PromptEntry {
     info: PromptInfo,
     /// Id and text of each prompt token (for echoed logprobs), and the echoed text.
     echo: Option<(Vec<(u32, String)>, String)>,
+    /// A text prompt's ids from `--tokenizer-path`.
+    ids: Option<Arc<[u32]>>,
 }
 
 struct Completion {
@@ -63,7 +65,19 @@ struct Completion {
     offsets: Vec<usize>,
 }
 
-fn text_entry(text: &str, echo: bool) -> PromptEntry {
+fn text_entry(st: &SimState, text: &str, echo: bool) -> Result<PromptEntry, SimError> {
+    if let Some(t) = st.tokenizer() {
+        let ids = t.text_ids(text)?;
+        let echo = echo.then(|| {
+            let pieces = ids.iter().map(|&id| (id, t.token_text(id))).collect();
+            (pieces, text.to_owned())
+        });
+        return Ok(PromptEntry {
+            info: PromptInfo::ids(&ids),
+            echo,
+            ids: Some(Arc::from(ids)),
+        });
+    }
     let echo = echo.then(|| {
         let pieces = model::pieces(text)
             .map(|r| {
@@ -75,10 +89,11 @@ fn text_entry(text: &str, echo: bool) -> PromptEntry {
             .collect();
         (pieces, text.to_owned())
     });
-    PromptEntry {
+    Ok(PromptEntry {
         info: PromptInfo::text(text),
         echo,
-    }
+        ids: None,
+    })
 }
 
 fn ids_entry(ids: &[u32], echo: bool) -> Result<PromptEntry, SimError> {
@@ -93,6 +108,7 @@ fn ids_entry(ids: &[u32], echo: bool) -> Result<PromptEntry, SimError> {
     Ok(PromptEntry {
         info: PromptInfo::ids(ids),
         echo,
+        ids: None,
     })
 }
 
@@ -107,8 +123,11 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
     engine::check_sampling(req.temperature, req.top_p)?;
     let echo = req.echo.unwrap_or(false);
     let prompts: Vec<PromptEntry> = match &req.prompt {
-        Prompt::Text(t) => vec![text_entry(t, echo)],
-        Prompt::Texts(ts) => ts.iter().map(|t| text_entry(t, echo)).collect(),
+        Prompt::Text(t) => vec![text_entry(st, t, echo)?],
+        Prompt::Texts(ts) => ts
+            .iter()
+            .map(|t| text_entry(st, t, echo))
+            .collect::<Result<_, _>>()?,
         Prompt::Tokens(ids) => vec![ids_entry(ids, echo)?],
         Prompt::TokenBatch(b) => b
             .iter()
@@ -139,11 +158,14 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
         None => format!("cmpl-{}", st.new_id()),
     };
     let tokens: Vec<Arc<[u32]>> = if st.pd.is_some() || st.caches_prefixes() {
-        let text = |t: &String| Arc::from(model::tokenize_prompt(t));
+        let text = |(i, t): (usize, &String)| match &prompts[i].ids {
+            Some(ids) => ids.clone(),
+            None => Arc::from(model::tokenize_prompt(t)),
+        };
         let ids = |i: &Vec<u32>| Arc::from(i.as_slice());
         match &req.prompt {
-            Prompt::Text(t) => vec![text(t)],
-            Prompt::Texts(ts) => ts.iter().map(text).collect(),
+            Prompt::Text(t) => vec![text((0, t))],
+            Prompt::Texts(ts) => ts.iter().enumerate().map(text).collect(),
             Prompt::Tokens(i) => vec![ids(i)],
             Prompt::TokenBatch(b) => b.iter().map(ids).collect(),
         }

@@ -107,6 +107,16 @@ pub struct SimConfig {
     /// tokenizer from here, so point it at a local tokenizer directory when they need one.
     #[arg(long)]
     pub model_path: Option<String>,
+    /// A local Hugging Face tokenizer (a directory with `tokenizer.json` and
+    /// `tokenizer_config.json`, or the `tokenizer.json` file): prompts are tokenized with it
+    /// and its chat template, as SGLang does, for the prefix cache, its KV events and the
+    /// token counts (the generated text stays the simulated model's). Absent: the built-in
+    /// word tokenizer. Reported as the tokenizer path.
+    #[arg(long)]
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// A chat template file (Jinja) that replaces the tokenizer's own.
+    #[arg(long)]
+    pub chat_template: Option<std::path::PathBuf>,
     /// Tokens the simulated model writes before it emits end-of-sequence (finish reason
     /// `stop`); a smaller `max_tokens` ends it earlier with `length`.
     #[arg(long, default_value_t = DEFAULT_OUTPUT_TOKENS)]
@@ -189,6 +199,8 @@ impl Default for SimConfig {
             mode: SimMode::Regular,
             model: DEFAULT_MODEL.to_owned(),
             model_path: None,
+            tokenizer_path: None,
+            chat_template: None,
             output_tokens: DEFAULT_OUTPUT_TOKENS,
             context_length: DEFAULT_CONTEXT_LENGTH,
             ttft: parse_default(DEFAULT_TTFT),
@@ -218,6 +230,14 @@ impl SimConfig {
         self.model_path.as_deref().unwrap_or(&self.model)
     }
 
+    /// The tokenizer path reported to routers: `tokenizer_path`, else the model path.
+    pub fn reported_tokenizer_path(&self) -> String {
+        match &self.tokenizer_path {
+            Some(p) => p.display().to_string(),
+            None => self.model_path().to_owned(),
+        }
+    }
+
     /// Pages the KV pool holds (what bounds the prefix cache).
     pub fn pool_pages(&self) -> usize {
         let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size.max(1));
@@ -234,6 +254,9 @@ impl SimConfig {
         }
         if self.page_size == 0 {
             return Err("page_size must be at least 1".to_owned());
+        }
+        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
+            return Err("chat_template needs tokenizer_path".to_owned());
         }
         let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size);
         if self.kv_pool_size < page {

@@ -22,6 +22,12 @@ pub enum SimError {
     Kv(String),
 }
 
+impl From<crate::tokenizer::TokenizerError> for SimError {
+    fn from(e: crate::tokenizer::TokenizerError) -> Self {
+        SimError::BadRequest(e.to_string())
+    }
+}
+
 impl SimError {
     /// The HTTP status: 400 for the client's faults, 500 for a failed KV transfer.
     pub fn status(&self) -> StatusCode {

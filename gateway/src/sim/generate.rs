@@ -21,6 +21,7 @@ use super::model;
 use super::pd::{self, KvItem};
 use super::state::SimState;
 use super::stream::{Answer, Clock, Steps, longest, push_done, push_event, respond};
+use crate::tokenizer::Tokenizer;
 
 /// SGLang's default `max_new_tokens`.
 const DEFAULT_MAX_NEW_TOKENS: u32 = 128;
@@ -76,20 +77,34 @@ fn item<T>(field: &Option<OneOrMany<T>>, i: usize) -> Option<&T> {
     field.as_ref().and_then(|f| f.get(i))
 }
 
-fn prompts(req: &GenerateRequest) -> Result<(Vec<PromptEntry>, bool), SimError> {
+fn prompts(
+    req: &GenerateRequest,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<(Vec<PromptEntry>, bool), SimError> {
     let entry = |info, ids| PromptEntry {
         info,
         ids,
         logprobs: None,
     };
-    let text_entry = |t: &String| entry(PromptInfo::text(t), Vec::new());
+    // With a tokenizer a text prompt is its ids; else they are made only when needed.
+    let text_entry = |t: &String| -> Result<PromptEntry, SimError> {
+        Ok(match tokenizer {
+            Some(tok) => {
+                let ids = tok.text_ids(t)?;
+                entry(PromptInfo::ids(&ids), ids)
+            }
+            None => entry(PromptInfo::text(t), Vec::new()),
+        })
+    };
     let ids_entry = |ids: &Vec<u32>| -> Result<PromptEntry, SimError> {
         job::check_ids(ids, "input_ids")?;
         Ok(entry(PromptInfo::ids(ids), ids.clone()))
     };
     let (entries, batch) = match (&req.text, &req.input_ids) {
-        (Some(OneOrMany::One(t)), _) => (vec![text_entry(t)], false),
-        (Some(OneOrMany::Many(ts)), _) => (ts.iter().map(text_entry).collect(), true),
+        (Some(OneOrMany::One(t)), _) => (vec![text_entry(t)?], false),
+        (Some(OneOrMany::Many(ts)), _) => {
+            (ts.iter().map(text_entry).collect::<Result<_, _>>()?, true)
+        }
         (None, Some(InputIds::Single(ids))) => (vec![ids_entry(ids)?], false),
         (None, Some(InputIds::Batch(b))) => {
             (b.iter().map(ids_entry).collect::<Result<_, _>>()?, true)
@@ -108,7 +123,7 @@ fn prompts(req: &GenerateRequest) -> Result<(Vec<PromptEntry>, bool), SimError> 
 
 fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimError> {
     let req: GenerateRequest = serde_json::from_slice(body)?;
-    let (mut prompts, batch) = prompts(&req)?;
+    let (mut prompts, batch) = prompts(&req, st.tokenizer())?;
     let count = prompts.len();
     per_item(&req.sampling_params, "sampling_params", count)?;
     per_item(&req.routing.rid, "rid", count)?;

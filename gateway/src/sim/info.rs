@@ -29,7 +29,7 @@ pub async fn health() -> StatusCode {
 pub async fn model_info(State(st): State<Arc<SimState>>) -> Response {
     let path = st.cfg.model_path().to_owned();
     let info = ModelInfo {
-        tokenizer_path: Some(path.clone()),
+        tokenizer_path: Some(st.cfg.reported_tokenizer_path()),
         model_path: path,
         is_generation: true,
         preferred_sampling_params: None,
@@ -70,7 +70,7 @@ pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
     });
     let info = ServerInfo {
         model_path: Some(cfg.model_path().to_owned()),
-        tokenizer_path: Some(cfg.model_path().to_owned()),
+        tokenizer_path: Some(cfg.reported_tokenizer_path()),
         served_model_name: Some(cfg.model.clone()),
         host: Some(cfg.host.clone()),
         port: Some(cfg.port),

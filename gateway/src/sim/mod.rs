@@ -63,9 +63,10 @@ pub use config::{ModelShape, SimConfig, SimMode};
 /// How long a graceful shutdown waits for open streams before it cuts them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The worker's routes, for `cfg` (a regular worker; PD roles need [`spawn`]).
-pub fn router(cfg: SimConfig) -> Router {
-    router_with(state::SimState::new(cfg))
+/// The worker's routes, for `cfg` (a regular worker; PD roles need [`spawn`]). Fails when
+/// its `--tokenizer-path` cannot be loaded.
+pub fn router(cfg: SimConfig) -> anyhow::Result<Router> {
+    Ok(router_with(state::SimState::new(cfg)?))
 }
 
 /// The worker's routes over an already built state.
@@ -187,7 +188,7 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
             p.replay_endpoint().map(str::to_owned),
         )
     });
-    let st = state::SimState::with_parts(cfg, pd.clone(), events);
+    let st = state::SimState::with_parts(cfg, pd.clone(), events)?;
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(serve::serve(listener, router_with(st), stopped));
     Ok(SimHandle {

@@ -13,6 +13,7 @@ use super::model;
 use super::pd::PdState;
 use super::prefix::{Admission, PrefixCache, PrefixStats};
 use crate::kv_events::publish::Publisher;
+use crate::tokenizer::Tokenizer;
 
 /// State shared by every handler of one simulated worker.
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub struct SimState {
     /// The KV events publisher (`--kv-events-config`).
     pub events: Option<Publisher>,
     prefix: Option<Arc<Mutex<PrefixCache>>>,
+    /// `--tokenizer-path`: prompts tokenized as SGLang does (else the built-in tokenizer).
+    tokenizer: Option<Arc<Tokenizer>>,
     /// When the prefill lane is free again.
     lane: Mutex<Instant>,
     in_flight: Arc<AtomicU64>,
@@ -32,13 +35,14 @@ pub struct SimState {
 }
 
 impl SimState {
-    /// State for a worker configured by `cfg` (regular mode).
-    pub fn new(cfg: SimConfig) -> Arc<Self> {
+    /// State for a worker configured by `cfg` (regular mode). Fails when its
+    /// `--tokenizer-path` cannot be loaded.
+    pub fn new(cfg: SimConfig) -> anyhow::Result<Arc<Self>> {
         Self::with_pd(cfg, None)
     }
 
     /// State for a worker configured by `cfg`, with its PD machinery.
-    pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> Arc<Self> {
+    pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> anyhow::Result<Arc<Self>> {
         Self::with_parts(cfg, pd, None)
     }
 
@@ -47,7 +51,14 @@ impl SimState {
         cfg: SimConfig,
         pd: Option<Arc<PdState>>,
         events: Option<Publisher>,
-    ) -> Arc<Self> {
+    ) -> anyhow::Result<Arc<Self>> {
+        let tokenizer = match &cfg.tokenizer_path {
+            Some(p) => Some(Arc::new(
+                Tokenizer::load(p, cfg.chat_template.as_deref())
+                    .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?,
+            )),
+            None => None,
+        };
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -58,16 +69,22 @@ impl SimState {
                 cfg.pool_pages(),
             )))
         });
-        Arc::new(SimState {
+        Ok(Arc::new(SimState {
             cfg,
             pd,
             events,
             prefix,
+            tokenizer,
             lane: Mutex::new(Instant::now()),
             in_flight: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,
-        })
+        }))
+    }
+
+    /// The tokenizer prompts go through, when `--tokenizer-path` gave one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_deref()
     }
 
     /// Counts a request as in flight until the guard drops.
@@ -240,7 +257,7 @@ mod tests {
 
     #[test]
     fn ids_are_unique_and_shaped() {
-        let s = SimState::new(SimConfig::default());
+        let s = SimState::new(SimConfig::default()).unwrap();
         let a = s.new_id();
         let b = s.new_id();
         assert_ne!(a, b);

@@ -303,7 +303,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn paced_steps_arrive_on_schedule() {
-        let state = SimState::new(SimConfig::default());
+        let state = SimState::new(SimConfig::default()).unwrap();
         let start = Instant::now();
         let clock = Clock {
             start,
@@ -335,7 +335,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn empty_and_instant_streams() {
-        let state = SimState::new(SimConfig::default());
+        let state = SimState::new(SimConfig::default()).unwrap();
         let start = Instant::now();
         let clock = Clock {
             start,

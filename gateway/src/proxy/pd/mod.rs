@@ -199,7 +199,11 @@ impl PdRouter {
         };
         let replace = req.fields.has_bootstrap();
         let key = if self.prefill_policy.needs_key() || self.decode_policy.needs_key() {
-            prompt::prompt_key(req.endpoint, &req.body)
+            let tokenizer = self
+                .prefill_policy
+                .tokenizer()
+                .or(self.decode_policy.tokenizer());
+            prompt::routing_key_off_thread(req.endpoint, &req.body, tokenizer).await
         } else {
             None
         };

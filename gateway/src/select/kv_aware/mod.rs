@@ -9,8 +9,9 @@
 //!   a worker gone is forgotten, a gap in its events is replayed or its pages forgotten
 //!   until it reports them again ([`crate::kv_events::subscribe`]).
 //! - **Tokens.** The prompt's token ids come from the prompt key ([`crate::proxy::prompt`]):
-//!   `/generate` and `/v1/completions` with token ids need no tokenizer. Text and chat
-//!   prompts have no ids at the gateway; they are routed by the fallback.
+//!   `/generate` and `/v1/completions` with token ids need no tokenizer; text and chat
+//!   prompts get theirs from `--tokenizer-path` ([`crate::tokenizer`], the worker's own
+//!   tokenizer and chat template), and without one are routed by the fallback.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
 //!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
 //!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + the worker's prefill

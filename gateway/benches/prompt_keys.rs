@@ -1,0 +1,63 @@
+//! What a prompt key costs the gateway per request: `cargo bench -p gateway --bench prompt_keys`.
+//!
+//! - `text`: `cache_aware`'s key (the prompt's text, read from the body in one pass);
+//! - `tokens`: `kv_aware`'s key with `--tokenizer-path` (the chat template rendered, then
+//!   encoded by Hugging Face's tokenizer), with the test tokenizer of
+//!   `tests/fixtures/tokenizer` (a byte-level BPE of 600 tokens: more tokens per byte than
+//!   a real model's, so an upper bound on the encoding).
+//!
+//! Both over the same chat bodies (a system prompt and 2, 8 and 32 turns), in one run: the
+//! ratio is what tokenizing adds.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use gateway::proxy::Endpoint;
+use gateway::proxy::prompt::{prompt_key, routing_key};
+use gateway::tokenizer::Tokenizer;
+use serde_json::json;
+
+fn body(turns: usize) -> Vec<u8> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and say what you did."}),
+    ];
+    for i in 0..turns {
+        let (role, text) = if i % 2 == 0 {
+            (
+                "user",
+                format!(
+                    "Question {i}: where do the tall trees grow near the old stone bridge, and why?"
+                ),
+            )
+        } else {
+            (
+                "assistant",
+                format!(
+                    "Answer {i}: the quick brown fox jumps over the lazy dog and then runs into a quiet forest."
+                ),
+            )
+        };
+        messages.push(json!({"role": role, "content": text}));
+    }
+    serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true})).unwrap()
+}
+
+fn keys(c: &mut Criterion) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
+    let tok = Tokenizer::load(&dir, None).expect("the test tokenizer");
+    let mut g = c.benchmark_group("prompt_keys");
+    for turns in [2, 8, 32] {
+        let b = body(turns);
+        g.throughput(Throughput::Bytes(b.len() as u64));
+        g.bench_function(format!("text/{turns}"), |x| {
+            x.iter(|| prompt_key(Endpoint::ChatCompletions, black_box(&b)))
+        });
+        g.bench_function(format!("tokens/{turns}"), |x| {
+            x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&tok)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, keys);
+criterion_main!(benches);

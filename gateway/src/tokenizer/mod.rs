@@ -1,0 +1,192 @@
+//! Prompt token ids as the worker computes them, for routing by what is cached: a Hugging
+//! Face tokenizer (`tokenizer.json`, through the `tokenizers` crate SGLang's own Python
+//! package wraps) and the model's chat template (`tokenizer_config.json` or
+//! `chat_template.jinja`, rendered with minijinja the way `transformers` renders it).
+//!
+//! - **Text** (`/generate` `text`, `/v1/completions` string prompts): `encode(text)` with
+//!   the special tokens the tokenizer's post-processor adds (a BOS), as SGLang's tokenizer
+//!   manager calls it.
+//! - **Chat** (`/v1/chat/completions`): SGLang's preparation of the messages (see
+//!   [`chat`]), the template rendered with `add_generation_prompt`, then encoded without
+//!   special tokens (the template writes its own), as `apply_chat_template(tokenize=True)`.
+//!
+//! The gateway (`--tokenizer-path`) routes `kv_aware` by these ids; the simulated worker
+//! (`sim-worker --tokenizer-path`) caches and reports by them, so both sides agree the way
+//! a gateway and a real SGLang worker with the same model do. A render that differs from
+//! the worker's costs a routing estimate, never an answer: the worker tokenizes for itself.
+//!
+//! Layout: this file loads the files and encodes; [`chat`] prepares messages and renders
+//! templates; [`pyjson`] is `transformers`' `tojson` filter (Python's `json.dumps`).
+
+pub mod chat;
+pub mod pyjson;
+
+use std::path::{Path, PathBuf};
+
+pub use chat::{ChatPrompt, ChatTemplate};
+
+/// The files a tokenizer directory holds.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// The tokenizer's settings (special tokens, chat template).
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// A chat template saved apart from the settings (`transformers` ≥ 4.43).
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// Why a tokenizer could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// `tokenizer.json` is not a tokenizer.
+    #[error("loading the tokenizer {path}: {reason}")]
+    Load {
+        /// The file.
+        path: PathBuf,
+        /// What the `tokenizers` crate said.
+        reason: String,
+    },
+    /// `tokenizer_config.json` is not valid JSON of the expected shape.
+    #[error("reading the tokenizer settings {path}: {reason}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The chat template does not compile.
+    #[error("compiling the chat template: {0}")]
+    Template(String),
+    /// The tokenizer has no chat template, so chat prompts cannot be tokenized.
+    #[error("the tokenizer has no chat template (give one with --chat-template)")]
+    NoChatTemplate,
+    /// A request's messages could not be rendered (e.g. the template raised an error).
+    #[error("rendering the chat template: {0}")]
+    Render(String),
+    /// A request's chat fields are not what the template expects.
+    #[error("invalid chat request: {0}")]
+    Request(String),
+    /// Encoding failed.
+    #[error("encoding: {0}")]
+    Encode(String),
+}
+
+/// A loaded tokenizer and, when the model has one, its chat template.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat: Option<ChatTemplate>,
+    source: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `path`: a directory holding `tokenizer.json` (and `tokenizer_config.json`,
+    /// `chat_template.jinja` when present) or a `tokenizer.json` file (its directory is
+    /// searched for the others). `chat_template`, when given, is a template file that
+    /// replaces the model's.
+    pub fn load(path: &Path, chat_template: Option<&Path>) -> Result<Self, TokenizerError> {
+        let (dir, file) = if path.is_dir() {
+            (path.to_path_buf(), path.join(TOKENIZER_FILE))
+        } else {
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (dir, path.to_path_buf())
+        };
+        let json = read(&file)?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| {
+            TokenizerError::Load {
+                path: file.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        // `transformers` turns truncation and padding off unless a call asks for them.
+        inner
+            .with_truncation(None)
+            .map_err(|e| TokenizerError::Load {
+                path: file.clone(),
+                reason: e.to_string(),
+            })?;
+        inner.with_padding(None);
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config = if config_path.is_file() {
+            let text = read(&config_path)?;
+            Some(
+                serde_json::from_str::<serde_json::Value>(&text).map_err(|e| {
+                    TokenizerError::Config {
+                        path: config_path.clone(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
+        let separate = dir.join(CHAT_TEMPLATE_FILE);
+        let explicit = match chat_template {
+            Some(p) => Some(read(p)?),
+            None if separate.is_file() => Some(read(&separate)?),
+            None => None,
+        };
+        let chat = ChatTemplate::from_config(config.as_ref(), explicit)?;
+        Ok(Tokenizer {
+            inner,
+            chat,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// Where it was loaded from.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Whether chat prompts can be tokenized.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.is_some()
+    }
+
+    /// Token ids of `text`; `add_special_tokens` runs the post-processor (a BOS, say).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// The text of one token (for echoes and logprobs): its decoded piece.
+    pub fn token_text(&self, id: u32) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
+    /// Token ids of a text prompt, as SGLang's tokenizer manager computes them.
+    pub fn text_ids(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode(text, true)
+    }
+
+    /// The chat template rendered for `prompt`.
+    pub fn render_chat(&self, prompt: &ChatPrompt) -> Result<String, TokenizerError> {
+        self.chat
+            .as_ref()
+            .ok_or(TokenizerError::NoChatTemplate)?
+            .render(prompt)
+    }
+
+    /// Token ids of a chat prompt, as SGLang's chat route computes them.
+    pub fn chat_ids(&self, prompt: &ChatPrompt) -> Result<Vec<u32>, TokenizerError> {
+        self.encode(&self.render_chat(prompt)?, false)
+    }
+}
+
+fn read(path: &Path) -> Result<String, TokenizerError> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests;

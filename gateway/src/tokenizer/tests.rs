@@ -1,0 +1,249 @@
+use std::path::PathBuf;
+
+use super::chat::{ContentFormat, strftime};
+use super::*;
+
+/// The test tokenizer and its golden ids (`tests/fixtures/tokenizer`, made by `make.py`
+/// with Hugging Face's own `tokenizers` and `transformers`).
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer")
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::load(&fixture(), None).expect("the fixture loads")
+}
+
+/// One golden case: a text prompt or a chat request (kept as written: key order matters).
+#[derive(serde::Deserialize)]
+struct Case {
+    text: Option<String>,
+    request: Option<Box<serde_json::value::RawValue>>,
+    rendered: Option<String>,
+    ids: Vec<u32>,
+}
+
+fn golden() -> Vec<Case> {
+    let text = std::fs::read_to_string(fixture().join("golden.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn text_prompts_give_the_ids_transformers_gives() {
+    let tok = tokenizer();
+    let mut seen = 0;
+    for case in golden() {
+        let Some(text) = &case.text else { continue };
+        assert_eq!(tok.text_ids(text).unwrap(), case.ids, "{text:?}");
+        seen += 1;
+    }
+    assert_eq!(seen, 5);
+    // The post-processor's BOS only with special tokens.
+    let bare = tok.encode("Once upon a time", false).unwrap();
+    assert_eq!(&tok.text_ids("Once upon a time").unwrap()[1..], &bare[..]);
+}
+
+#[test]
+fn chat_prompts_render_and_encode_as_sglang_and_transformers_do() {
+    let tok = tokenizer();
+    assert!(tok.has_chat_template());
+    let mut seen = 0;
+    for case in golden() {
+        let Some(body) = &case.request else { continue };
+        let prompt = ChatPrompt::from_body(body.get().as_bytes()).unwrap();
+        let rendered = tok.render_chat(&prompt).unwrap();
+        assert_eq!(Some(&rendered), case.rendered.as_ref());
+        assert_eq!(tok.chat_ids(&prompt).unwrap(), case.ids, "{rendered:?}");
+        seen += 1;
+    }
+    assert_eq!(seen, 7);
+}
+
+#[test]
+fn loads_from_the_tokenizer_file_too_and_takes_an_explicit_template() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+        std::fs::copy(fixture().join(f), dir.path().join(f)).unwrap();
+    }
+    let by_file = Tokenizer::load(&dir.path().join(TOKENIZER_FILE), None).unwrap();
+    assert!(
+        by_file.has_chat_template(),
+        "the config next to the file is read"
+    );
+    let prompt =
+        ChatPrompt::from_body(br#"{"messages":[{"role":"user","content":"Hi"}]}"#).unwrap();
+    let plain = dir.path().join("plain.jinja");
+    std::fs::write(
+        &plain,
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
+    )
+    .unwrap();
+    let explicit = Tokenizer::load(dir.path(), Some(&plain)).unwrap();
+    assert_eq!(explicit.render_chat(&prompt).unwrap(), "[user] Hi\n");
+    // chat_template.jinja beside the config wins over the config's.
+    std::fs::write(
+        dir.path().join(CHAT_TEMPLATE_FILE),
+        "{{ bos_token }}|{{ eos_token }}|{{ messages | length }}",
+    )
+    .unwrap();
+    let separate = Tokenizer::load(dir.path(), None).unwrap();
+    assert_eq!(separate.render_chat(&prompt).unwrap(), "<s>|</s>|1");
+}
+
+#[test]
+fn named_templates_pick_tool_use_for_requests_with_tools() {
+    let config = serde_json::json!({
+        "chat_template": [
+            {"name": "tool_use", "template": "tools:{{ tools | length }}"},
+            {"name": "default", "template": "plain"},
+        ]
+    });
+    let t = ChatTemplate::from_config(Some(&config), None)
+        .unwrap()
+        .unwrap();
+    let plain = ChatPrompt::from_body(br#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert_eq!(t.render(&plain).unwrap(), "plain");
+    let tools = ChatPrompt::from_body(
+        br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(t.render(&tools).unwrap(), "tools:2");
+    let named = ChatPrompt {
+        tool_choice: Some(
+            serde_json::from_str(r#"{"type":"function","function":{"name":"b"}}"#).unwrap(),
+        ),
+        ..tools.clone()
+    };
+    assert_eq!(named.tools().unwrap().len(), 1);
+    assert!(ChatTemplate::from_config(None, None).unwrap().is_none());
+    let bad = serde_json::json!({"chat_template": [{"name": "x"}]});
+    assert!(ChatTemplate::from_config(Some(&bad), None).is_err());
+}
+
+#[test]
+fn content_parts_follow_the_templates_format() {
+    assert_eq!(
+        ContentFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"),
+        ContentFormat::String
+    );
+    assert_eq!(
+        ContentFormat::detect("{%- for part in message['content'] %}{{ part.text }}{% endfor %}"),
+        ContentFormat::OpenAi
+    );
+    assert_eq!(
+        ContentFormat::detect("{% for c in message.content %}{% endfor %}"),
+        ContentFormat::OpenAi
+    );
+    assert_eq!(
+        ContentFormat::detect("<|vision_start|>"),
+        ContentFormat::OpenAi
+    );
+    let src = "{% for message in messages %}{% for p in message.content %}<{{ p.type }}:{{ p.text }}>{% endfor %}|{{ message | tojson }}{% endfor %}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(t.format(), ContentFormat::OpenAi);
+    let p = ChatPrompt::from_body(
+        br#"{"messages":[{"content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:,"}},{"type":"weird"}],"role":"user","name":null}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&p).unwrap(),
+        r#"<text:look><image:>|{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image"}]}"#
+    );
+}
+
+#[test]
+fn bad_requests_and_templates_are_typed_errors() {
+    let tok = tokenizer();
+    let render = |body: &[u8]| tok.render_chat(&ChatPrompt::from_body(body)?);
+    let err = render(br#"{"messages":[{"role":"robot","content":"x"}]}"#).unwrap_err();
+    assert!(
+        matches!(&err, TokenizerError::Render(m) if m.contains("Unknown role: robot")),
+        "{err}"
+    );
+    assert!(matches!(
+        render(br#"{"messages":"no"}"#),
+        Err(TokenizerError::Request(_))
+    ));
+    assert!(matches!(
+        render(br#"{"messages":[1]}"#),
+        Err(TokenizerError::Request(_))
+    ));
+    assert!(matches!(
+        render(br#"{"messages":[{"content":"no role"}]}"#),
+        Err(TokenizerError::Request(_))
+    ));
+    let bad_args = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]},{"role":"user","content":"x"}]}"#;
+    assert!(matches!(render(bad_args), Err(TokenizerError::Request(_))));
+    assert!(matches!(
+        render(br#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}"#),
+        Err(TokenizerError::Request(_))
+    ));
+    assert!(matches!(
+        ChatTemplate::from_config(None, Some("{% for %}".to_owned())),
+        Err(TokenizerError::Template(_))
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Tokenizer::load(dir.path(), None),
+        Err(TokenizerError::Read { .. })
+    ));
+    std::fs::write(dir.path().join(TOKENIZER_FILE), "{}").unwrap();
+    assert!(matches!(
+        Tokenizer::load(dir.path(), None),
+        Err(TokenizerError::Load { .. })
+    ));
+    std::fs::copy(
+        fixture().join(TOKENIZER_FILE),
+        dir.path().join(TOKENIZER_FILE),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), "{").unwrap();
+    assert!(matches!(
+        Tokenizer::load(dir.path(), None),
+        Err(TokenizerError::Config { .. })
+    ));
+    std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), "{}").unwrap();
+    let bare = Tokenizer::load(dir.path(), None).unwrap();
+    assert!(!bare.has_chat_template());
+    let p = ChatPrompt::from_body(br#"{"messages":[]}"#).unwrap();
+    assert!(matches!(
+        bare.chat_ids(&p),
+        Err(TokenizerError::NoChatTemplate)
+    ));
+}
+
+#[test]
+fn reasoning_effort_reaches_the_template_and_sets_the_thinking_default() {
+    let src = "{{ reasoning_effort }} {{ enable_thinking }} {{ thinking }}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    let p = |body: &str| ChatPrompt::from_body(body.as_bytes()).unwrap();
+    assert_eq!(
+        t.render(&p(r#"{"messages":[],"reasoning_effort":"none"}"#))
+            .unwrap(),
+        "none False False"
+    );
+    assert_eq!(
+        t.render(&p(
+            r#"{"messages":[],"reasoning_effort":"high","chat_template_kwargs":{"thinking":false}}"#
+        ))
+        .unwrap(),
+        "high True False"
+    );
+}
+
+#[test]
+fn strftime_now_writes_the_directives_templates_use() {
+    // 2024-02-29 13:05:09 UTC; the expected text is Python's time.strftime of it.
+    assert_eq!(
+        strftime("%d %b %Y %A %a %B %m %y %H:%M:%S %j %% %Q", 1_709_211_909),
+        "29 Feb 2024 Thursday Thu February 02 24 13:05:09 060 % %Q"
+    );
+    assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
+    let t = ChatTemplate::from_config(None, Some("{{ strftime_now('%Y') | length }}".to_owned()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(t.render(&ChatPrompt::default()).unwrap(), "4");
+}

@@ -4,7 +4,7 @@
 //! - **Environment** (`transformers`' `_compile_jinja_template`): `trim_blocks`,
 //!   `lstrip_blocks`, loop controls, Python's `str`/`dict`/`list` methods (minijinja's
 //!   `pycompat`), the `tojson` filter of [`super::pyjson`], `raise_exception(msg)` and
-//!   `strftime_now(fmt)` (UTC).
+//!   `strftime_now(fmt)` (UTC); each render bounded by [`RENDER_FUEL`].
 //! - **Variables**: `messages`, `tools` (none when absent), `documents` (none),
 //!   `add_generation_prompt` (true), the tokenizer's special tokens (`bos_token`,
 //!   `eos_token`, ...), `reasoning_effort` when given (then `thinking` and `enable_thinking`
@@ -45,6 +45,11 @@ pub const SPECIAL_TOKENS: [&str; 7] = [
     "cls_token",
     "mask_token",
 ];
+
+/// What one render may spend (minijinja's fuel: about one per instruction and one per
+/// 64 bytes made): a request's messages cannot make a template loop or allocate without
+/// bound. A real conversation spends thousands to tens of thousands.
+pub const RENDER_FUEL: u64 = 1_000_000;
 
 /// How a template expects `message.content`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,6 +233,7 @@ fn environment(sources: &[(String, String)]) -> Result<Environment<'static>, Tok
         .build()
         .map_err(|e| TokenizerError::Template(e.to_string()))?;
     env.set_syntax(syntax);
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", pyjson::tojson);
     env.add_function("raise_exception", raise_exception);

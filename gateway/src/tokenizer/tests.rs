@@ -214,6 +214,26 @@ fn bad_requests_and_templates_are_typed_errors() {
 }
 
 #[test]
+fn a_render_is_bounded_whatever_the_messages() {
+    // 300 messages through three nested loops: 27 M iterations, far past the budget.
+    let src = "{% for a in messages %}{% for b in messages %}{% for c in messages %}x{% endfor %}{% endfor %}{% endfor %}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    let messages: Vec<serde_json::Value> = (0..300)
+        .map(|_| serde_json::json!({"role": "user", "content": "x"}))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
+    let err = t
+        .render(&ChatPrompt::from_body(&body).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&err, TokenizerError::Render(m) if m.contains("fuel")),
+        "{err}"
+    );
+}
+
+#[test]
 fn reasoning_effort_reaches_the_template_and_sets_the_thinking_default() {
     let src = "{{ reasoning_effort }} {{ enable_thinking }} {{ thinking }}";
     let t = ChatTemplate::from_config(None, Some(src.to_owned()))

@@ -624,9 +624,10 @@ impl ServeConfig {
             errs.extend(self.ha.problems());
         }
         errs.extend(self.discovery.problems(self.pd_disaggregation));
-        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
-            errs.push("chat_template needs tokenizer_path".into());
-        }
+        errs.extend(crate::tokenizer::flags_problem(
+            self.tokenizer_path.as_deref(),
+            self.chat_template.as_deref(),
+        ));
         ConfigError::check(errs)
     }
 

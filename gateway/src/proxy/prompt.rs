@@ -16,8 +16,9 @@
 //! With a tokenizer (`--tokenizer-path`, for `kv_aware`), [`routing_key`] gives text and
 //! chat prompts an `i` key too: the token ids the worker computes for them
 //! ([`crate::tokenizer`]), from at most [`MAX_KEY_BYTES`] of the text (or the rendered
-//! chat). A batch of text prompts is keyed by its first. A prompt the tokenizer cannot
-//! take (say, a template that refuses its roles) keeps the key above.
+//! chat; when cut, its last id is dropped), or a chat request's own `input_ids`. A batch
+//! of text prompts is keyed by its first. A prompt the tokenizer cannot take (a template
+//! that refuses its roles, a body over [`MAX_TOKENIZE_BODY_BYTES`]) keeps the key above.
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,40 +59,59 @@ pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
     Some(key)
 }
 
-/// Bodies above this size are tokenized on a blocking thread ([`routing_key_off_thread`]):
-/// encoding runs at a few MB/s, so a long prompt would hold up the runtime's other
-/// connections for milliseconds.
-pub const BLOCKING_TOKENIZE_BYTES: usize = 8 * 1024;
+/// Bodies above this size are not tokenized (their text key routes them): what a request
+/// may make the gateway parse, render and encode stays bounded.
+pub const MAX_TOKENIZE_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// [`routing_key`], on a blocking thread when there is a tokenizer and the body is longer
-/// than [`BLOCKING_TOKENIZE_BYTES`].
+/// [`routing_key`] on the blocking pool when there is a tokenizer (encoding runs at a few
+/// MB/s: a long prompt must not hold up the runtime's other connections), at most one
+/// tokenization per CPU at a time; without one, inline.
 pub async fn routing_key_off_thread(
     endpoint: Endpoint,
     body: &bytes::Bytes,
     tokenizer: Option<&Arc<Tokenizer>>,
 ) -> Option<Vec<u8>> {
-    match tokenizer {
-        Some(t) if body.len() > BLOCKING_TOKENIZE_BYTES => {
-            let (t, b) = (t.clone(), body.clone());
-            tokio::task::spawn_blocking(move || routing_key(endpoint, &b, Some(&t)))
-                .await
-                .unwrap_or_else(|_| prompt_key(endpoint, body))
+    static PERMITS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    });
+    let Some(t) = tokenizer.filter(|_| body.len() <= MAX_TOKENIZE_BODY_BYTES) else {
+        return prompt_key(endpoint, body);
+    };
+    let Ok(_permit) = PERMITS.acquire().await else {
+        return prompt_key(endpoint, body);
+    };
+    let (t, b) = (t.clone(), body.clone());
+    match tokio::task::spawn_blocking(move || routing_key(endpoint, &b, Some(&t))).await {
+        Ok(key) => key,
+        Err(e) => {
+            tracing::warn!(error = %e, "tokenizing a prompt failed; routed by its text");
+            prompt_key(endpoint, body)
         }
-        t => routing_key(endpoint, body, t.map(|t| &**t)),
     }
 }
 
 /// The key a prefix-aware policy routes by: the token ids `tokenizer` gives the prompt
-/// when there is one and it can, else [`prompt_key`].
+/// when there is one and it can, else [`prompt_key`]. The first prompt the tokenizer
+/// cannot take is logged as a warning (by kind only: the error may quote the prompt);
+/// later ones at debug.
 pub fn routing_key(
     endpoint: Endpoint,
     body: &[u8],
     tokenizer: Option<&Tokenizer>,
 ) -> Option<Vec<u8>> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     tokenizer
+        .filter(|_| body.len() <= MAX_TOKENIZE_BODY_BYTES)
         .and_then(|t| match token_key(endpoint, body, t) {
             Ok(k) => k,
             Err(e) => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        kind = e.kind(),
+                        "a prompt could not be tokenized; such \
+                        prompts are routed by their text (details at debug level)"
+                    );
+                }
                 tracing::debug!(error = %e, "prompt not tokenized; routed by its text");
                 None
             }
@@ -108,16 +128,22 @@ pub fn token_key(
 ) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
     let ids = match endpoint {
         Endpoint::ChatCompletions => {
-            let rendered = tokenizer.render_chat(&ChatPrompt::from_body(body)?)?;
-            tokenizer.encode(cut(&rendered), false)?
+            let prompt = ChatPrompt::from_body(body)?;
+            // SGLang skips the template for a chat request that brings its ids.
+            if let Some(ids) = prompt.input_ids.as_ref().filter(|i| !i.is_empty()) {
+                return Ok(Some(id_key(ids.iter().copied())));
+            }
+            encode_cut(&tokenizer.render_chat(&prompt)?, |t| {
+                tokenizer.encode(t, false)
+            })?
         }
         Endpoint::Completions | Endpoint::Generate => {
             #[derive(serde::Deserialize)]
             struct Text {
                 #[serde(default)]
-                prompt: Option<serde_json::Value>,
+                prompt: Option<FirstText>,
                 #[serde(default)]
-                text: Option<serde_json::Value>,
+                text: Option<FirstText>,
             }
             let fields: Text = serde_json::from_slice(body)
                 .map_err(|e| crate::tokenizer::TokenizerError::Request(e.to_string()))?;
@@ -125,41 +151,93 @@ pub fn token_key(
                 Endpoint::Completions => fields.prompt,
                 _ => fields.text,
             };
-            let text = match &field {
-                Some(serde_json::Value::String(s)) => s.as_str(),
-                Some(serde_json::Value::Array(items)) => match items.first() {
-                    Some(serde_json::Value::String(s)) => s.as_str(),
-                    _ => return Ok(None),
-                },
-                _ => return Ok(None),
+            let Some(FirstText(Some(text))) = &field else {
+                return Ok(None);
             };
-            tokenizer.text_ids(cut(text))?
+            encode_cut(text, |t| tokenizer.text_ids(t))?
         }
     };
     if ids.is_empty() {
         return Ok(None);
     }
-    let mut key = Vec::with_capacity(1 + 4 * ids.len());
-    key.push(b'i');
+    Ok(Some(id_key(ids)))
+}
+
+/// An `i` key of `ids`, at most [`MAX_KEY_BYTES`] long.
+fn id_key(ids: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    let mut key = vec![b'i'];
     for id in ids {
         if key.len() + 4 > MAX_KEY_BYTES {
             break;
         }
         key.extend_from_slice(&id.to_le_bytes());
     }
-    Ok(Some(key))
+    key
 }
 
-/// At most [`MAX_KEY_BYTES`] of `text`, cut at a character boundary.
-fn cut(text: &str) -> &str {
+/// `encode` of at most [`MAX_KEY_BYTES`] of `text` (cut at a character boundary); when
+/// cut, the last id is dropped (the cut may split what the whole text encodes as one).
+fn encode_cut(
+    text: &str,
+    encode: impl FnOnce(&str) -> Result<Vec<u32>, crate::tokenizer::TokenizerError>,
+) -> Result<Vec<u32>, crate::tokenizer::TokenizerError> {
     if text.len() <= MAX_KEY_BYTES {
-        return text;
+        return encode(text);
     }
     let mut end = MAX_KEY_BYTES;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    &text[..end]
+    let mut ids = encode(&text[..end])?;
+    ids.pop();
+    Ok(ids)
+}
+
+/// The first string of a prompt field (a string, or a list whose first item is one);
+/// `None` for token ids or anything else. The rest of a list is skipped, not kept.
+struct FirstText(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for FirstText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FirstText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a prompt")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<FirstText, E> {
+                Ok(FirstText(Some(v.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FirstText, A::Error> {
+                let first = seq.next_element::<serde_json::Value>()?;
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(FirstText(match first {
+                    Some(serde_json::Value::String(s)) => Some(s),
+                    _ => None,
+                }))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FirstText, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(FirstText(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<FirstText, E> {
+                Ok(FirstText(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<FirstText, E> {
+                Ok(FirstText(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<FirstText, E> {
+                Ok(FirstText(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<FirstText, E> {
+                Ok(FirstText(None))
+            }
+            fn visit_unit<E>(self) -> Result<FirstText, E> {
+                Ok(FirstText(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A flattened value.
@@ -419,12 +497,21 @@ mod tests {
             key(Endpoint::ChatCompletions, robot).unwrap()
         );
         assert_eq!(routing_key(Endpoint::Completions, b"{}", Some(&tok)), None);
+        // A chat request with its own ids is keyed by them, as SGLang skips the template.
+        let with_ids = r#"{"messages":[{"role":"user","content":"Hi"}],"input_ids":[9,8,7]}"#;
+        assert_eq!(
+            ids_of(&rk(Endpoint::ChatCompletions, with_ids)),
+            vec![9, 8, 7]
+        );
+        // A body over the cap keeps its text key.
+        let huge = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(MAX_TOKENIZE_BODY_BYTES));
+        assert_eq!(rk(Endpoint::Completions, &huge)[0], b't');
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn long_bodies_are_tokenized_off_the_runtime_to_the_same_key() {
         let tok = Arc::new(tokenizer());
-        for n in [10, 4 * BLOCKING_TOKENIZE_BYTES] {
+        for n in [10, 64 * 1024] {
             let body = bytes::Bytes::from(format!(r#"{{"prompt":"{}"}}"#, "tree ".repeat(n / 5)));
             let off = routing_key_off_thread(Endpoint::Completions, &body, Some(&tok)).await;
             assert_eq!(off, routing_key(Endpoint::Completions, &body, Some(&tok)));
@@ -442,6 +529,9 @@ mod tests {
             "{}",
             k.len()
         );
+        // The cut's last id is dropped: what remains is a prefix of the whole text's ids.
+        let whole = tok.text_ids(&"é".repeat(MAX_KEY_BYTES)).unwrap();
+        assert!(whole.starts_with(&ids_of(&k)));
     }
 
     proptest::proptest! {

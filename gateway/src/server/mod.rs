@@ -412,18 +412,14 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
 
 /// `--tokenizer-path` with `--chat-template`, loaded (none when not given).
 fn load_tokenizer(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<Tokenizer>>> {
-    let Some(path) = &cfg.tokenizer_path else {
-        return Ok(None);
-    };
-    let t = Tokenizer::load(path, cfg.chat_template.as_deref())
+    let t = Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref())
         .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
-    if t.has_chat_template() {
-        tracing::info!(path = %path.display(), "tokenizer loaded (text and chat prompts)");
-    } else {
-        tracing::warn!(path = %path.display(), "tokenizer loaded without a chat template: \
-            chat prompts are routed by their text (give one with --chat-template)");
+    let kv_aware =
+        [cfg.policy, cfg.prefill_policy(), cfg.decode_policy()].contains(&PolicyKind::KvAware);
+    if t.is_some() && !kv_aware {
+        tracing::warn!("tokenizer_path is used by the kv_aware policy only, and none is in use");
     }
-    Ok(Some(Arc::new(t)))
+    Ok(t)
 }
 
 /// The regular router and, in PD mode, the PD router for `cfg`'s policies.

@@ -255,8 +255,11 @@ impl SimConfig {
         if self.page_size == 0 {
             return Err("page_size must be at least 1".to_owned());
         }
-        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
-            return Err("chat_template needs tokenizer_path".to_owned());
+        if let Some(p) = crate::tokenizer::flags_problem(
+            self.tokenizer_path.as_deref(),
+            self.chat_template.as_deref(),
+        ) {
+            return Err(p);
         }
         let page = self.model_shape.bytes_per_token() as u64 * u64::from(self.page_size);
         if self.kv_pool_size < page {

@@ -52,13 +52,9 @@ impl SimState {
         pd: Option<Arc<PdState>>,
         events: Option<Publisher>,
     ) -> anyhow::Result<Arc<Self>> {
-        let tokenizer = match &cfg.tokenizer_path {
-            Some(p) => Some(Arc::new(
-                Tokenizer::load(p, cfg.chat_template.as_deref())
-                    .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?,
-            )),
-            None => None,
-        };
+        let tokenizer =
+            Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref())
+                .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());

@@ -4,7 +4,13 @@
 //! - **Environment** (`transformers`' `_compile_jinja_template`): `trim_blocks`,
 //!   `lstrip_blocks`, loop controls, Python's `str`/`dict`/`list` methods (minijinja's
 //!   `pycompat`), the `tojson` filter of [`super::pyjson`], `raise_exception(msg)` and
-//!   `strftime_now(fmt)` (UTC); each render bounded by [`RENDER_FUEL`].
+//!   `strftime_now(fmt)` (UTC: `transformers` uses the worker's local time, which in the
+//!   containers SGLang runs in is UTC), `{% generation %}` tags dropped; each render's
+//!   instructions and output bounded by [`RENDER_FUEL`] and `tojson`'s by
+//!   [`pyjson::MAX_BYTES`]; what the request's messages become before it, by the body cap
+//!   of the caller ([`crate::proxy::prompt::MAX_TOKENIZE_BODY_BYTES`]).
+//! - A render that fails with tools is tried once more with each tool's bare `function`,
+//!   as SGLang does.
 //! - **Variables**: `messages`, `tools` (none when absent), `documents` (none),
 //!   `add_generation_prompt` (true), the tokenizer's special tokens (`bos_token`,
 //!   `eos_token`, ...), `reasoning_effort` when given (then `thinking` and `enable_thinking`
@@ -66,7 +72,7 @@ impl ContentFormat {
     pub fn detect(template: &str) -> Self {
         static LOOP: LazyLock<regex::Regex> = LazyLock::new(|| {
             regex::Regex::new(
-                r#"\{%-?\s*for\s+\w+\s+in\s+(?:message|msg|m)\s*(?:\.\s*content|\[\s*['"]content['"]\s*\])"#,
+                r#"\{%-?\s*for\s+\w+\s+in\s+(?:message|msg|m)\s*(?:\.\s*content\b|\[\s*['"]content['"]\s*\])"#,
             )
             .expect("a valid pattern")
         });
@@ -173,7 +179,7 @@ impl ChatTemplate {
             ("messages".to_owned(), Value::from(messages)),
             (
                 "tools".to_owned(),
-                tools.map_or(Value::from(()), Value::from),
+                tools.clone().map_or(Value::from(()), Value::from),
             ),
             ("documents".to_owned(), Value::from(())),
             ("add_generation_prompt".to_owned(), Value::from(true)),
@@ -206,13 +212,23 @@ impl ChatTemplate {
             ctx.push(("reasoning_effort".to_owned(), r.clone()));
         }
         ctx.extend(kwargs);
+        let template = self.env.get_template(name).map_err(render_error)?;
         // Later entries win, as Python's keyword arguments.
-        let ctx = Value::from_pairs(ctx);
-        let mut text = self
-            .env
-            .get_template(name)
-            .and_then(|t| t.render(ctx))
-            .map_err(render_error)?;
+        let mut text = match template.render(Value::from_pairs(ctx.clone())) {
+            Ok(t) => t,
+            // SGLang renders again with each tool's bare `function` (what some templates,
+            // Mistral's among them, expect).
+            Err(e) => match &tools {
+                Some(tools) => {
+                    let bare: Vec<Value> = tools.iter().map(|t| get(t, "function")).collect();
+                    ctx[1].1 = Value::from(bare);
+                    template
+                        .render(Value::from_pairs(ctx))
+                        .map_err(|_| render_error(e))?
+                }
+                None => return Err(render_error(e)),
+            },
+        };
         text.push_str(prefix.as_deref().unwrap_or_default());
         Ok(text)
     }
@@ -238,8 +254,14 @@ fn environment(sources: &[(String, String)]) -> Result<Environment<'static>, Tok
     env.add_filter("tojson", pyjson::tojson);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
+    // transformers' `{% generation %}` marks the assistant's tokens for training masks and
+    // renders nothing of its own.
+    static GENERATION: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r"\{%-?\s*(?:end)?generation\s*-?%\}").expect("a valid pattern")
+    });
     for (name, src) in sources {
-        env.add_template_owned(name.clone(), src.clone())
+        let src = GENERATION.replace_all(src, "").into_owned();
+        env.add_template_owned(name.clone(), src)
             .map_err(|e| TokenizerError::Template(format!("template {name}: {e:#}")))?;
     }
     Ok(env)
@@ -385,6 +407,9 @@ pub struct ChatPrompt {
     /// `continue_final_message` (SGLang's extension): continue the last assistant message.
     #[serde(default)]
     pub continue_final_message: Option<bool>,
+    /// `input_ids` (SGLang's extension): the prompt's ids, given; no template then.
+    #[serde(default)]
+    pub input_ids: Option<Vec<u32>>,
 }
 
 impl ChatPrompt {
@@ -403,15 +428,19 @@ impl ChatPrompt {
                 .ok()
                 .and_then(|n| n.as_str().map(str::to_owned))
         };
-        let named = match &self.tool_choice {
+        // A named choice keeps only that tool (none when it names none).
+        let named: Option<Option<String>> = match &self.tool_choice {
             Some(c) if c.as_str() == Some("none") => return None,
-            Some(c) if c.kind() == ValueKind::Map => name(c),
+            Some(c) if c.kind() == ValueKind::Map => Some(name(c)),
             _ => None,
         };
         Some(
             tools
                 .iter()
-                .filter(|t| named.is_none() || name(t) == named)
+                .filter(|t| match &named {
+                    None => true,
+                    Some(n) => n.is_some() && name(t) == *n,
+                })
                 .map(dump_tool)
                 .collect(),
         )
@@ -568,6 +597,16 @@ fn get(v: &Value, k: &str) -> Value {
         .unwrap_or(Value::from(()))
 }
 
+/// Field `k` of `v`, or `default` when it is absent or null (a pydantic field's default).
+fn get_or(v: &Value, k: &str, default: impl Into<Value>) -> Value {
+    let found = get(v, k);
+    if found.is_none() {
+        default.into()
+    } else {
+        found
+    }
+}
+
 /// A tool call as `model_dump()` gives it (`id`, `index`, `type`, `function` with `name`
 /// and `arguments`), its arguments parsed when they are a JSON string (they must be an
 /// object, as SGLang requires).
@@ -588,18 +627,10 @@ fn dump_tool_call(call: &Value) -> Result<Value, TokenizerError> {
         }
         None => arguments,
     };
-    let kind = get(call, "type");
     Ok(Value::from_pairs([
         ("id", get(call, "id")),
         ("index", get(call, "index")),
-        (
-            "type",
-            if kind.is_none() {
-                Value::from("function")
-            } else {
-                kind
-            },
-        ),
+        ("type", get_or(call, "type", "function")),
         (
             "function",
             Value::from_pairs([("name", get(&function, "name")), ("arguments", arguments)]),
@@ -611,34 +642,18 @@ fn dump_tool_call(call: &Value) -> Result<Value, TokenizerError> {
 /// `parameters`, `strict`), `defer_loading`.
 fn dump_tool(tool: &Value) -> Value {
     let function = get(tool, "function");
-    let strict = get(&function, "strict");
     let mut f = vec![
         ("description", get(&function, "description")),
         ("name", get(&function, "name")),
         ("parameters", get(&function, "parameters")),
-        (
-            "strict",
-            if strict.is_none() {
-                Value::from(false)
-            } else {
-                strict
-            },
-        ),
+        ("strict", get_or(&function, "strict", false)),
     ];
     let defer = get(&function, "defer_loading");
     if !defer.is_none() {
         f.push(("defer_loading", defer));
     }
-    let kind = get(tool, "type");
     Value::from_pairs([
-        (
-            "type",
-            if kind.is_none() {
-                Value::from("function")
-            } else {
-                kind
-            },
-        ),
+        ("type", get_or(tool, "type", "function")),
         ("function", Value::from_pairs(f)),
         ("defer_loading", get(tool, "defer_loading")),
     ])

@@ -76,6 +76,31 @@ pub enum TokenizerError {
     Encode(String),
 }
 
+impl TokenizerError {
+    /// The error's kind, for logs that must not quote a request.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenizerError::Read { .. } => "read",
+            TokenizerError::Load { .. } => "load",
+            TokenizerError::Config { .. } => "config",
+            TokenizerError::Template(_) => "template",
+            TokenizerError::NoChatTemplate => "no_chat_template",
+            TokenizerError::Render(_) => "render",
+            TokenizerError::Request(_) => "request",
+            TokenizerError::Encode(_) => "encode",
+        }
+    }
+}
+
+/// What is wrong with a `--tokenizer-path` / `--chat-template` pair (both configs check it).
+pub fn flags_problem(
+    tokenizer_path: Option<&Path>,
+    chat_template: Option<&Path>,
+) -> Option<String> {
+    (chat_template.is_some() && tokenizer_path.is_none())
+        .then(|| "chat_template needs tokenizer_path".to_owned())
+}
+
 /// A loaded tokenizer and, when the model has one, its chat template.
 #[derive(Debug)]
 pub struct Tokenizer {
@@ -137,6 +162,24 @@ impl Tokenizer {
             chat,
             source: path.to_path_buf(),
         })
+    }
+
+    /// `--tokenizer-path` with `--chat-template`, loaded and logged (none when not given).
+    pub fn from_flags(
+        tokenizer_path: Option<&Path>,
+        chat_template: Option<&Path>,
+    ) -> Result<Option<std::sync::Arc<Self>>, TokenizerError> {
+        let Some(path) = tokenizer_path else {
+            return Ok(None);
+        };
+        let t = Tokenizer::load(path, chat_template)?;
+        if t.has_chat_template() {
+            tracing::info!(path = %path.display(), "tokenizer loaded (text and chat prompts)");
+        } else {
+            tracing::warn!(path = %path.display(), "tokenizer loaded without a chat template: \
+                chat prompts are not tokenized (give one with --chat-template)");
+        }
+        Ok(Some(std::sync::Arc::new(t)))
     }
 
     /// Where it was loaded from.

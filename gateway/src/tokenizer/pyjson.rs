@@ -11,6 +11,10 @@ use std::fmt::Write;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
+/// Longest text one `tojson` call writes (minijinja charges a filter's output only once it
+/// exists): a request's tools nested deep and indented cannot blow up memory.
+pub const MAX_BYTES: usize = 4 * 1024 * 1024;
+
 /// How to write: Python's `json.dumps` keyword arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Style {
@@ -90,6 +94,9 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
     if depth > 128 {
         return Err(invalid("tojson: value nested too deeply"));
     }
+    if out.len() > MAX_BYTES {
+        return Err(invalid("tojson: the value's JSON is too long"));
+    }
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -167,7 +174,7 @@ fn write_container<T>(
 }
 
 /// A JSON string as Python writes it: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, other
-/// control characters as `\u00XX`; with `ensure_ascii`, every non-ASCII character as
+/// control characters as `\u00XX`; with `ensure_ascii`, DEL and every non-ASCII character as
 /// `\uXXXX` (a surrogate pair above U+FFFF).
 fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
@@ -180,7 +187,7 @@ fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
             '\t' => out.push_str("\\t"),
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
+            c if (c as u32) < 0x20 || (ensure_ascii && c == '\u{7f}') => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
             c if ensure_ascii && !c.is_ascii() => {

@@ -267,3 +267,56 @@ fn strftime_now_writes_the_directives_templates_use() {
         .unwrap();
     assert_eq!(t.render(&ChatPrompt::default()).unwrap(), "4");
 }
+
+#[test]
+fn sglang_details_tool_retry_named_choice_generation_tags_and_content_words() {
+    // A template that wants bare functions gets them on the second try.
+    let src = "{% if tools and tools[0].type is defined %}{{ raise_exception('bare functions') }}{% endif %}{{ tools[0].name }}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    let body = br#"{"messages":[],"tools":[{"type":"function","function":{"name":"f"}}]}"#;
+    assert_eq!(
+        t.render(&ChatPrompt::from_body(body).unwrap()).unwrap(),
+        "f"
+    );
+    // A named choice without a name keeps no tool.
+    let p = ChatPrompt::from_body(
+        br#"{"messages":[],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function"}}"#,
+    )
+    .unwrap();
+    assert_eq!(p.tools().unwrap().len(), 0);
+    // transformers' generation tags render nothing.
+    let src =
+        "{% for m in messages %}{%- generation -%}{{ m.content }}{%- endgeneration -%}{% endfor %}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    let p = ChatPrompt::from_body(br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+    assert_eq!(t.render(&p).unwrap(), "hi");
+    // `message.content_parts` is not a loop over the content.
+    assert_eq!(
+        ContentFormat::detect("{% for p in message.content_parts %}{% endfor %}"),
+        ContentFormat::String
+    );
+}
+
+#[test]
+fn tojson_output_is_bounded() {
+    let src = "{{ messages | tojson(indent=4) }}";
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
+        .unwrap()
+        .unwrap();
+    let big = "x".repeat(pyjson::MAX_BYTES / 4);
+    let messages: Vec<serde_json::Value> = (0..8)
+        .map(|_| serde_json::json!({"role": "user", "content": big}))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
+    let err = t
+        .render(&ChatPrompt::from_body(&body).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&err, TokenizerError::Render(m) if m.contains("too long")),
+        "{err}"
+    );
+}

@@ -121,22 +121,28 @@ fn named_templates_pick_tool_use_for_requests_with_tools() {
 
 #[test]
 fn content_parts_follow_the_templates_format() {
-    assert_eq!(
-        ContentFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"),
-        ContentFormat::String
-    );
-    assert_eq!(
-        ContentFormat::detect("{%- for part in message['content'] %}{{ part.text }}{% endfor %}"),
-        ContentFormat::OpenAi
-    );
-    assert_eq!(
-        ContentFormat::detect("{% for c in message.content %}{% endfor %}"),
-        ContentFormat::OpenAi
-    );
-    assert_eq!(
-        ContentFormat::detect("<|vision_start|>"),
-        ContentFormat::OpenAi
-    );
+    for (template, format) in [
+        (
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+            ContentFormat::String,
+        ),
+        (
+            "{%- for part in message['content'] %}{{ part.text }}{% endfor %}",
+            ContentFormat::OpenAi,
+        ),
+        (
+            "{% for c in message.content %}{% endfor %}",
+            ContentFormat::OpenAi,
+        ),
+        ("<|vision_start|>", ContentFormat::OpenAi),
+        // `message.content_parts` is not a loop over the content.
+        (
+            "{% for p in message.content_parts %}{% endfor %}",
+            ContentFormat::String,
+        ),
+    ] {
+        assert_eq!(ContentFormat::detect(template), format, "{template}");
+    }
     let src = "{% for message in messages %}{% for p in message.content %}<{{ p.type }}:{{ p.text }}>{% endfor %}|{{ message | tojson }}{% endfor %}";
     let t = ChatTemplate::from_config(None, Some(src.to_owned()))
         .unwrap()
@@ -217,20 +223,21 @@ fn bad_requests_and_templates_are_typed_errors() {
 fn a_render_is_bounded_whatever_the_messages() {
     // 300 messages through three nested loops: 27 M iterations, far past the budget.
     let src = "{% for a in messages %}{% for b in messages %}{% for c in messages %}x{% endfor %}{% endfor %}{% endfor %}";
-    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
-        .unwrap()
-        .unwrap();
-    let messages: Vec<serde_json::Value> = (0..300)
-        .map(|_| serde_json::json!({"role": "user", "content": "x"}))
-        .collect();
-    let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
-    let err = t
-        .render(&ChatPrompt::from_body(&body).unwrap())
-        .unwrap_err();
+    let err = render_many(src, 300, "x").unwrap_err();
     assert!(
         matches!(&err, TokenizerError::Render(m) if m.contains("fuel")),
         "{err}"
     );
+}
+
+/// `src` rendered over `n` user messages of `content`.
+fn render_many(src: &str, n: usize, content: &str) -> Result<String, TokenizerError> {
+    let t = ChatTemplate::from_config(None, Some(src.to_owned()))?.unwrap();
+    let messages: Vec<serde_json::Value> = (0..n)
+        .map(|_| serde_json::json!({"role": "user", "content": content}))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
+    t.render(&ChatPrompt::from_body(&body)?)
 }
 
 #[test]
@@ -269,7 +276,7 @@ fn strftime_now_writes_the_directives_templates_use() {
 }
 
 #[test]
-fn sglang_details_tool_retry_named_choice_generation_tags_and_content_words() {
+fn sglang_details_tool_retry_named_choice_and_generation_tags() {
     // A template that wants bare functions gets them on the second try.
     let src = "{% if tools and tools[0].type is defined %}{{ raise_exception('bare functions') }}{% endif %}{{ tools[0].name }}";
     let t = ChatTemplate::from_config(None, Some(src.to_owned()))
@@ -294,27 +301,12 @@ fn sglang_details_tool_retry_named_choice_generation_tags_and_content_words() {
         .unwrap();
     let p = ChatPrompt::from_body(br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
     assert_eq!(t.render(&p).unwrap(), "hi");
-    // `message.content_parts` is not a loop over the content.
-    assert_eq!(
-        ContentFormat::detect("{% for p in message.content_parts %}{% endfor %}"),
-        ContentFormat::String
-    );
 }
 
 #[test]
 fn tojson_output_is_bounded() {
     let src = "{{ messages | tojson(indent=4) }}";
-    let t = ChatTemplate::from_config(None, Some(src.to_owned()))
-        .unwrap()
-        .unwrap();
-    let big = "x".repeat(pyjson::MAX_BYTES / 4);
-    let messages: Vec<serde_json::Value> = (0..8)
-        .map(|_| serde_json::json!({"role": "user", "content": big}))
-        .collect();
-    let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
-    let err = t
-        .render(&ChatPrompt::from_body(&body).unwrap())
-        .unwrap_err();
+    let err = render_many(src, 8, &"x".repeat(pyjson::MAX_BYTES / 4)).unwrap_err();
     assert!(
         matches!(&err, TokenizerError::Render(m) if m.contains("too long")),
         "{err}"

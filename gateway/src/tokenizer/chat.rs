@@ -16,8 +16,9 @@
 //!   `eos_token`, ...), `reasoning_effort` when given (then `thinking` and `enable_thinking`
 //!   default to `effort != "none"`), then the request's `chat_template_kwargs` (which win).
 //! - **Messages** (SGLang's chat route, 2026): each message's `model_dump()` fields (`role`
-//!   lower-cased, `content`, `tool_call_id`, `name`, `reasoning_content`, `tool_calls`,
-//!   `tools`), null ones dropped and a null content made `""`; a list of content parts
+//!   lower-cased, `content`, then, except for a user message, `tool_call_id`, `name`,
+//!   `reasoning_content`, `tool_calls`, `tools` dumped as below), null ones dropped and a
+//!   null content made `""`; a list of content parts
 //!   becomes, for a template that does not loop over `message.content` ("string" format, and
 //!   for a tool message of text parts only), its text parts joined with spaces, else ("openai"
 //!   format, moved last) the parts with images, audio and video reduced to `{"type": ...}`;
@@ -479,7 +480,8 @@ impl ChatPrompt {
     }
 }
 
-/// The fields of a message `model_dump()` gives, in its order (others are not kept).
+/// The fields of a message `model_dump()` gives, in its order (others are not kept); a
+/// user message (SGLang's user model) has only the first two.
 const MESSAGE_FIELDS: [&str; 7] = [
     "role",
     "content",
@@ -507,7 +509,13 @@ fn prepare_message(m: &Value, format: ContentFormat) -> Result<Value, TokenizerE
         .ok_or_else(|| TokenizerError::Request("each message needs a role".to_owned()))?;
     let mut fields: Vec<(&str, Value)> = Vec::new();
     let mut parts: Option<Value> = None;
-    for k in MESSAGE_FIELDS {
+    let kept = if role == "user" {
+        2
+    } else {
+        MESSAGE_FIELDS.len()
+    };
+    for k in &MESSAGE_FIELDS[..kept] {
+        let k = *k;
         if k == "role" {
             fields.push((k, Value::from(role.clone())));
             continue;
@@ -539,6 +547,14 @@ fn prepare_message(m: &Value, format: ContentFormat) -> Result<Value, TokenizerE
                     .map(|c| dump_tool_call(&c))
                     .collect::<Result<Vec<_>, _>>()?;
                 fields.push((k, Value::from(calls)));
+            }
+            "tools" if v.kind() == ValueKind::Seq => {
+                let tools: Vec<Value> = v
+                    .try_iter()
+                    .map_err(render_error)?
+                    .map(|t| dump_tool(&t))
+                    .collect();
+                fields.push((k, Value::from(tools)));
             }
             _ => fields.push((k, v)),
         }

@@ -29,6 +29,8 @@ pub use chat::{ChatPrompt, ChatTemplate};
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// The tokenizer's settings (special tokens, chat template).
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// Special tokens saved apart from the settings (older `transformers`); the settings win.
+pub const SPECIAL_TOKENS_MAP_FILE: &str = "special_tokens_map.json";
 /// A chat template saved apart from the settings (`transformers` ≥ 4.43).
 pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
@@ -111,7 +113,7 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// Loads `path`: a directory holding `tokenizer.json` (and `tokenizer_config.json`,
-    /// `chat_template.jinja` when present) or a `tokenizer.json` file (its directory is
+    /// `special_tokens_map.json`, `chat_template.jinja` when present) or a `tokenizer.json` file (its directory is
     /// searched for the others). `chat_template`, when given, is a template file that
     /// replaces the model's.
     pub fn load(path: &Path, chat_template: Option<&Path>) -> Result<Self, TokenizerError> {
@@ -150,6 +152,7 @@ impl Tokenizer {
         } else {
             None
         };
+        let config = merge_special_tokens(config, &dir.join(SPECIAL_TOKENS_MAP_FILE))?;
         let separate = dir.join(CHAT_TEMPLATE_FILE);
         let explicit = match chat_template {
             Some(p) => Some(read(p)?),
@@ -222,6 +225,36 @@ impl Tokenizer {
     pub fn chat_ids(&self, prompt: &ChatPrompt) -> Result<Vec<u32>, TokenizerError> {
         self.encode(&self.render_chat(prompt)?, false)
     }
+}
+
+/// `config` with the special tokens of `map_path` (when it exists) that it does not set.
+fn merge_special_tokens(
+    config: Option<serde_json::Value>,
+    map_path: &Path,
+) -> Result<Option<serde_json::Value>, TokenizerError> {
+    if !map_path.is_file() {
+        return Ok(config);
+    }
+    let bad = |reason: String| TokenizerError::Config {
+        path: map_path.to_path_buf(),
+        reason,
+    };
+    let map: serde_json::Value =
+        serde_json::from_str(&read(map_path)?).map_err(|e| bad(e.to_string()))?;
+    let serde_json::Value::Object(map) = map else {
+        return Err(bad("not a JSON object".to_owned()));
+    };
+    let mut config = match config {
+        Some(serde_json::Value::Object(c)) => c,
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in map {
+        let unset = config.get(&k).is_none_or(serde_json::Value::is_null);
+        if unset {
+            config.insert(k, v);
+        }
+    }
+    Ok(Some(serde_json::Value::Object(config)))
 }
 
 fn read(path: &Path) -> Result<String, TokenizerError> {

@@ -312,3 +312,46 @@ fn tojson_output_is_bounded() {
         "{err}"
     );
 }
+
+#[test]
+fn messages_have_the_fields_of_sglangs_models() {
+    // A user message keeps role and content only; another role's tools are dumped.
+    let t = ChatTemplate::from_config(None, Some("{{ messages | tojson }}".to_owned()))
+        .unwrap()
+        .unwrap();
+    let p = ChatPrompt::from_body(
+        br#"{"messages":[{"role":"system","content":"s","name":"x","tools":[{"type":"function","function":{"name":"f"}}]},{"name":"bob","content":"hi","role":"user","extra":1},{"role":"user","content":"again"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&p).unwrap(),
+        r#"[{"role": "system", "content": "s", "name": "x", "tools": [{"type": "function", "function": {"description": null, "name": "f", "parameters": null, "strict": false}, "defer_loading": null}]}, {"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]"#
+    );
+}
+
+#[test]
+fn special_tokens_come_from_the_map_file_when_the_settings_lack_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture().join(TOKENIZER_FILE),
+        dir.path().join(TOKENIZER_FILE),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join(TOKENIZER_CONFIG_FILE),
+        r#"{"eos_token": "</s>", "chat_template": "{{ bos_token }}|{{ eos_token }}"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join(SPECIAL_TOKENS_MAP_FILE),
+        r#"{"bos_token": {"content": "<s>"}, "eos_token": "<other>"}"#,
+    )
+    .unwrap();
+    let tok = Tokenizer::load(dir.path(), None).unwrap();
+    assert_eq!(tok.render_chat(&ChatPrompt::default()).unwrap(), "<s>|</s>");
+    std::fs::write(dir.path().join(SPECIAL_TOKENS_MAP_FILE), "[1]").unwrap();
+    assert!(matches!(
+        Tokenizer::load(dir.path(), None),
+        Err(TokenizerError::Config { .. })
+    ));
+}

@@ -130,7 +130,7 @@ pub fn token_key(
         Endpoint::ChatCompletions => {
             let prompt = ChatPrompt::from_body(body)?;
             // SGLang skips the template for a chat request that brings its ids.
-            if let Some(ids) = prompt.input_ids.as_ref().filter(|i| !i.is_empty()) {
+            if let Some(ids) = prompt.given_ids() {
                 return Ok(Some(id_key(ids.iter().copied())));
             }
             encode_cut(&tokenizer.render_chat(&prompt)?, |t| {

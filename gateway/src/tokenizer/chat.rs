@@ -419,6 +419,12 @@ impl ChatPrompt {
         serde_json::from_slice(body).map_err(|e| TokenizerError::Request(e.to_string()))
     }
 
+    /// The prompt's ids when the request brings them (`input_ids`, not empty): SGLang then
+    /// skips the template.
+    pub fn given_ids(&self) -> Option<&[u32]> {
+        self.input_ids.as_deref().filter(|i| !i.is_empty())
+    }
+
     /// The tools the template sees (as `model_dump()` gives them): none with
     /// `tool_choice: "none"`, only the named one with a named choice.
     pub fn tools(&self) -> Option<Vec<Value>> {

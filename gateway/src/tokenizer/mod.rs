@@ -221,9 +221,13 @@ impl Tokenizer {
             .render(prompt)
     }
 
-    /// Token ids of a chat prompt, as SGLang's chat route computes them.
+    /// Token ids of a chat prompt, as SGLang's chat route computes them: the request's own
+    /// `input_ids` when it brings them (no template then), else the rendered template.
     pub fn chat_ids(&self, prompt: &ChatPrompt) -> Result<Vec<u32>, TokenizerError> {
-        self.encode(&self.render_chat(prompt)?, false)
+        match prompt.given_ids() {
+            Some(ids) => Ok(ids.to_vec()),
+            None => self.encode(&self.render_chat(prompt)?, false),
+        }
     }
 }
 

@@ -217,6 +217,9 @@ fn bad_requests_and_templates_are_typed_errors() {
         bare.chat_ids(&p),
         Err(TokenizerError::NoChatTemplate)
     ));
+    // A request that brings its ids needs no template.
+    let p = ChatPrompt::from_body(br#"{"messages":[],"input_ids":[4,5]}"#).unwrap();
+    assert_eq!(bare.chat_ids(&p).unwrap(), vec![4, 5]);
 }
 
 #[test]

@@ -63,9 +63,10 @@ pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
 /// may make the gateway parse, render and encode stays bounded.
 pub const MAX_TOKENIZE_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// [`routing_key`] on the blocking pool when there is a tokenizer (encoding runs at a few
-/// MB/s: a long prompt must not hold up the runtime's other connections), at most one
-/// tokenization per CPU at a time; without one, inline.
+/// [`routing_key`], tokenizing on the blocking pool (encoding runs at a few MB/s: a long
+/// prompt must not hold up the runtime's other connections), at most one tokenization per
+/// CPU at a time. A prompt given as token ids, or a request without a tokenizer, is keyed
+/// inline by [`prompt_key`] alone.
 pub async fn routing_key_off_thread(
     endpoint: Endpoint,
     body: &bytes::Bytes,
@@ -74,49 +75,66 @@ pub async fn routing_key_off_thread(
     static PERMITS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
         tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
     });
-    let Some(t) = tokenizer.filter(|_| body.len() <= MAX_TOKENIZE_BODY_BYTES) else {
-        return prompt_key(endpoint, body);
+    let key = prompt_key(endpoint, body);
+    let Some(t) = tokenizer.filter(|_| wants_tokens(&key, body)) else {
+        return key;
     };
     let Ok(_permit) = PERMITS.acquire().await else {
-        return prompt_key(endpoint, body);
+        return key;
     };
     let (t, b) = (t.clone(), body.clone());
-    match tokio::task::spawn_blocking(move || routing_key(endpoint, &b, Some(&t))).await {
-        Ok(key) => key,
+    match tokio::task::spawn_blocking(move || token_key(endpoint, &b, &t)).await {
+        Ok(tokens) => or_text_key(tokens, key),
         Err(e) => {
             tracing::warn!(error = %e, "tokenizing a prompt failed; routed by its text");
-            prompt_key(endpoint, body)
+            key
         }
     }
 }
 
 /// The key a prefix-aware policy routes by: the token ids `tokenizer` gives the prompt
-/// when there is one and it can, else [`prompt_key`]. The first prompt the tokenizer
-/// cannot take is logged as a warning (by kind only: the error may quote the prompt);
-/// later ones at debug.
+/// when there is one and it can, else [`prompt_key`].
 pub fn routing_key(
     endpoint: Endpoint,
     body: &[u8],
     tokenizer: Option<&Tokenizer>,
 ) -> Option<Vec<u8>> {
+    let key = prompt_key(endpoint, body);
+    match tokenizer.filter(|_| wants_tokens(&key, body)) {
+        Some(t) => or_text_key(token_key(endpoint, body, t), key),
+        None => key,
+    }
+}
+
+/// Whether a request with this [`prompt_key`] goes through the tokenizer: not one given as
+/// token ids (its key already is them), nor one over [`MAX_TOKENIZE_BODY_BYTES`].
+fn wants_tokens(key: &Option<Vec<u8>>, body: &[u8]) -> bool {
+    key.as_deref().and_then(<[u8]>::first) != Some(&b'i') && body.len() <= MAX_TOKENIZE_BODY_BYTES
+}
+
+/// The token key when there is one, else the text `key`. The first prompt the tokenizer
+/// cannot take is logged as a warning (by kind only: the error may quote the prompt);
+/// later ones at debug.
+fn or_text_key(
+    tokens: Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError>,
+    key: Option<Vec<u8>>,
+) -> Option<Vec<u8>> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    tokenizer
-        .filter(|_| body.len() <= MAX_TOKENIZE_BODY_BYTES)
-        .and_then(|t| match token_key(endpoint, body, t) {
-            Ok(k) => k,
-            Err(e) => {
-                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    tracing::warn!(
-                        kind = e.kind(),
-                        "a prompt could not be tokenized; such \
-                        prompts are routed by their text (details at debug level)"
-                    );
-                }
-                tracing::debug!(error = %e, "prompt not tokenized; routed by its text");
-                None
+    match tokens {
+        Ok(Some(k)) => Some(k),
+        Ok(None) => key,
+        Err(e) => {
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    kind = e.kind(),
+                    "a prompt could not be tokenized; such \
+                    prompts are routed by their text (details at debug level)"
+                );
             }
-        })
-        .or_else(|| prompt_key(endpoint, body))
+            tracing::debug!(error = %e, "prompt not tokenized; routed by its text");
+            key
+        }
+    }
 }
 
 /// The `i` key of a text or chat prompt through `tokenizer`; `None` for a prompt given as

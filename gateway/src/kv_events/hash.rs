@@ -5,7 +5,7 @@
 //! two's complement. Equal hashes mean equal prefixes, so an index keyed by them is a
 //! radix tree over pages. Only full pages are hashed (a partial last page is never cached).
 
-use sha2::{Digest, Sha256};
+use kvstore::hicache::{PageHash, page_hash};
 
 /// A page's KV-event block hash.
 pub type BlockHash = i64;
@@ -13,16 +13,10 @@ pub type BlockHash = i64;
 /// A page's full SHA-256 digest (the chain's link; SGLang's HiCache key is its hex form).
 pub type PageDigest = [u8; 32];
 
-/// The digest of one page of `tokens` following the page whose digest is `prior`.
+/// The digest of one page of `tokens` following the page whose digest is `prior`: the
+/// store's HiCache page hash ([`kvstore::hicache::page_hash`]), which is the same chain.
 pub fn page_digest(prior: Option<&PageDigest>, tokens: &[u32]) -> PageDigest {
-    let mut h = Sha256::new();
-    if let Some(p) = prior {
-        h.update(p);
-    }
-    for t in tokens {
-        h.update(t.to_le_bytes());
-    }
-    h.finalize().into()
+    page_hash(tokens, prior.map(|p| PageHash(*p)).as_ref()).0
 }
 
 /// `hash_str_to_int64(digest.hex())`.

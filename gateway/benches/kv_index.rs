@@ -6,6 +6,9 @@
 //! - `match`: the overlap of a 32-page prompt against an index of 1 M blocks over 8
 //!   workers (hashes given), and with the prompt's SHA-256 page hashes computed too.
 //!   Target: >= 200 k matches per second at 1 M blocks, one core.
+//! - `store`: looking a 32-page prompt up in a KV master holding 1 M objects, page by
+//!   page, as `kv_aware` does for the pages past a worker's cached prefix (all found: the
+//!   most lookups a prompt costs).
 //!
 //! Reference in the same run: one `HashMap` insert per block (the floor of any index).
 
@@ -15,6 +18,9 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway::kv_events::hash;
 use gateway::kv_events::wire::{EventBatch, KvEvent};
 use gateway::select::kv_aware::index::KvIndex;
+use gateway::select::kv_aware::store::{KeyFormat, Probe};
+use kvstore::master::{ClientId, ReplicateConfig, SegmentSpec};
+use kvstore::{Master, MasterConfig};
 
 const PAGES: usize = 32;
 const PAGE: usize = 64;
@@ -164,5 +170,54 @@ fn matching(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, ingest, matching);
+fn store(c: &mut Criterion) {
+    let master = std::sync::Arc::new(Master::new(MasterConfig::default()).expect("master"));
+    let owner = ClientId::from_u128(1);
+    master
+        .mount_segment(
+            owner,
+            SegmentSpec {
+                name: "s".into(),
+                base: 1 << 40,
+                size: 1 << 40,
+                endpoint: "node".into(),
+            },
+        )
+        .expect("mount");
+    let keys = KeyFormat::new("{hash}_0_k");
+    let put = |d: &hash::PageDigest| {
+        let mut name = String::new();
+        keys.write(d, &mut name);
+        let rc = ReplicateConfig::default();
+        master.put_start(owner, &name, 64, &rc).expect("put_start");
+        master.put_end(owner, &name).expect("put_end");
+    };
+    let prompts: Vec<Vec<hash::PageDigest>> = (0..64u32)
+        .map(|p| {
+            let t: Vec<u32> = (0..(PAGES * PAGE) as u32)
+                .map(|t| p * 100_000 + t)
+                .collect();
+            hash::page_digests(&t, PAGE)
+        })
+        .collect();
+    prompts.iter().flatten().for_each(&put);
+    for i in 0..1_000_000u32 {
+        let mut d = [0u8; 32];
+        d[..4].copy_from_slice(&i.to_le_bytes());
+        put(&d);
+    }
+    let mut g = c.benchmark_group("store");
+    g.throughput(Throughput::Elements(1));
+    let mut k = 0;
+    g.bench_function("probe_1m_objects_32_pages", |b| {
+        b.iter(|| {
+            k = (k + 1) % prompts.len();
+            let mut p = Probe::new(master.clone(), &keys, &prompts[k]);
+            black_box(p.run_from(0))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, ingest, matching, store);
 criterion_main!(benches);

@@ -19,6 +19,9 @@ mod discovery;
 mod master;
 mod security;
 mod sources;
+mod validate;
+
+use validate::{master_problem, parse_prefill};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -263,6 +266,18 @@ pub struct ServeConfig {
     /// flight (cost = weight x uncached tokens + in-flight requests x mean prompt tokens).
     #[arg(long, env = env::KV_OVERLAP_WEIGHT, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
+    /// `kv_aware`: what a prompt page in the hosted KV master's store (L3, written there by
+    /// SGLang HiCache's Mooncake backend) is worth against one in a worker's GPU cache, for
+    /// the pages that continue a worker's cached prefix: loading it costs the rest of
+    /// computing it (0: the store is not looked at).
+    #[arg(long, env = env::KV_L3_PAGE_VALUE, default_value_t = ServeConfig::default().kv_l3_page_value)]
+    pub kv_l3_page_value: f64,
+    /// `kv_aware`: the store object that says a page is in L3, `{hash}` standing for the
+    /// page's HiCache hash (64 hex digits). HiCache's Mooncake backend writes
+    /// `{hash}_{tp_rank}_k` and `_v` for MHA models and `{hash}__k` for MLA ones, after a
+    /// deployment prefix when one is set.
+    #[arg(long, env = env::KV_L3_KEY_FORMAT, default_value_t = ServeConfig::default().kv_l3_key_format)]
+    pub kv_l3_key_format: String,
     /// `kv_aware`: softmax temperature over the workers' costs (0: the cheapest always).
     #[arg(long, env = env::ROUTER_TEMPERATURE, default_value_t = ServeConfig::default().router_temperature)]
     pub router_temperature: f64,
@@ -436,6 +451,8 @@ impl Default for ServeConfig {
             eviction_interval_secs: 60,
             max_tree_size: 64 * 1024 * 1024,
             kv_overlap_weight: 1.0,
+            kv_l3_page_value: 0.5,
+            kv_l3_key_format: "{hash}_0_k".into(),
             router_temperature: 0.0,
             kv_events_endpoint: None,
             tokenizer_path: None,
@@ -504,182 +521,6 @@ pub enum ConfigError {
 }
 
 impl ServeConfig {
-    /// Checks every value; lists all problems, not just the first.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let mut errs = Vec::new();
-        if self.host.trim().is_empty() {
-            errs.push("host must not be empty".to_string());
-        }
-        let mut seen = std::collections::HashSet::new();
-        let prefill = self.prefill_specs();
-        let pd_urls = prefill
-            .iter()
-            .filter_map(|p| p.as_ref().ok().map(|p| &p.url))
-            .chain(&self.decode);
-        for e in prefill.iter().filter_map(|p| p.as_ref().err()) {
-            errs.push(e.clone());
-        }
-        for url in self.worker_urls.iter().chain(pd_urls) {
-            match crate::workers::WorkerUrl::parse(url) {
-                Ok(u) if !seen.insert(u.as_str().to_string()) => {
-                    errs.push(format!("worker url {url} is listed twice"))
-                }
-                Ok(_) => {}
-                Err(e) => errs.push(format!("worker url {url:?}: {e}")),
-            }
-        }
-        let positive = [
-            ("max_payload_size", self.max_payload_size as u64),
-            ("request_timeout_secs", self.request_timeout_secs),
-            ("max_batch_size", self.max_batch_size as u64),
-            (
-                "client_header_timeout_secs",
-                self.client_header_timeout_secs,
-            ),
-            ("client_body_timeout_secs", self.client_body_timeout_secs),
-            ("max_connections", self.max_connections as u64),
-            (
-                "health_check_interval_secs",
-                self.health_check_interval_secs,
-            ),
-            ("health_check_timeout_secs", self.health_check_timeout_secs),
-            (
-                "health_failure_threshold",
-                u64::from(self.health_failure_threshold),
-            ),
-            (
-                "health_success_threshold",
-                u64::from(self.health_success_threshold),
-            ),
-            (
-                "health_check_pending_interval_ms",
-                self.health_check_pending_interval_ms,
-            ),
-            (
-                "shutdown_grace_period_secs",
-                self.shutdown_grace_period_secs,
-            ),
-            ("cb_failure_threshold", u64::from(self.cb_failure_threshold)),
-            ("cb_success_threshold", u64::from(self.cb_success_threshold)),
-            ("cb_timeout_duration_secs", self.cb_timeout_duration_secs),
-            ("cb_window_duration_secs", self.cb_window_duration_secs),
-            ("queue_timeout_secs", self.queue_timeout_secs),
-            ("eviction_interval_secs", self.eviction_interval_secs),
-            ("max_tree_size", self.max_tree_size as u64),
-            (
-                "rate_limit_tokens_per_second",
-                self.rate_limit_tokens_per_second.unwrap_or(1),
-            ),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                errs.push(format!("{name} must be at least 1"));
-            }
-        }
-        errs.extend(self.flow_control_problems());
-        if !self.health_check_endpoint.starts_with('/') {
-            errs.push(format!(
-                "health_check_endpoint must start with '/', got {:?}",
-                self.health_check_endpoint
-            ));
-        }
-        if self.prometheus_port.is_some()
-            && self.prometheus_port == Some(self.port)
-            && self.port != 0
-        {
-            errs.push("prometheus_port must differ from port".to_string());
-        }
-        if self.pd_disaggregation && !self.worker_urls.is_empty() {
-            errs.push(
-                "worker_urls are regular workers; in PD mode give --prefill and --decode".into(),
-            );
-        }
-        let pd_given = !self.prefill.is_empty()
-            || !self.decode.is_empty()
-            || self.prefill_policy.is_some()
-            || self.decode_policy.is_some();
-        if !self.pd_disaggregation && pd_given {
-            errs.push("prefill, decode and their policies need --pd-disaggregation".into());
-        }
-        errs.extend(security::problems(self));
-        if let Some(Err(e)) = self
-            .worker_ca_cert
-            .as_deref()
-            .map(crate::client::ca_certificates)
-        {
-            errs.push(format!("worker_ca_cert: {e}"));
-        }
-        errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
-        if let Some(url) = &self.otlp_traces_endpoint {
-            match url.parse::<http::Uri>() {
-                Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
-                }
-                _ => errs.push(format!(
-                    "otlp_traces_endpoint {url:?} is not an http(s):// URL"
-                )),
-            }
-        }
-        errs.extend(master_problem(&self.master));
-        if !self.disable_master {
-            errs.extend(self.ha.problems());
-        }
-        errs.extend(self.discovery.problems(self.pd_disaggregation));
-        errs.extend(crate::tokenizer::flags_problem(
-            self.tokenizer_path.as_deref(),
-            self.chat_template.as_deref(),
-        ));
-        ConfigError::check(errs)
-    }
-
-    /// What is wrong with the retry, admission, cache-aware and request-id settings.
-    fn flow_control_problems(&self) -> Vec<String> {
-        let mut errs = Vec::new();
-        if self.max_concurrent_requests == 0 || self.max_concurrent_requests < -1 {
-            errs.push(format!(
-                "max_concurrent_requests must be -1 (no limit) or at least 1, got {}",
-                self.max_concurrent_requests
-            ));
-        }
-        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
-            errs.push("retry_initial_backoff_ms must not exceed retry_max_backoff_ms".into());
-        }
-        let ranges = [
-            (
-                "retry_backoff_multiplier",
-                self.retry_backoff_multiplier,
-                1.0,
-                1e6,
-            ),
-            ("retry_jitter_factor", self.retry_jitter_factor, 0.0, 1.0),
-            ("cache_threshold", self.cache_threshold, 0.0, 1.0),
-            ("kv_overlap_weight", self.kv_overlap_weight, 0.0, 1e6),
-            ("router_temperature", self.router_temperature, 0.0, 1e6),
-            (
-                "pd_min_uncached_ratio",
-                self.pd_min_uncached_ratio,
-                0.0,
-                1.0,
-            ),
-            (
-                "balance_rel_threshold",
-                self.balance_rel_threshold,
-                0.0,
-                1e9,
-            ),
-        ];
-        for (name, v, lo, hi) in ranges {
-            if !(lo..=hi).contains(&v) {
-                errs.push(format!("{name} must be within {lo}..={hi}, got {v}"));
-            }
-        }
-        for h in &self.request_id_headers {
-            if http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()).is_err() {
-                errs.push(format!("request_id_headers: {h:?} is not a header name"));
-            }
-        }
-        errs
-    }
-
     /// The `--prefill` entries, parsed (each an error message when it does not parse).
     pub fn prefill_specs(&self) -> Vec<Result<PrefillSpec, String>> {
         self.prefill.iter().map(|v| parse_prefill(v)).collect()
@@ -734,35 +575,6 @@ impl ServeConfig {
     }
 }
 
-/// Parses `[URL]` or `[URL, PORT|none]`.
-fn parse_prefill(v: &[String]) -> Result<PrefillSpec, String> {
-    let (url, port) = match v {
-        [url] => (url, None),
-        [url, port] => (url, Some(port.as_str())),
-        _ => {
-            return Err(format!(
-                "prefill takes URL [BOOTSTRAP_PORT|none], got {v:?}"
-            ));
-        }
-    };
-    let bootstrap_port = match port {
-        None => None,
-        Some(p) if p.eq_ignore_ascii_case("none") => None,
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => Some(n),
-            _ => {
-                return Err(format!(
-                    "prefill {url}: bootstrap port must be 1..=65535 or `none`, got {p:?}"
-                ));
-            }
-        },
-    };
-    Ok(PrefillSpec {
-        url: url.clone(),
-        bootstrap_port,
-    })
-}
-
 /// The runtime threads `worker_threads` asks for: itself, or the CPUs available for 0.
 fn runtime_threads(worker_threads: usize) -> usize {
     match worker_threads {
@@ -790,14 +602,6 @@ fn render_toml<T: Serialize>(value: &T) -> String {
 /// What `--print-config` shows instead of a secret.
 pub fn hidden() -> Secret {
     Secret::new("<hidden>")
-}
-
-/// The problem with the master's settings, if any.
-fn master_problem(master: &MasterConfig) -> Option<String> {
-    master.validate().err().map(|e| match e {
-        kvstore::MasterError::InvalidParams(m) => format!("master: {m}"),
-        other => format!("master: {other}"),
-    })
 }
 
 #[cfg(test)]

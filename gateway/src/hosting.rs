@@ -186,6 +186,12 @@ fn master_rejection() -> Rejection {
 ))]
 struct MasterAloneApi;
 
+impl crate::select::kv_aware::store::StoreSource for HostedMaster {
+    fn master(&self) -> Option<Arc<Master>> {
+        self.current()
+    }
+}
+
 /// `moongate master`'s routes and the document it serves: the master behind `auth`'s keys,
 /// `/health`, `/metrics`, the docs; unknown routes get a JSON 404.
 pub fn master_app(hosted: &HostedMaster, auth: &Auth) -> (Router, Document) {

@@ -92,6 +92,9 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         // Alone, `/metrics` refreshes its gauges; an HA leader's tick does that instead.
         state.host_master(h.master().clone());
     }
+    if let Some(h) = &hosted {
+        state.use_store(Arc::new(h.clone()));
+    }
     // Last before serving: its watch tasks stop with the gateway's token, which a failure
     // from here on cancels.
     let cancel = state.cancel_token().clone();

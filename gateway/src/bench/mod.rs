@@ -17,6 +17,11 @@
 //! them; their TTFT is the time to the first event (the first token), and the gateways see
 //! it too (a `kv_aware` worker's prefill backlog is released at the first token).
 //!
+//! `--kv-store` gives the workers SGLang HiCache's L3 on Moongate's store: the bench hosts
+//! a KV master, each worker contributes `--kv-store-size` of memory to it, writes the
+//! pages it evicts there and loads prefixes found there instead of computing them
+//! ([`crate::sim::l3`]); the gateways' `kv_aware` counts the pages the store holds.
+//!
 //! # Layout
 //! - [`trace`]: the trace format and the token ids synthesized from its block hashes.
 //! - [`report`]: summaries, the table, `--json`, the TTFT CDF plot.
@@ -36,7 +41,8 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::client::HttpClient;
-use crate::config::{PolicyKind, ServeConfig};
+use crate::config::{MasterHostConfig, PolicyKind, ServeConfig};
+use crate::hosting::MasterProcess;
 use crate::kv_events::KvEventsConfig;
 use crate::serve::Gateway;
 use crate::sim::{self, ModelShape, SimConfig, SimHandle, SimMode};
@@ -59,6 +65,9 @@ pub const DEFAULT_SPEEDUP: f64 = 1.0;
 pub const DEFAULT_POLICIES: &str = "round_robin,cache_aware,kv_aware";
 /// Default gateway replicas (requests alternate between them).
 pub const DEFAULT_GATEWAYS: usize = 1;
+/// Default memory each worker contributes to the store with `--kv-store` (bytes; 4 GiB
+/// over four workers holds 32 M tokens of the bench's 128-byte tokens, 15× their pools).
+pub const DEFAULT_KV_STORE_SIZE: u64 = 1 << 30;
 /// How long the workers and subscriptions may take to come up.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -105,6 +114,17 @@ pub struct BenchConfig {
     /// gateway's `--kv-overlap-weight`).
     #[arg(long, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
+    /// `kv_aware`'s value of a page in the store against one on the GPU (the gateway's
+    /// `--kv-l3-page-value`; used with `--kv-store`).
+    #[arg(long, default_value_t = ServeConfig::default().kv_l3_page_value)]
+    pub kv_l3_page_value: f64,
+    /// Give the workers an L3 tier on a KV master this bench hosts (SGLang HiCache's
+    /// storage backend on Moongate's store).
+    #[arg(long)]
+    pub kv_store: bool,
+    /// With `--kv-store`: memory each worker contributes to the store (suffixes K, M, G).
+    #[arg(long, default_value_t = DEFAULT_KV_STORE_SIZE, value_parser = crate::sim::config::parse_size)]
+    pub kv_store_size: u64,
     /// Write the summaries here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -155,7 +175,7 @@ impl BenchConfig {
         Ok(())
     }
 
-    fn sim(&self, mode: SimMode) -> SimConfig {
+    fn sim(&self, mode: SimMode, store: Option<&str>) -> SimConfig {
         let shape = ModelShape::Tiny;
         let per_token =
             Duration::from_secs_f64(1.0 / self.prefill_tokens_per_sec as f64 / self.speedup);
@@ -176,6 +196,8 @@ impl BenchConfig {
                 replay_endpoint: Some("tcp://127.0.0.1:0".into()),
                 ..KvEventsConfig::default()
             }),
+            kv_store: store.map(str::to_owned),
+            kv_store_segment_size: self.kv_store_size,
             ..SimConfig::default()
         }
     }
@@ -244,7 +266,7 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Vec<Summary>> {
     Ok(summaries)
 }
 
-async fn start_sims(cfg: &BenchConfig) -> anyhow::Result<Vec<SimHandle>> {
+async fn start_sims(cfg: &BenchConfig, store: Option<&str>) -> anyhow::Result<Vec<SimHandle>> {
     let modes: Vec<SimMode> = match cfg.pd {
         Some((p, d)) => std::iter::repeat_n(SimMode::Prefill, p)
             .chain(std::iter::repeat_n(SimMode::Decode, d))
@@ -254,7 +276,7 @@ async fn start_sims(cfg: &BenchConfig) -> anyhow::Result<Vec<SimHandle>> {
     let mut sims = Vec::with_capacity(modes.len());
     for m in modes {
         let l = TcpListener::bind("127.0.0.1:0").await?;
-        sims.push(sim::spawn(cfg.sim(m), l).await?);
+        sims.push(sim::spawn(cfg.sim(m, store), l).await?);
     }
     Ok(sims)
 }
@@ -270,6 +292,7 @@ fn gateway_config(cfg: &BenchConfig, run: &Run, sims: &[SimHandle]) -> ServeConf
         request_timeout_secs: 3600,
         pd_min_uncached_tokens: run.pd_min_uncached,
         kv_overlap_weight: cfg.kv_overlap_weight,
+        kv_l3_page_value: cfg.kv_l3_page_value,
         ..ServeConfig::default()
     };
     match cfg.pd {
@@ -327,13 +350,25 @@ async fn run_one(
     run: &Run,
     reqs: Arc<Vec<TraceRequest>>,
 ) -> anyhow::Result<(Summary, Vec<f64>)> {
-    let sims = start_sims(cfg).await?;
+    let master = match cfg.kv_store {
+        true => {
+            let l = TcpListener::bind("127.0.0.1:0").await?;
+            Some(crate::hosting::spawn_master(MasterHostConfig::default(), l).await?)
+        }
+        false => None,
+    };
+    let url = master.as_ref().map(MasterProcess::url);
+    let sims = start_sims(cfg, url.as_deref()).await?;
     let mut gws = Vec::with_capacity(cfg.gateways);
     for _ in 0..cfg.gateways {
         let sc = gateway_config(cfg, run, &sims);
         sc.validate()?;
         let l = TcpListener::bind("127.0.0.1:0").await?;
-        gws.push(crate::serve::spawn(sc, l).await?);
+        let gw = crate::serve::spawn(sc, l).await?;
+        if let Some(m) = &master {
+            gw.state().use_store(Arc::new(m.master().clone()));
+        }
+        gws.push(gw);
     }
     ready(&gws, sims.len()).await?;
     let urls: Vec<String> = gws
@@ -394,13 +429,26 @@ async fn run_one(
     for g in gws {
         g.shutdown().await;
     }
+    let loaded: u64 = sims
+        .iter()
+        .filter_map(|s| s.l3())
+        .map(|l| l.stats().loaded_pages * u64::from(cfg.page_size))
+        .sum();
     for s in sims {
         s.shutdown_within(Duration::from_secs(1)).await;
+    }
+    if let Some(m) = master {
+        m.shutdown().await;
     }
     let samples = std::mem::take(&mut *samples.lock());
     let ttfts = samples.iter().map(|s| s.ttft_ms).collect();
     let errors = *errors.lock();
-    Ok((Summary::of(run.name.clone(), &samples, errors, secs), ttfts))
+    let mut summary = Summary::of(run.name.clone(), &samples, errors, secs);
+    if cfg.kv_store {
+        let prompt: u64 = samples.iter().map(|s| s.prompt).sum();
+        summary.store_hit_rate = Some(loaded as f64 / prompt.max(1) as f64);
+    }
+    Ok((summary, ttfts))
 }
 
 /// What one request measured.

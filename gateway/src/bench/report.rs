@@ -40,6 +40,10 @@ pub struct Summary {
     pub throughput_rps: f64,
     /// Requests that failed.
     pub errors: usize,
+    /// With `--kv-store`: prompt tokens loaded from the store / prompt tokens (part of
+    /// `hit_rate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_hit_rate: Option<f64>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -79,6 +83,7 @@ impl Summary {
             e2e_mean_ms: mean(|s| s.e2e_ms),
             throughput_rps: if secs > 0.0 { n as f64 / secs } else { 0.0 },
             errors,
+            store_hit_rate: None,
         }
     }
 }
@@ -110,6 +115,12 @@ pub fn table(rows: &[Summary]) -> String {
             r.throughput_rps,
             r.errors
         ));
+        if let Some(s) = r.store_hit_rate {
+            out.insert_str(
+                out.len() - 1,
+                &format!("  (from the store {:.1}%)", s * 100.0),
+            );
+        }
     }
     out
 }

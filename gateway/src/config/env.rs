@@ -123,6 +123,10 @@ pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
 pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
 /// `--kv-overlap-weight`.
 pub const KV_OVERLAP_WEIGHT: &str = "MOONGATE_KV_OVERLAP_WEIGHT";
+/// `--kv-l3-page-value`.
+pub const KV_L3_PAGE_VALUE: &str = "MOONGATE_KV_L3_PAGE_VALUE";
+/// `--kv-l3-key-format`.
+pub const KV_L3_KEY_FORMAT: &str = "MOONGATE_KV_L3_KEY_FORMAT";
 /// `--router-temperature`.
 pub const ROUTER_TEMPERATURE: &str = "MOONGATE_ROUTER_TEMPERATURE";
 /// `--kv-events-endpoint`.

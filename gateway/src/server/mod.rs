@@ -44,6 +44,7 @@ use crate::proxy::retry::RetryPolicy;
 use crate::request_id::RequestIds;
 use crate::select::Policy;
 use crate::select::kv_aware::KvAwareConfig;
+use crate::select::kv_aware::store::StoreSource;
 use crate::tokenizer::Tokenizer;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
@@ -69,6 +70,8 @@ struct Inner {
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
     master: OnceLock<Arc<Master>>,
+    /// The store `kv_aware` looks at ([`AppState::use_store`]).
+    store: OnceLock<Arc<dyn StoreSource>>,
     applied: Mutex<ServeConfig>,
     /// `--tokenizer-path`, loaded once (a reload keeps it).
     tokenizer: Option<Arc<Tokenizer>>,
@@ -120,6 +123,7 @@ impl AppState {
             prometheus,
             cancel,
             master: OnceLock::new(),
+            store: OnceLock::new(),
             tokenizer,
         }));
         state.spawn_cache_upkeep();
@@ -141,6 +145,31 @@ impl AppState {
         self.0.router.store(Arc::new(router));
         if let (Some(slot), Some(pd)) = (&self.0.pd, pd) {
             slot.store(Arc::new(pd));
+        }
+        if let Some(src) = self.0.store.get() {
+            self.share_store(src);
+        }
+    }
+
+    /// Lets the `kv_aware` policies count the prompt pages in `source`'s store (the KV
+    /// master this process hosts). Only the first call counts; policies put in force by
+    /// a reload keep it.
+    pub fn use_store(&self, source: Arc<dyn StoreSource>) {
+        if self.0.store.set(source).is_ok()
+            && let Some(src) = self.0.store.get()
+        {
+            self.share_store(src);
+        }
+    }
+
+    fn share_store(&self, src: &Arc<dyn StoreSource>) {
+        let router = self.router();
+        let pd = self.pd_router();
+        let pd_policies = pd.as_ref().map(|p| p.policies()).into_iter().flatten();
+        for p in std::iter::once(router.policy()).chain(pd_policies) {
+            if let Some(k) = p.kv_aware() {
+                k.use_store(src.clone());
+            }
         }
     }
 

@@ -37,6 +37,10 @@ pub const DEFAULT_PREFILL_COMPUTE_PER_TOKEN: &str = "0s";
 /// Default bound on a room: a prefill waiting for the decode's registration (and for its
 /// writes to finish), a decode waiting for pages or for the KV.
 pub const DEFAULT_KV_TIMEOUT: &str = "30s";
+/// Default memory a worker with `--kv-store` contributes to the store (bytes).
+pub const DEFAULT_KV_STORE_SEGMENT_SIZE: u64 = 256 << 20;
+/// Default registered buffer a worker with `--kv-store` loads pages into (bytes).
+pub const DEFAULT_KV_STORE_BUFFER_SIZE: u64 = 16 << 20;
 /// Default interval between a decode's heartbeats to a prefill's bootstrap server.
 pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "1s";
 /// Default failed heartbeats in a row after which a prefill counts as dead.
@@ -161,6 +165,20 @@ pub struct SimConfig {
     /// (`tcp://*:PORT` binds every interface; the default endpoint is loopback).
     #[arg(long, value_parser = crate::kv_events::KvEventsConfig::parse)]
     pub kv_events_config: Option<crate::kv_events::KvEventsConfig>,
+    /// L3 (SGLang HiCache with `--hicache-storage-backend mooncake`): the KV master's URL
+    /// (`moongate serve` hosts one). Pages evicted from the prefix cache are written to the
+    /// store under HiCache's keys (`{page hash}_0_k` and `_v`); a prompt whose next pages
+    /// are there loads them through the transfer engine instead of computing them. The
+    /// store key is derived from `--transfer-secret-file`.
+    #[arg(long)]
+    pub kv_store: Option<String>,
+    /// L3: memory this worker contributes to the store (suffixes K, M, G).
+    #[arg(long, default_value_t = DEFAULT_KV_STORE_SEGMENT_SIZE, value_parser = parse_size)]
+    pub kv_store_segment_size: u64,
+    /// L3: the registered buffer pages are loaded into (suffixes K, M, G); a longer prefix
+    /// is loaded in several batches.
+    #[arg(long, default_value_t = DEFAULT_KV_STORE_BUFFER_SIZE, value_parser = parse_size)]
+    pub kv_store_buffer_size: u64,
     /// Prefill compute time per uncached prompt token (regular workers: one prefill at a
     /// time, in arrival order, before the time to first token; PD prefill: per token of
     /// the room before the KV is ready).
@@ -213,6 +231,9 @@ impl Default for SimConfig {
             disable_radix_cache: false,
             enable_cache_report: false,
             kv_events_config: None,
+            kv_store: None,
+            kv_store_segment_size: DEFAULT_KV_STORE_SEGMENT_SIZE,
+            kv_store_buffer_size: DEFAULT_KV_STORE_BUFFER_SIZE,
             prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),
             kv_transport: KvTransport::Auto,
             kv_listen: None,
@@ -267,6 +288,17 @@ impl SimConfig {
                 "kv_pool_size ({}) is smaller than one page ({page} bytes)",
                 self.kv_pool_size
             ));
+        }
+        if self.kv_store.is_some() {
+            if self.disable_radix_cache {
+                return Err("kv_store needs the prefix cache (drop disable_radix_cache)".to_owned());
+            }
+            if self.kv_store_buffer_size < page {
+                return Err(format!(
+                    "kv_store_buffer_size ({}) is smaller than one page ({page} bytes)",
+                    self.kv_store_buffer_size
+                ));
+            }
         }
         if self.mode != SimMode::Regular {
             if page > u64::from(u32::MAX) {

@@ -26,6 +26,7 @@
 //! - [`info`]: health, server / model info, models, load, cache flush.
 //! - [`stream`]: pacing on tokio's clock and the server-sent-events body.
 //! - [`prefix`]: the prefix cache (a radix tree over KV pages, bounded, LRU) and its events.
+//! - [`l3`]: its storage tier on Moongate's store (`--kv-store`), as SGLang HiCache's.
 //! - [`pd`]: prefill/decode roles: KV pages, the pool, the bootstrap server, the transfer.
 //! - [`state`]: shared state: config, requests in flight, request ids.
 //! - [`serve`]: the HTTP/1.1 accept loop and its bounded graceful shutdown.
@@ -39,6 +40,7 @@ pub mod error;
 pub mod generate;
 pub mod info;
 pub mod job;
+pub mod l3;
 pub mod model;
 pub mod pd;
 pub mod prefix;
@@ -111,6 +113,7 @@ pub struct SimHandle {
     task: JoinHandle<()>,
     pd: Option<Arc<pd::PdState>>,
     events: Option<(String, Option<String>)>,
+    l3: Option<Arc<l3::L3>>,
 }
 
 impl SimHandle {
@@ -151,6 +154,14 @@ impl SimHandle {
         if let Some(pd) = &self.pd {
             pd.stop();
         }
+        if let Some(l3) = &self.l3 {
+            l3.close().await;
+        }
+    }
+
+    /// The L3 tier (`--kv-store`).
+    pub fn l3(&self) -> Option<&Arc<l3::L3>> {
+        self.l3.as_ref()
     }
 }
 
@@ -188,7 +199,11 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
             p.replay_endpoint().map(str::to_owned),
         )
     });
-    let st = state::SimState::with_parts(cfg, pd.clone(), events)?;
+    let l3 = match cfg.kv_store {
+        Some(_) => Some(Arc::new(l3::L3::connect(&cfg).await?)),
+        None => None,
+    };
+    let st = state::SimState::with_parts(cfg, pd.clone(), events, l3.clone())?;
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(serve::serve(listener, router_with(st), stopped));
     Ok(SimHandle {
@@ -197,6 +212,7 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
         task,
         pd,
         events: bound,
+        l3,
     })
 }
 

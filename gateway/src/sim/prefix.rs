@@ -5,15 +5,20 @@
 //! (locks) the pages of its prompt until it ends, and a page is evicted only when nothing
 //! references it and it has no children, least recently used first. Every change is
 //! reported as SGLang's KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`),
-//! which the worker publishes. Pure: no I/O, no clock (recency is a counter).
+//! which the worker publishes. With an L3 tier ([`super::l3`]) the evicted pages are kept
+//! for it to write to the store ([`PrefixCache::take_evicted`]), and pages it loaded
+//! from there are admitted as cached ([`PrefixCache::admit_pages`]). Pure: no I/O, no
+//! clock (recency is a counter).
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 
-use crate::kv_events::hash::{self, BlockHash};
+use crate::kv_events::hash::{self, BlockHash, PageDigest};
 use crate::kv_events::wire::KvEvent;
 
 #[derive(Debug, Clone)]
 struct Node {
+    digest: PageDigest,
     parent: Option<BlockHash>,
     children: u32,
     refs: u32,
@@ -32,6 +37,9 @@ pub struct PrefixCache {
     epoch: u64,
     events: Vec<KvEvent>,
     evicted: u64,
+    /// Digests of the pages evicted since the last [`PrefixCache::take_evicted`], when
+    /// they are kept ([`PrefixCache::keep_evicted`]).
+    spilled: Option<Vec<PageDigest>>,
 }
 
 /// What a prompt found and now holds; give it back with [`PrefixCache::release`].
@@ -41,11 +49,13 @@ pub struct Admission {
     pub cached_tokens: u64,
     /// Prompt tokens the worker has to compute.
     pub uncached_tokens: u64,
+    /// Of the cached tokens, those in pages loaded from the store.
+    pub loaded_tokens: u64,
     held: Vec<BlockHash>,
     epoch: u64,
 }
 
-/// Counters for `/sim/kv` and tests.
+/// Counters for `/sim/prefix` and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PrefixStats {
     /// Tokens per page.
@@ -56,6 +66,9 @@ pub struct PrefixStats {
     pub cached_pages: usize,
     /// Pages evicted so far.
     pub evicted_pages: u64,
+    /// The L3 tier's counters (`--kv-store`; filled by the worker, not the cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<super::l3::L3Stats>,
 }
 
 impl PrefixCache {
@@ -70,7 +83,30 @@ impl PrefixCache {
             epoch: 0,
             events: Vec::new(),
             evicted: 0,
+            spilled: None,
         }
+    }
+
+    /// Keeps the digests of evicted pages for [`PrefixCache::take_evicted`].
+    pub fn keep_evicted(mut self) -> Self {
+        self.spilled = Some(Vec::new());
+        self
+    }
+
+    /// Digests of the pages evicted since the last call (none unless kept).
+    pub fn take_evicted(&mut self) -> Vec<PageDigest> {
+        self.spilled
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// How many leading pages of `digests` are cached now (nothing is locked).
+    pub fn cached_pages(&self, digests: &[PageDigest]) -> usize {
+        digests
+            .iter()
+            .take_while(|d| self.nodes.contains_key(&hash::block_hash(d)))
+            .count()
     }
 
     /// Tokens per page.
@@ -81,13 +117,30 @@ impl PrefixCache {
     /// Looks `tokens` up: locks its cached prefix, stores (and locks) its other full pages
     /// as far as the pool allows, evicting unreferenced pages when it is full.
     pub fn admit(&mut self, tokens: &[u32]) -> Admission {
-        self.tick += 1;
         let digests = hash::page_digests(tokens, self.page_size);
+        self.admit_pages(tokens, &digests, 0..0)
+    }
+
+    /// [`PrefixCache::admit`] with the page digests of `tokens` already computed, and
+    /// pages `loaded` (indices into `digests`) loaded from the store: those continuing the
+    /// cached prefix count as cached too.
+    pub fn admit_pages(
+        &mut self,
+        tokens: &[u32],
+        digests: &[PageDigest],
+        loaded: Range<usize>,
+    ) -> Admission {
+        self.tick += 1;
         let hashes: Vec<BlockHash> = digests.iter().map(hash::block_hash).collect();
         let hit = hashes
             .iter()
             .take_while(|h| self.nodes.contains_key(h))
             .count();
+        let avail = if loaded.start <= hit {
+            loaded.end.clamp(hit, hashes.len())
+        } else {
+            hit
+        };
         let mut held = Vec::with_capacity(hashes.len());
         for h in &hashes[..hit] {
             self.lock(*h);
@@ -95,13 +148,18 @@ impl PrefixCache {
         }
         let mut stored = Vec::new();
         let mut parent = hit.checked_sub(1).map(|i| hashes[i]);
-        for &h in &hashes[hit..] {
+        let mut from_store = 0;
+        for (i, &h) in hashes.iter().enumerate().skip(hit) {
             if self.nodes.len() >= self.capacity && !self.evict_one() {
                 break;
+            }
+            if i < avail {
+                from_store += 1;
             }
             self.nodes.insert(
                 h,
                 Node {
+                    digest: digests[i],
                     parent,
                     children: 0,
                     refs: 1,
@@ -127,10 +185,12 @@ impl PrefixCache {
                 medium: Some("GPU".to_owned()),
             });
         }
-        let cached = (hit * self.page_size) as u64;
+        let loaded = (from_store * self.page_size) as u64;
+        let cached = (hit * self.page_size) as u64 + loaded;
         Admission {
             cached_tokens: cached,
             uncached_tokens: tokens.len() as u64 - cached,
+            loaded_tokens: loaded,
             held,
             epoch: self.epoch,
         }
@@ -174,6 +234,7 @@ impl PrefixCache {
             capacity_pages: self.capacity,
             cached_pages: self.nodes.len(),
             evicted_pages: self.evicted,
+            store: None,
         }
     }
 
@@ -195,6 +256,9 @@ impl PrefixCache {
             return false;
         };
         self.evicted += 1;
+        if let Some(s) = self.spilled.as_mut() {
+            s.push(node.digest);
+        }
         if let Some((p, pn)) = node
             .parent
             .and_then(|p| self.nodes.get_mut(&p).map(|pn| (p, pn)))
@@ -264,6 +328,40 @@ mod tests {
         assert_eq!(c.stats().cached_pages, 4);
         assert_eq!(c.stats().evicted_pages, 2);
         assert_eq!(c.admit(&[5, 6, 7, 8]).cached_tokens, 4, "B survived");
+    }
+
+    #[test]
+    fn loaded_pages_count_as_cached_and_evicted_ones_are_kept() {
+        let mut c = PrefixCache::new(2, 4).keep_evicted();
+        let p = toks(0..8);
+        let d = hash::page_digests(&p, 2);
+        // Pages 0..3 loaded from the store: cached, stored, but not the last one.
+        let a = c.admit_pages(&p, &d, 0..3);
+        assert_eq!(
+            (a.cached_tokens, a.loaded_tokens, a.uncached_tokens),
+            (6, 6, 2)
+        );
+        assert_eq!(c.cached_pages(&d), 4);
+        c.release(a);
+        // A loaded range that does not continue the cached prefix does not count.
+        let q = toks(100..108);
+        let dq = hash::page_digests(&q, 2);
+        let b = c.admit_pages(&q, &dq, 1..4);
+        assert_eq!((b.cached_tokens, b.loaded_tokens), (0, 0));
+        c.release(b);
+        let mut gone = c.take_evicted();
+        gone.sort_unstable();
+        let mut want = d.clone();
+        want.sort_unstable();
+        assert_eq!(gone, want, "p's pages were evicted for q's, and kept");
+        assert!(c.take_evicted().is_empty());
+        // Without keep_evicted nothing is kept.
+        let mut plain = PrefixCache::new(2, 1);
+        let a = plain.admit(&[1, 2]);
+        plain.release(a);
+        plain.admit(&[3, 4]);
+        assert_eq!(plain.stats().evicted_pages, 1);
+        assert!(plain.take_evicted().is_empty());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Shared state of one simulated worker: its config, the requests in flight, request ids,
-//! the prefix cache and its events, and the prefill lane (one prefill computes at a time).
+//! the prefix cache and its events, its L3 tier, and the prefill lane (one prefill computes
+//! at a time).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,9 +10,11 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::config::{SimConfig, SimMode};
+use super::l3::L3;
 use super::model;
 use super::pd::PdState;
 use super::prefix::{Admission, PrefixCache, PrefixStats};
+use crate::kv_events::hash::{self, PageDigest};
 use crate::kv_events::publish::Publisher;
 use crate::tokenizer::Tokenizer;
 
@@ -25,6 +28,8 @@ pub struct SimState {
     /// The KV events publisher (`--kv-events-config`).
     pub events: Option<Publisher>,
     prefix: Option<Arc<Mutex<PrefixCache>>>,
+    /// `--kv-store`: evicted pages go to the store, and are loaded back from there.
+    l3: Option<Arc<L3>>,
     /// `--tokenizer-path`: prompts tokenized as SGLang does (else the built-in tokenizer).
     tokenizer: Option<Arc<Tokenizer>>,
     /// When the prefill lane is free again.
@@ -43,14 +48,15 @@ impl SimState {
 
     /// State for a worker configured by `cfg`, with its PD machinery.
     pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> anyhow::Result<Arc<Self>> {
-        Self::with_parts(cfg, pd, None)
+        Self::with_parts(cfg, pd, None, None)
     }
 
-    /// State with its PD machinery and its KV events publisher.
+    /// State with its PD machinery, its KV events publisher and its L3 tier.
     pub fn with_parts(
         cfg: SimConfig,
         pd: Option<Arc<PdState>>,
         events: Option<Publisher>,
+        l3: Option<Arc<L3>>,
     ) -> anyhow::Result<Arc<Self>> {
         let tokenizer =
             Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref())
@@ -60,16 +66,15 @@ impl SimState {
             .map_or(0, |d| d.as_nanos());
         let id_base = model::mix(nanos as u64 ^ u64::from(std::process::id()) << 32);
         let prefix = (!cfg.disable_radix_cache).then(|| {
-            Arc::new(Mutex::new(PrefixCache::new(
-                cfg.page_size as usize,
-                cfg.pool_pages(),
-            )))
+            let c = PrefixCache::new(cfg.page_size as usize, cfg.pool_pages());
+            Arc::new(Mutex::new(if l3.is_some() { c.keep_evicted() } else { c }))
         });
         Ok(Arc::new(SimState {
             cfg,
             pd,
             events,
             prefix,
+            l3,
             tokenizer,
             lane: Mutex::new(Instant::now()),
             in_flight: Arc::default(),
@@ -95,19 +100,40 @@ impl SimState {
     }
 
     /// Runs `prompts` through the prefix cache: how many tokens of each were cached, and
-    /// what holds their pages until the request ends. Publishes what changed.
-    pub fn admit(&self, prompts: &[Arc<[u32]>]) -> (Vec<u64>, Option<PrefixHold>) {
+    /// what holds their pages until the request ends. With L3, the pages that continue a
+    /// prompt's cached prefix in the store are loaded first (the caller waits for them),
+    /// and the pages evicted meanwhile are queued for the store. Publishes what changed.
+    pub async fn admit(&self, prompts: &[Arc<[u32]>]) -> (Vec<u64>, Option<PrefixHold>) {
         let Some(cache) = &self.prefix else {
             return (vec![0; prompts.len()], None);
         };
+        let ps = self.cfg.page_size as usize;
+        let digests: Vec<Vec<PageDigest>> =
+            prompts.iter().map(|p| hash::page_digests(p, ps)).collect();
+        let mut loaded = vec![0..0; prompts.len()];
+        if let Some(l3) = &self.l3 {
+            for (d, range) in digests.iter().zip(&mut loaded) {
+                let hit = cache.lock().cached_pages(d);
+                *range = hit..hit + l3.load(&d[hit..]).await;
+            }
+        }
         let mut c = cache.lock();
-        let held: Vec<Admission> = prompts.iter().map(|p| c.admit(p)).collect();
+        let held: Vec<Admission> = prompts
+            .iter()
+            .zip(&digests)
+            .zip(loaded)
+            .map(|((p, d), l)| c.admit_pages(p, d, l))
+            .collect();
         let events = c.take_events();
         if let Some(p) = &self.events {
             // Published under the lock, so batches leave in the order the cache changed.
             p.publish(events);
         }
+        let evicted = c.take_evicted();
         drop(c);
+        if let Some(l3) = &self.l3 {
+            l3.spill(evicted);
+        }
         let cached = held.iter().map(|a| a.cached_tokens).collect();
         (cached, Some(PrefixHold(cache.clone(), held)))
     }
@@ -142,7 +168,14 @@ impl SimState {
 
     /// The prefix cache's counters.
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
-        self.prefix.as_ref().map(|c| c.lock().stats())
+        let mut s = self.prefix.as_ref().map(|c| c.lock().stats())?;
+        s.store = self.l3.as_ref().map(|l| l.stats());
+        Some(s)
+    }
+
+    /// The L3 tier, with `--kv-store`.
+    pub fn l3(&self) -> Option<&Arc<L3>> {
+        self.l3.as_ref()
     }
 
     /// Whether a request with `routing` moves KV (PD). A decode worker given no bootstrap

@@ -110,7 +110,7 @@ pub async fn respond<A: Answer>(
         Err(e) => return error(e),
     };
     let mut kv = answer.take_kv();
-    let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty());
+    let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty()).await;
     if let (Some(done), SimMode::Prefill) = (lane, st.mode()) {
         // The lane computes the uncached part; the rooms wait for it, then move the KV.
         for item in &mut kv {
@@ -142,7 +142,7 @@ pub async fn respond<A: Answer>(
 /// worker, a prefill worker, a decode worker computing a prompt itself when `local`): the
 /// first token comes `ttft` after the uncached part of the prompts is computed. Returns
 /// the clock and when the lane is done.
-fn prefill<A: Answer>(
+async fn prefill<A: Answer>(
     st: &SimState,
     answer: &mut A,
     clock: Clock,
@@ -153,7 +153,7 @@ fn prefill<A: Answer>(
     if ids.is_empty() {
         return (clock, None);
     }
-    let (cached, hold) = st.admit(ids);
+    let (cached, hold) = st.admit(ids).await;
     let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
     let uncached = total.saturating_sub(cached.iter().sum());
     if let Some(h) = hold {

@@ -192,6 +192,16 @@ impl Object {
         self.flags & COMPLETE != 0
     }
 
+    /// Complete, with at least one replica on a mounted segment: what a reader can get.
+    pub(crate) fn is_readable(&self) -> bool {
+        self.is_complete()
+            && self
+                .replicas
+                .as_slice()
+                .iter()
+                .any(|r| r.segment.is_mounted())
+    }
+
     /// Marks the object readable at `now`, starting its soft pin if it asked for one.
     pub(crate) fn complete(&mut self, now: u64, soft_pin_ttl: u64) {
         self.flags = (self.flags | COMPLETE) & !ENDING;

@@ -276,12 +276,25 @@ impl Master {
             return Ok(false);
         };
         let o = shard.get_mut(i);
-        let readable =
-            o.is_complete() && o.replicas.as_slice().iter().any(|r| r.segment.is_mounted());
+        let readable = o.is_readable();
         if readable {
             o.grant_lease(now, self.config.lease_ttl_ms);
         }
         Ok(readable)
+    }
+
+    /// Whether a readable object exists, without granting a lease or counting a request:
+    /// a look for routing (a gateway asking which prompt pages the store holds), not a
+    /// read. A malformed key is simply absent.
+    pub fn readable(&self, key: &str) -> bool {
+        if self.check_key(key).is_err() {
+            return false;
+        }
+        let hash = self.hash(key);
+        let shard = self.lock_shard(self.shard_of(hash));
+        shard
+            .find(hash, key)
+            .is_some_and(|i| shard.get(i).is_readable())
     }
 
     /// Removes a readable object. Refused while a read lease is live unless `force`; an

@@ -212,6 +212,20 @@ fn no_space_is_no_available_handle() {
 }
 
 #[test]
+fn readable_looks_without_a_lease() {
+    let (m, _) = with_segments(1);
+    m.put_start(client(7), "k", 64, &one()).unwrap();
+    assert!(!m.readable("k"), "a put in flight is not readable");
+    m.put_end(client(7), "k").unwrap();
+    assert!(m.readable("k"));
+    assert!(!m.readable("other"));
+    assert!(!m.readable(""), "a malformed key is absent");
+    m.remove("k", false)
+        .expect("readable granted no lease that would block the remove");
+    assert!(!m.readable("k"));
+}
+
+#[test]
 fn leases_block_remove_until_they_end() {
     let (m, clock) = with_segments(1);
     put(&m, "k", 64);

@@ -23,16 +23,20 @@
 //!   when the answer is a retryable status kept while the request is retried. The
 //!   cheapest wins (`--router-temperature` 0), or one is drawn with softmax(−cost / max
 //!   cost / T).
+//! - **Store.** With the KV master hosted here ([`KvAware::use_store`]), the pages that
+//!   continue a candidate's cached prefix in the master's store (SGLang HiCache's L3,
+//!   [`store`]) count `--kv-l3-page-value` each: any worker can load them.
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than
 //!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
 //!   instead, and said so once in the log; with no events at all, or no token ids,
 //!   `cache_aware` decides.
 
 pub mod index;
+pub mod store;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -48,6 +52,7 @@ use crate::metrics;
 use crate::outcome::KvDecision;
 use crate::workers::Worker;
 use index::{KvIndex, MAX_SLOTS, SlotSet};
+use store::{KeyFormat, Probe, StoreSource};
 
 /// What a page held in host memory or storage is worth against one on the device (it
 /// must be loaded, which costs less than computing it).
@@ -64,6 +69,10 @@ pub struct KvAwareConfig {
     pub temperature: f64,
     /// Every worker's endpoint, `{host}` for the worker's host.
     pub events_endpoint: Option<String>,
+    /// What a page in the store is worth against one on the device (0: not looked at).
+    pub l3_page_value: f64,
+    /// How the store names a page.
+    pub l3_keys: KeyFormat,
     /// The fallback's settings.
     pub fallback: CacheAwareConfig,
 }
@@ -80,6 +89,8 @@ impl From<&ServeConfig> for KvAwareConfig {
             overlap_weight: c.kv_overlap_weight,
             temperature: c.router_temperature,
             events_endpoint: c.kv_events_endpoint.clone(),
+            l3_page_value: c.kv_l3_page_value,
+            l3_keys: KeyFormat::new(&c.kv_l3_key_format),
             fallback: CacheAwareConfig::from(c),
         }
     }
@@ -122,6 +133,8 @@ pub struct KvAware {
     fallback: CacheAware,
     /// Mean tokens per prompt (an f64's bits, a moving average).
     mean_pages: AtomicU64,
+    /// The store's index, when this process hosts the master.
+    store: OnceLock<Arc<dyn StoreSource>>,
 }
 
 struct Sink {
@@ -170,6 +183,15 @@ impl KvAware {
             subs: RwLock::default(),
             no_events: Mutex::default(),
             mean_pages: AtomicU64::new(0f64.to_bits()),
+            store: OnceLock::new(),
+        }
+    }
+
+    /// Counts the pages `source`'s store holds (only the first call counts; nothing
+    /// when `--kv-l3-page-value` is 0).
+    pub fn use_store(&self, source: Arc<dyn StoreSource>) {
+        if self.cfg.l3_page_value > 0.0 {
+            let _ = self.store.set(source);
         }
     }
 
@@ -204,7 +226,8 @@ impl KvAware {
     }
 
     /// How many of `tokens` each candidate holds cached (device pages; host pages at
-    /// [`HOST_PAGE_VALUE`]), `None` for a candidate without events.
+    /// [`HOST_PAGE_VALUE`]; then pages in the store at `--kv-l3-page-value`), `None` for
+    /// a candidate without events.
     pub fn cached_tokens(&self, candidates: &[&Arc<Worker>], tokens: &[u32]) -> Vec<Option<f64>> {
         let live = self.live_slots();
         let slots: Vec<Option<usize>> = {
@@ -241,11 +264,18 @@ impl KvAware {
                 }
                 continue;
             }
-            let hashes = hash::block_hashes(tokens, ps as usize);
+            let digests = hash::page_digests(tokens, ps as usize);
+            let hashes: Vec<hash::BlockHash> = digests.iter().map(hash::block_hash).collect();
             let o = self.shared.index.read().overlap(&hashes, mask, MAX_SLOTS);
+            let master = self.store.get().and_then(|s| s.master());
+            let mut probe = master.map(|m| Probe::new(m, &self.cfg.l3_keys, &digests));
             for (i, s) in slots.iter().enumerate() {
                 if let Some(s) = s.filter(|s| mask & (1 << s) != 0) {
-                    let pages = f64::from(o.depth[s]) + HOST_PAGE_VALUE * f64::from(o.host[s]);
+                    let mut pages = f64::from(o.depth[s]) + HOST_PAGE_VALUE * f64::from(o.host[s]);
+                    if let Some(p) = probe.as_mut() {
+                        let stored = p.run_from((o.depth[s] + o.host[s]) as usize);
+                        pages += self.cfg.l3_page_value * f64::from(stored);
+                    }
                     out[i] = Some(pages * f64::from(ps));
                 }
             }

@@ -1,0 +1,219 @@
+//! L3 over real sockets: simulated workers with `--kv-store` write the pages they evict to
+//! the KV master the gateway hosts, under SGLang HiCache's names, and load them back
+//! through the transfer engine instead of computing them; the gateway's `kv_aware` counts
+//! the pages the store holds.
+
+use std::sync::Arc;
+
+use gateway::config::PolicyKind;
+use gateway::kv_events::KvEventsConfig;
+use gateway::serve::Gateway;
+use gateway::sim::l3::L3Stats;
+use gateway::sim::{self, SimConfig, SimHandle};
+use gateway::workers::Worker;
+use kvstore::hicache::{KeyLayout, page_hashes};
+use kvstore::{ClientConfig, StoreClient};
+use moongate_tests::{eventually, fast_config, start_gateway};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// Tokens per page, and pages each worker's GPU cache holds.
+const PAGE: usize = 4;
+const POOL_PAGES: u64 = 8;
+
+/// A worker whose prefix cache holds [`POOL_PAGES`] pages, with L3 on `master`.
+async fn sim_with_store(master: &str) -> SimHandle {
+    let cfg = SimConfig {
+        port: 0,
+        model: "m".into(),
+        model_shape: sim::ModelShape::Tiny,
+        page_size: PAGE as u32,
+        kv_pool_size: POOL_PAGES * (PAGE as u64) * 128,
+        kv_transport: sim::config::KvTransport::Tcp,
+        kv_store: Some(master.to_owned()),
+        kv_store_segment_size: 1 << 20,
+        kv_store_buffer_size: 1 << 20,
+        kv_events_config: Some(KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            ..KvEventsConfig::default()
+        }),
+        ..SimConfig::default()
+    };
+    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
+        .await
+        .unwrap()
+}
+
+async fn generate(c: &reqwest::Client, base: &str, ids: &[u32]) -> Value {
+    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    let r = c
+        .post(format!("{base}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+fn cached(answer: &Value) -> u64 {
+    answer["meta_info"]["cached_tokens"].as_u64().unwrap()
+}
+
+fn store_stats(sim: &SimHandle) -> L3Stats {
+    sim.l3().expect("the worker has L3").stats()
+}
+
+/// 32 tokens (8 full pages) of their own for each `seed`.
+fn prompt(seed: u32) -> Vec<u32> {
+    (0..32).map(|i| 1000 * seed + i).collect()
+}
+
+/// A gateway hosting the KV master, with no workers yet.
+async fn gateway() -> Gateway {
+    start_gateway(gateway::config::ServeConfig {
+        policy: PolicyKind::KvAware,
+        ..fast_config()
+    })
+    .await
+}
+
+/// Fills worker `sim` with `p`, then with another prompt, so that `p`'s pages are evicted
+/// and written to the store.
+async fn spill(c: &reqwest::Client, sim: &SimHandle, p: &[u32], other: &[u32]) {
+    assert_eq!(cached(&generate(c, &sim.url(), p).await), 0);
+    let before = store_stats(sim).written_pages;
+    generate(c, &sim.url(), other).await;
+    eventually("the evicted pages are written to the store", || {
+        store_stats(sim).written_pages >= before + 8
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn evicted_pages_come_back_from_the_store_on_any_worker() {
+    let gw = gateway().await;
+    let master = gw.master().expect("the gateway hosts the master").clone();
+    let (a, b) = (
+        sim_with_store(&gw.url()).await,
+        sim_with_store(&gw.url()).await,
+    );
+    let c = reqwest::Client::new();
+    let p = prompt(1);
+    spill(&c, &a, &p, &prompt(2)).await;
+
+    // The pages are stored under HiCache's Mooncake names: K and V of TP rank 0.
+    let hashes = page_hashes(&p, PAGE, None);
+    for key in KeyLayout::mha(0).keys_of(&hashes) {
+        assert!(master.readable(&key), "{key} is in the store");
+    }
+
+    // Worker B never saw the prompt: it loads all 8 pages (and computes the tail).
+    let mut q = p.clone();
+    q.extend([5, 5]);
+    let r = generate(&c, &b.url(), &q).await;
+    assert_eq!(cached(&r), 32, "{r}");
+    let s = store_stats(&b);
+    assert_eq!((s.lookups, s.loaded_pages, s.load_failures), (1, 8, 0));
+    assert_eq!(s.loaded_bytes, 8 * (PAGE as u64) * 128);
+    // Now in B's GPU cache: no second load.
+    assert_eq!(cached(&generate(&c, &b.url(), &q).await), 32);
+    assert_eq!(store_stats(&b).loaded_pages, 8);
+
+    // A evicted it, and loads it back too.
+    assert_eq!(cached(&generate(&c, &a.url(), &p).await), 32);
+    assert_eq!(store_stats(&a).loaded_pages, 8);
+
+    // A page another worker already wrote is not written again.
+    spill(&c, &b, &prompt(3), &prompt(4)).await;
+    generate(&c, &b.url(), &p).await;
+    generate(&c, &b.url(), &prompt(5)).await;
+    eventually("the pages the store holds are counted, not written", || {
+        store_stats(&b).present_pages >= 8
+    })
+    .await;
+    assert_eq!(store_stats(&b).write_failures, 0);
+    a.shutdown().await;
+    b.shutdown().await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_page_with_the_wrong_bytes_is_computed_not_loaded() {
+    let gw = gateway().await;
+    let (a, b) = (
+        sim_with_store(&gw.url()).await,
+        sim_with_store(&gw.url()).await,
+    );
+    let c = reqwest::Client::new();
+    let p = prompt(7);
+    spill(&c, &a, &p, &prompt(8)).await;
+    // Someone holding the store key replaces the first page's V with other bytes.
+    let rogue = StoreClient::connect(ClientConfig::local(&gw.url(), 0))
+        .await
+        .unwrap();
+    let first = KeyLayout::mha(0).keys_of(&page_hashes(&p[..PAGE], PAGE, None));
+    rogue.remove(&first[1], true).await.unwrap();
+    rogue.put(&first[1], &[0u8; PAGE * 64]).await.unwrap();
+
+    let r = generate(&c, &b.url(), &p).await;
+    assert_eq!(cached(&r), 0, "nothing after a bad first page is used: {r}");
+    let s = store_stats(&b);
+    assert_eq!((s.loaded_pages, s.load_failures), (0, 1));
+    rogue.close().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+    gw.shutdown().await;
+}
+
+fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {
+    gw.state().registry().snapshot().iter().cloned().collect()
+}
+
+#[tokio::test]
+async fn kv_aware_counts_the_pages_in_the_hosted_store() {
+    let gw = gateway().await;
+    let (a, b) = (
+        sim_with_store(&gw.url()).await,
+        sim_with_store(&gw.url()).await,
+    );
+    let c = reqwest::Client::new();
+    for s in [&a, &b] {
+        let r = c
+            .post(format!("{}/workers", gw.url()))
+            .json(&json!({"url": s.url()}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    let router = gw.state().router();
+    let kv = router.policy().kv_aware().expect("kv_aware");
+    eventually("both workers followed", || kv.followed() == 2).await;
+    let ws = workers(&gw);
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    // A holds the first half of p in its GPU cache; the store holds all of it.
+    let p = prompt(11);
+    spill(&c, &a, &p, &prompt(12)).await;
+    generate(&c, &a.url(), &p[..16]).await;
+    generate(&c, &b.url(), &prompt(13)).await;
+    let wa = ws
+        .iter()
+        .position(|w| w.url().as_str().starts_with(&a.url()))
+        .unwrap();
+    eventually("A's events and B's are in", || {
+        ws.iter().all(|w| kv.has_events(w))
+    })
+    .await;
+    // Each worker's prefix: its GPU pages, then the store's pages at 0.5 each.
+    eventually("the store's pages are counted", || {
+        let got = kv.cached_tokens(&all, &p);
+        got[wa] == Some(16.0 + 0.5 * 16.0) && got[1 - wa] == Some(0.5 * 32.0)
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+    gw.shutdown().await;
+}

@@ -448,6 +448,15 @@ pub async fn post_json(
         .expect("JSON body")
 }
 
+/// `POST {base}/generate` of the token ids `ids` for one new token; asserts a 200 and
+/// returns the answer.
+pub async fn generate_ids(c: &reqwest::Client, base: &str, ids: &[u32]) -> serde_json::Value {
+    let body = serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    let r = post(c, &format!("{base}/generate"), &body).await;
+    assert_eq!(r.status(), 200);
+    r.json().await.expect("JSON body")
+}
+
 /// `POST url` with a JSON body (panics on a transport error).
 pub async fn post(c: &reqwest::Client, url: &str, body: &serde_json::Value) -> reqwest::Response {
     c.post(url).json(body).send().await.expect("POST")

@@ -9,7 +9,7 @@ use gateway::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
 use gateway::sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
-use moongate_tests::{eventually, fast_config, start_gateway};
+use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -40,18 +40,6 @@ async fn sim_with(mode: sim::SimMode, base: SimConfig) -> SimHandle {
     sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
         .await
         .unwrap()
-}
-
-async fn generate(c: &reqwest::Client, base: &str, ids: &[u32]) -> Value {
-    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
-    let r = c
-        .post(format!("{base}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
 }
 
 fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {

@@ -13,7 +13,7 @@ use gateway::sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
 use kvstore::hicache::{KeyLayout, page_hashes};
 use kvstore::{ClientConfig, StoreClient};
-use moongate_tests::{eventually, fast_config, start_gateway};
+use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -43,18 +43,6 @@ async fn sim_with_store(master: &str) -> SimHandle {
     sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
         .await
         .unwrap()
-}
-
-async fn generate(c: &reqwest::Client, base: &str, ids: &[u32]) -> Value {
-    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
-    let r = c
-        .post(format!("{base}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
 }
 
 fn cached(answer: &Value) -> u64 {

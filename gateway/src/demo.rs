@@ -1,5 +1,8 @@
 //! `moongate demo`: a gateway on 127.0.0.1:30000 in front of two in-process simulated
-//! workers, with copy-paste curl examples for every route. Ctrl-C stops everything.
+//! workers, with copy-paste curl examples for every route. Ctrl-C stops everything. The
+//! workers cache prefixes, publish their KV events (the gateway routes on them) and keep
+//! an L3 tier in the store of the KV master the gateway hosts (`--kv-store`), so one
+//! worker loads what the other computed.
 //!
 //! `moongate demo --pd`: the gateway in PD mode in front of a simulated prefill and a
 //! simulated decode worker that move real KV pages with the transfer engine; each room's
@@ -13,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{PolicyKind, ServeConfig};
 use crate::serve::{self, Gateway};
-use crate::sim::config::{KvTransport, ModelShape};
+use crate::sim::config::{KvTransport, ModelShape, WritePolicy};
 use crate::sim::pd::KvEvent;
 use crate::sim::{self, SimConfig, SimHandle, SimMode};
 
@@ -63,6 +66,9 @@ impl Default for DemoConfig {
     }
 }
 
+/// Memory each demo worker contributes to the store.
+pub const DEMO_STORE_SEGMENT: u64 = 64 << 20;
+
 /// A running demo.
 #[derive(Debug)]
 pub struct Demo {
@@ -92,16 +98,23 @@ impl Demo {
             }),
             ..SimConfig::default()
         };
-        let modes = if cfg.pd {
-            vec![SimMode::Prefill, SimMode::Decode]
-        } else {
-            vec![SimMode::Regular; cfg.workers]
+        let (host, sim) = (cfg.host.as_str(), &sim);
+        let spawn_sims = |modes: Vec<SimMode>, store: Option<String>| async move {
+            let mut sims = Vec::with_capacity(modes.len());
+            for mode in modes {
+                let listener = TcpListener::bind((host, 0)).await?;
+                let c = SimConfig {
+                    kv_store: store.clone(),
+                    kv_store_segment_size: DEMO_STORE_SEGMENT,
+                    // Pages reach the store as they are computed, so the example needs
+                    // no evictions.
+                    kv_store_write_policy: WritePolicy::WriteThrough,
+                    ..sim(mode)
+                };
+                sims.push(sim::spawn(c, listener).await?);
+            }
+            anyhow::Ok(sims)
         };
-        let mut sims = Vec::with_capacity(modes.len());
-        for mode in modes {
-            let listener = TcpListener::bind((cfg.host.as_str(), 0)).await?;
-            sims.push(sim::spawn(sim(mode), listener).await?);
-        }
         let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
             .with_context(|| {
@@ -118,17 +131,28 @@ impl Demo {
             shutdown_grace_period_secs: 5,
             ..ServeConfig::default()
         };
-        match &sims[..] {
-            [p, d] if cfg.pd => {
-                let boot = p.bootstrap_addr().map_or(0, |a| a.port());
-                serve_cfg.pd_disaggregation = true;
-                serve_cfg.prefill = vec![vec![p.url(), boot.to_string()]];
-                serve_cfg.decode = vec![d.url()];
-            }
-            _ => serve_cfg.worker_urls = sims.iter().map(SimHandle::url).collect(),
-        }
-        serve_cfg.validate()?;
-        let gateway = serve::spawn(serve_cfg, listener).await?;
+        let (gateway, sims) = if cfg.pd {
+            let sims = spawn_sims(vec![SimMode::Prefill, SimMode::Decode], None).await?;
+            let boot = sims[0].bootstrap_addr().map_or(0, |a| a.port());
+            serve_cfg.pd_disaggregation = true;
+            serve_cfg.prefill = vec![vec![sims[0].url(), boot.to_string()]];
+            serve_cfg.decode = vec![sims[1].url()];
+            serve_cfg.validate()?;
+            (serve::spawn(serve_cfg, listener).await?, sims)
+        } else {
+            // The gateway first: the workers mount their L3 in the master it hosts.
+            serve_cfg.validate()?;
+            let gateway = serve::spawn(serve_cfg, listener).await?;
+            let modes = vec![SimMode::Regular; cfg.workers];
+            let sims = spawn_sims(modes, Some(gateway.url())).await?;
+            let urls: Vec<String> = sims.iter().map(SimHandle::url).collect();
+            gateway
+                .state()
+                .workers()
+                .add_static(&urls)
+                .map_err(|e| anyhow::anyhow!("registering the demo workers: {e}"))?;
+            (gateway, sims)
+        };
         for _ in 0..250 {
             if gateway.state().registry().counts().0 == sims.len() {
                 break;
@@ -191,6 +215,12 @@ curl -s {url}/generate -H 'content-type: application/json' \
 curl -s {url}/generate -H 'content-type: application/json' \
   -d '{{"input_ids":[{ids}],"sampling_params":{{"max_new_tokens":4}}}}'
 
+# L3: each worker also writes the pages it computes to the store of the KV master the gateway
+# hosts (SGLang HiCache's write-through). Empty both workers' GPU caches, run the prefix-caching
+# example again: cached_tokens 32 once more, now loaded from the store ("store" counters)
+curl -s -X POST {w0}/flush_cache; curl -s -X POST {w1}/flush_cache
+curl -s {w0}/sim/prefix; echo; curl -s {w1}/sim/prefix; echo
+
 # Models, readiness, metrics, OpenAPI document (Swagger UI: open {url}/docs in a browser)
 curl -s {url}/v1/models
 curl -s {url}/readiness
@@ -213,6 +243,7 @@ Ctrl-C stops the demo.
             n = self.sims.len(),
             sims = sims.join(", "),
             w0 = sims.first().cloned().unwrap_or_default(),
+            w1 = sims.last().cloned().unwrap_or_default(),
             ids = (1000..1040)
                 .map(|i| i.to_string())
                 .collect::<Vec<_>>()

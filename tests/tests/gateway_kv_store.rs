@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gateway::config::PolicyKind;
 use gateway::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
+use gateway::sim::config::WritePolicy;
 use gateway::sim::l3::L3Stats;
 use gateway::sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
@@ -21,8 +22,14 @@ use tokio::net::TcpListener;
 const PAGE: usize = 4;
 const POOL_PAGES: u64 = 8;
 
-/// A worker whose prefix cache holds [`POOL_PAGES`] pages, with L3 on `master`.
+/// A worker whose prefix cache holds [`POOL_PAGES`] pages, with L3 on `master` writing
+/// the pages it evicts (`write-back`).
 async fn sim_with_store(master: &str) -> SimHandle {
+    sim_writing(master, WritePolicy::WriteBack).await
+}
+
+/// [`sim_with_store`] with the write policy `policy`.
+async fn sim_writing(master: &str, policy: WritePolicy) -> SimHandle {
     let cfg = SimConfig {
         port: 0,
         model: "m".into(),
@@ -31,6 +38,7 @@ async fn sim_with_store(master: &str) -> SimHandle {
         kv_pool_size: POOL_PAGES * (PAGE as u64) * 128,
         kv_transport: sim::config::KvTransport::Tcp,
         kv_store: Some(master.to_owned()),
+        kv_store_write_policy: policy,
         kv_store_segment_size: 1 << 20,
         kv_store_buffer_size: 1 << 20,
         kv_events_config: Some(KvEventsConfig {
@@ -122,6 +130,38 @@ async fn evicted_pages_come_back_from_the_store_on_any_worker() {
     })
     .await;
     assert_eq!(store_stats(&b).write_failures, 0);
+    a.shutdown().await;
+    b.shutdown().await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn write_through_stores_each_page_computed_and_not_the_ones_loaded() {
+    let gw = gateway().await;
+    let master = gw.master().expect("the gateway hosts the master").clone();
+    let (a, b) = (
+        sim_writing(&gw.url(), WritePolicy::WriteThrough).await,
+        sim_writing(&gw.url(), WritePolicy::WriteThrough).await,
+    );
+    let c = reqwest::Client::new();
+    let p = prompt(21);
+    // Nothing is evicted: A writes the 8 pages it computed all the same.
+    assert_eq!(cached(&generate(&c, &a.url(), &p).await), 0);
+    eventually("the computed pages are written", || {
+        store_stats(&a).written_pages == 8
+    })
+    .await;
+    let keys = KeyLayout::mha(0).keys_of(&page_hashes(&p, PAGE, None));
+    assert!(keys.iter().all(|k| master.readable(k)));
+    // B loads them, computes the 2 tokens of the tail (no full page), writes nothing.
+    let mut q = p.clone();
+    q.extend([5, 5]);
+    assert_eq!(cached(&generate(&c, &b.url(), &q).await), 32);
+    let s = store_stats(&b);
+    assert_eq!(
+        (s.loaded_pages, s.written_pages, s.present_pages),
+        (8, 0, 0)
+    );
     a.shutdown().await;
     b.shutdown().await;
     gw.shutdown().await;

@@ -257,6 +257,50 @@ async fn the_demo_serves_what_it_prints() {
     }
     assert_eq!((cached[0], cached.last()), (0, Some(&32)), "{cached:?}");
     assert!(text.contains("cached_tokens 32"));
+    // The printed L3 example: with both GPU caches flushed, the prefix comes from the store.
+    let workers: Vec<String> = demo
+        .gateway()
+        .state()
+        .registry()
+        .list()
+        .iter()
+        .map(|w| w.url().as_str().trim_end_matches('/').to_owned())
+        .collect();
+    assert!(text.contains("/flush_cache") && text.contains("/sim/prefix"));
+    let store = |key: &'static str| {
+        let (c, workers) = (c.clone(), workers.clone());
+        async move {
+            let mut n = 0;
+            for w in &workers {
+                n += get_json(&c, &format!("{w}/sim/prefix")).await["store"][key]
+                    .as_u64()
+                    .unwrap();
+            }
+            n
+        }
+    };
+    for _ in 0..100 {
+        if store("written_pages").await >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        store("written_pages").await >= 2,
+        "the computed pages reach the store"
+    );
+    let before = store("loaded_pages").await;
+    for w in &workers {
+        let r = c.post(format!("{w}/flush_cache")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = post_json(&c, &format!("{url}/generate"), &body).await;
+    assert_eq!(r["meta_info"]["cached_tokens"], 32, "{r}");
+    assert_eq!(
+        store("loaded_pages").await - before,
+        2,
+        "two 16-token pages loaded from the store"
+    );
     demo.shutdown().await;
 }
 

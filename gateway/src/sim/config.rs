@@ -91,6 +91,18 @@ pub enum KvTransport {
     Tcp,
 }
 
+/// Which pages a worker with `--kv-store` writes to the store (SGLang's
+/// `--hicache-write-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum WritePolicy {
+    /// Every page it computes, as soon as it is cached (SGLang's default).
+    WriteThrough,
+    /// Only pages evicted from its cache.
+    #[default]
+    WriteBack,
+}
+
 /// Configuration of a simulated SGLang worker (`moongate sim-worker`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
@@ -172,6 +184,11 @@ pub struct SimConfig {
     /// store key is derived from `--transfer-secret-file`.
     #[arg(long)]
     pub kv_store: Option<String>,
+    /// L3: which pages are written to the store: `write-back` (each page evicted) or
+    /// `write-through` (each page computed, as it is cached; SGLang's default, and many
+    /// more writes).
+    #[arg(long, value_enum, default_value_t = WritePolicy::WriteBack)]
+    pub kv_store_write_policy: WritePolicy,
     /// L3: memory this worker contributes to the store (suffixes K, M, G).
     #[arg(long, default_value_t = DEFAULT_KV_STORE_SEGMENT_SIZE, value_parser = parse_size)]
     pub kv_store_segment_size: u64,
@@ -232,6 +249,7 @@ impl Default for SimConfig {
             enable_cache_report: false,
             kv_events_config: None,
             kv_store: None,
+            kv_store_write_policy: WritePolicy::WriteBack,
             kv_store_segment_size: DEFAULT_KV_STORE_SEGMENT_SIZE,
             kv_store_buffer_size: DEFAULT_KV_STORE_BUFFER_SIZE,
             prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),

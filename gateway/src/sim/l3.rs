@@ -5,8 +5,9 @@
 //! - **Names.** A page is stored as SGLang's Mooncake backend stores it: two objects,
 //!   `{page hash}_0_k` and `{page hash}_0_v` (tensor-parallel rank 0, MHA), each half of
 //!   the page's bytes, under HiCache's chained page hash ([`kvstore::hicache`]).
-//! - **Writes.** Pages evicted from the prefix cache are queued ([`L3::spill`]) and
-//!   written by one background task: the names the store lacks, in one `batch_put`
+//! - **Writes.** Pages the prefix cache evicts (`--kv-store-write-policy write-back`, the
+//!   default) or computes (`write-through`, SGLang's default) are queued ([`L3::spill`]) and written by
+//!   one background task: the names the store lacks, in one `batch_put`
 //!   (SGLang's `batch_set` also asks which exist first). A page another worker wrote
 //!   first is left as it is. The queue is bounded: pages that do not fit are dropped and
 //!   counted, never waited for on the request path.
@@ -36,7 +37,7 @@ use transfer::RegisteredBuffer;
 use super::config::{KvTransport, SimConfig};
 use crate::kv_events::hash::PageDigest;
 
-/// Batches of evicted pages that may wait to be written.
+/// Batches of pages that may wait to be written.
 pub const SPILL_QUEUE: usize = 256;
 /// Most pages one write to the store carries.
 pub const MAX_SPILL_PAGES: usize = 256;
@@ -46,11 +47,11 @@ pub const MAX_SPILL_PAGES: usize = 256;
 pub struct L3Stats {
     /// Pages written to the store.
     pub written_pages: u64,
-    /// Evicted pages the store already held (another worker wrote them first).
+    /// Pages queued that the store already held (another worker wrote them first).
     pub present_pages: u64,
     /// Pages whose write failed.
     pub write_failures: u64,
-    /// Evicted pages dropped because the write queue was full.
+    /// Pages dropped because the write queue was full.
     pub dropped_pages: u64,
     /// Prompts whose next pages were looked up in the store.
     pub lookups: u64,
@@ -143,7 +144,7 @@ impl L3 {
         })
     }
 
-    /// Queues evicted pages for the store (dropped, and counted, when the queue is full).
+    /// Queues pages for the store (dropped, and counted, when the queue is full).
     pub fn spill(&self, digests: Vec<PageDigest>) {
         if digests.is_empty() {
             return;

@@ -5,14 +5,16 @@
 //! (locks) the pages of its prompt until it ends, and a page is evicted only when nothing
 //! references it and it has no children, least recently used first. Every change is
 //! reported as SGLang's KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`),
-//! which the worker publishes. With an L3 tier ([`super::l3`]) the evicted pages are kept
-//! for it to write to the store ([`PrefixCache::take_evicted`]), and pages it loaded
-//! from there are admitted as cached ([`PrefixCache::admit_pages`]). Pure: no I/O, no
+//! which the worker publishes. With an L3 tier ([`super::l3`]) the pages to write to the
+//! store are kept for it ([`PrefixCache::take_for_store`]: each page computed, or each page
+//! evicted, by [`WritePolicy`]), and pages it loaded from there are admitted as cached
+//! ([`PrefixCache::admit_pages`]). Pure: no I/O, no
 //! clock (recency is a counter).
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
+use super::config::WritePolicy;
 use crate::kv_events::hash::{self, BlockHash, PageDigest};
 use crate::kv_events::wire::KvEvent;
 
@@ -37,9 +39,9 @@ pub struct PrefixCache {
     epoch: u64,
     events: Vec<KvEvent>,
     evicted: u64,
-    /// Digests of the pages evicted since the last [`PrefixCache::take_evicted`], when
-    /// they are kept ([`PrefixCache::keep_evicted`]).
-    spilled: Option<Vec<PageDigest>>,
+    /// Digests of the pages to write to the store since the last
+    /// [`PrefixCache::take_for_store`], when they are kept ([`PrefixCache::keep_for_store`]).
+    spilled: Option<(WritePolicy, Vec<PageDigest>)>,
 }
 
 /// What a prompt found and now holds; give it back with [`PrefixCache::release`].
@@ -87,18 +89,27 @@ impl PrefixCache {
         }
     }
 
-    /// Keeps the digests of evicted pages for [`PrefixCache::take_evicted`].
-    pub fn keep_evicted(mut self) -> Self {
-        self.spilled = Some(Vec::new());
+    /// Keeps the digests of the pages `policy` writes to the store (each page computed,
+    /// or each page evicted) for [`PrefixCache::take_for_store`].
+    pub fn keep_for_store(mut self, policy: WritePolicy) -> Self {
+        self.spilled = Some((policy, Vec::new()));
         self
     }
 
-    /// Digests of the pages evicted since the last call (none unless kept).
-    pub fn take_evicted(&mut self) -> Vec<PageDigest> {
+    /// Digests of the pages to write to the store since the last call (none unless kept).
+    pub fn take_for_store(&mut self) -> Vec<PageDigest> {
         self.spilled
             .as_mut()
-            .map(std::mem::take)
+            .map(|(_, d)| std::mem::take(d))
             .unwrap_or_default()
+    }
+
+    fn keep(&mut self, when: WritePolicy, digest: PageDigest) {
+        if let Some((policy, d)) = self.spilled.as_mut()
+            && *policy == when
+        {
+            d.push(digest);
+        }
     }
 
     /// How many leading pages of `digests` are cached now (nothing is locked).
@@ -155,6 +166,8 @@ impl PrefixCache {
             }
             if i < avail {
                 from_store += 1;
+            } else {
+                self.keep(WritePolicy::WriteThrough, digests[i]);
             }
             self.nodes.insert(
                 h,
@@ -256,9 +269,7 @@ impl PrefixCache {
             return false;
         };
         self.evicted += 1;
-        if let Some(s) = self.spilled.as_mut() {
-            s.push(node.digest);
-        }
+        self.keep(WritePolicy::WriteBack, node.digest);
         if let Some((p, pn)) = node
             .parent
             .and_then(|p| self.nodes.get_mut(&p).map(|pn| (p, pn)))
@@ -332,7 +343,7 @@ mod tests {
 
     #[test]
     fn loaded_pages_count_as_cached_and_evicted_ones_are_kept() {
-        let mut c = PrefixCache::new(2, 4).keep_evicted();
+        let mut c = PrefixCache::new(2, 4).keep_for_store(WritePolicy::WriteBack);
         let p = toks(0..8);
         let d = hash::page_digests(&p, 2);
         // Pages 0..3 loaded from the store: cached, stored, but not the last one.
@@ -349,19 +360,23 @@ mod tests {
         let b = c.admit_pages(&q, &dq, 1..4);
         assert_eq!((b.cached_tokens, b.loaded_tokens), (0, 0));
         c.release(b);
-        let mut gone = c.take_evicted();
+        let mut gone = c.take_for_store();
         gone.sort_unstable();
         let mut want = d.clone();
         want.sort_unstable();
         assert_eq!(gone, want, "p's pages were evicted for q's, and kept");
-        assert!(c.take_evicted().is_empty());
-        // Without keep_evicted nothing is kept.
+        assert!(c.take_for_store().is_empty());
+        // Write-through keeps each computed page at once, not the loaded ones.
+        let mut wt = PrefixCache::new(2, 4).keep_for_store(WritePolicy::WriteThrough);
+        wt.admit_pages(&p, &d, 0..2);
+        assert_eq!(wt.take_for_store(), d[2..].to_vec());
+        // Without keep_for_store nothing is kept.
         let mut plain = PrefixCache::new(2, 1);
         let a = plain.admit(&[1, 2]);
         plain.release(a);
         plain.admit(&[3, 4]);
         assert_eq!(plain.stats().evicted_pages, 1);
-        assert!(plain.take_evicted().is_empty());
+        assert!(plain.take_for_store().is_empty());
     }
 
     #[test]

@@ -67,7 +67,10 @@ impl SimState {
         let id_base = model::mix(nanos as u64 ^ u64::from(std::process::id()) << 32);
         let prefix = (!cfg.disable_radix_cache).then(|| {
             let c = PrefixCache::new(cfg.page_size as usize, cfg.pool_pages());
-            Arc::new(Mutex::new(if l3.is_some() { c.keep_evicted() } else { c }))
+            Arc::new(Mutex::new(match l3 {
+                Some(_) => c.keep_for_store(cfg.kv_store_write_policy),
+                None => c,
+            }))
         });
         Ok(Arc::new(SimState {
             cfg,
@@ -102,7 +105,8 @@ impl SimState {
     /// Runs `prompts` through the prefix cache: how many tokens of each were cached, and
     /// what holds their pages until the request ends. With L3, the pages that continue a
     /// prompt's cached prefix in the store are loaded first (the caller waits for them),
-    /// and the pages evicted meanwhile are queued for the store. Publishes what changed.
+    /// and the pages computed (write-through) or evicted (write-back) are queued for
+    /// it. Publishes what changed.
     pub async fn admit(&self, prompts: &[Arc<[u32]>]) -> (Vec<u64>, Option<PrefixHold>) {
         let Some(cache) = &self.prefix else {
             return (vec![0; prompts.len()], None);
@@ -129,10 +133,10 @@ impl SimState {
             // Published under the lock, so batches leave in the order the cache changed.
             p.publish(events);
         }
-        let evicted = c.take_evicted();
+        let to_store = c.take_for_store();
         drop(c);
         if let Some(l3) = &self.l3 {
-            l3.spill(evicted);
+            l3.spill(to_store);
         }
         let cached = held.iter().map(|a| a.cached_tokens).collect();
         (cached, Some(PrefixHold(cache.clone(), held)))

@@ -292,12 +292,13 @@ Ctrl-C stops the demo. KV moves:
         )
     }
 
-    /// Stops the gateway, then the workers.
+    /// Stops the workers (which unmount their L3 from the gateway's master), then the
+    /// gateway.
     pub async fn shutdown(self) {
-        self.gateway.shutdown().await;
         for s in self.sims {
             s.shutdown_within(Duration::from_secs(1)).await;
         }
+        self.gateway.shutdown().await;
     }
 }
 

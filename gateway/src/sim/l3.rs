@@ -6,8 +6,8 @@
 //!   `{page hash}_0_k` and `{page hash}_0_v` (tensor-parallel rank 0, MHA), each half of
 //!   the page's bytes, under HiCache's chained page hash ([`kvstore::hicache`]).
 //! - **Writes.** Pages the prefix cache evicts (`--kv-store-write-policy write-back`, the
-//!   default) or computes (`write-through`, SGLang's default) are queued ([`L3::spill`]) and written by
-//!   one background task: the names the store lacks, in one `batch_put`
+//!   default) or computes (`write-through`, SGLang's default) are queued ([`L3::spill`])
+//!   and written by one background task: the names the store lacks, in one `batch_put`
 //!   (SGLang's `batch_set` also asks which exist first). A page another worker wrote
 //!   first is left as it is. The queue is bounded: pages that do not fit are dropped and
 //!   counted, never waited for on the request path.

@@ -268,8 +268,8 @@ pub struct ServeConfig {
     pub kv_overlap_weight: f64,
     /// `kv_aware`: what a prompt page in the hosted KV master's store (L3, written there by
     /// SGLang HiCache's Mooncake backend) is worth against one in a worker's GPU cache, for
-    /// the pages that continue a worker's cached prefix: loading it costs the rest of
-    /// computing it (0: the store is not looked at).
+    /// the pages that continue a worker's cached prefix (a value v says loading a page
+    /// costs 1 - v of computing it; 0: the store is not looked at).
     #[arg(long, env = env::KV_L3_PAGE_VALUE, default_value_t = ServeConfig::default().kv_l3_page_value)]
     pub kv_l3_page_value: f64,
     /// `kv_aware`: the store object that says a page is in L3, `{hash}` standing for the

@@ -178,8 +178,9 @@ pub struct SimConfig {
     #[arg(long, value_parser = crate::kv_events::KvEventsConfig::parse)]
     pub kv_events_config: Option<crate::kv_events::KvEventsConfig>,
     /// L3 (SGLang HiCache with `--hicache-storage-backend mooncake`): the KV master's URL
-    /// (`moongate serve` hosts one). Pages evicted from the prefix cache are written to the
-    /// store under HiCache's keys (`{page hash}_0_k` and `_v`); a prompt whose next pages
+    /// (`moongate serve` hosts one). Pages evicted from the prefix cache (or, with
+    /// `--kv-store-write-policy write-through`, computed) are written to the store under
+    /// HiCache's keys (`{page hash}_0_k` and `_v`); a prompt whose next pages
     /// are there loads them through the transfer engine instead of computing them. The
     /// store key is derived from `--transfer-secret-file`.
     #[arg(long)]

@@ -292,6 +292,7 @@ async fn write_loop(
             let keys = layout.keys_of(&pages);
             let found = client.batch_exists(&keys).await;
             let mut items = Vec::new();
+            let mut item_page = Vec::new();
             let mut present = 0u64;
             for (i, (k, f)) in keys.iter().zip(&found).enumerate() {
                 if matches!(f, Ok(true)) {
@@ -301,19 +302,23 @@ async fn write_loop(
                 let mut v = Vec::with_capacity(obj);
                 object_bytes(&chunk[i / per], (i % per) as u8, obj, &mut v);
                 items.push((k.as_str(), v));
+                item_page.push(i / per);
             }
             let results = client.batch_put(&items).await;
             let mut written = 0u64;
-            for r in &results {
+            let mut failed = vec![false; chunk.len()];
+            for (r, &page) in results.iter().zip(&item_page) {
                 match r {
                     Ok(()) => written += 1,
                     Err(StoreError::Master(MasterError::ObjectAlreadyExists(_))) => present += 1,
                     Err(e) => {
-                        add(&counters.write_failures, 1);
-                        tracing::debug!(error = %e, "kv_store: writing an evicted page");
+                        failed[page] = true;
+                        tracing::debug!(error = %e, "kv_store: writing a page");
                     }
                 }
             }
+            let failed = failed.iter().filter(|f| **f).count();
+            add(&counters.write_failures, failed as u64);
             add(&counters.written_pages, written / per as u64);
             add(&counters.present_pages, present / per as u64);
         }

@@ -8,8 +8,7 @@
 //! which the worker publishes. With an L3 tier ([`super::l3`]) the pages to write to the
 //! store are kept for it ([`PrefixCache::take_for_store`]: each page computed, or each page
 //! evicted, by [`WritePolicy`]), and pages it loaded from there are admitted as cached
-//! ([`PrefixCache::admit_pages`]). Pure: no I/O, no
-//! clock (recency is a counter).
+//! ([`PrefixCache::admit_pages`]). Pure: no I/O, no clock (recency is a counter).
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;

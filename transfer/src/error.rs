@@ -152,6 +152,13 @@ pub enum TransferError {
         /// What failed.
         reason: String,
     },
+    /// Device (GPU) memory cannot be used as asked: no driver, a pointer that is not where
+    /// it was said to be, or a device copy that failed.
+    #[error("device memory: {reason}")]
+    Device {
+        /// What failed, with the driver's error.
+        reason: String,
+    },
     /// The cluster secret could not be read or created.
     #[error("transfer secret: {reason}")]
     Secret {

@@ -15,7 +15,10 @@
 //! - [`auth`]: the cluster secret and the mutual handshake every transfer connection opens
 //!   with (the security design is written down there).
 //! - [`error`]: the crate's error type (`TransferError`, `RemoteRange`).
-//! - [`memory`]: memory regions (anonymous, shared-memory, hugepage, caller-owned), RAII.
+//! - [`memory`]: memory regions (anonymous, shared-memory, hugepage, caller-owned, device),
+//!   RAII.
+//! - [`device`]: device (GPU) memory: locations, the backend trait and its CUDA driver
+//!   implementation (loaded at run time), pinned staging buffers, CUDA IPC.
 //! - `registry`: the engine's registration table and the [`RegisteredBuffer`] handle.
 //! - [`segment`]: segment descriptors (serde, versioned) and the host id.
 //! - [`metadata`]: publishing and fetching descriptors: peer-to-peer, HTTP (Mooncake's
@@ -26,6 +29,8 @@
 //! - [`tcp`]: TCP transport: `frame` (pure wire codec), raw socket I/O, target server,
 //!   initiator pool with lanes and slicing.
 //! - `shm`: shared-memory transport (same-host peers) and local copies.
+//! - `devcopy`: the memory-copy routes with device memory on either side (stream copies,
+//!   CUDA IPC).
 //! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
 //!   (tested everywhere); `device` (verbs resources) and `verbs` (the data path), compiled
 //!   with the feature only.
@@ -34,6 +39,7 @@
 //! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
 
 pub mod auth;
+pub mod device;
 pub mod error;
 pub mod memory;
 pub mod metadata;
@@ -42,11 +48,13 @@ pub mod segment;
 pub mod tcp;
 pub mod tls;
 
+mod devcopy;
 mod engine;
 mod registry;
 mod shm;
 
 pub use auth::ClusterSecret;
+pub use device::{DeviceBackend, Location, StagingStats};
 pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
 pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode, Secret};
 pub use engine::notify::{Notification, Notifications};
@@ -56,4 +64,4 @@ pub use error::{RemoteRange, Result, TransferError};
 pub use memory::{AllocOptions, MemoryRegion};
 pub use metadata::{HttpMetadata, InMemoryMetadata, Metadata, P2pMetadata};
 pub use registry::RegisteredBuffer;
-pub use segment::{RegionDescriptor, SegmentDescriptor};
+pub use segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor};

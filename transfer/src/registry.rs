@@ -179,6 +179,8 @@ impl LocalRegions {
                     ino: l.ino,
                 }),
                 rdma: e.rdma_keys.clone(),
+                location: e.region.location(),
+                cuda_ipc: e.region.export().and_then(|x| x.describe()),
             })
             .collect()
     }

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::device::Location;
 use crate::error::{RemoteRange, Result, TransferError};
 
 /// Descriptor format version written by this crate.
@@ -69,9 +70,33 @@ pub struct RegionDescriptor {
     /// Where a same-host peer maps it (shared regions only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm: Option<ShmRegion>,
-    /// Remote keys per RDMA device (empty without RDMA).
+    /// Remote keys per RDMA device (empty without RDMA, and for device memory the NICs
+    /// cannot reach).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rdma: Vec<RdmaKey>,
+    /// Where the bytes live (absent: host memory). Peers need not care: the owner stages
+    /// device memory for them; it tells what a transfer will cost.
+    #[serde(default, skip_serializing_if = "Location::is_host")]
+    pub location: Location,
+    /// How a same-host peer opens this device region (device regions with IPC only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_ipc: Option<CudaIpcRegion>,
+}
+
+/// How a same-host peer reaches a device region: a CUDA IPC handle of the allocation it is
+/// in, and the region's control block (a sealed memfd, mapped and checked as shared memory
+/// is: the owner is alive and the registration is still the one named).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaIpcRegion {
+    /// The IPC handle, hex (64 bytes).
+    pub handle: String,
+    /// Offset of the region's first byte from the start of the allocation the handle maps.
+    pub offset: u64,
+    /// UUID of the device holding it (`GPU-...`): the opener copies on its own ordinal of
+    /// that device.
+    pub device_uuid: String,
+    /// The region's control block.
+    pub control: ShmRegion,
 }
 
 /// Shared-memory location of a region (see `memory::ShmLocation`).
@@ -254,6 +279,8 @@ mod tests {
                         device: "mlx5_0".into(),
                         rkey: 0xabc,
                     }],
+                    location: Location::Host,
+                    cuda_ipc: None,
                 },
                 RegionDescriptor {
                     id: 2,
@@ -269,6 +296,30 @@ mod tests {
                         ino: 0,
                     }),
                     rdma: vec![],
+                    location: Location::Host,
+                    cuda_ipc: None,
+                },
+                RegionDescriptor {
+                    id: 3,
+                    addr: 0x7f00_0000_0000,
+                    len: 0x20_0000,
+                    token: 33,
+                    shm: None,
+                    rdma: vec![],
+                    location: Location::Cuda(1),
+                    cuda_ipc: Some(CudaIpcRegion {
+                        handle: "ab".repeat(64),
+                        offset: 0x1000,
+                        device_uuid: "GPU-00112233-4455-6677-8899-aabbccddeeff".into(),
+                        control: ShmRegion {
+                            pid: 9,
+                            fd: 6,
+                            name: "moongate-y".into(),
+                            data_offset: 4096,
+                            dev: 1,
+                            ino: 2,
+                        },
+                    }),
                 },
             ],
         }
@@ -285,6 +336,29 @@ mod tests {
         assert!(err.to_string().contains("version 2 not supported"), "{err}");
         assert!(SegmentDescriptor::from_json(b"{\"version\":1}").is_err());
         assert!(SegmentDescriptor::from_json(b"\xff\x00").is_err());
+    }
+
+    #[test]
+    fn host_regions_encode_as_before_and_device_regions_carry_their_location() {
+        let d = desc();
+        let json: serde_json::Value = serde_json::from_slice(&d.to_json()).unwrap();
+        let regions = json["regions"].as_array().unwrap();
+        // Host regions: no new keys, so older readers see the same descriptor.
+        assert!(regions[0].get("location").is_none() && regions[0].get("cuda_ipc").is_none());
+        assert_eq!(regions[2]["location"], "cuda:1");
+        assert_eq!(regions[2]["cuda_ipc"]["offset"], 0x1000);
+        // A descriptor written before device memory existed still decodes (as host memory).
+        let old = br#"{"version":1,"name":"n","host_id":"h","engine_id":1,"generation":1,
+            "endpoints":{"tcp":"127.0.0.1:1"},
+            "regions":[{"id":1,"addr":4096,"len":4096,"token":5}]}"#;
+        let d = SegmentDescriptor::from_json(old).unwrap();
+        assert_eq!(d.regions[0].location, Location::Host);
+        assert!(d.regions[0].cuda_ipc.is_none());
+        // An unknown location is refused, not taken for host memory.
+        let bad = String::from_utf8(old.to_vec())
+            .unwrap()
+            .replace(r#""token":5"#, r#""token":5,"location":"npu:0""#);
+        assert!(SegmentDescriptor::from_json(bad.as_bytes()).is_err());
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
+use crate::device::ipc::IpcMapping;
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{
@@ -55,6 +56,25 @@ pub(crate) struct PeerMapping {
 
 impl PeerMapping {
     fn open(segment: &str, region: &RegionDescriptor, shm: &ShmRegion) -> Result<Self> {
+        Self::open_with(segment, region, shm, true)
+    }
+
+    /// Maps the control page of a region whose bytes are not in the memfd (a device
+    /// region's control block): every check of [`PeerMapping::open`] but the data's size.
+    pub(crate) fn open_control(
+        segment: &str,
+        region: &RegionDescriptor,
+        shm: &ShmRegion,
+    ) -> Result<Self> {
+        Self::open_with(segment, region, shm, false)
+    }
+
+    fn open_with(
+        segment: &str,
+        region: &RegionDescriptor,
+        shm: &ShmRegion,
+        data: bool,
+    ) -> Result<Self> {
         let fail = |reason: String| {
             TransferError::unreachable(segment, format!("shared memory: {reason}"))
         };
@@ -101,7 +121,7 @@ impl PeerMapping {
         let size = meta.len();
         let need = shm
             .data_offset
-            .checked_add(region.len)
+            .checked_add(if data { region.len } else { 0 })
             .ok_or_else(|| fail("region overflows".into()))?;
         if size < need || shm.data_offset < crate::memory::SHM_CONTROL_LEN as u64 {
             return Err(fail(format!(
@@ -120,7 +140,7 @@ impl PeerMapping {
             file,
             data_offset: shm.data_offset as usize,
             region: region.clone(),
-            populated: (0..(region.len as usize).div_ceil(PREFAULT_UNIT))
+            populated: (0..(if data { region.len as usize } else { 0 }).div_ceil(PREFAULT_UNIT))
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
         };
@@ -151,7 +171,7 @@ impl PeerMapping {
     }
 
     /// The registration is the one the descriptor names and is still registered.
-    fn check(&self, segment: &str, range: RemoteRange) -> Result<()> {
+    pub(crate) fn check(&self, segment: &str, range: RemoteRange) -> Result<()> {
         let c = self.control();
         if c.region_id.load(Ordering::Acquire) != self.region.id
             || c.token.load(Ordering::Acquire) != self.region.token
@@ -172,7 +192,7 @@ impl PeerMapping {
     }
 
     /// The owner process is alive (holds its lock on the memfd).
-    fn check_owner(&self, segment: &str) -> Result<()> {
+    pub(crate) fn check_owner(&self, segment: &str) -> Result<()> {
         match ofd_lock_held(self.file.as_raw_fd()) {
             Ok(true) => Ok(()),
             Ok(false) => Err(TransferError::unreachable(
@@ -188,7 +208,7 @@ impl PeerMapping {
 
     /// Maps the page-table entries of a large range in one call instead of one fault per
     /// page (this process maps the peer's pages lazily), once per 2 MiB of the region.
-    fn prefault(&self, addr: u64, len: usize, write: bool) {
+    pub(crate) fn prefault(&self, addr: u64, len: usize, write: bool) {
         const MADV_POPULATE_READ: libc::c_int = 22;
         const MADV_POPULATE_WRITE: libc::c_int = 23;
         if len < PREFAULT_MIN {
@@ -225,7 +245,7 @@ impl PeerMapping {
         };
     }
 
-    fn ptr_of(&self, addr: u64) -> SendPtr {
+    pub(crate) fn ptr_of(&self, addr: u64) -> SendPtr {
         SendPtr(
             self.map
                 .ptr()
@@ -296,12 +316,26 @@ pub(crate) enum CopyTarget {
     Peer(Arc<PeerMapping>),
     /// A region of this engine.
     Local(Arc<LocalEntry>),
+    /// A same-host peer's device region, opened through CUDA IPC.
+    Ipc(Arc<IpcMapping>),
 }
 
 /// A request of a batch executed by memory copy.
 pub(crate) struct CopyJob {
     pub(crate) idx: usize,
     pub(crate) target: CopyTarget,
+}
+
+impl CopyJob {
+    /// Whether either side is device memory (then a device copies it: `devcopy`).
+    pub(crate) fn involves_device(&self, batch: &BatchState) -> bool {
+        batch.requests[self.idx].local.region().is_device()
+            || match &self.target {
+                CopyTarget::Peer(_) => false,
+                CopyTarget::Local(e) => e.region.is_device(),
+                CopyTarget::Ipc(_) => true,
+            }
+    }
 }
 
 /// Resolves a request into this engine's own segment.
@@ -347,6 +381,11 @@ async fn run_one(batch: &Arc<BatchState>, job: &CopyJob, yield_between: bool) ->
                 Some(&**e.region.cpu()),
                 off,
             )
+        }
+        CopyTarget::Ipc(_) => {
+            return Err(TransferError::invalid(
+                "a device copy reached the host copy path",
+            ));
         }
     };
     let local = SendPtr(req.local_ptr());

@@ -16,6 +16,7 @@ use super::notify::Notifications;
 use super::segments::{DescribeFn, Segment};
 use super::{Counters, Inner, TransferEngine};
 use crate::auth::ClusterSecret;
+use crate::device::{DeviceBackend, Devices};
 use crate::error::{Result, TransferError};
 use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
 use crate::registry::LocalRegions;
@@ -29,6 +30,7 @@ pub struct EngineBuilder {
     config: EngineConfig,
     metadata: Option<Arc<dyn Metadata>>,
     secret: Option<ClusterSecret>,
+    device_backend: Option<Arc<dyn DeviceBackend>>,
 }
 
 impl EngineBuilder {
@@ -55,6 +57,13 @@ impl EngineBuilder {
     /// (or its default) names: for processes that hold the secret already.
     pub fn secret(mut self, secret: ClusterSecret) -> Self {
         self.secret = Some(secret);
+        self
+    }
+
+    /// Reaches device memory through `backend` instead of the CUDA driver loaded on first
+    /// need (another device runtime, or a test's).
+    pub fn device_backend(mut self, backend: Arc<dyn DeviceBackend>) -> Self {
+        self.device_backend = Some(backend);
         self
     }
 
@@ -86,7 +95,15 @@ impl EngineBuilder {
         let engine_id = rand::random::<u64>() | 1;
         let host_id = host_id();
         let regions = LocalRegions::new(engine_id);
+        let devices = Arc::new(Devices::new(
+            self.device_backend,
+            config.cuda_library.clone(),
+            config.device_staging_chunk,
+            config.device_staging_per_peer,
+            config.device_ipc,
+        ));
         let tcp = Arc::new(TcpClient::new(ClientConfig {
+            devices: devices.clone(),
             secret: secret.clone(),
             local_name: Arc::from(name.as_str()),
             lanes: config.lanes_per_peer,
@@ -150,6 +167,7 @@ impl EngineBuilder {
             name: name.clone(),
             handshakes: crate::tcp::server::HandshakeLimits::new(),
             handshake_timeout: config.connect_timeout,
+            devices: devices.clone(),
         });
         tokio::spawn(accept_loop(listener, ctx));
         metadata.publish(&describe()).await?;
@@ -186,6 +204,7 @@ impl EngineBuilder {
                 rdma_devices,
                 counters: Counters::default(),
                 secret,
+                devices,
                 config,
             }),
         })

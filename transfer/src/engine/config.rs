@@ -171,6 +171,17 @@ pub struct EngineConfig {
     /// the file `MOONGATE_TRANSFER_SECRET_FILE` names, else the per-user file
     /// `$XDG_CONFIG_HOME/moongate/transfer-secret`, created on first use.
     pub transfer_secret_file: Option<PathBuf>,
+    /// Bytes of one pinned staging buffer that device memory passes through on the TCP path
+    /// (requests with device memory on this side are sliced to it).
+    pub device_staging_chunk: usize,
+    /// Most pinned staging memory one peer may hold at once, as initiator and as target.
+    pub device_staging_per_peer: usize,
+    /// Export CUDA IPC handles of registered device memory, and open same-host peers' ones
+    /// (else same-host device traffic is staged over TCP).
+    pub device_ipc: bool,
+    /// The CUDA driver library to load when device memory is registered; default: the
+    /// dynamic loader's `libcuda.so.1`.
+    pub cuda_library: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -195,6 +206,10 @@ impl Default for EngineConfig {
             notification_queue: 4096,
             drain_timeout: Duration::from_secs(10),
             transfer_secret_file: None,
+            device_staging_chunk: 1 << 20,
+            device_staging_per_peer: 64 << 20,
+            device_ipc: true,
+            cuda_library: None,
         }
     }
 }
@@ -231,6 +246,18 @@ impl EngineConfig {
         }
         if self.max_inflight_per_lane == 0 {
             return bad("max_inflight_per_lane must be at least 1".into());
+        }
+        if self.device_staging_chunk < 4096 || self.device_staging_chunk as u64 > MAX_DATA_LEN {
+            return bad(format!(
+                "device_staging_chunk must be 4 KiB..={MAX_DATA_LEN}, not {}",
+                self.device_staging_chunk
+            ));
+        }
+        if self.device_staging_per_peer < self.device_staging_chunk {
+            return bad(format!(
+                "device_staging_per_peer ({}) must hold at least one device_staging_chunk ({})",
+                self.device_staging_per_peer, self.device_staging_chunk
+            ));
         }
         if self.notification_queue == 0 {
             return bad("notification_queue must be at least 1".into());
@@ -336,6 +363,14 @@ mod tests {
             },
             EngineConfig {
                 io_timeout: Duration::ZERO,
+                ..Default::default()
+            },
+            EngineConfig {
+                device_staging_chunk: 100,
+                ..Default::default()
+            },
+            EngineConfig {
+                device_staging_per_peer: 1 << 19,
                 ..Default::default()
             },
         ] {

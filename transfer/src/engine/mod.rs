@@ -34,12 +34,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
+use crate::device::ipc::IpcExport;
+use crate::device::{DeviceAccess, Devices, Location, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{AllocOptions, MemoryRegion};
 use crate::metadata::Metadata;
 use crate::rdma::{RdmaPath, paths_for};
 use crate::registry::{LocalEntry, LocalRegions, RegisteredBuffer};
-use crate::segment::{RegionDescriptor, SegmentDescriptor, ShmRegion};
+use crate::segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor, ShmRegion};
 use crate::shm::{CopyJob, CopyTarget};
 use crate::tcp::client::{TcpClient, status_error};
 use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status};
@@ -73,6 +75,8 @@ pub struct TransferStats {
     pub local_bytes: u64,
     /// Bytes moved over RDMA.
     pub rdma_bytes: u64,
+    /// Bytes copied into or out of same-host peers' device memory through CUDA IPC.
+    pub ipc_bytes: u64,
 }
 
 #[derive(Default)]
@@ -82,26 +86,36 @@ struct Counters {
     shm: AtomicU64,
     local: AtomicU64,
     rdma: AtomicU64,
+    ipc: AtomicU64,
 }
 
 /// How one request travels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
+    Ipc(CudaIpcRegion),
     Shm(ShmRegion),
     Rdma(Vec<RdmaPath>),
     Tcp,
 }
 
-/// Picks the transport for a request into `region` of a peer: shared memory when both run
-/// on one host and the region is shared, else RDMA when both have a device with a key for
-/// the region, else TCP.
+/// Picks the transport for a request into `region` of a peer: CUDA IPC when both run on
+/// one host and the region is exported device memory, shared memory when the region is
+/// shared, else RDMA when both have a device with a key for the region (`local_rdma` lists
+/// the devices the local buffer is registered with), else TCP.
 pub(crate) fn route(
+    ipc_enabled: bool,
     shm_enabled: bool,
     same_host: bool,
     region: &RegionDescriptor,
     local_rdma: &[String],
     peer: &SegmentDescriptor,
 ) -> Route {
+    if ipc_enabled
+        && same_host
+        && let Some(ipc) = &region.cuda_ipc
+    {
+        return Route::Ipc(ipc.clone());
+    }
     if shm_enabled
         && same_host
         && let Some(shm) = &region.shm
@@ -135,6 +149,7 @@ struct Inner {
     rdma_devices: Vec<String>,
     counters: Counters,
     secret: ClusterSecret,
+    devices: Arc<Devices>,
 }
 
 impl Drop for Inner {
@@ -206,7 +221,14 @@ impl TransferEngine {
             shm_bytes: c.shm.load(Ordering::Relaxed),
             local_bytes: c.local.load(Ordering::Relaxed),
             rdma_bytes: c.rdma.load(Ordering::Relaxed),
+            ipc_bytes: c.ipc.load(Ordering::Relaxed),
         }
+    }
+
+    /// The pinned staging pool device memory passes through on the TCP path (`None` until
+    /// device memory was first used).
+    pub fn staging_stats(&self) -> Option<StagingStats> {
+        self.inner.devices.loaded().map(|c| c.staging.stats())
     }
 
     /// This engine's current descriptor.
@@ -239,8 +261,23 @@ impl TransferEngine {
     /// With peer-to-peer metadata peers see the region at once (they ask this engine).
     /// With a metadata service the descriptor is republished in the background; call
     /// [`TransferEngine::publish`] to know it is out before telling peers about the region.
-    pub fn register(&self, region: MemoryRegion) -> Result<RegisteredBuffer> {
+    pub fn register(&self, mut region: MemoryRegion) -> Result<RegisteredBuffer> {
         self.check_open()?;
+        if let Some(access) = region.device().cloned()
+            && self.inner.config.device_ipc
+        {
+            let exported =
+                self.inner.devices.ctx().and_then(|ctx| {
+                    IpcExport::new(ctx, &access.pointer, region.addr(), region.len())
+                });
+            match exported {
+                Ok(e) => region.set_export(e),
+                Err(e) => tracing::info!(
+                    error = %e,
+                    "device memory registered without a CUDA IPC handle: peers on this host stage it over TCP"
+                ),
+            }
+        }
         let (rdma_keys, rdma_mrs) = match &self.inner.rdma {
             Some(t) => t.register(&region)?,
             None => (Vec::new(), Vec::new()),
@@ -287,6 +324,115 @@ impl TransferEngine {
         // SAFETY: forwarded caller contract.
         let region = unsafe { MemoryRegion::from_raw_parts(ptr, len, keep_alive)? };
         self.register(region)
+    }
+
+    /// Registers memory the caller manages at `location`, as Mooncake's
+    /// `registerLocalMemory` does: `Some(Location::Host)` is host memory;
+    /// `Some(Location::Cuda(n))` must be device memory of device `n` (checked with the
+    /// driver); `None` (Mooncake's `*`) asks the driver where the pointer is, and is host
+    /// memory where no driver is installed. Device memory is registered whole within one
+    /// device allocation; the CPU never touches it (see [`crate::device`]). A device
+    /// location on a machine without a usable driver is refused with the reason.
+    ///
+    /// # Safety
+    /// As [`TransferEngine::register_raw`], for whichever memory the range is.
+    pub unsafe fn register_raw_at(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        location: Option<Location>,
+        keep_alive: impl std::any::Any + Send + Sync,
+    ) -> Result<RegisteredBuffer> {
+        self.check_open()?;
+        let addr = ptr as u64;
+        let devices = &self.inner.devices;
+        let found = match location {
+            Some(Location::Host) => None,
+            Some(Location::Cuda(n)) => {
+                let ctx = devices.ctx()?;
+                match ctx.backend.locate(addr)? {
+                    Some(p) if p.device == n => Some((ctx, p)),
+                    Some(p) => {
+                        return Err(TransferError::Device {
+                            reason: format!(
+                                "{addr:#x} is memory of cuda:{}, not of the cuda:{n} it was registered as",
+                                p.device
+                            ),
+                        });
+                    }
+                    None => {
+                        return Err(TransferError::Device {
+                            reason: format!(
+                                "{addr:#x} was registered as cuda:{n} but is not device memory"
+                            ),
+                        });
+                    }
+                }
+            }
+            None => match devices.ctx() {
+                Ok(ctx) => ctx.backend.locate(addr)?.map(|p| (ctx, p)),
+                Err(e) => {
+                    tracing::trace!(error = %e, "no device backend: {addr:#x} is host memory");
+                    None
+                }
+            },
+        };
+        let region = match found {
+            None => {
+                // SAFETY: forwarded caller contract.
+                unsafe { MemoryRegion::from_raw_parts(ptr, len, keep_alive)? }
+            }
+            Some((ctx, pointer)) => {
+                let access = DeviceAccess {
+                    backend: ctx.backend.clone(),
+                    pointer,
+                };
+                // SAFETY: the driver says `ptr` is device memory of `pointer.device` (the
+                // range is checked to lie in its allocation); the caller keeps it valid
+                // until `keep_alive` is dropped.
+                unsafe { MemoryRegion::from_device(ptr, len, access, keep_alive)? }
+            }
+        };
+        self.register(region)
+    }
+
+    /// Allocates `len` bytes on CUDA device `device` and registers them (freed when the
+    /// registration and every transfer using it ended).
+    pub fn alloc_device(&self, device: u32, len: usize) -> Result<RegisteredBuffer> {
+        self.check_open()?;
+        if len == 0 {
+            return Err(TransferError::invalid(
+                "cannot allocate a zero-length region",
+            ));
+        }
+        let ctx = self.inner.devices.ctx()?;
+        let mem = ctx.backend.alloc_device(device, len)?;
+        let access = DeviceAccess {
+            backend: ctx.backend.clone(),
+            pointer: crate::device::DevicePointer {
+                device,
+                base: mem.addr(),
+                size: len as u64,
+            },
+        };
+        let ptr = mem.addr() as *mut u8;
+        // SAFETY: `mem` is `len` bytes of memory of `device`, freed only when it is dropped,
+        // which is with the region.
+        let region = unsafe { MemoryRegion::from_device(ptr, len, access, mem)? };
+        self.register(region)
+    }
+
+    /// Where `addr` (an address in this process) points: device memory per the driver, or
+    /// host memory (also where no driver is installed).
+    pub fn locate(&self, addr: u64) -> Result<Location> {
+        match self.inner.devices.ctx() {
+            Ok(ctx) => Ok(ctx
+                .backend
+                .locate(addr)?
+                .map(|p| Location::Cuda(p.device))
+                .unwrap_or(Location::Host)),
+            Err(_) => Ok(Location::Host),
+        }
     }
 
     /// Publishes the current descriptor to the metadata service now (a no-op with
@@ -406,12 +552,18 @@ impl TransferEngine {
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
         let state = BatchState::new(requests, timeout);
         let mut copies = Vec::new();
+        let mut device_copies = Vec::new();
         for idx in 0..state.requests.len() {
             if let Some(job) = self.dispatch(&state, idx).await {
-                copies.push(job);
+                if job.involves_device(&state) {
+                    device_copies.push(job);
+                } else {
+                    copies.push(job);
+                }
             }
         }
         crate::shm::run(&state, copies).await;
+        crate::devcopy::run(&self.inner.devices, &state, device_copies);
         Ok(Batch { state })
     }
 
@@ -473,13 +625,39 @@ impl TransferEngine {
                 }
             }
         };
+        // A local buffer the NICs cannot reach (device memory without GPUDirect) goes over TCP.
+        let local_rdma: &[String] = if req.local.entry().rdma_mrs.is_empty() {
+            &[]
+        } else {
+            &self.inner.rdma_devices
+        };
         match route(
+            self.inner.config.device_ipc,
             self.inner.config.shm,
             seg.is_same_host(),
             &region,
-            &self.inner.rdma_devices,
+            local_rdma,
             &desc,
         ) {
+            Route::Ipc(ipc) => {
+                let opened = self
+                    .inner
+                    .devices
+                    .ctx()
+                    .and_then(|ctx| seg.state().ipc.get(ctx, seg.name(), &region, &ipc));
+                match opened {
+                    Ok(mapping) => {
+                        c.ipc.fetch_add(len, Ordering::Relaxed);
+                        return Some(CopyJob {
+                            idx,
+                            target: CopyTarget::Ipc(mapping),
+                        });
+                    }
+                    Err(e) => {
+                        tracing::debug!(segment = seg.name(), error = %e, "CUDA IPC unusable; staging over TCP");
+                    }
+                }
+            }
             Route::Shm(shm) => match seg.state().shm.get(seg.name(), &region, &shm) {
                 Ok(mapping) => {
                     c.shm.fetch_add(len, Ordering::Relaxed);
@@ -624,6 +802,8 @@ mod tests {
             } else {
                 vec![]
             },
+            location: Location::Host,
+            cuda_ipc: None,
         }
     }
 
@@ -651,30 +831,79 @@ mod tests {
     }
 
     #[test]
+    fn device_regions_route_through_ipc_on_one_host_else_over_the_network() {
+        let local = vec!["mlx5_0".to_string()];
+        let mut dev = region(false, false);
+        dev.location = Location::Cuda(0);
+        dev.cuda_ipc = Some(CudaIpcRegion {
+            handle: "00".repeat(64),
+            offset: 0,
+            device_uuid: "GPU-x".into(),
+            control: ShmRegion {
+                pid: 1,
+                fd: 3,
+                name: "c".into(),
+                data_offset: 4096,
+                dev: 1,
+                ino: 1,
+            },
+        });
+        assert!(matches!(
+            route(true, true, true, &dev, &local, &peer(true)),
+            Route::Ipc(_)
+        ));
+        // IPC off, or another host: no shared memory for device regions; TCP (no RDMA keys:
+        // the NIC cannot reach this device memory).
+        assert_eq!(
+            route(false, true, true, &dev, &local, &peer(true)),
+            Route::Tcp
+        );
+        assert_eq!(
+            route(true, true, false, &dev, &local, &peer(true)),
+            Route::Tcp
+        );
+        // With GPUDirect the region has keys: RDMA, but only for a local buffer registered
+        // with the NICs.
+        dev.rdma = region(false, true).rdma;
+        assert!(matches!(
+            route(true, true, false, &dev, &local, &peer(true)),
+            Route::Rdma(_)
+        ));
+        assert_eq!(route(true, true, false, &dev, &[], &peer(true)), Route::Tcp);
+    }
+
+    #[test]
     fn routing_prefers_shm_then_rdma_then_tcp() {
         let local = vec!["mlx5_0".to_string()];
         assert!(matches!(
-            route(true, true, &region(true, true), &local, &peer(true)),
+            route(true, true, true, &region(true, true), &local, &peer(true)),
             Route::Shm(_)
         ));
         assert!(matches!(
-            route(false, true, &region(true, true), &local, &peer(true)),
+            route(true, false, true, &region(true, true), &local, &peer(true)),
             Route::Rdma(_)
         ));
         assert!(matches!(
-            route(true, false, &region(true, true), &local, &peer(true)),
+            route(true, true, false, &region(true, true), &local, &peer(true)),
             Route::Rdma(_)
         ));
         assert_eq!(
-            route(true, false, &region(true, true), &[], &peer(true)),
+            route(true, true, false, &region(true, true), &[], &peer(true)),
             Route::Tcp
         );
         assert_eq!(
-            route(true, false, &region(true, false), &local, &peer(true)),
+            route(true, true, false, &region(true, false), &local, &peer(true)),
             Route::Tcp
         );
         assert_eq!(
-            route(true, true, &region(false, false), &local, &peer(false)),
+            route(
+                true,
+                true,
+                true,
+                &region(false, false),
+                &local,
+                &peer(false)
+            ),
             Route::Tcp
         );
     }

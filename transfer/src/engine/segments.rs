@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use crate::device::ipc::IpcMaps;
 use crate::segment::{RegionDescriptor, SegmentDescriptor};
 use crate::shm::ShmMaps;
 
@@ -22,6 +23,8 @@ pub(crate) struct SegmentState {
     /// Same host as this engine: shared regions can be mapped.
     same_host: bool,
     pub(crate) shm: ShmMaps,
+    /// Same-host device regions opened through CUDA IPC.
+    pub(crate) ipc: IpcMaps,
     pub(crate) refresh: tokio::sync::Mutex<()>,
 }
 
@@ -52,6 +55,7 @@ impl Segment {
                 local: None,
                 same_host,
                 shm: ShmMaps::default(),
+                ipc: IpcMaps::default(),
                 refresh: tokio::sync::Mutex::new(()),
             }),
         }
@@ -67,6 +71,7 @@ impl Segment {
                 local: Some(describe),
                 same_host: true,
                 shm: ShmMaps::default(),
+                ipc: IpcMaps::default(),
                 refresh: tokio::sync::Mutex::new(()),
             }),
         }
@@ -116,11 +121,12 @@ impl Segment {
     }
 
     /// Installs a freshly fetched descriptor; a restarted or re-registered peer drops the
-    /// old shared-memory mappings.
+    /// old shared-memory mappings and IPC handles.
     pub(crate) fn update(&self, desc: SegmentDescriptor) {
         let old = self.inner.desc.load();
         if old.engine_id != desc.engine_id {
             self.inner.shm.clear();
+            self.inner.ipc.clear();
         }
         self.inner.desc.store(Arc::new(desc));
         self.inner.stale.store(false, Ordering::Release);

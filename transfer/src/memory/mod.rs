@@ -28,6 +28,8 @@ use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
+use crate::device::ipc::IpcExport;
+use crate::device::{DeviceAccess, Location};
 use crate::error::{Result, TransferError};
 
 mod cpu;
@@ -128,6 +130,13 @@ enum Backing {
     Owned(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     /// Memory lent by the caller; the keep-alive value is dropped with the region.
     Lent(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    /// Device memory: only its backend's copies may touch it.
+    Device {
+        access: DeviceAccess,
+        /// What same-host peers open it with (set at registration when IPC is on).
+        export: Option<Box<IpcExport>>,
+        _keep: Box<dyn Any + Send + Sync>,
+    },
 }
 
 /// A contiguous range of memory the engine may register and move bytes from and into.
@@ -175,6 +184,7 @@ impl std::fmt::Debug for MemoryRegion {
             .field("addr", &format_args!("{:#x}", self.addr()))
             .field("len", &self.len)
             .field("shared", &self.is_shared())
+            .field("location", &self.location())
             .finish()
     }
 }
@@ -378,6 +388,76 @@ impl MemoryRegion {
         })
     }
 
+    /// Device memory at `ptr` (inside the allocation `access.pointer` names), touched only
+    /// through `access.backend`; `keep_alive` is dropped with the region.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be device memory of `access.pointer.device`, valid until
+    /// `keep_alive` is dropped.
+    pub(crate) unsafe fn from_device(
+        ptr: *mut u8,
+        len: usize,
+        access: DeviceAccess,
+        keep_alive: impl Any + Send + Sync,
+    ) -> Result<Self> {
+        let ptr = NonNull::new(ptr).ok_or_else(|| TransferError::invalid("null region pointer"))?;
+        if len == 0 {
+            return Err(TransferError::invalid("cannot register an empty buffer"));
+        }
+        if !access.pointer.contains(ptr.as_ptr() as u64, len as u64) {
+            return Err(TransferError::invalid(format!(
+                "[{:#x}, +{len}) is not inside one device allocation ({access:?})",
+                ptr.as_ptr() as u64
+            )));
+        }
+        Ok(Self {
+            ptr,
+            len,
+            cpu: Arc::new(CpuLock::new(len)),
+            backing: Backing::Device {
+                access,
+                export: None,
+                _keep: Box::new(keep_alive),
+            },
+        })
+    }
+
+    /// Where the bytes live.
+    pub fn location(&self) -> Location {
+        match &self.backing {
+            Backing::Device { access, .. } => Location::Cuda(access.pointer.device),
+            _ => Location::Host,
+        }
+    }
+
+    /// Whether this is device memory (the CPU must not touch it).
+    pub fn is_device(&self) -> bool {
+        matches!(self.backing, Backing::Device { .. })
+    }
+
+    /// The backend and device of device memory.
+    pub(crate) fn device(&self) -> Option<&DeviceAccess> {
+        match &self.backing {
+            Backing::Device { access, .. } => Some(access),
+            _ => None,
+        }
+    }
+
+    /// Attaches what same-host peers open this device region with.
+    pub(crate) fn set_export(&mut self, e: IpcExport) {
+        if let Backing::Device { export, .. } = &mut self.backing {
+            *export = Some(Box::new(e));
+        }
+    }
+
+    /// What same-host peers open this device region with, if it was exported.
+    pub(crate) fn export(&self) -> Option<&IpcExport> {
+        match &self.backing {
+            Backing::Device { export, .. } => export.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Length in bytes (as requested, not rounded up).
     pub fn len(&self) -> usize {
         self.len
@@ -394,7 +474,8 @@ impl MemoryRegion {
     }
 
     /// Raw pointer to the first byte. Reading or writing through it is the caller's
-    /// responsibility; the region outlives it only while the region is alive.
+    /// responsibility; the region outlives it only while the region is alive. For device
+    /// memory it is a device address, which the CPU must never dereference.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -426,7 +507,7 @@ impl MemoryRegion {
     pub fn populate_range(&self, offset: usize, len: usize) -> Result<bool> {
         self.check(offset, len)?;
         if len == 0 || !matches!(self.backing, Backing::Mapped { .. }) {
-            return Ok(false);
+            return Ok(false); // lent or device memory: not ours to fault
         }
         // SAFETY: the range was checked to lie inside this region, whose mapping lives as
         // long as `self` (borrowed for the call) and is read-write.
@@ -439,12 +520,48 @@ impl MemoryRegion {
         &self.cpu
     }
 
-    /// The control page of a shared region.
+    /// The control page of a shared region (of an exported device region: its control
+    /// block's).
     pub(crate) fn shm_control(&self) -> Option<&ShmControl> {
         match &self.backing {
             // SAFETY: shared mappings always start with a control page and live as long as self.
             Backing::Mapped { map, shm: Some(_) } => Some(unsafe { ShmControl::at(map.ptr()) }),
+            Backing::Device {
+                export: Some(e), ..
+            } => Some(e.control()),
             _ => None,
+        }
+    }
+
+    /// Copies `len` bytes between this device region at `offset` and host memory, through the
+    /// device's backend: into the region when `into`, else out of it.
+    ///
+    /// # Safety
+    /// `host` must be valid for `len` bytes (writes when `!into`, reads when `into`) and
+    /// not overlap the region; the range was bounds-checked.
+    unsafe fn device_copy(
+        &self,
+        access: &DeviceAccess,
+        offset: usize,
+        host: *mut u8,
+        len: usize,
+        into: bool,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let dev = self.addr() + offset as u64;
+        let (dst, src) = if into {
+            (dev, host as u64)
+        } else {
+            (host as u64, dev)
+        };
+        // SAFETY: the device range is inside the registered region (checked by the caller);
+        // the host range is the caller's; the copy returns once done.
+        unsafe {
+            access
+                .backend
+                .copy_blocking(access.pointer.device, dst, src, len)
         }
     }
 
@@ -461,6 +578,12 @@ impl MemoryRegion {
     /// Copies `src` into the region at `offset`.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
+        if let Some(access) = self.device() {
+            // SAFETY: `src` is a distinct Rust slice, read for its length during the call.
+            return unsafe {
+                self.device_copy(access, offset, src.as_ptr().cast_mut(), src.len(), true)
+            };
+        }
         let _held = self.cpu.lock(offset, src.len(), Access::Write);
         // SAFETY: bounds checked above; `src` is a distinct Rust allocation so the ranges
         // cannot overlap; the region's bytes are valid for writes while self lives, and no
@@ -478,6 +601,10 @@ impl MemoryRegion {
     /// Copies `dst.len()` bytes from the region at `offset` into `dst`.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
+        if let Some(access) = self.device() {
+            // SAFETY: `dst` is an exclusive Rust borrow, written for its length during the call.
+            return unsafe { self.device_copy(access, offset, dst.as_mut_ptr(), dst.len(), false) };
+        }
         let _held = self.cpu.lock(offset, dst.len(), Access::Read);
         // SAFETY: bounds checked above; `dst` is a distinct exclusive Rust borrow; no thread
         // of this process writes these bytes while the stripes are held shared.
@@ -505,6 +632,21 @@ impl MemoryRegion {
         self.check(offset, len)?;
         out.reserve(len);
         let at = out.len();
+        if let Some(access) = self.device() {
+            // SAFETY: `reserve` left room for `len` bytes after `at`, a distinct allocation.
+            unsafe {
+                self.device_copy(
+                    access,
+                    offset,
+                    out.as_mut_ptr().wrapping_add(at),
+                    len,
+                    false,
+                )?
+            };
+            // SAFETY: the copy initialised the `len` bytes after `at`, within capacity.
+            unsafe { out.set_len(at + len) };
+            return Ok(());
+        }
         let _held = self.cpu.lock(offset, len, Access::Read);
         // SAFETY: bounds checked above, so the source holds `len` readable bytes (not written
         // by a thread of this process while the stripes are held shared); `reserve` left room
@@ -527,7 +669,14 @@ impl MemoryRegion {
     /// # Safety
     /// No transfer may write into the region (as the local side of a read, or as the remote
     /// side of a peer's write) while the borrow lives.
+    ///
+    /// # Panics
+    /// On device memory, which the CPU cannot read.
     pub unsafe fn as_slice(&self) -> &[u8] {
+        assert!(
+            !self.is_device(),
+            "device memory cannot be borrowed by the CPU"
+        );
         // SAFETY: valid for len bytes while self lives; the caller excludes writers.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
@@ -537,8 +686,15 @@ impl MemoryRegion {
     /// # Safety
     /// No other borrow of the region may exist, and no transfer may read or write it while
     /// this borrow lives.
+    ///
+    /// # Panics
+    /// On device memory, which the CPU cannot write.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        assert!(
+            !self.is_device(),
+            "device memory cannot be borrowed by the CPU"
+        );
         // SAFETY: valid for len bytes while self lives; the caller guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
     }

@@ -40,6 +40,24 @@ pub fn probe_devices() -> std::result::Result<Vec<String>, String> {
     }
 }
 
+/// Kernel modules through which RDMA NICs reach GPU memory (GPUDirect RDMA): NVIDIA's
+/// `nvidia_peermem`, and the older out-of-tree `nv_peer_mem`.
+const PEER_MEMORY_MODULES: [&str; 2] = ["nvidia_peermem", "nv_peer_mem"];
+
+/// Whether the NICs can register GPU memory directly (a peer-memory module is loaded):
+/// device regions are then registered with them like host memory; otherwise they get no
+/// RDMA keys and peers stage them over TCP.
+pub fn gpudirect_available() -> bool {
+    peer_memory_loaded(std::path::Path::new("/sys/module"))
+}
+
+/// [`gpudirect_available`] against a `/sys/module`-like directory.
+fn peer_memory_loaded(sys_module: &std::path::Path) -> bool {
+    PEER_MEMORY_MODULES
+        .iter()
+        .any(|m| sys_module.join(m).exists())
+}
+
 /// Decides which RDMA devices to use from the mode, the configured device filter and the
 /// probe result: `Ok(empty)` means "no RDMA, use TCP".
 pub fn select_devices(
@@ -298,6 +316,19 @@ mod tests {
     use crate::segment::RdmaKey;
 
     #[test]
+    fn gpudirect_needs_a_peer_memory_module() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!peer_memory_loaded(dir.path()));
+        std::fs::create_dir(dir.path().join("ib_core")).unwrap();
+        assert!(!peer_memory_loaded(dir.path()));
+        std::fs::create_dir(dir.path().join("nvidia_peermem")).unwrap();
+        assert!(peer_memory_loaded(dir.path()));
+        let old = tempfile::tempdir().unwrap();
+        std::fs::create_dir(old.path().join("nv_peer_mem")).unwrap();
+        assert!(peer_memory_loaded(old.path()));
+    }
+
+    #[test]
     fn no_device_is_an_error_naming_tcp_and_auto_falls_back() {
         let enosys = Err("ibv_get_device_list: Function not implemented (os error 38)".to_string());
         let err = select_devices(RdmaMode::On, &[], enosys.clone()).unwrap_err();
@@ -454,6 +485,8 @@ mod tests {
                     rkey: 30,
                 },
             ],
+            location: crate::device::Location::Host,
+            cuda_ipc: None,
         };
         let paths = paths_for(&["x".into(), "y".into()], &peer, &region);
         assert_eq!(

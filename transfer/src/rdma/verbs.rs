@@ -231,6 +231,14 @@ impl Transport {
     pub(crate) fn register(&self, region: &MemoryRegion) -> Result<(Vec<RdmaKey>, Vec<MrHandle>)> {
         let mut keys = Vec::new();
         let mut mrs = Vec::new();
+        let device = region.is_device();
+        if device && !super::gpudirect_available() {
+            tracing::info!(
+                location = %region.location(),
+                "no GPUDirect RDMA (no nvidia_peermem module): this device memory is staged over TCP"
+            );
+            return Ok((keys, mrs));
+        }
         for (i, dev) in self.devices.iter().enumerate() {
             // SAFETY: the region is valid for its length while the MR lives (the MR is held by
             // the registration entry, which drops it before the region).
@@ -243,7 +251,13 @@ impl Transport {
                 )
             });
             if mr.is_null() {
-                return Err(verbs_err("ibv_reg_mr", std::io::Error::last_os_error()));
+                let e = std::io::Error::last_os_error();
+                if device {
+                    // GPUDirect may still fail for this allocation (or this NIC): stage it.
+                    tracing::warn!(error = %e, location = %region.location(), "ibv_reg_mr of device memory failed: this region is staged over TCP");
+                    return Ok((Vec::new(), Vec::new()));
+                }
+                return Err(verbs_err("ibv_reg_mr", e));
             }
             // SAFETY: mr is non-null and live.
             let mr_ref = unsafe { &*mr };

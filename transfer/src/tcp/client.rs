@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 use crate::auth::ClusterSecret;
 use crate::auth::handshake::{self, HandshakeError};
-use crate::engine::batch::{Abort, BatchState, Completion, Op};
+use crate::device::Devices;
+use crate::device::staging::StagingBuf;
+use crate::engine::batch::{Abort, BatchState, Completion, Landing, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::tcp::frame::{
     MAX_CONTROL_LEN, MAX_DESCRIPTOR_LEN, Opcode, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
@@ -53,16 +55,24 @@ pub(crate) struct ClientConfig {
     pub(crate) max_inflight: usize,
     pub(crate) connect_timeout: Duration,
     pub(crate) io_timeout: Duration,
+    /// Device memory: staging buffers and copy streams.
+    pub(crate) devices: Arc<Devices>,
 }
 
 /// One data frame: a slice of a request.
 pub(crate) struct DataSlice {
     op: Op,
+    /// Where the payload is sent from or lands: the request's local buffer, or the staging
+    /// buffer when the local buffer is device memory.
     local: SendPtr,
     remote_addr: u64,
     len: u64,
     token: u64,
     completion: Completion,
+    /// The pinned buffer a device-memory slice passes through.
+    staging: Option<Arc<StagingBuf>>,
+    /// A read into device memory: the device and address its staged bytes go to.
+    land: Option<(u32, u64)>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -103,6 +113,7 @@ struct Lane {
     peer: String,
     io_timeout: Duration,
     max_inflight: usize,
+    devices: Arc<Devices>,
 }
 
 impl Lane {
@@ -245,6 +256,7 @@ impl Peer {
             peer: self.name.clone(),
             io_timeout: self.cfg.io_timeout,
             max_inflight: self.cfg.max_inflight,
+            devices: self.cfg.devices.clone(),
         });
         tokio::spawn(write_loop(lane.clone(), rx));
         tokio::spawn(read_loop(lane.clone()));
@@ -258,11 +270,18 @@ impl Peer {
         }
     }
 
-    /// Cuts request `idx` of `batch` into slices and queues them on the lanes.
+    /// Cuts request `idx` of `batch` into slices and queues them on the lanes. A request
+    /// whose local buffer is device memory is cut to staging chunks: each slice of a write
+    /// is copied into a pinned buffer before it is queued (while the lanes send the slices
+    /// before it), each slice of a read lands in one and is copied to the device.
     pub(crate) async fn send_request(&self, batch: &Arc<BatchState>, idx: usize, token: u64) {
         let req = &batch.requests[idx];
         let len = req.len as u64;
-        let slice = self.cfg.slice_size.max(1);
+        let device = req.local.region().location().device();
+        let mut slice = self.cfg.slice_size.max(1);
+        if device.is_some() {
+            slice = slice.min(self.cfg.devices.staging_chunk() as u64);
+        }
         let n = len.div_ceil(slice);
         batch.set_slices(idx, n as u32);
         let base = SendPtr(req.local_ptr());
@@ -272,6 +291,17 @@ impl Peer {
             }
             let off = k * slice;
             let l = slice.min(len - off);
+            let (local, staging, land) = match device {
+                None => (base.add(off as usize), None, None),
+                Some(d) => match self.stage(batch, idx, d, base.add(off as usize), l).await {
+                    Ok(Some((buf, land))) => (SendPtr(buf.ptr()), Some(Arc::new(buf)), land),
+                    Ok(None) => return, // the deadline passed: the batch reports TimedOut
+                    Err(e) => {
+                        batch.finish(idx, Err(e));
+                        return;
+                    }
+                },
+            };
             let lane = match tokio::time::timeout_at(batch.deadline, self.lane(self.pick(l))).await
             {
                 Ok(Ok(lane)) => lane,
@@ -286,15 +316,61 @@ impl Peer {
             };
             let item = Item::Data(DataSlice {
                 op: req.op,
-                local: base.add(off as usize),
+                local,
                 remote_addr: req.remote_addr + off,
                 len: l,
                 token,
                 completion: batch.completion(idx),
+                staging,
+                land,
                 _permit: permit,
             });
             // A closed queue hands the item back; dropping it fails the request.
             let _ = lane.tx.send(item);
+        }
+    }
+
+    /// A staging buffer for a slice of `len` bytes at `at` in device memory of `device`:
+    /// for a write, holding the slice's bytes (copied from the device); for a read, empty,
+    /// with where its bytes go. `None` when the deadline passed first.
+    async fn stage(
+        &self,
+        batch: &Arc<BatchState>,
+        idx: usize,
+        device: u32,
+        at: SendPtr,
+        len: u64,
+    ) -> Result<Option<(StagingBuf, Option<(u32, u64)>)>> {
+        let ctx = self.cfg.devices.ctx()?;
+        let buf = match tokio::time::timeout_at(batch.deadline, ctx.staging.take(&self.name)).await
+        {
+            Ok(b) => b?,
+            Err(_) => return Ok(None),
+        };
+        let at = at.0 as u64;
+        if batch.requests[idx].op == Op::Read {
+            return Ok(Some((buf, Some((device, at)))));
+        }
+        let stream = ctx.stream(device)?;
+        // SAFETY: the source is the request's device buffer (checked at submit, held by the
+        // batch); `buf` is a private pinned buffer of at least one chunk >= len bytes, held
+        // here until the fence resolved (or abandoned if it never does).
+        unsafe { stream.copy(buf.addr(), at, len as usize)? };
+        let fence = match stream.fence() {
+            Ok(f) => f,
+            Err(e) => {
+                buf.abandon();
+                return Err(e);
+            }
+        };
+        match tokio::time::timeout_at(batch.deadline + crate::devcopy::FENCE_GRACE, fence).await {
+            Ok(r) => r.map(|()| Some((buf, None))),
+            Err(_) => {
+                buf.abandon();
+                Err(TransferError::Device {
+                    reason: "copying a slice out of device memory never completed".into(),
+                })
+            }
         }
     }
 
@@ -438,6 +514,9 @@ pub(crate) fn status_error(
             segment,
             reason: message.to_owned(),
         },
+        Status::DeviceError => TransferError::Device {
+            reason: format!("segment {segment}, range {range}: {message}"),
+        },
         Status::Ok | Status::BadRequest | Status::TooLarge => TransferError::Protocol {
             segment,
             reason: format!("peer answered {status:?}: {message}"),
@@ -545,14 +624,17 @@ async fn write_loop(lane: Arc<Lane>, mut rx: mpsc::UnboundedReceiver<Item>) {
 /// What keeps a frame's payload memory alive while the writer sends it (the batch owns the
 /// request's registered buffer; a control payload is its own `Bytes`).
 enum KeepAlive {
-    Batch(#[allow(dead_code)] Arc<BatchState>),
+    Batch(
+        #[allow(dead_code)] Arc<BatchState>,
+        #[allow(dead_code)] Option<Arc<StagingBuf>>,
+    ),
     Bytes(#[allow(dead_code)] Bytes),
 }
 
 impl KeepAlive {
     fn of(item: &Item) -> Self {
         match item {
-            Item::Data(s) => KeepAlive::Batch(s.completion.batch()),
+            Item::Data(s) => KeepAlive::Batch(s.completion.batch(), s.staging.clone()),
             Item::Control(c) => KeepAlive::Bytes(c.payload.clone()),
         }
     }
@@ -655,6 +737,58 @@ async fn fill_header(lane: &Lane, inbuf: &mut InBuf) -> Result<(), TransferError
     Ok(())
 }
 
+/// Copies a read slice's staged bytes to device memory and completes it once they are
+/// there, without holding up the lane. The slice's landing moves from the socket (which a
+/// timeout may kill) to the device copy (which nothing can stop, so it is waited for).
+fn land_on_device(lane: &Lane, mut s: DataSlice, socket_landing: Landing, device: u32, to: u64) {
+    let device_landing = s.completion.begin_landing(None);
+    drop(socket_landing);
+    let Some(landing) = device_landing else {
+        s.completion.complete_landed(None); // decided meanwhile: nothing more lands
+        return;
+    };
+    let devices = lane.devices.clone();
+    tokio::spawn(async move {
+        let staging = s
+            .staging
+            .take()
+            .expect("a device read slice has a staging buffer");
+        let deadline = s.completion.batch().deadline + crate::devcopy::FENCE_GRACE;
+        let r = async {
+            let stream = devices.ctx()?.stream(device)?;
+            // SAFETY: `to` is inside the request's device buffer (checked at submit, held by
+            // the batch); the staging buffer holds the slice's bytes and is held until the
+            // fence resolved (or abandoned).
+            unsafe { stream.copy(to, staging.addr(), s.len as usize)? };
+            stream.fence()
+        }
+        .await;
+        let r = match r {
+            Ok(fence) => match tokio::time::timeout_at(deadline, fence).await {
+                Ok(r) => r,
+                Err(_) => {
+                    match Arc::try_unwrap(staging) {
+                        Ok(b) => b.abandon(),
+                        // Another holder would hand it back to the pool: never.
+                        Err(shared) => std::mem::forget(shared),
+                    }
+                    Err(TransferError::Device {
+                        reason: "copying a slice into device memory never completed".into(),
+                    })
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => s.completion.complete_landed(Some(landing)),
+            Err(e) => {
+                s.completion.complete(Err(e));
+                drop(landing);
+            }
+        }
+    });
+}
+
 async fn handle_response(
     lane: &Lane,
     inbuf: &mut InBuf,
@@ -690,15 +824,19 @@ async fn handle_response(
                 // it lands, a timeout or cancel of the request kills this lane.
                 let landing = s.completion.begin_landing(Some(abort.clone()));
                 let region = s.completion.request().local.region();
-                let (dst, dest) = if landing.is_some() {
-                    let off = s.local.0 as usize - region.as_ptr() as usize;
-                    (s.local, Some((&**region.cpu(), off)))
-                } else {
-                    (SendPtr::NULL, None)
+                let (dst, dest) = match (&landing, &s.staging) {
+                    (None, _) => (SendPtr::NULL, None),
+                    // A private staging buffer: no lock to hold.
+                    (Some(_), Some(_)) => (s.local, None),
+                    (Some(_), None) => {
+                        let off = s.local.0 as usize - region.as_ptr() as usize;
+                        (s.local, Some((&**region.cpu(), off)))
+                    }
                 };
                 // SAFETY: `dst` points into the request's registered local buffer (bounds
                 // checked at submit, len bytes) at offset `off` of `region`, kept alive by the
-                // batch the completion holds.
+                // batch the completion holds; or into the slice's staging buffer of at least
+                // `len` bytes, which the slice holds.
                 unsafe {
                     read_payload(
                         &lane.conn,
@@ -711,7 +849,12 @@ async fn handle_response(
                     .await
                 }
                 .map_err(io)?;
-                s.completion.complete_landed(landing);
+                match (landing, s.land) {
+                    (Some(socket_landing), Some((device, to))) => {
+                        land_on_device(lane, s, socket_landing, device, to)
+                    }
+                    (landing, _) => s.completion.complete_landed(landing),
+                }
                 return Ok(());
             }
             s.completion.complete_landed(None);

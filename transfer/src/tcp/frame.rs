@@ -97,6 +97,8 @@ pub enum Status {
     ShuttingDown = 8,
     /// The handshake failed (only ever sent before the connection closes).
     Unauthenticated = 9,
+    /// The target could not copy into or out of its device memory (the message says why).
+    DeviceError = 10,
 }
 
 impl Status {
@@ -112,6 +114,7 @@ impl Status {
             7 => Status::Busy,
             8 => Status::ShuttingDown,
             9 => Status::Unauthenticated,
+            10 => Status::DeviceError,
             _ => return None,
         })
     }
@@ -375,6 +378,11 @@ mod tests {
             len: 12,
         };
         assert_eq!(ResponseHeader::decode(&h.encode()).unwrap(), h);
+        let dev = ResponseHeader {
+            status: Status::DeviceError,
+            ..h
+        };
+        assert_eq!(ResponseHeader::decode(&dev.encode()).unwrap(), dev);
         let long_err = ResponseHeader {
             len: MAX_CONTROL_LEN + 1,
             ..h

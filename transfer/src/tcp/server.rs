@@ -8,7 +8,8 @@
 //!
 //! Writes are received straight into the target memory and acknowledged after the last byte
 //! landed; reads are answered with the status header followed by the data, sent straight
-//! from memory. Responses are coalesced and flushed when no more complete request is
+//! from memory. Device memory goes through pinned staging buffers instead (`staged`): a
+//! Write into it is acknowledged once the device copies completed. Responses are coalesced and flushed when no more complete request is
 //! buffered. Shutdown stops reading new requests, finishes the ones already received,
 //! flushes, and closes.
 
@@ -31,6 +32,7 @@ use crate::tcp::frame::{
     FrameError, MAX_CONTROL_LEN, Opcode, REQUEST_HEADER_LEN, RequestHeader, ResponseHeader, Status,
 };
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
+use crate::tcp::staged;
 
 const INBUF_LEN: usize = 64 << 10;
 /// A write payload at least this large makes the next header read header-only, so the
@@ -124,6 +126,8 @@ pub(crate) struct ServerCtx {
     pub(crate) handshakes: HandshakeLimits,
     /// Time a peer has to complete the handshake.
     pub(crate) handshake_timeout: Duration,
+    /// Device memory: staging buffers and copy streams.
+    pub(crate) devices: Arc<crate::device::Devices>,
 }
 
 /// Accepts until shutdown; every connection runs in its own task on `ctx.tracker`.
@@ -403,6 +407,28 @@ async fn serve_frames(
         header_only = h.op.payload_len(h.len) >= LARGE_PAYLOAD;
         match h.op {
             Opcode::Write => match ctx.regions.lookup(h.remote_addr, h.len, h.token) {
+                Ok(region) if region.is_device() => {
+                    let device = region.location().device().unwrap_or_default();
+                    let r = staged::recv_to_device(
+                        conn,
+                        &mut inbuf,
+                        &ctx.devices,
+                        device,
+                        &identity.name,
+                        h.remote_addr,
+                        h.len as usize,
+                        idle,
+                    )
+                    .await?;
+                    drop(region);
+                    match r {
+                        Ok(()) => out.answer(Status::Ok, h.request_id, &[]),
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "device write failed");
+                            out.refuse(Status::DeviceError, h.request_id, &e.to_string());
+                        }
+                    }
+                }
                 Ok(region) => {
                     let off = (h.remote_addr - region.addr()) as usize;
                     // SAFETY: lookup proved [remote_addr, +len) lies inside `region`, which
@@ -432,6 +458,25 @@ async fn serve_frames(
                 }
             },
             Opcode::Read => match ctx.regions.lookup(h.remote_addr, h.len, h.token) {
+                Ok(region) if region.is_device() => {
+                    // Answers go in request order: what is queued leaves first.
+                    if !out.is_empty() {
+                        out.flush(conn, idle).await?;
+                    }
+                    let device = region.location().device().unwrap_or_default();
+                    staged::send_from_device(
+                        conn,
+                        &ctx.devices,
+                        device,
+                        &identity.name,
+                        h.request_id,
+                        h.remote_addr,
+                        h.len as usize,
+                        idle,
+                    )
+                    .await?;
+                    drop(region);
+                }
                 Ok(region) => out.data(
                     h.request_id,
                     SendPtr(h.remote_addr as *mut u8),

@@ -1,0 +1,134 @@
+//! Memory-copy requests with device memory on either side: into or out of the engine's own
+//! device regions, a same-host peer's shared memory with a local device buffer, and a
+//! same-host peer's device region opened through CUDA IPC.
+//!
+//! Every copy of a batch is enqueued on a copy stream of its device at submission (one
+//! asynchronous copy per request, the whole length: the device's copy engine needs no
+//! slicing), then one task waits for their fences in turn and completes each request.
+//! A request's landing lasts until its fence: a copy engine cannot be stopped, so a request
+//! that times out or is cancelled is reported only once its copy is over, and nothing lands
+//! in a buffer its caller took back. A fence that never comes (a hung device) is given up
+//! on [`FENCE_GRACE`] after the request's deadline, with a warning.
+//!
+//! The peer checks are those of the host paths: a shared-memory peer's owner and control
+//! page before and after, an IPC region's control block before and after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::device::{DeviceCtx, Devices, Fence};
+use crate::engine::batch::{BatchState, Landing, Op};
+use crate::error::{Result, TransferError};
+use crate::shm::{CopyJob, CopyTarget};
+
+/// How long after a request's deadline its device copy is still waited for.
+pub(crate) const FENCE_GRACE: Duration = Duration::from_secs(10);
+
+/// Starts the device copies of `jobs` and completes their requests as they finish.
+pub(crate) fn run(devices: &Devices, batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let ctx = match devices.ctx() {
+        Ok(c) => c.clone(),
+        Err(e) => {
+            for j in jobs {
+                batch.finish(j.idx, Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut started = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match start(&ctx, batch, &job) {
+            Ok(Some((landing, fence))) => started.push((job, landing, fence)),
+            Ok(None) => {} // decided already (cancelled or expired)
+            Err(e) => {
+                batch.finish(job.idx, Err(e));
+            }
+        }
+    }
+    if started.is_empty() {
+        return;
+    }
+    let batch = batch.clone();
+    tokio::spawn(async move {
+        let until = batch.deadline + FENCE_GRACE;
+        for (job, landing, fence) in started {
+            let r = match tokio::time::timeout_at(until, fence).await {
+                Ok(r) => r.and_then(|()| recheck(&batch, &job)),
+                Err(_) => {
+                    tracing::warn!(
+                        "a device copy did not complete {FENCE_GRACE:?} after its deadline; giving up on it"
+                    );
+                    Err(TransferError::Device {
+                        reason: "the device copy never completed".into(),
+                    })
+                }
+            };
+            batch.finish(job.idx, r);
+            drop(landing);
+        }
+    });
+}
+
+/// Checks the remote side and enqueues the copy of one request; `None` if the request was
+/// decided before its copy could start.
+fn start(
+    ctx: &DeviceCtx,
+    batch: &Arc<BatchState>,
+    job: &CopyJob,
+) -> Result<Option<(Landing, Fence)>> {
+    let req = &batch.requests[job.idx];
+    let seg = req.segment.name();
+    let range = req.remote_range();
+    let (remote, remote_dev) = match &job.target {
+        CopyTarget::Peer(m) => {
+            m.check(seg, range)?;
+            m.check_owner(seg)?;
+            m.prefault(req.remote_addr, req.len, req.op == Op::Write);
+            (m.ptr_of(req.remote_addr).0 as u64, None)
+        }
+        CopyTarget::Local(e) => (req.remote_addr, e.region.device().map(|a| a.pointer.device)),
+        CopyTarget::Ipc(m) => {
+            m.check(seg, range)?;
+            (m.addr_of(req.remote_addr), Some(m.device))
+        }
+    };
+    let local = req.local_ptr() as u64;
+    let local_dev = req.local.region().device().map(|a| a.pointer.device);
+    let device = local_dev
+        .or(remote_dev)
+        .ok_or_else(|| TransferError::invalid("a host copy reached the device copy path"))?;
+    let len = req.len as u64;
+    if matches!(job.target, CopyTarget::Local(_)) && local < remote + len && remote < local + len {
+        return Err(TransferError::invalid(format!(
+            "device copy between overlapping ranges [{local:#x}, +{len}) and [{remote:#x}, +{len})"
+        )));
+    }
+    let (dst, src) = match req.op {
+        Op::Write => (remote, local),
+        Op::Read => (local, remote),
+    };
+    let Some(landing) = batch.begin_landing(job.idx, None) else {
+        return Ok(None);
+    };
+    let stream = ctx.stream(device)?;
+    // SAFETY: the local range was checked at submit and is held by the batch; the remote
+    // one lies in a region checked above (the peer's control page, the IPC control block or
+    // this engine's registration table) that the job keeps open or registered until the
+    // fence below resolved, and the two do not overlap (different memory, or checked).
+    unsafe { stream.copy(dst, src, req.len)? };
+    let fence = stream.fence()?;
+    Ok(Some((landing, fence)))
+}
+
+/// The remote side is still the registration the copy was for.
+fn recheck(batch: &BatchState, job: &CopyJob) -> Result<()> {
+    let req = &batch.requests[job.idx];
+    match &job.target {
+        CopyTarget::Peer(m) => m.check(req.segment.name(), req.remote_range()),
+        CopyTarget::Ipc(m) => m.check(req.segment.name(), req.remote_range()),
+        CopyTarget::Local(_) => Ok(()),
+    }
+}

@@ -1,0 +1,202 @@
+//! Device regions between two processes of one host: CUDA IPC, behind the same checks as
+//! shared memory.
+//!
+//! The owner exports an IPC handle of the allocation a device region is in, and gives the
+//! region a **control block**: a sealed one-page memfd whose control page carries the
+//! registration's id, token and state, locked by the owner for its life (exactly a shared
+//! region's control page, without the data). Both go in the region's descriptor, which
+//! only authenticated peers get (peer-to-peer, or from the master with the store key).
+//! A peer on the same host maps the control block with every check shared memory makes
+//! (`shm::PeerMapping::open_control`), opens the handle on its own ordinal of the device
+//! (found by UUID), and copies device to device; before and after each copy it checks the
+//! owner is alive and the registration unchanged, so a retired or re-registered region is
+//! an error, not a write into memory that was given back. Two engines of one process use
+//! the owner's address directly (a process cannot open its own handle).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::Mutex;
+
+use super::{Allocation, DeviceCtx, DevicePointer};
+use crate::error::{RemoteRange, Result, TransferError};
+use crate::memory::{MemoryRegion, ShmControl};
+use crate::segment::{CudaIpcRegion, RegionDescriptor};
+use crate::shm::PeerMapping;
+
+/// What a device region publishes for same-host peers.
+pub(crate) struct IpcExport {
+    control: MemoryRegion,
+    handle: Vec<u8>,
+    offset: u64,
+    uuid: String,
+}
+
+impl IpcExport {
+    /// Exports the allocation `pointer` of a region of `len` bytes at `addr`.
+    pub(crate) fn new(
+        ctx: &DeviceCtx,
+        pointer: &DevicePointer,
+        addr: u64,
+        len: usize,
+    ) -> Result<Self> {
+        let handle = ctx.backend.ipc_export(pointer)?;
+        let uuid = ctx.uuid(pointer.device)?;
+        let control = MemoryRegion::alloc_shared(1)?;
+        let ctl = control
+            .shm_control()
+            .expect("a shared region has a control page");
+        ctl.data_len.store(len as u64, Ordering::Release);
+        Ok(Self {
+            control,
+            handle,
+            offset: addr - pointer.base,
+            uuid,
+        })
+    }
+
+    /// The control page (registration id, token, state).
+    pub(crate) fn control(&self) -> &ShmControl {
+        self.control
+            .shm_control()
+            .expect("a shared region has a control page")
+    }
+
+    /// The descriptor entry.
+    pub(crate) fn describe(&self) -> Option<CudaIpcRegion> {
+        let loc = self.control.shm_location()?;
+        Some(CudaIpcRegion {
+            handle: hex(&self.handle),
+            offset: self.offset,
+            device_uuid: self.uuid.clone(),
+            control: crate::segment::ShmRegion {
+                pid: loc.pid,
+                fd: loc.fd,
+                name: loc.name,
+                data_offset: loc.data_offset,
+                dev: loc.dev,
+                ino: loc.ino,
+            },
+        })
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+/// A same-host peer's device region, opened in this process.
+pub(crate) struct IpcMapping {
+    control: PeerMapping,
+    /// The opened handle (none when the owner is this very process).
+    _import: Option<Allocation>,
+    /// This process's address of the region's first byte.
+    base: u64,
+    /// This process's ordinal of the device holding it.
+    pub(crate) device: u32,
+    region: RegionDescriptor,
+}
+
+impl IpcMapping {
+    fn open(
+        ctx: &DeviceCtx,
+        segment: &str,
+        region: &RegionDescriptor,
+        ipc: &CudaIpcRegion,
+    ) -> Result<Self> {
+        let fail =
+            |reason: String| TransferError::unreachable(segment, format!("CUDA IPC: {reason}"));
+        let device = ctx.device_with_uuid(&ipc.device_uuid).ok_or_else(|| {
+            fail(format!(
+                "device {} is not visible to this process",
+                ipc.device_uuid
+            ))
+        })?;
+        let control = PeerMapping::open_control(segment, region, &ipc.control)?;
+        let (import, base) = if ipc.control.pid == std::process::id() {
+            (None, region.addr)
+        } else {
+            let handle = unhex(&ipc.handle).ok_or_else(|| fail("the handle is not hex".into()))?;
+            let a = ctx.backend.ipc_open(device, &handle)?;
+            let base = a
+                .addr()
+                .checked_add(ipc.offset)
+                .ok_or_else(|| fail("the region's offset overflows".into()))?;
+            (Some(a), base)
+        };
+        Ok(Self {
+            control,
+            _import: import,
+            base,
+            device,
+            region: region.clone(),
+        })
+    }
+
+    /// This process's address of the peer's `addr` (inside the region, checked by the caller).
+    pub(crate) fn addr_of(&self, addr: u64) -> u64 {
+        self.base + (addr - self.region.addr)
+    }
+
+    /// The owner is alive and the registration is the one the descriptor names.
+    pub(crate) fn check(&self, segment: &str, range: RemoteRange) -> Result<()> {
+        self.control.check(segment, range)?;
+        self.control.check_owner(segment)
+    }
+}
+
+/// Opened IPC regions of one peer segment, by region id.
+#[derive(Default)]
+pub(crate) struct IpcMaps {
+    maps: Mutex<HashMap<u64, Arc<IpcMapping>>>,
+}
+
+impl IpcMaps {
+    /// The mapping of `region` (opened on first use).
+    pub(crate) fn get(
+        &self,
+        ctx: &DeviceCtx,
+        segment: &str,
+        region: &RegionDescriptor,
+        ipc: &CudaIpcRegion,
+    ) -> Result<Arc<IpcMapping>> {
+        if let Some(m) = self.maps.lock().get(&region.id)
+            && m.region == *region
+        {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(IpcMapping::open(ctx, segment, region, ipc)?);
+        m.check(segment, RemoteRange::new(region.addr, region.len))?;
+        self.maps.lock().insert(region.id, m.clone());
+        Ok(m)
+    }
+
+    /// Closes everything (the peer re-registered or restarted).
+    pub(crate) fn clear(&self) {
+        self.maps.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_through_hex() {
+        let h: Vec<u8> = (0..64).map(|i| (i * 7) as u8).collect();
+        assert_eq!(unhex(&hex(&h)).unwrap(), h);
+        assert!(unhex("abc").is_none());
+        assert!(unhex("zz").is_none());
+        assert!(unhex("éé").is_none());
+    }
+}

@@ -1,0 +1,299 @@
+//! The TCP target's data path for device memory: payloads pass through pinned staging
+//! buffers, chunk by chunk, with the device copy of one chunk overlapping the socket I/O of
+//! the next.
+//!
+//! A Write into device memory receives chunk n into a staging buffer while the copies of
+//! the chunks before it run; a buffer is reused only once its copy's fence resolved, and
+//! the Write is acknowledged only after the last fence: its bytes are in device memory.
+//! A Read copies up to [`RING`] chunks ahead into staging buffers and sends each as soon as
+//! its copy is done. One frame holds at most `RING` buffers, taken at once from its peer's
+//! share of the pool (`device::staging`).
+//!
+//! Failures: a device copy that fails leaves the payload drained and the request refused
+//! (`Status::DeviceError`), the connection usable. A fence that does not come within the
+//! I/O timeout abandons its buffer (never reused: the device may still use it). A Read whose
+//! copy fails after its data began ends the connection (the frame cannot be finished).
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::Duration;
+
+use crate::device::staging::StagingBuf;
+use crate::device::{CopyStream, Devices, Fence};
+use crate::error::{Result, TransferError};
+use crate::tcp::frame::{ResponseHeader, Status};
+use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
+
+/// Staging buffers one frame keeps in flight at most.
+pub(crate) const RING: usize = 4;
+
+/// Waits for `fence`, at most `idle`; a fence that does not come abandons `buf`.
+async fn settle(buf: StagingBuf, fence: Fence, idle: Duration) -> (Option<StagingBuf>, Result<()>) {
+    match tokio::time::timeout(idle, fence).await {
+        Ok(r) => (Some(buf), r),
+        Err(_) => {
+            buf.abandon();
+            (
+                None,
+                Err(TransferError::Device {
+                    reason: format!("a device copy did not complete within {idle:?}"),
+                }),
+            )
+        }
+    }
+}
+
+/// Enqueues the copy of `len` bytes from `src` to `dst` and a fence after it. On an error
+/// `buf` goes back to its pool when the copy was not enqueued, and is abandoned when it may
+/// have been.
+///
+/// # Safety
+/// As [`CopyStream::copy`]; `buf` is the staging side and stays owned by the caller until
+/// the fence resolves.
+unsafe fn enqueue(
+    stream: &dyn CopyStream,
+    buf: StagingBuf,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<(StagingBuf, Fence)> {
+    // SAFETY: forwarded caller contract.
+    unsafe { stream.copy(dst, src, len)? };
+    match stream.fence() {
+        Ok(f) => Ok((buf, f)),
+        Err(e) => {
+            buf.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// Reads and drops `len` payload bytes.
+async fn drain(conn: &Conn, inbuf: &mut InBuf, len: usize, idle: Duration) -> io::Result<()> {
+    // SAFETY: a null destination only drains the payload.
+    unsafe { read_payload(conn, inbuf, SendPtr::NULL, len, idle, None).await }
+}
+
+/// Receives a Write's `len` payload bytes into device memory at `dst` (on `device`) for
+/// `peer`. `Ok(Ok(()))`: every byte is in device memory; `Ok(Err(_))`: the payload was
+/// drained but did not reach the device (refuse the request); `Err(_)`: the connection
+/// failed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn recv_to_device(
+    conn: &Conn,
+    inbuf: &mut InBuf,
+    devices: &Devices,
+    device: u32,
+    peer: &str,
+    dst: u64,
+    len: usize,
+    idle: Duration,
+) -> io::Result<Result<()>> {
+    let ctx = match devices.ctx() {
+        Ok(c) => c,
+        Err(e) => {
+            drain(conn, inbuf, len, idle).await?;
+            return Ok(Err(e));
+        }
+    };
+    let chunk = ctx.staging.chunk();
+    let ring = RING.min(len.div_ceil(chunk)).max(1);
+    let taken = match tokio::time::timeout(idle, ctx.staging.take_many(peer, ring)).await {
+        Ok(r) => r,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no staging buffer for a device write",
+            ));
+        }
+    };
+    let (mut free, stream) = match taken.and_then(|b| ctx.stream(device).map(|s| (b, s))) {
+        Ok(x) => x,
+        Err(e) => {
+            drain(conn, inbuf, len, idle).await?;
+            return Ok(Err(e));
+        }
+    };
+    let mut busy: VecDeque<(StagingBuf, Fence)> = VecDeque::with_capacity(ring);
+    let mut failed: Option<TransferError> = None;
+    let mut off = 0;
+    while off < len {
+        let n = chunk.min(len - off);
+        let buf = match free.pop() {
+            Some(b) => Some(b),
+            None => match busy.pop_front() {
+                Some((b, f)) => {
+                    let (b, r) = settle(b, f, idle).await;
+                    if let Err(e) = r {
+                        failed.get_or_insert(e);
+                    }
+                    b
+                }
+                None => None,
+            },
+        };
+        let Some(buf) = buf.filter(|_| failed.is_none()) else {
+            // The device failed: the rest of the payload is drained.
+            drain(conn, inbuf, len - off, idle).await?;
+            break;
+        };
+        // SAFETY: `buf` is a private pinned buffer of `chunk >= n` bytes, held until here.
+        unsafe { read_payload(conn, inbuf, SendPtr(buf.ptr()), n, idle, None).await? };
+        let src = buf.addr();
+        // SAFETY: `buf` holds the n bytes just received and is kept (in `busy`) until its
+        // fence resolved; [dst + off, +n) lies in the registered device region the caller
+        // looked up and keeps alive for the call.
+        match unsafe { enqueue(&*stream, buf, dst + off as u64, src, n) } {
+            Ok(x) => busy.push_back(x),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+        off += n;
+    }
+    for (b, f) in busy {
+        if let (_, Err(e)) = settle(b, f, idle).await {
+            failed.get_or_insert(e);
+        }
+    }
+    Ok(failed.map_or(Ok(()), Err))
+}
+
+/// Answers a Read of `len` bytes of device memory at `src` (on `device`) for `peer`: the
+/// status header, then the data, staged. A device failure before any data was sent is
+/// answered as a refusal; after, it ends the connection (returned as an error).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn send_from_device(
+    conn: &Conn,
+    devices: &Devices,
+    device: u32,
+    peer: &str,
+    request_id: u64,
+    src: u64,
+    len: usize,
+    idle: Duration,
+) -> io::Result<()> {
+    let refuse = |e: TransferError| async move {
+        let msg = e.to_string();
+        let msg = &msg.as_bytes()[..msg.len().min(crate::tcp::frame::MAX_CONTROL_LEN as usize)];
+        let h = ResponseHeader {
+            status: Status::DeviceError,
+            request_id,
+            len: msg.len() as u64,
+        }
+        .encode();
+        let mut iov = [
+            IoPiece {
+                ptr: h.as_ptr(),
+                len: h.len(),
+            },
+            IoPiece {
+                ptr: msg.as_ptr(),
+                len: msg.len(),
+            },
+        ];
+        // SAFETY: both pieces are locals of this future, alive until the send ends.
+        unsafe { conn.send_all(&mut iov, idle).await }
+    };
+    if len == 0 {
+        let h = ResponseHeader {
+            status: Status::Ok,
+            request_id,
+            len: 0,
+        }
+        .encode();
+        let mut iov = [IoPiece {
+            ptr: h.as_ptr(),
+            len: h.len(),
+        }];
+        // SAFETY: the header is a local of this future, alive until the send ends.
+        return unsafe { conn.send_all(&mut iov, idle).await };
+    }
+    let ctx = match devices.ctx() {
+        Ok(c) => c,
+        Err(e) => return refuse(e).await,
+    };
+    let chunk = ctx.staging.chunk();
+    let ring = RING.min(len.div_ceil(chunk)).max(1);
+    let taken = match tokio::time::timeout(idle, ctx.staging.take_many(peer, ring)).await {
+        Ok(r) => r,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no staging buffer for a device read",
+            ));
+        }
+    };
+    let (free, stream) = match taken.and_then(|b| ctx.stream(device).map(|s| (b, s))) {
+        Ok(x) => x,
+        Err(e) => return refuse(e).await,
+    };
+    let mut pending: VecDeque<(StagingBuf, Fence, usize)> = VecDeque::with_capacity(ring);
+    let mut next = 0usize;
+    let mut failed: Option<TransferError> = None;
+    // Copies ahead into every buffer.
+    let issue = |buf: StagingBuf, next: &mut usize, pending: &mut VecDeque<_>| {
+        let n = chunk.min(len - *next);
+        let dst = buf.addr();
+        // SAFETY: `buf` is a private pinned buffer of `chunk >= n` bytes, kept in `pending`
+        // until its fence resolved; [src + next, +n) lies in the registered device region the
+        // caller looked up and keeps alive for the call.
+        let r = unsafe { enqueue(&*stream, buf, dst, src + *next as u64, n) };
+        *next += n;
+        r.map(|(b, f)| pending.push_back((b, f, n)))
+    };
+    for buf in free {
+        if next >= len {
+            break;
+        }
+        if let Err(e) = issue(buf, &mut next, &mut pending) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let mut header_sent = false;
+    while let Some((buf, fence, n)) = pending.pop_front() {
+        let (buf, r) = settle(buf, fence, idle).await;
+        if let Some(e) = failed.take().or(r.err()) {
+            if header_sent {
+                return Err(io::Error::other(e.to_string()));
+            }
+            for (b, f, _) in pending.drain(..) {
+                let _ = settle(b, f, idle).await;
+            }
+            return refuse(e).await;
+        }
+        let buf = buf.expect("a settled fence keeps its buffer");
+        let h = ResponseHeader {
+            status: Status::Ok,
+            request_id,
+            len: len as u64,
+        }
+        .encode();
+        let mut iov = [
+            IoPiece {
+                ptr: h.as_ptr(),
+                len: if header_sent { 0 } else { h.len() },
+            },
+            IoPiece {
+                ptr: buf.ptr(),
+                len: n,
+            },
+        ];
+        // SAFETY: the header is a local and `buf` (whose copy completed) is held until the
+        // send ends.
+        unsafe { conn.send_all(&mut iov, idle).await? };
+        header_sent = true;
+        if next < len
+            && let Err(e) = issue(buf, &mut next, &mut pending)
+        {
+            failed = Some(e);
+        }
+    }
+    match failed {
+        None => Ok(()),
+        Some(e) if !header_sent => refuse(e).await,
+        // A copy could not be enqueued after the data began: the frame cannot be finished.
+        Some(e) => Err(io::Error::other(e.to_string())),
+    }
+}

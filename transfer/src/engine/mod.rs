@@ -1,5 +1,5 @@
-//! The engine: registration, segments, batch submission and routing, notifications,
-//! graceful shutdown.
+//! The engine: registration (`register`), segments, batch submission and routing
+//! (`route`), notifications, graceful shutdown.
 //!
 //! ```no_run
 //! # async fn demo() -> transfer::Result<()> {
@@ -19,9 +19,12 @@ pub(crate) mod batch;
 mod builder;
 pub(crate) mod config;
 pub(crate) mod notify;
+mod register;
+mod route;
 pub(crate) mod segments;
 
 pub use builder::EngineBuilder;
+use route::{Route, route};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,14 +37,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
-use crate::device::ipc::IpcExport;
-use crate::device::{DeviceAccess, Devices, Location, StagingStats};
+use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
-use crate::memory::{AllocOptions, MemoryRegion};
 use crate::metadata::Metadata;
-use crate::rdma::{RdmaPath, paths_for};
-use crate::registry::{LocalEntry, LocalRegions, RegisteredBuffer};
-use crate::segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor, ShmRegion};
+use crate::registry::LocalRegions;
+use crate::segment::SegmentDescriptor;
 use crate::shm::{CopyJob, CopyTarget};
 use crate::tcp::client::{TcpClient, status_error};
 use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status};
@@ -87,46 +87,6 @@ struct Counters {
     local: AtomicU64,
     rdma: AtomicU64,
     ipc: AtomicU64,
-}
-
-/// How one request travels.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Route {
-    Ipc(CudaIpcRegion),
-    Shm(ShmRegion),
-    Rdma(Vec<RdmaPath>),
-    Tcp,
-}
-
-/// Picks the transport for a request into `region` of a peer: CUDA IPC when both run on
-/// one host and the region is exported device memory, shared memory when the region is
-/// shared, else RDMA when both have a device with a key for the region (`local_rdma` lists
-/// the devices the local buffer is registered with), else TCP.
-pub(crate) fn route(
-    ipc_enabled: bool,
-    shm_enabled: bool,
-    same_host: bool,
-    region: &RegionDescriptor,
-    local_rdma: &[String],
-    peer: &SegmentDescriptor,
-) -> Route {
-    if ipc_enabled
-        && same_host
-        && let Some(ipc) = &region.cuda_ipc
-    {
-        return Route::Ipc(ipc.clone());
-    }
-    if shm_enabled
-        && same_host
-        && let Some(shm) = &region.shm
-    {
-        return Route::Shm(shm.clone());
-    }
-    let paths = paths_for(local_rdma, &peer.endpoints.rdma, region);
-    if !paths.is_empty() {
-        return Route::Rdma(paths);
-    }
-    Route::Tcp
 }
 
 struct Inner {
@@ -252,186 +212,6 @@ impl TransferEngine {
             Err(TransferError::Shutdown)
         } else {
             Ok(())
-        }
-    }
-
-    /// Registers `region`: peers can address it from now on, and it can be the local side
-    /// of requests. Dropping every clone of the returned handle unregisters it.
-    ///
-    /// With peer-to-peer metadata peers see the region at once (they ask this engine).
-    /// With a metadata service the descriptor is republished in the background; call
-    /// [`TransferEngine::publish`] to know it is out before telling peers about the region.
-    pub fn register(&self, mut region: MemoryRegion) -> Result<RegisteredBuffer> {
-        self.check_open()?;
-        if let Some(access) = region.device().cloned()
-            && self.inner.config.device_ipc
-        {
-            let exported =
-                self.inner.devices.ctx().and_then(|ctx| {
-                    IpcExport::new(ctx, &access.pointer, region.addr(), region.len())
-                });
-            match exported {
-                Ok(e) => region.set_export(e),
-                Err(e) => tracing::info!(
-                    error = %e,
-                    "device memory registered without a CUDA IPC handle: peers on this host stage it over TCP"
-                ),
-            }
-        }
-        let (rdma_keys, rdma_mrs) = match &self.inner.rdma {
-            Some(t) => t.register(&region)?,
-            None => (Vec::new(), Vec::new()),
-        };
-        let entry = LocalEntry {
-            id: self.inner.regions.next_id(),
-            token: rand::random::<u64>() | 1,
-            region: Arc::new(region),
-            rdma_keys,
-            rdma_mrs,
-        };
-        self.inner.regions.insert(entry)
-    }
-
-    /// Allocates and registers `len` zeroed, page-aligned bytes (shared memory when the
-    /// shared-memory transport is enabled, so same-host peers can use it).
-    pub fn alloc(&self, len: usize) -> Result<RegisteredBuffer> {
-        self.alloc_with(
-            len,
-            AllocOptions {
-                shared: self.inner.config.shm,
-                ..AllocOptions::default()
-            },
-        )
-    }
-
-    /// Allocates (as `opts` says) and registers `len` bytes.
-    pub fn alloc_with(&self, len: usize, opts: AllocOptions) -> Result<RegisteredBuffer> {
-        self.register(MemoryRegion::alloc_with(len, opts)?)
-    }
-
-    /// Registers memory the caller manages; see [`MemoryRegion::from_raw_parts`].
-    ///
-    /// # Safety
-    /// `ptr..ptr+len` must be valid for reads and writes until `keep_alive` is dropped (after
-    /// the registration and every transfer using it ended), and must not be accessed through
-    /// Rust references while transfers may touch it.
-    pub unsafe fn register_raw(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-        keep_alive: impl std::any::Any + Send + Sync,
-    ) -> Result<RegisteredBuffer> {
-        // SAFETY: forwarded caller contract.
-        let region = unsafe { MemoryRegion::from_raw_parts(ptr, len, keep_alive)? };
-        self.register(region)
-    }
-
-    /// Registers memory the caller manages at `location`, as Mooncake's
-    /// `registerLocalMemory` does: `Some(Location::Host)` is host memory;
-    /// `Some(Location::Cuda(n))` must be device memory of device `n` (checked with the
-    /// driver); `None` (Mooncake's `*`) asks the driver where the pointer is, and is host
-    /// memory where no driver is installed. Device memory is registered whole within one
-    /// device allocation; the CPU never touches it (see [`crate::device`]). A device
-    /// location on a machine without a usable driver is refused with the reason.
-    ///
-    /// # Safety
-    /// As [`TransferEngine::register_raw`], for whichever memory the range is.
-    pub unsafe fn register_raw_at(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-        location: Option<Location>,
-        keep_alive: impl std::any::Any + Send + Sync,
-    ) -> Result<RegisteredBuffer> {
-        self.check_open()?;
-        let addr = ptr as u64;
-        let devices = &self.inner.devices;
-        let found = match location {
-            Some(Location::Host) => None,
-            Some(Location::Cuda(n)) => {
-                let ctx = devices.ctx()?;
-                match ctx.backend.locate(addr)? {
-                    Some(p) if p.device == n => Some((ctx, p)),
-                    Some(p) => {
-                        return Err(TransferError::Device {
-                            reason: format!(
-                                "{addr:#x} is memory of cuda:{}, not of the cuda:{n} it was registered as",
-                                p.device
-                            ),
-                        });
-                    }
-                    None => {
-                        return Err(TransferError::Device {
-                            reason: format!(
-                                "{addr:#x} was registered as cuda:{n} but is not device memory"
-                            ),
-                        });
-                    }
-                }
-            }
-            None => match devices.ctx() {
-                Ok(ctx) => ctx.backend.locate(addr)?.map(|p| (ctx, p)),
-                Err(e) => {
-                    tracing::trace!(error = %e, "no device backend: {addr:#x} is host memory");
-                    None
-                }
-            },
-        };
-        let region = match found {
-            None => {
-                // SAFETY: forwarded caller contract.
-                unsafe { MemoryRegion::from_raw_parts(ptr, len, keep_alive)? }
-            }
-            Some((ctx, pointer)) => {
-                let access = DeviceAccess {
-                    backend: ctx.backend.clone(),
-                    pointer,
-                };
-                // SAFETY: the driver says `ptr` is device memory of `pointer.device` (the
-                // range is checked to lie in its allocation); the caller keeps it valid
-                // until `keep_alive` is dropped.
-                unsafe { MemoryRegion::from_device(ptr, len, access, keep_alive)? }
-            }
-        };
-        self.register(region)
-    }
-
-    /// Allocates `len` bytes on CUDA device `device` and registers them (freed when the
-    /// registration and every transfer using it ended).
-    pub fn alloc_device(&self, device: u32, len: usize) -> Result<RegisteredBuffer> {
-        self.check_open()?;
-        if len == 0 {
-            return Err(TransferError::invalid(
-                "cannot allocate a zero-length region",
-            ));
-        }
-        let ctx = self.inner.devices.ctx()?;
-        let mem = ctx.backend.alloc_device(device, len)?;
-        let access = DeviceAccess {
-            backend: ctx.backend.clone(),
-            pointer: crate::device::DevicePointer {
-                device,
-                base: mem.addr(),
-                size: len as u64,
-            },
-        };
-        let ptr = mem.addr() as *mut u8;
-        // SAFETY: `mem` is `len` bytes of memory of `device`, freed only when it is dropped,
-        // which is with the region.
-        let region = unsafe { MemoryRegion::from_device(ptr, len, access, mem)? };
-        self.register(region)
-    }
-
-    /// Where `addr` (an address in this process) points: device memory per the driver, or
-    /// host memory (also where no driver is installed).
-    pub fn locate(&self, addr: u64) -> Result<Location> {
-        match self.inner.devices.ctx() {
-            Ok(ctx) => Ok(ctx
-                .backend
-                .locate(addr)?
-                .map(|p| Location::Cuda(p.device))
-                .unwrap_or(Location::Host)),
-            Err(_) => Ok(Location::Host),
         }
     }
 
@@ -771,140 +551,5 @@ impl TransferEngine {
         if let Err(e) = self.inner.metadata.remove(&self.inner.name).await {
             tracing::warn!(error = %e, "unpublishing the segment descriptor failed");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::segment::{DESCRIPTOR_VERSION, Endpoints};
-    use crate::segment::{RdmaDeviceEndpoint, RdmaKey};
-
-    fn region(shm: bool, keys: bool) -> RegionDescriptor {
-        RegionDescriptor {
-            id: 1,
-            addr: 4096,
-            len: 4096,
-            token: 9,
-            shm: shm.then(|| ShmRegion {
-                pid: 1,
-                fd: 3,
-                name: "m".into(),
-                data_offset: 4096,
-                dev: 0,
-                ino: 0,
-            }),
-            rdma: if keys {
-                vec![RdmaKey {
-                    device: "mlx5_0".into(),
-                    rkey: 5,
-                }]
-            } else {
-                vec![]
-            },
-            location: Location::Host,
-            cuda_ipc: None,
-        }
-    }
-
-    fn peer(rdma: bool) -> SegmentDescriptor {
-        SegmentDescriptor {
-            version: DESCRIPTOR_VERSION,
-            name: "p:1".into(),
-            host_id: "h".into(),
-            engine_id: 1,
-            generation: 1,
-            endpoints: Endpoints {
-                tcp: Some("127.0.0.1:1".into()),
-                rdma: if rdma {
-                    vec![RdmaDeviceEndpoint {
-                        device: "mlx5_0".into(),
-                        lid: 1,
-                        gid: None,
-                    }]
-                } else {
-                    vec![]
-                },
-            },
-            regions: vec![],
-        }
-    }
-
-    #[test]
-    fn device_regions_route_through_ipc_on_one_host_else_over_the_network() {
-        let local = vec!["mlx5_0".to_string()];
-        let mut dev = region(false, false);
-        dev.location = Location::Cuda(0);
-        dev.cuda_ipc = Some(CudaIpcRegion {
-            handle: "00".repeat(64),
-            offset: 0,
-            device_uuid: "GPU-x".into(),
-            control: ShmRegion {
-                pid: 1,
-                fd: 3,
-                name: "c".into(),
-                data_offset: 4096,
-                dev: 1,
-                ino: 1,
-            },
-        });
-        assert!(matches!(
-            route(true, true, true, &dev, &local, &peer(true)),
-            Route::Ipc(_)
-        ));
-        // IPC off, or another host: no shared memory for device regions; TCP (no RDMA keys:
-        // the NIC cannot reach this device memory).
-        assert_eq!(
-            route(false, true, true, &dev, &local, &peer(true)),
-            Route::Tcp
-        );
-        assert_eq!(
-            route(true, true, false, &dev, &local, &peer(true)),
-            Route::Tcp
-        );
-        // With GPUDirect the region has keys: RDMA, but only for a local buffer registered
-        // with the NICs.
-        dev.rdma = region(false, true).rdma;
-        assert!(matches!(
-            route(true, true, false, &dev, &local, &peer(true)),
-            Route::Rdma(_)
-        ));
-        assert_eq!(route(true, true, false, &dev, &[], &peer(true)), Route::Tcp);
-    }
-
-    #[test]
-    fn routing_prefers_shm_then_rdma_then_tcp() {
-        let local = vec!["mlx5_0".to_string()];
-        assert!(matches!(
-            route(true, true, true, &region(true, true), &local, &peer(true)),
-            Route::Shm(_)
-        ));
-        assert!(matches!(
-            route(true, false, true, &region(true, true), &local, &peer(true)),
-            Route::Rdma(_)
-        ));
-        assert!(matches!(
-            route(true, true, false, &region(true, true), &local, &peer(true)),
-            Route::Rdma(_)
-        ));
-        assert_eq!(
-            route(true, true, false, &region(true, true), &[], &peer(true)),
-            Route::Tcp
-        );
-        assert_eq!(
-            route(true, true, false, &region(true, false), &local, &peer(true)),
-            Route::Tcp
-        );
-        assert_eq!(
-            route(
-                true,
-                true,
-                true,
-                &region(false, false),
-                &local,
-                &peer(false)
-            ),
-            Route::Tcp
-        );
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::auth::ClusterSecret;
-use crate::auth::handshake::{self, HandshakeError};
+use crate::auth::handshake;
 use crate::device::Devices;
 use crate::device::staging::StagingBuf;
 use crate::engine::batch::{Abort, BatchState, Completion, Landing, Op};
@@ -33,6 +33,9 @@ use crate::tcp::frame::{
     RequestHeader, ResponseHeader, Status,
 };
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
+use crate::tcp::staged;
+use crate::tcp::status::handshake_error;
+pub(crate) use crate::tcp::status::status_error;
 
 /// Read-ahead buffer size of a lane reader.
 const INBUF_LEN: usize = 64 << 10;
@@ -293,7 +296,17 @@ impl Peer {
             let l = slice.min(len - off);
             let (local, staging, land) = match device {
                 None => (base.add(off as usize), None, None),
-                Some(d) => match self.stage(batch, idx, d, base.add(off as usize), l).await {
+                Some(d) => match staged::stage(
+                    &self.cfg.devices,
+                    &self.name,
+                    batch,
+                    idx,
+                    d,
+                    base.add(off as usize).0 as u64,
+                    l,
+                )
+                .await
+                {
                     Ok(Some((buf, land))) => (SendPtr(buf.ptr()), Some(Arc::new(buf)), land),
                     Ok(None) => return, // the deadline passed: the batch reports TimedOut
                     Err(e) => {
@@ -327,50 +340,6 @@ impl Peer {
             });
             // A closed queue hands the item back; dropping it fails the request.
             let _ = lane.tx.send(item);
-        }
-    }
-
-    /// A staging buffer for a slice of `len` bytes at `at` in device memory of `device`:
-    /// for a write, holding the slice's bytes (copied from the device); for a read, empty,
-    /// with where its bytes go. `None` when the deadline passed first.
-    async fn stage(
-        &self,
-        batch: &Arc<BatchState>,
-        idx: usize,
-        device: u32,
-        at: SendPtr,
-        len: u64,
-    ) -> Result<Option<(StagingBuf, Option<(u32, u64)>)>> {
-        let ctx = self.cfg.devices.ctx()?;
-        let buf = match tokio::time::timeout_at(batch.deadline, ctx.staging.take(&self.name)).await
-        {
-            Ok(b) => b?,
-            Err(_) => return Ok(None),
-        };
-        let at = at.0 as u64;
-        if batch.requests[idx].op == Op::Read {
-            return Ok(Some((buf, Some((device, at)))));
-        }
-        let stream = ctx.stream(device)?;
-        // SAFETY: the source is the request's device buffer (checked at submit, held by the
-        // batch); `buf` is a private pinned buffer of at least one chunk >= len bytes, held
-        // here until the fence resolved (or abandoned if it never does).
-        unsafe { stream.copy(buf.addr(), at, len as usize)? };
-        let fence = match stream.fence() {
-            Ok(f) => f,
-            Err(e) => {
-                buf.abandon();
-                return Err(e);
-            }
-        };
-        match tokio::time::timeout_at(batch.deadline + crate::devcopy::FENCE_GRACE, fence).await {
-            Ok(r) => r.map(|()| Some((buf, None))),
-            Err(_) => {
-                buf.abandon();
-                Err(TransferError::Device {
-                    reason: "copying a slice out of device memory never completed".into(),
-                })
-            }
         }
     }
 
@@ -461,66 +430,6 @@ impl TcpClient {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    }
-}
-
-/// What a failed handshake means: a connection problem (retryable) or a peer that is not,
-/// or does not accept us as, a member of this cluster.
-fn handshake_error(segment: &str, addr: SocketAddr, e: HandshakeError) -> TransferError {
-    match e {
-        HandshakeError::TimedOut(_) | HandshakeError::Io(_) => {
-            TransferError::unreachable(segment, format!("handshake with {addr}: {e}"))
-        }
-        HandshakeError::BadMagic(_)
-        | HandshakeError::Malformed(_)
-        | HandshakeError::UnsupportedVersion(_) => {
-            TransferError::protocol(segment, format!("handshake with {addr}: {e}"))
-        }
-        other => TransferError::Unauthenticated {
-            segment: segment.to_owned(),
-            reason: format!("{addr}: {other}"),
-        },
-    }
-}
-
-/// Maps a refusal from the peer to the error it means for the request.
-pub(crate) fn status_error(
-    status: Status,
-    segment: &str,
-    range: RemoteRange,
-    message: &str,
-) -> TransferError {
-    let segment = segment.to_owned();
-    match status {
-        Status::UnknownRegion | Status::OutOfBounds => TransferError::OutOfBounds {
-            segment,
-            range,
-            reason: format!("refused by peer: {message}"),
-        },
-        Status::BadToken => TransferError::BadToken { segment, range },
-        Status::Busy => TransferError::Busy {
-            segment,
-            reason: message.to_owned(),
-        },
-        Status::ShuttingDown => TransferError::PeerUnreachable {
-            segment,
-            reason: "peer is shutting down".into(),
-        },
-        Status::Unsupported => TransferError::TransportUnavailable {
-            transport: "peer",
-            reason: message.to_owned(),
-        },
-        Status::Unauthenticated => TransferError::Unauthenticated {
-            segment,
-            reason: message.to_owned(),
-        },
-        Status::DeviceError => TransferError::Device {
-            reason: format!("segment {segment}, range {range}: {message}"),
-        },
-        Status::Ok | Status::BadRequest | Status::TooLarge => TransferError::Protocol {
-            segment,
-            reason: format!("peer answered {status:?}: {message}"),
-        },
     }
 }
 
@@ -754,32 +663,7 @@ fn land_on_device(lane: &Lane, mut s: DataSlice, socket_landing: Landing, device
             .take()
             .expect("a device read slice has a staging buffer");
         let deadline = s.completion.batch().deadline + crate::devcopy::FENCE_GRACE;
-        let r = async {
-            let stream = devices.ctx()?.stream(device)?;
-            // SAFETY: `to` is inside the request's device buffer (checked at submit, held by
-            // the batch); the staging buffer holds the slice's bytes and is held until the
-            // fence resolved (or abandoned).
-            unsafe { stream.copy(to, staging.addr(), s.len as usize)? };
-            stream.fence()
-        }
-        .await;
-        let r = match r {
-            Ok(fence) => match tokio::time::timeout_at(deadline, fence).await {
-                Ok(r) => r,
-                Err(_) => {
-                    match Arc::try_unwrap(staging) {
-                        Ok(b) => b.abandon(),
-                        // Another holder would hand it back to the pool: never.
-                        Err(shared) => std::mem::forget(shared),
-                    }
-                    Err(TransferError::Device {
-                        reason: "copying a slice into device memory never completed".into(),
-                    })
-                }
-            },
-            Err(e) => Err(e),
-        };
-        match r {
+        match staged::land(&devices, staging, device, to, s.len as usize, deadline).await {
             Ok(()) => s.completion.complete_landed(Some(landing)),
             Err(e) => {
                 s.completion.complete(Err(e));

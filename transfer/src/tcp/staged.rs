@@ -1,6 +1,12 @@
-//! The TCP target's data path for device memory: payloads pass through pinned staging
-//! buffers, chunk by chunk, with the device copy of one chunk overlapping the socket I/O of
-//! the next.
+//! TCP with device memory: payloads pass through pinned staging buffers.
+//!
+//! On the initiator, each slice of a request with a device buffer has a staging buffer of
+//! its own ([`stage`]): a write's slice is copied out of the device before it is queued
+//! (while the lanes send the slices before it), a read's slice lands in it and is copied to
+//! the device ([`land`]) without holding up the lane.
+//!
+//! On the target, a frame goes chunk by chunk, with the device copy of one chunk
+//! overlapping the socket I/O of the next.
 //!
 //! A Write into device memory receives chunk n into a staging buffer while the copies of
 //! the chunks before it run; a buffer is reused only once its copy's fence resolved, and
@@ -18,14 +24,91 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
 use crate::device::staging::StagingBuf;
 use crate::device::{CopyStream, Devices, Fence};
+use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
 use crate::tcp::frame::{ResponseHeader, Status};
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
 
 /// Staging buffers one frame keeps in flight at most.
 pub(crate) const RING: usize = 4;
+
+/// A staging buffer for a slice of `len` bytes at `at` in device memory of `device`, for
+/// request `idx` of `batch` to `peer`: for a write, holding the slice's bytes (copied from
+/// the device); for a read, empty, with where its bytes go. `None` when the deadline passed
+/// first.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn stage(
+    devices: &Devices,
+    peer: &str,
+    batch: &BatchState,
+    idx: usize,
+    device: u32,
+    at: u64,
+    len: u64,
+) -> Result<Option<(StagingBuf, Option<(u32, u64)>)>> {
+    let ctx = devices.ctx()?;
+    let buf = match tokio::time::timeout_at(batch.deadline, ctx.staging.take(peer)).await {
+        Ok(b) => b?,
+        Err(_) => return Ok(None),
+    };
+    if batch.requests[idx].op == Op::Read {
+        return Ok(Some((buf, Some((device, at)))));
+    }
+    let stream = ctx.stream(device)?;
+    let dst = buf.addr();
+    // SAFETY: the source is the request's device buffer (checked at submit, held by the
+    // batch); `buf` is a private pinned buffer of one chunk >= len bytes, held here until the
+    // fence resolved (or abandoned if it never does).
+    let (buf, fence) = unsafe { enqueue(&*stream, buf, dst, at, len as usize)? };
+    match tokio::time::timeout_at(batch.deadline + crate::devcopy::FENCE_GRACE, fence).await {
+        Ok(r) => r.map(|()| Some((buf, None))),
+        Err(_) => {
+            buf.abandon();
+            Err(TransferError::Device {
+                reason: "copying a slice out of device memory never completed".into(),
+            })
+        }
+    }
+}
+
+/// Copies a read slice's staged bytes (`len` of them) to `to` on `device`, by `deadline`.
+/// A copy that never completes abandons the staging buffer.
+pub(crate) async fn land(
+    devices: &Devices,
+    staging: Arc<StagingBuf>,
+    device: u32,
+    to: u64,
+    len: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let fence = {
+        let stream = devices.ctx()?.stream(device)?;
+        // SAFETY: `to` is inside the request's device buffer (checked at submit, held by the
+        // batch); the staging buffer holds the slice's bytes and is held until the fence
+        // resolved (or abandoned).
+        unsafe { stream.copy(to, staging.addr(), len)? };
+        stream.fence()?
+    };
+    match tokio::time::timeout_at(deadline, fence).await {
+        Ok(r) => r,
+        Err(_) => {
+            match Arc::try_unwrap(staging) {
+                Ok(b) => b.abandon(),
+                // Another holder would hand it back to the pool: never.
+                Err(shared) => std::mem::forget(shared),
+            }
+            Err(TransferError::Device {
+                reason: "copying a slice into device memory never completed".into(),
+            })
+        }
+    }
+}
 
 /// Waits for `fence`, at most `idle`; a fence that does not come abandons `buf`.
 async fn settle(buf: StagingBuf, fence: Fence, idle: Duration) -> (Option<StagingBuf>, Result<()>) {

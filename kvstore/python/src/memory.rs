@@ -3,8 +3,11 @@
 //!
 //! [`register_raw`] checks that the range is mapped readable and writable in this process
 //! (`/proc/self/maps`) before handing it to the engine, so a null, stale or made-up pointer
-//! is refused instead of faulting later. The caller keeps the memory alive until it
-//! unregisters it: that is Mooncake's contract too, and the one thing no check can prove.
+//! is refused instead of faulting later. [`register_at`] takes Mooncake's location label
+//! too: device memory (`cuda:N`, or a CUDA pointer under `*`) is checked with the CUDA
+//! driver instead (its addresses are not host mappings). The caller keeps the memory alive
+//! until it unregisters it: that is Mooncake's contract too, and the one thing no check can
+//! prove.
 //!
 //! [`Regions`] resolves an address range to the registration holding it (the local side of
 //! a transfer, the source of `put_from`, the destination of `get_into`).
@@ -13,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
-use transfer::{RegisteredBuffer, TransferEngine};
+use transfer::{Location, RegisteredBuffer, TransferEngine};
 
 /// Registrations of one engine or store, by first address.
 #[derive(Default)]
@@ -110,6 +113,39 @@ pub fn register_raw(
     // users; the engine never forms Rust references to it.
     unsafe { engine.register_raw(addr as *mut u8, size, ()) }
         .map_err(|e| format!("registering [{addr:#x}, +{len}): {e}"))
+}
+
+/// Registers `len` bytes at `addr` with `engine` at Mooncake location `label` (`cpu:N`,
+/// `cuda:N`, or `*`: wherever the pointer is). Host memory is checked as [`register_raw`]
+/// does; device memory by the driver, which must hold the whole range in one allocation of
+/// that device (a device label without a driver is refused with the reason).
+pub fn register_at(
+    engine: &TransferEngine,
+    addr: u64,
+    len: u64,
+    label: &str,
+) -> Result<RegisteredBuffer, String> {
+    let location = Location::parse_label(label).map_err(|e| e.to_string())?;
+    if addr == 0 {
+        return Err("null address".into());
+    }
+    let location = match location {
+        Some(l) => l,
+        None => engine.locate(addr).map_err(|e| e.to_string())?,
+    };
+    let Location::Cuda(_) = location else {
+        return register_raw(engine, addr, len);
+    };
+    if len == 0 {
+        return Err("zero length".into());
+    }
+    let size = usize::try_from(len).map_err(|_| format!("{len} bytes do not fit in memory"))?;
+    // SAFETY: the engine checks with the driver that the range is device memory of that
+    // device, inside one allocation (refusing it otherwise); that it stays allocated until
+    // the handle is dropped (`unregister_memory`) is the caller's promise under Mooncake's
+    // API. The CPU never touches it.
+    unsafe { engine.register_raw_at(addr as *mut u8, size, Some(location), ()) }
+        .map_err(|e| format!("registering [{addr:#x}, +{len}) as {location}: {e}"))
 }
 
 /// Whether `[start, end)` is covered by `rw` mappings of this process.

@@ -25,6 +25,11 @@ LEASE_TTL_MS = 300
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cuda: needs an NVIDIA GPU and torch with CUDA; runs only with MOONGATE_CUDA_TESTS=1 "
+        "(and then fails, never skips, without them)",
+    )
     # One cluster secret for every process of the run, away from the user's own file.
     if "MOONGATE_TRANSFER_SECRET_FILE" not in os.environ:
         d = tempfile.mkdtemp(prefix="moongate-py-tests-")
@@ -33,6 +38,15 @@ def pytest_configure(config):
         os.write(fd, os.urandom(32).hex().encode())
         os.close(fd)
         os.environ["MOONGATE_TRANSFER_SECRET_FILE"] = path
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("MOONGATE_CUDA_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="GPU test: set MOONGATE_CUDA_TESTS=1 on a machine with a GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 def binary(env: str, rel: str) -> Path:

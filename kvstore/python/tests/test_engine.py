@@ -224,6 +224,16 @@ def test_bad_input_is_answered_never_crashes(engine_pair):
     assert a.register_memory(addr(src), src.nbytes) == 0
     assert a.register_memory(addr(src) + 100, 10) == -1
     assert a.unregister_memory(addr(src) + 1) == -1
+    # Mooncake's location labels: host memory as cpu:N or `*`; a host pointer labelled as
+    # device memory, and unknown labels, are refused (with or without a CUDA driver here).
+    loc = [np.zeros(4096, dtype=np.uint8) for _ in range(3)]
+    assert a.register_memory(addr(loc[0]), 4096, "cpu:0") == 0
+    assert a.register_memory(addr(loc[1]), 4096, "*") == 0
+    assert a.register_memory(addr(loc[2]), 4096, "cuda:0") == -1
+    assert a.register_memory(addr(loc[2]), 4096, "npu:0") == -1
+    assert a.register_memory(addr(loc[2]), 4096, "cuda:x") == -1
+    assert a.batch_register_memory([addr(loc[2])], [4096], "cuda:0") == -1
+    assert a.batch_unregister_memory([addr(loc[0]), addr(loc[1])]) == 0
     assert b.register_memory(addr(dst), dst.nbytes) == 0
 
     # Local side not registered, or running past its registration.

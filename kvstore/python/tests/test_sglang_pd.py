@@ -5,12 +5,16 @@ decode process's raw addresses (`dst_ptr + page_index * item_len`)."""
 
 import json
 
+import pytest
+
 from conftest import python_child
 
 
-def test_prefill_writes_pages_into_a_decode_process():
-    decode = python_child("pd_worker.py", "decode")
-    prefill = python_child("pd_worker.py", "prefill")
+def run_pd(*mode):
+    """Runs SGLang's PD sequence between a decode and a prefill process (`mode`: "cuda" for
+    KV buffers in GPU memory)."""
+    decode = python_child("pd_worker.py", "decode", *mode)
+    prefill = python_child("pd_worker.py", "prefill", *mode)
     try:
         info = json.loads(decode.stdout.readline() or "null")
         assert info, decode.stderr.read()
@@ -31,3 +35,17 @@ def test_prefill_writes_pages_into_a_decode_process():
         for p in (decode, prefill):
             if p.poll() is None:
                 p.kill()
+
+
+def test_prefill_writes_pages_into_a_decode_process():
+    run_pd()
+
+
+@pytest.mark.cuda
+def test_prefill_writes_gpu_pages_into_a_decode_process_over_staged_tcp():
+    run_pd("cuda")
+
+
+@pytest.mark.cuda
+def test_prefill_writes_gpu_pages_into_a_decode_process_through_cuda_ipc():
+    run_pd("cuda", "ipc")

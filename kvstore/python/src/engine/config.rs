@@ -68,7 +68,8 @@ pub(super) fn metadata_for(
     }
 }
 
-/// The transports for Mooncake's `protocol`.
+/// The transports for Mooncake's `protocol`: (shared memory and CUDA IPC with same-host
+/// peers, RDMA).
 pub(super) fn transports_for(protocol: &str) -> Result<(bool, RdmaMode), String> {
     let force_tcp = std::env::var(FORCE_TCP_ENV).is_ok_and(|v| v == "1" || v == "true");
     match protocol {

@@ -32,7 +32,7 @@ use pyo3::types::{PyBytes, PyString};
 use transfer::{EngineConfig, MetadataConfig, Op, RequestStatus, TransferError};
 
 use crate::codes::{FAILED, OK};
-use crate::memory::{Regions, register_raw};
+use crate::memory::{Regions, register_at};
 use crate::runtime::block;
 use config::{listen_for, metadata_for, transfer_timeout, transports_for};
 use state::{fail, triples};
@@ -235,6 +235,10 @@ impl TransferEngine {
                 segment_name,
                 metadata: metadata.clone(),
                 shm,
+                // Same-host device memory through CUDA IPC goes with shared memory: `rdma`
+                // (SGLang's protocol) uses both, plain `tcp` stages everything over TCP, as
+                // Mooncake's TCP transport does.
+                device_ipc: shm,
                 rdma,
                 rdma_devices: devices.clone(),
                 ..EngineConfig::default()
@@ -507,8 +511,10 @@ impl TransferEngine {
         Ok(PyBytes::new(py, &v))
     }
 
-    /// Registers caller memory (a numpy array, a torch CPU tensor's `data_ptr()`); it must
-    /// stay alive until `unregister_memory`. 0, or -1 (null, unmapped, overlapping...).
+    /// Registers caller memory (a numpy array, a torch tensor's `data_ptr()`, on the CPU or
+    /// a CUDA device); it must stay alive until `unregister_memory`. `location` is
+    /// Mooncake's label: `cpu:N`, `cuda:N`, or `*` (the driver says where the pointer is).
+    /// 0, or -1 (null, unmapped, overlapping, not where the label says...).
     #[pyo3(signature = (buffer_addr, capacity, location = "*"))]
     fn register_memory(
         &self,
@@ -517,11 +523,10 @@ impl TransferEngine {
         capacity: u64,
         location: &str,
     ) -> i32 {
-        let _ = location;
         let Some(s) = self.state() else {
             return fail("register_memory", "the engine is not initialized");
         };
-        let r = register_raw(&s.engine, buffer_addr, capacity)
+        let r = register_at(&s.engine, buffer_addr, capacity, location)
             .and_then(|b| s.regions.insert(b, false))
             .and_then(|()| s.publish(py));
         match r {

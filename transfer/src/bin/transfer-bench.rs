@@ -6,6 +6,8 @@
 //! transfer-bench --mode initiator --segment 127.0.0.1:41000 --protocol tcp --op write \
 //!                --block-size 64M --batch-size 1 --threads 1 --duration 5
 //! transfer-bench --mode memcpy --block-size 64M --duration 5      # single-thread reference
+//! transfer-bench --mode target --location cuda:0 ...    # the buffer in GPU memory (either side)
+//! transfer-bench --mode memcpy --location cuda:0 ...    # the device's own copy bandwidth
 //! ```
 //!
 //! The target fills its buffer with a position-derived pattern and serves until SIGINT or
@@ -23,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use transfer::{
-    AllocOptions, EngineConfig, MetadataConfig, RdmaMode, RegisteredBuffer, Segment,
-    TransferEngine, TransferRequest,
+    AllocOptions, DeviceBackend, EngineConfig, Location, MetadataConfig, RdmaMode,
+    RegisteredBuffer, Segment, TransferEngine, TransferRequest,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -63,9 +65,15 @@ struct Args {
     /// Metadata: `p2p` or Mooncake's HTTP metadata URL (`http://host:port/metadata`).
     #[arg(long, default_value = "p2p")]
     metadata: MetadataConfig,
-    /// Transport: tcp, shm (same host; the target allocates shared memory) or rdma.
+    /// Transport: tcp, shm (same host; the target allocates shared memory, device memory
+    /// goes through CUDA IPC) or rdma.
     #[arg(long, value_enum, default_value_t = Protocol::Tcp)]
     protocol: Protocol,
+    /// Where this side's buffer lives: `cpu`, or `cuda:N` (GPU memory of device N, staged
+    /// over TCP, or through CUDA IPC with `--protocol shm`). In memcpy mode `cuda:N` measures
+    /// the device's own copy bandwidth.
+    #[arg(long, default_value_t = Location::Host)]
+    location: Location,
     /// Operation issued by the initiator.
     #[arg(long, value_enum, default_value_t = Operation::Write)]
     op: Operation,
@@ -160,6 +168,7 @@ fn engine_config(args: &Args, listen: std::net::SocketAddr) -> EngineConfig {
         lanes_per_peer: args.lanes,
         slice_size: args.slice_size,
         shm: args.protocol == Protocol::Shm,
+        device_ipc: args.protocol == Protocol::Shm,
         rdma: if args.protocol == Protocol::Rdma {
             RdmaMode::On
         } else {
@@ -167,6 +176,19 @@ fn engine_config(args: &Args, listen: std::net::SocketAddr) -> EngineConfig {
         },
         transfer_secret_file: args.transfer_secret_file.clone(),
         ..EngineConfig::default()
+    }
+}
+
+/// This side's buffer of `len` bytes, where `--location` says (`opts` for host memory).
+fn alloc_buffer(
+    engine: &TransferEngine,
+    args: &Args,
+    len: usize,
+    opts: AllocOptions,
+) -> transfer::Result<RegisteredBuffer> {
+    match args.location {
+        Location::Host => engine.alloc_with(len, opts),
+        Location::Cuda(device) => engine.alloc_device(device, len),
     }
 }
 
@@ -205,10 +227,13 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string())
             .and_then(|rt| rt.block_on(target(&args))),
         Mode::Initiator => initiator(&args),
-        Mode::Memcpy => {
-            memcpy(&args);
-            Ok(())
-        }
+        Mode::Memcpy => match args.location {
+            Location::Host => {
+                memcpy(&args);
+                Ok(())
+            }
+            Location::Cuda(device) => memcpy_device(&args, device),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -227,17 +252,16 @@ async fn target(args: &Args) -> Result<(), String> {
         shared: args.protocol == Protocol::Shm,
         ..AllocOptions::default()
     };
-    let buf = engine
-        .alloc_with(args.buffer_size, opts)
-        .map_err(|e| e.to_string())?;
+    let buf = alloc_buffer(&engine, args, args.buffer_size, opts).map_err(|e| e.to_string())?;
     fill_pattern(&buf, TARGET_SEED).map_err(|e| e.to_string())?;
     engine.publish().await.map_err(|e| e.to_string())?;
     out!(
-        "transfer-bench target ready: segment {} buffer {:#x} len {} protocol {:?}",
+        "transfer-bench target ready: segment {} buffer {:#x} len {} protocol {:?} location {}",
         engine.segment_name(),
         buf.addr(),
         buf.len(),
-        args.protocol
+        args.protocol,
+        args.location
     );
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -302,15 +326,16 @@ fn initiator(args: &Args) -> Result<(), String> {
                 args.block_size
             ));
         }
-        let local = engine
-            .alloc_with(
-                usable,
-                AllocOptions {
-                    populate: true,
-                    ..AllocOptions::default()
-                },
-            )
-            .map_err(|e| e.to_string())?;
+        let local = alloc_buffer(
+            &engine,
+            &args,
+            usable,
+            AllocOptions {
+                populate: true,
+                ..AllocOptions::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
         fill_pattern(&local, INITIATOR_SEED).map_err(|e| e.to_string())?;
         let plan = Arc::new(Plan {
             engine,
@@ -348,6 +373,15 @@ fn initiator(args: &Args) -> Result<(), String> {
             &samples,
             start.elapsed(),
             cpu_seconds() - cpu0,
+        );
+        let st = plan.engine.stats();
+        out!(
+            "routes: tcp {} B, shm {} B, ipc {} B, rdma {} B, local {} B",
+            st.tcp_bytes,
+            st.shm_bytes,
+            st.ipc_bytes,
+            st.rdma_bytes,
+            st.local_bytes
         );
         if !args.no_verify {
             let checked = verify(&args, &plan).await?;
@@ -522,9 +556,10 @@ fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration, cpu_s: 
         samples.iter().map(|s| s.3.as_secs_f64() * 1e3).sum::<f64>() / samples.len().max(1) as f64;
     let (total_gbps, total_rps) = (bytes as f64 / secs / 1e9, reqs as f64 / secs);
     out!(
-        "transfer-bench: {:?} {:?}, block {} B, batch {}, threads {}, {:.1} s, segment {name}",
+        "transfer-bench: {:?} {:?} from {}, block {} B, batch {}, threads {}, {:.1} s, segment {name}",
         args.protocol,
         args.op,
+        args.location,
         args.block_size,
         args.batch_size,
         args.threads,
@@ -570,9 +605,10 @@ fn report(args: &Args, name: &str, samples: &Samples, elapsed: Duration, cpu_s: 
     out!("cpu: {cpu_s:.2} s in this process ({cpu_ms_per_gb:.0} ms per GB)");
     if args.json {
         out!(
-            "{{\"bench\":\"transfer-bench\",\"protocol\":\"{:?}\",\"op\":\"{:?}\",\"block_bytes\":{},\"batch\":{},\"threads\":{},\"seconds\":{secs:.3},\"GBps\":{total_gbps:.4},\"GBps_min\":{:.4},\"GBps_median\":{:.4},\"GBps_max\":{:.4},\"req_per_s\":{total_rps:.1},\"batch_ms_median\":{:.4},\"cpu_s\":{cpu_s:.3}}}",
+            "{{\"bench\":\"transfer-bench\",\"protocol\":\"{:?}\",\"op\":\"{:?}\",\"location\":\"{}\",\"block_bytes\":{},\"batch\":{},\"threads\":{},\"seconds\":{secs:.3},\"GBps\":{total_gbps:.4},\"GBps_min\":{:.4},\"GBps_median\":{:.4},\"GBps_max\":{:.4},\"req_per_s\":{total_rps:.1},\"batch_ms_median\":{:.4},\"cpu_s\":{cpu_s:.3}}}",
             args.protocol,
             args.op,
+            args.location,
             args.block_size,
             args.batch_size,
             args.threads,
@@ -601,4 +637,35 @@ fn memcpy(args: &Args) {
         samples.push((start.elapsed(), n as u64, 1, t0.elapsed()));
     }
     report(args, "memcpy", &samples, start.elapsed(), 0.0);
+}
+
+/// Device-to-device copies of `--block-size` on `device`, one at a time on one stream: the
+/// device's own copy bandwidth, the reference for CUDA IPC.
+fn memcpy_device(args: &Args, device: u32) -> Result<(), String> {
+    let cuda =
+        transfer::device::cuda::Cuda::load(None).map_err(|e| format!("device memory: {e}"))?;
+    let n = args.block_size;
+    let src = cuda.alloc_device(device, n).map_err(|e| e.to_string())?;
+    let dst = cuda.alloc_device(device, n).map_err(|e| e.to_string())?;
+    let stream = cuda.stream(device).map_err(|e| e.to_string())?;
+    let rt = runtime(1).map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let copy = || async {
+            // SAFETY: two live allocations of `n` bytes on the device, held until after the
+            // fence below resolved.
+            unsafe { stream.copy(dst.addr(), src.addr(), n) }?;
+            stream.fence()?.await
+        };
+        copy().await.map_err(|e| e.to_string())?;
+        let run = Duration::from_secs_f64(args.duration);
+        let start = Instant::now();
+        let mut samples: Samples = Vec::new();
+        while start.elapsed() < run {
+            let t0 = Instant::now();
+            copy().await.map_err(|e| e.to_string())?;
+            samples.push((start.elapsed(), n as u64, 1, t0.elapsed()));
+        }
+        report(args, "device memcpy", &samples, start.elapsed(), 0.0);
+        Ok(())
+    })
 }

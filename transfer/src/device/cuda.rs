@@ -69,6 +69,7 @@ struct Api {
     pointer_attributes:
         unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, CuDevicePtr) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult,
+    mem_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
     host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
     host_free: unsafe extern "C" fn(*mut c_void) -> CuResult,
@@ -93,7 +94,7 @@ impl Api {
         // to run in any process that links or loads CUDA; nothing else is assumed.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
             format!(
-                "device memory needs the CUDA driver, and {path} cannot be loaded ({e}): \
+                "it needs the CUDA driver, and {path} cannot be loaded ({e}): \
                  install the NVIDIA driver, or register host memory"
             )
         })?;
@@ -126,6 +127,7 @@ impl Api {
             ctx_set_current: sym!("cuCtxSetCurrent"),
             pointer_attributes: sym!("cuPointerGetAttributes"),
             mem_alloc: sym!("cuMemAlloc_v2"),
+            mem_info: sym!("cuMemGetInfo_v2"),
             mem_free: sym!("cuMemFree_v2"),
             host_alloc: sym!("cuMemHostAlloc"),
             host_free: sym!("cuMemFreeHost"),
@@ -250,6 +252,17 @@ impl Cuda {
                 reason: format!("{what}: {}", self.error_text(rc)),
             })
         }
+    }
+
+    /// Free and total memory of `device`, in bytes (`cuMemGetInfo`): what leak checks
+    /// compare.
+    pub fn mem_info(&self, device: u32) -> Result<(u64, u64)> {
+        self.bind(device)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; the device's context is current.
+        let rc = unsafe { (self.api.mem_info)(&mut free, &mut total) };
+        self.check(rc, "cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
     }
 
     /// Makes `device`'s primary context current on this thread.

@@ -4,8 +4,9 @@
 //! Each allocation is a memfd mapped twice: the **device view**, whose addresses are the
 //! device pointers the engine sees, mapped `PROT_NONE` (a CPU load or store through a device
 //! address faults: any path that touches device memory with the CPU crashes the test), and
-//! a read-write **shadow** that only this fake's copy engines use. An IPC open maps a new
-//! device view of the same memfd, at another address, as a real one does.
+//! a read-write **shadow** that only this fake's copy engines use. An IPC handle names the
+//! memfd (the owner's pid and descriptor number); opening it, in this process or another,
+//! maps a new device view of the same memory at another address, as a real open does.
 //!
 //! Tests steer the copy engines: `hold()` makes every copy wait until `release()` (to see
 //! what is and is not acknowledged while copies are pending), `fail_copies(n)` makes the
@@ -212,6 +213,35 @@ impl Drop for ViewOwner {
     }
 }
 
+/// Opens another process's fake device memory (its memfd through `/proc`), with a shadow
+/// of our own.
+fn open_peer_memfd(pid: u32, fd: i32, len: usize) -> Option<Arc<Memfd>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/fd/{fd}"))
+        .ok()?;
+    let fd = OwnedFd::from(file);
+    // SAFETY: a fresh read-write mapping of a memfd we hold open.
+    let shadow = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    (shadow != libc::MAP_FAILED).then(|| {
+        Arc::new(Memfd {
+            fd,
+            len,
+            shadow: shadow as usize,
+        })
+    })
+}
+
 enum Op {
     Copy { dst: u64, src: u64, len: usize },
     Fence(oneshot::Sender<Result<(), String>>),
@@ -376,7 +406,13 @@ impl DeviceBackend for FakeDevice {
             .ok_or_else(|| TransferError::Device {
                 reason: "fake: not device memory".into(),
             })?;
-        let mut h = v.id.to_le_bytes().to_vec();
+        let memfd = self.memfds.lock().unwrap().get(&v.id).cloned().unwrap();
+        // Handle: pid, memfd descriptor, length, allocation id.
+        let mut h = Vec::with_capacity(64);
+        h.extend(std::process::id().to_le_bytes());
+        h.extend(memfd.fd.as_raw_fd().to_le_bytes());
+        h.extend((memfd.len as u64).to_le_bytes());
+        h.extend(v.id.to_le_bytes());
         h.resize(64, 0);
         Ok(h)
     }
@@ -387,16 +423,18 @@ impl DeviceBackend for FakeDevice {
                 reason: "fake: cannot open this IPC handle".into(),
             });
         }
-        let id = u64::from_le_bytes(handle[..8].try_into().unwrap());
-        let memfd = self
-            .memfds
-            .lock()
-            .unwrap()
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| TransferError::Device {
-                reason: format!("fake: no allocation {id}"),
-            })?;
+        let pid = u32::from_le_bytes(handle[0..4].try_into().unwrap());
+        let fd = i32::from_le_bytes(handle[4..8].try_into().unwrap());
+        let len = u64::from_le_bytes(handle[8..16].try_into().unwrap()) as usize;
+        let id = u64::from_le_bytes(handle[16..24].try_into().unwrap());
+        let memfd = if pid == std::process::id() {
+            self.memfds.lock().unwrap().get(&id).cloned()
+        } else {
+            open_peer_memfd(pid, fd, len)
+        }
+        .ok_or_else(|| TransferError::Device {
+            reason: format!("fake: no allocation {id} of process {pid}"),
+        })?;
         self.ipc_opens.fetch_add(1, Ordering::SeqCst);
         let base = self.map_view(&memfd, device, id)?;
         Ok(Allocation::new(

@@ -58,13 +58,23 @@ fn main() {
     println!("test ipc_between_two_processes ... ok");
 }
 
-/// Owns 4 MiB of device memory filled with pattern 1, prints its segment and address, then
+/// Owns 4 MiB of device memory filled with pattern 1, registered as two regions of one
+/// allocation (as SGLang's per-layer buffers may be), prints its segment and address, then
 /// answers `check SEED OFF LEN` lines (are those bytes pattern SEED?) until stdin closes.
 async fn child() {
+    use transfer::DeviceBackend;
     let fake = FakeDevice::new(1, UUIDS);
     let e = engine(&fake).await;
-    let dev = e.alloc_device(0, LEN).unwrap();
-    dev.write_at(0, &common::random_bytes(1, LEN)).unwrap();
+    let mem = std::sync::Arc::new(fake.alloc_device(0, LEN).unwrap());
+    let ptr = mem.addr() as *mut u8;
+    // SAFETY: both halves lie in `mem`, which each registration keeps alive.
+    let dev = unsafe { e.register_raw_at(ptr, LEN / 2, None, mem.clone()) }.unwrap();
+    // SAFETY: as above.
+    let upper = unsafe { e.register_raw_at(ptr.wrapping_add(LEN / 2), LEN / 2, None, mem) };
+    let upper = upper.unwrap();
+    let pattern = common::random_bytes(1, LEN);
+    dev.write_at(0, &pattern[..LEN / 2]).unwrap();
+    upper.write_at(0, &pattern[LEN / 2..]).unwrap();
     println!("{} {} {}", e.segment_name(), dev.addr(), std::process::id());
     let stdin = BufReader::new(std::io::stdin());
     for line in stdin.lines() {
@@ -117,9 +127,17 @@ async fn parent() {
     // Host and device buffers here, both ways, through the child's exported memory.
     let host = e.alloc(LEN).unwrap();
     let dev = e.alloc_device(0, LEN).unwrap();
-    e.transfer(TransferRequest::read(&host, 0, &seg, addr, LEN))
+    for half in [0, LEN / 2] {
+        e.transfer(TransferRequest::read(
+            &host,
+            half,
+            &seg,
+            addr + half as u64,
+            LEN / 2,
+        ))
         .await
         .unwrap();
+    }
     let same = |got: Vec<u8>, want: Vec<u8>, what: &str| {
         if got != want {
             let at = got.iter().zip(&want).position(|(a, b)| a != b);
@@ -156,7 +174,7 @@ async fn parent() {
     assert_eq!(
         fake.ipc_opens.load(std::sync::atomic::Ordering::SeqCst),
         1,
-        "the handle is opened once and kept"
+        "the handle is opened once and kept, for both regions of the allocation"
     );
     // Requests past the region are refused before any copy.
     let r = e

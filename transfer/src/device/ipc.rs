@@ -14,8 +14,8 @@
 //! the owner's address directly (a process cannot open its own handle).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -98,8 +98,9 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 /// A same-host peer's device region, opened in this process.
 pub(crate) struct IpcMapping {
     control: PeerMapping,
-    /// The opened handle (none when the owner is this very process).
-    _import: Option<Allocation>,
+    /// The opened handle (none when the owner is this very process), shared by the regions
+    /// of one allocation.
+    _import: Option<Arc<Allocation>>,
     /// This process's address of the region's first byte.
     base: u64,
     /// This process's ordinal of the device holding it.
@@ -110,6 +111,7 @@ pub(crate) struct IpcMapping {
 impl IpcMapping {
     fn open(
         ctx: &DeviceCtx,
+        imports: &Mutex<HashMap<String, Weak<Allocation>>>,
         segment: &str,
         region: &RegionDescriptor,
         ipc: &CudaIpcRegion,
@@ -126,8 +128,21 @@ impl IpcMapping {
         let (import, base) = if ipc.control.pid == std::process::id() {
             (None, region.addr)
         } else {
-            let handle = unhex(&ipc.handle).ok_or_else(|| fail("the handle is not hex".into()))?;
-            let a = ctx.backend.ipc_open(device, &handle)?;
+            // One open per allocation: regions in the same allocation share it (the driver
+            // maps a handle once per context).
+            let mut opened = imports.lock();
+            let a = match opened.get(&ipc.handle).and_then(Weak::upgrade) {
+                Some(a) => a,
+                None => {
+                    let handle =
+                        unhex(&ipc.handle).ok_or_else(|| fail("the handle is not hex".into()))?;
+                    let a = Arc::new(ctx.backend.ipc_open(device, &handle)?);
+                    opened.retain(|_, w| w.strong_count() > 0);
+                    opened.insert(ipc.handle.clone(), Arc::downgrade(&a));
+                    a
+                }
+            };
+            drop(opened);
             let base = a
                 .addr()
                 .checked_add(ipc.offset)
@@ -159,6 +174,8 @@ impl IpcMapping {
 #[derive(Default)]
 pub(crate) struct IpcMaps {
     maps: Mutex<HashMap<u64, Arc<IpcMapping>>>,
+    /// Opened handles, by handle.
+    imports: Mutex<HashMap<String, Weak<Allocation>>>,
 }
 
 impl IpcMaps {
@@ -175,7 +192,7 @@ impl IpcMaps {
         {
             return Ok(m.clone());
         }
-        let m = Arc::new(IpcMapping::open(ctx, segment, region, ipc)?);
+        let m = Arc::new(IpcMapping::open(ctx, &self.imports, segment, region, ipc)?);
         m.check(segment, RemoteRange::new(region.addr, region.len))?;
         self.maps.lock().insert(region.id, m.clone());
         Ok(m)

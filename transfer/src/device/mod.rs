@@ -345,6 +345,7 @@ pub(crate) struct Devices {
     library: Option<PathBuf>,
     staging_chunk: usize,
     staging_per_peer: usize,
+    staging_total: usize,
     /// Whether device regions export CUDA IPC handles and same-host peers use them.
     pub(crate) ipc: bool,
     ctx: OnceLock<std::result::Result<Arc<DeviceCtx>, String>>,
@@ -357,6 +358,7 @@ impl fmt::Debug for Devices {
             .field("library", &self.library)
             .field("staging_chunk", &self.staging_chunk)
             .field("staging_per_peer", &self.staging_per_peer)
+            .field("staging_total", &self.staging_total)
             .field("ipc", &self.ipc)
             .field("loaded", &self.loaded().is_some())
             .finish()
@@ -367,15 +369,16 @@ impl Devices {
     pub(crate) fn new(
         plugged: Option<Arc<dyn DeviceBackend>>,
         library: Option<PathBuf>,
-        staging_chunk: usize,
-        staging_per_peer: usize,
+        staging: (usize, usize, usize),
         ipc: bool,
     ) -> Self {
+        let (staging_chunk, staging_per_peer, staging_total) = staging;
         Self {
             plugged,
             library,
             staging_chunk,
             staging_per_peer,
+            staging_total,
             ipc,
             ctx: OnceLock::new(),
         }
@@ -394,6 +397,7 @@ impl Devices {
                     backend.clone(),
                     self.staging_chunk,
                     self.staging_per_peer,
+                    self.staging_total,
                 ),
                 backend,
                 streams: Mutex::new(HashMap::new()),
@@ -497,8 +501,7 @@ mod tests {
         let d = Devices::new(
             None,
             Some(PathBuf::from("/nonexistent/libcuda.so.1")),
-            1 << 20,
-            64 << 20,
+            (1 << 20, 64 << 20, 1 << 30),
             true,
         );
         let e = d.ctx().err().expect("no driver there").to_string();

@@ -98,8 +98,11 @@ impl EngineBuilder {
         let devices = Arc::new(Devices::new(
             self.device_backend,
             config.cuda_library.clone(),
-            config.device_staging_chunk,
-            config.device_staging_per_peer,
+            (
+                config.device_staging_chunk,
+                config.device_staging_per_peer,
+                config.device_staging_total,
+            ),
             config.device_ipc,
         ));
         let tcp = Arc::new(TcpClient::new(ClientConfig {

@@ -176,6 +176,8 @@ pub struct EngineConfig {
     pub device_staging_chunk: usize,
     /// Most pinned staging memory one peer may hold at once, as initiator and as target.
     pub device_staging_per_peer: usize,
+    /// Most pinned staging memory all peers together may hold at once.
+    pub device_staging_total: usize,
     /// Export CUDA IPC handles of registered device memory, and open same-host peers' ones
     /// (else same-host device traffic is staged over TCP).
     pub device_ipc: bool,
@@ -208,6 +210,7 @@ impl Default for EngineConfig {
             transfer_secret_file: None,
             device_staging_chunk: 1 << 20,
             device_staging_per_peer: 64 << 20,
+            device_staging_total: 1 << 30,
             device_ipc: true,
             cuda_library: None,
         }
@@ -257,6 +260,12 @@ impl EngineConfig {
             return bad(format!(
                 "device_staging_per_peer ({}) must hold at least one device_staging_chunk ({})",
                 self.device_staging_per_peer, self.device_staging_chunk
+            ));
+        }
+        if self.device_staging_total < self.device_staging_per_peer {
+            return bad(format!(
+                "device_staging_total ({}) must hold at least device_staging_per_peer ({})",
+                self.device_staging_total, self.device_staging_per_peer
             ));
         }
         if self.notification_queue == 0 {
@@ -371,6 +380,10 @@ mod tests {
             },
             EngineConfig {
                 device_staging_per_peer: 1 << 19,
+                ..Default::default()
+            },
+            EngineConfig {
+                device_staging_total: 1 << 20,
                 ..Default::default()
             },
         ] {

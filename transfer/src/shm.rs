@@ -47,10 +47,10 @@ pub(crate) struct PeerMapping {
     map: Mapping,
     /// The owner's CPU lock when the owner is this very process (two engines of one
     /// process): copies through this mapping then hold it like any in-process copy.
-    owner_lock: Option<Arc<CpuLock>>,
+    pub(crate) owner_lock: Option<Arc<CpuLock>>,
     file: File,
     data_offset: usize,
-    region: RegionDescriptor,
+    pub(crate) region: RegionDescriptor,
     populated: Box<[std::sync::atomic::AtomicBool]>,
 }
 
@@ -282,6 +282,11 @@ impl ShmMaps {
     /// Unmaps everything (the peer re-registered or restarted).
     pub(crate) fn clear(&self) {
         self.maps.lock().clear();
+    }
+
+    /// Unmaps the regions whose id is not in `live` (the peer retired them).
+    pub(crate) fn retain(&self, live: &std::collections::HashSet<u64>) {
+        self.maps.lock().retain(|id, _| live.contains(id));
     }
 }
 

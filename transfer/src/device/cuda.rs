@@ -8,14 +8,19 @@
 //! generates bindings for the whole API. Every signature below is the driver's own (CUDA
 //! 11 and later; `cuda.h`), named by its exported symbol.
 //!
-//! Each thread making driver calls binds the device's primary context first (`bind`,
-//! cached per thread). Fences are host functions enqueued on the stream
-//! (`cuLaunchHostFunc`): the driver calls back when the copies before it completed, and
-//! the callback only wakes the waiting task, so no thread blocks and nothing polls.
+//! Driver calls run with the device's primary context pushed on the calling thread's
+//! context stack and popped after ([`Cuda::enter`]): the caller's own current context (a
+//! PyTorch thread's) is what it was before, and the engine uses the contexts the
+//! application already made rather than creating one on a device it never touched (asking
+//! where a pointer lives in a process with no context yet creates one only if the driver
+//! will not answer without). Fences are stream callbacks
+//! (`cuStreamAddCallback`): the driver calls back with the stream's status once the copies
+//! before it completed, or failed, and the callback only wakes the waiting task, so no
+//! thread blocks and nothing polls.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -30,10 +35,9 @@ type CuDevice = c_int;
 type CuContext = *mut c_void;
 type CuStream = *mut c_void;
 type CuDevicePtr = u64;
-type HostFn = unsafe extern "C" fn(*mut c_void);
+type StreamCallback = unsafe extern "C" fn(CuStream, CuResult, *mut c_void);
 
 const CUDA_SUCCESS: CuResult = 0;
-const CUDA_ERROR_NOT_READY: CuResult = 600;
 const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
 const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
@@ -65,19 +69,24 @@ struct Api {
     device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
     device_uuid: unsafe extern "C" fn(*mut CuUuid, CuDevice) -> CuResult,
     primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
-    ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    primary_ctx_state: unsafe extern "C" fn(CuDevice, *mut c_uint, *mut c_int) -> CuResult,
+    ctx_get_current: unsafe extern "C" fn(*mut CuContext) -> CuResult,
+    ctx_push: unsafe extern "C" fn(CuContext) -> CuResult,
+    ctx_pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
+    ctx_get_device: unsafe extern "C" fn(*mut CuDevice) -> CuResult,
     pointer_attributes:
         unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, CuDevicePtr) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult,
     mem_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
+    mem_range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult,
     host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
     host_free: unsafe extern "C" fn(*mut c_void) -> CuResult,
     stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
     stream_destroy: unsafe extern "C" fn(CuStream) -> CuResult,
-    stream_query: unsafe extern "C" fn(CuStream) -> CuResult,
-    launch_host_func: unsafe extern "C" fn(CuStream, HostFn, *mut c_void) -> CuResult,
-    memcpy: unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
+    stream_add_callback:
+        unsafe extern "C" fn(CuStream, StreamCallback, *mut c_void, c_uint) -> CuResult,
     memcpy_async: unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult,
     ipc_get: unsafe extern "C" fn(*mut IpcMemHandle, CuDevicePtr) -> CuResult,
     ipc_open: unsafe extern "C" fn(*mut CuDevicePtr, IpcMemHandle, c_uint) -> CuResult,
@@ -124,18 +133,22 @@ impl Api {
             device_get: sym!("cuDeviceGet"),
             device_uuid: sym!("cuDeviceGetUuid"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
-            ctx_set_current: sym!("cuCtxSetCurrent"),
+            primary_ctx_state: sym!("cuDevicePrimaryCtxGetState"),
+            ctx_get_current: sym!("cuCtxGetCurrent"),
+            ctx_push: sym!("cuCtxPushCurrent_v2"),
+            ctx_pop: sym!("cuCtxPopCurrent_v2"),
+            ctx_get_device: sym!("cuCtxGetDevice"),
             pointer_attributes: sym!("cuPointerGetAttributes"),
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_info: sym!("cuMemGetInfo_v2"),
             mem_free: sym!("cuMemFree_v2"),
+            mem_range: sym!("cuMemGetAddressRange_v2"),
             host_alloc: sym!("cuMemHostAlloc"),
             host_free: sym!("cuMemFreeHost"),
             stream_create: sym!("cuStreamCreate"),
             stream_destroy: sym!("cuStreamDestroy_v2" | "cuStreamDestroy"),
-            stream_query: sym!("cuStreamQuery"),
-            launch_host_func: sym!("cuLaunchHostFunc"),
-            memcpy: sym!("cuMemcpy"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
+            stream_add_callback: sym!("cuStreamAddCallback"),
             memcpy_async: sym!("cuMemcpyAsync"),
             ipc_get: sym!("cuIpcGetMemHandle"),
             ipc_open: sym!("cuIpcOpenMemHandle_v2" | "cuIpcOpenMemHandle"),
@@ -156,6 +169,8 @@ pub struct Cuda {
     version: i32,
     /// Primary context of each device used so far (retained for the process's life).
     contexts: Mutex<HashMap<u32, usize>>,
+    /// A stream per device for blocking copies (`copy_blocking`), made on first use.
+    sync_streams: Mutex<HashMap<u32, usize>>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -164,9 +179,23 @@ impl std::fmt::Debug for Cuda {
     }
 }
 
-thread_local! {
-    /// The context this thread made current last (0: none yet).
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
+/// A context made current on this thread for a few driver calls; the thread's previous
+/// context is current again when it drops. Not `Send`: a context stack is per thread, and
+/// a guard is never held across an await.
+struct Entered<'a> {
+    cuda: &'a Cuda,
+    pushed: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: CuContext = std::ptr::null_mut();
+            // SAFETY: pops the context this guard pushed on this thread (guards nest).
+            unsafe { (self.cuda.api.ctx_pop)(&mut popped) };
+        }
+    }
 }
 
 /// The library name the dynamic loader finds the driver under.
@@ -192,6 +221,7 @@ impl Cuda {
             library: path.to_owned(),
             version: 0,
             contexts: Mutex::new(HashMap::new()),
+            sync_streams: Mutex::new(HashMap::new()),
         };
         // SAFETY: cuInit takes a flags word that must be 0.
         let rc = unsafe { (probe.api.init)(0) };
@@ -257,7 +287,7 @@ impl Cuda {
     /// Free and total memory of `device`, in bytes (`cuMemGetInfo`): what leak checks
     /// compare.
     pub fn mem_info(&self, device: u32) -> Result<(u64, u64)> {
-        self.bind(device)?;
+        let _ctx = self.enter(device)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device's context is current.
         let rc = unsafe { (self.api.mem_info)(&mut free, &mut total) };
@@ -265,169 +295,108 @@ impl Cuda {
         Ok((free as u64, total as u64))
     }
 
-    /// Makes `device`'s primary context current on this thread.
-    fn bind(&self, device: u32) -> Result<()> {
-        let ctx = {
-            let mut ctxs = self.contexts.lock();
-            match ctxs.get(&device) {
-                Some(c) => *c,
-                None => {
-                    let mut dev: CuDevice = 0;
-                    let ordinal = c_int::try_from(device).map_err(|_| TransferError::Device {
-                        reason: format!("no device cuda:{device}"),
-                    })?;
-                    // SAFETY: valid out-pointer; the driver checks the ordinal.
-                    let rc = unsafe { (self.api.device_get)(&mut dev, ordinal) };
-                    self.check(rc, &format!("cuDeviceGet(cuda:{device})"))?;
-                    let mut ctx: CuContext = std::ptr::null_mut();
-                    // SAFETY: valid out-pointer and a device handle the driver gave.
-                    let rc = unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) };
-                    self.check(rc, "cuDevicePrimaryCtxRetain")?;
-                    ctxs.insert(device, ctx as usize);
-                    ctx as usize
-                }
-            }
-        };
-        if CURRENT.with(Cell::get) != ctx {
-            // SAFETY: ctx is a primary context retained above (never released).
-            let rc = unsafe { (self.api.ctx_set_current)(ctx as CuContext) };
-            self.check(rc, "cuCtxSetCurrent")?;
-            CURRENT.with(|c| c.set(ctx));
+    fn device(&self, device: u32) -> Result<CuDevice> {
+        let ordinal = c_int::try_from(device).map_err(|_| TransferError::Device {
+            reason: format!("no device cuda:{device}"),
+        })?;
+        let mut dev: CuDevice = 0;
+        // SAFETY: valid out-pointer; the driver checks the ordinal.
+        let rc = unsafe { (self.api.device_get)(&mut dev, ordinal) };
+        self.check(rc, &format!("cuDeviceGet(cuda:{device})"))?;
+        Ok(dev)
+    }
+
+    /// `device`'s primary context (retained on first use, for the process's life).
+    fn primary(&self, device: u32) -> Result<CuContext> {
+        let mut ctxs = self.contexts.lock();
+        if let Some(c) = ctxs.get(&device) {
+            return Ok(*c as CuContext);
         }
-        Ok(())
-    }
-}
-
-/// A CUDA stream and the driver it belongs to (destroyed with the last clone).
-struct StreamInner {
-    cuda: Arc<Cuda>,
-    device: u32,
-    raw: usize,
-}
-
-impl Drop for StreamInner {
-    fn drop(&mut self) {
-        if self.cuda.bind(self.device).is_ok() {
-            // SAFETY: raw came from cuStreamCreate and is destroyed once, here.
-            unsafe { (self.cuda.api.stream_destroy)(self.raw as CuStream) };
-        }
-    }
-}
-
-struct CudaStream(Arc<StreamInner>);
-
-/// Wakes the task waiting on a fence: the driver calls this once the copies enqueued before
-/// it completed.
-unsafe extern "C" fn fence_reached(user: *mut c_void) {
-    // SAFETY: `user` is the boxed sender `fence` leaked for exactly this one call.
-    let tx = unsafe { Box::from_raw(user.cast::<oneshot::Sender<()>>()) };
-    let _ = tx.send(());
-}
-
-impl CopyStream for CudaStream {
-    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<()> {
-        let s = &self.0;
-        s.cuda.bind(s.device)?;
-        // SAFETY: the caller keeps both ranges valid until a later fence resolved; with
-        // unified addressing the driver finds the kind of each side from the address.
-        let rc = unsafe { (s.cuda.api.memcpy_async)(dst, src, len, s.raw as CuStream) };
-        s.cuda.check(rc, "cuMemcpyAsync")
+        let dev = self.device(device)?;
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and a device handle the driver gave.
+        let rc = unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) };
+        self.check(rc, "cuDevicePrimaryCtxRetain")?;
+        ctxs.insert(device, ctx as usize);
+        Ok(ctx)
     }
 
-    fn fence(&self) -> Result<Fence> {
-        let s = self.0.clone();
-        s.cuda.bind(s.device)?;
-        let (tx, rx) = oneshot::channel::<()>();
-        let user = Box::into_raw(Box::new(tx)).cast::<c_void>();
-        // SAFETY: the stream is live (held by `s`); the callback takes back `user` exactly
-        // once when the driver calls it.
-        let rc = unsafe { (s.cuda.api.launch_host_func)(s.raw as CuStream, fence_reached, user) };
-        if rc != CUDA_SUCCESS {
-            // SAFETY: the driver refused the call, so it will never call back: the box is
-            // still ours.
-            drop(unsafe { Box::from_raw(user.cast::<oneshot::Sender<()>>()) });
-            s.cuda.check(rc, "cuLaunchHostFunc")?;
-        }
-        Ok(Fence::new(async move {
-            rx.await.map_err(|_| TransferError::Device {
-                reason: "the CUDA stream was torn down before its copies completed".into(),
-            })?;
-            // A copy that failed leaves its error on the stream.
-            s.cuda.bind(s.device)?;
-            // SAFETY: the stream is live (held by `s`).
-            let rc = unsafe { (s.cuda.api.stream_query)(s.raw as CuStream) };
-            if rc == CUDA_ERROR_NOT_READY {
-                return Ok(());
-            }
-            s.cuda.check(rc, "copy on CUDA stream")
-        }))
-    }
-}
-
-/// Frees device memory from `cuMemAlloc`.
-struct DeviceOwner {
-    cuda: Arc<Cuda>,
-    device: u32,
-    ptr: CuDevicePtr,
-}
-
-impl Drop for DeviceOwner {
-    fn drop(&mut self) {
-        if self.cuda.bind(self.device).is_ok() {
-            // SAFETY: ptr came from cuMemAlloc and is freed once, here.
-            unsafe { (self.cuda.api.mem_free)(self.ptr) };
-        }
-    }
-}
-
-/// Frees pinned memory from `cuMemHostAlloc`.
-struct PinnedOwner {
-    cuda: Arc<Cuda>,
-    ptr: usize,
-}
-
-impl Drop for PinnedOwner {
-    fn drop(&mut self) {
-        if self.cuda.bind(0).is_ok() {
-            // SAFETY: ptr came from cuMemHostAlloc and is freed once, here.
-            unsafe { (self.cuda.api.host_free)(self.ptr as *mut c_void) };
-        }
-    }
-}
-
-/// Closes an opened IPC handle.
-struct IpcOwner {
-    cuda: Arc<Cuda>,
-    device: u32,
-    ptr: CuDevicePtr,
-}
-
-impl Drop for IpcOwner {
-    fn drop(&mut self) {
-        if self.cuda.bind(self.device).is_ok() {
-            // SAFETY: ptr came from cuIpcOpenMemHandle and is closed once, here.
-            unsafe { (self.cuda.api.ipc_close)(self.ptr) };
-        }
-    }
-}
-
-impl DeviceBackend for Cuda {
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn device_count(&self) -> Result<u32> {
-        let mut n: c_int = 0;
+    /// The context current on this thread (null: none).
+    fn current(&self) -> Result<CuContext> {
+        let mut cur: CuContext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.api.device_count)(&mut n) };
-        self.check(rc, "cuDeviceGetCount")?;
-        Ok(n.max(0) as u32)
+        let rc = unsafe { (self.api.ctx_get_current)(&mut cur) };
+        self.check(rc, "cuCtxGetCurrent")?;
+        Ok(cur)
     }
 
-    fn locate(&self, addr: u64) -> Result<Option<DevicePointer>> {
-        if self.device_count()? > 0 {
-            self.bind(0)?;
+    /// Makes `device`'s primary context current on this thread until the guard drops
+    /// (nothing to do when it already is).
+    fn enter(&self, device: u32) -> Result<Entered<'_>> {
+        let ctx = self.primary(device)?;
+        let pushed = self.current()? != ctx;
+        if pushed {
+            // SAFETY: ctx is a primary context retained for the process's life.
+            let rc = unsafe { (self.api.ctx_push)(ctx) };
+            self.check(rc, "cuCtxPushCurrent")?;
         }
+        Ok(Entered {
+            cuda: self,
+            pushed,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// A context to make calls that need one but no device in particular: the thread's
+    /// current one, else the first device whose primary context is already active (the
+    /// application's). `None` when there is none: this process has not used a device.
+    fn enter_any(&self) -> Result<Option<Entered<'_>>> {
+        if !self.current()?.is_null() {
+            return Ok(Some(Entered {
+                cuda: self,
+                pushed: false,
+                _not_send: PhantomData,
+            }));
+        }
+        match self.active_primary()? {
+            Some(d) => self.enter(d).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The first device whose primary context is active (someone in this process made it).
+    fn active_primary(&self) -> Result<Option<u32>> {
+        for d in 0..self.device_count()? {
+            let dev = self.device(d)?;
+            let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+            // SAFETY: valid out-pointers and a device handle the driver gave.
+            let rc = unsafe { (self.api.primary_ctx_state)(dev, &mut flags, &mut active) };
+            self.check(rc, "cuDevicePrimaryCtxGetState")?;
+            if active != 0 {
+                return Ok(Some(d));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The ordinal of the device of this thread's current context.
+    fn current_device(&self) -> Result<u32> {
+        let mut dev: CuDevice = 0;
+        // SAFETY: valid out-pointer; the caller made a context current.
+        let rc = unsafe { (self.api.ctx_get_device)(&mut dev) };
+        self.check(rc, "cuCtxGetDevice")?;
+        for d in 0..self.device_count()? {
+            if self.device(d)? == dev {
+                return Ok(d);
+            }
+        }
+        Err(TransferError::Device {
+            reason: "the current CUDA context's device is not one this process sees".into(),
+        })
+    }
+
+    /// What the driver says `addr` is, asked with whatever context is current.
+    fn pointer_kind(&self, addr: u64) -> Result<Option<DevicePointer>> {
         let mut attrs = [
             CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
             CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -457,8 +426,174 @@ impl DeviceBackend for Cuda {
         }))
     }
 
+    /// The stream of `device` that blocking copies use: a blocking stream (flags 0), so its
+    /// copies wait for the application's work on the legacy default stream, as `cuMemcpy`
+    /// would.
+    fn sync_stream(&self, device: u32) -> Result<CuStream> {
+        let mut streams = self.sync_streams.lock();
+        if let Some(s) = streams.get(&device) {
+            return Ok(*s as CuStream);
+        }
+        let mut raw: CuStream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the caller made the device's context current.
+        let rc = unsafe { (self.api.stream_create)(&mut raw, 0) };
+        self.check(rc, "cuStreamCreate")?;
+        streams.insert(device, raw as usize);
+        Ok(raw)
+    }
+}
+
+/// A CUDA stream and the driver it belongs to (destroyed with the last clone).
+struct StreamInner {
+    cuda: Arc<Cuda>,
+    device: u32,
+    raw: usize,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        if let Ok(_ctx) = self.cuda.enter(self.device) {
+            // SAFETY: raw came from cuStreamCreate and is destroyed once, here.
+            unsafe { (self.cuda.api.stream_destroy)(self.raw as CuStream) };
+        }
+    }
+}
+
+struct CudaStream(Arc<StreamInner>);
+
+/// Wakes the task waiting on a fence with the stream's status: the driver calls this once
+/// the copies enqueued before it completed, or the stream failed.
+unsafe extern "C" fn fence_reached(_stream: CuStream, status: CuResult, user: *mut c_void) {
+    // SAFETY: `user` is the boxed sender `fence` leaked for exactly this one call.
+    let tx = unsafe { Box::from_raw(user.cast::<oneshot::Sender<CuResult>>()) };
+    let _ = tx.send(status);
+}
+
+impl CopyStream for CudaStream {
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        let s = &self.0;
+        let _ctx = s.cuda.enter(s.device)?;
+        // SAFETY: the caller keeps both ranges valid until a later fence resolved; with
+        // unified addressing the driver finds the kind of each side from the address.
+        let rc = unsafe { (s.cuda.api.memcpy_async)(dst, src, len, s.raw as CuStream) };
+        s.cuda.check(rc, "cuMemcpyAsync")
+    }
+
+    fn fence(&self) -> Result<Fence> {
+        let s = self.0.clone();
+        let (tx, rx) = oneshot::channel::<CuResult>();
+        let rc = {
+            let _ctx = s.cuda.enter(s.device)?;
+            let user = Box::into_raw(Box::new(tx)).cast::<c_void>();
+            // SAFETY: the stream is live (held by `s`); the driver calls the callback exactly
+            // once (with an error status if the stream failed), which takes back `user`.
+            let rc = unsafe {
+                (s.cuda.api.stream_add_callback)(s.raw as CuStream, fence_reached, user, 0)
+            };
+            if rc != CUDA_SUCCESS {
+                // SAFETY: the driver refused the call, so it will never call back: the box
+                // is still ours.
+                drop(unsafe { Box::from_raw(user.cast::<oneshot::Sender<CuResult>>()) });
+            }
+            rc
+        };
+        s.cuda.check(rc, "cuStreamAddCallback")?;
+        Ok(Fence::new(async move {
+            let status = rx.await.map_err(|_| TransferError::Device {
+                reason: "the CUDA stream was torn down before its copies completed".into(),
+            })?;
+            // The stream (held by `s`) lives until here.
+            s.cuda.check(status, "copy on CUDA stream")
+        }))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let s = &self.0;
+        let _ctx = s.cuda.enter(s.device)?;
+        // SAFETY: the stream is live (held by `self`).
+        let rc = unsafe { (s.cuda.api.stream_synchronize)(s.raw as CuStream) };
+        s.cuda.check(rc, "cuStreamSynchronize")
+    }
+}
+
+/// Frees device memory from `cuMemAlloc`.
+struct DeviceOwner {
+    cuda: Arc<Cuda>,
+    device: u32,
+    ptr: CuDevicePtr,
+}
+
+impl Drop for DeviceOwner {
+    fn drop(&mut self) {
+        if let Ok(_ctx) = self.cuda.enter(self.device) {
+            // SAFETY: ptr came from cuMemAlloc and is freed once, here.
+            unsafe { (self.cuda.api.mem_free)(self.ptr) };
+        }
+    }
+}
+
+/// Frees pinned memory from `cuMemHostAlloc` (with the context of the device it was
+/// allocated under).
+struct PinnedOwner {
+    cuda: Arc<Cuda>,
+    device: u32,
+    ptr: usize,
+}
+
+impl Drop for PinnedOwner {
+    fn drop(&mut self) {
+        if let Ok(_ctx) = self.cuda.enter(self.device) {
+            // SAFETY: ptr came from cuMemHostAlloc and is freed once, here.
+            unsafe { (self.cuda.api.host_free)(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+/// Closes an opened IPC handle.
+struct IpcOwner {
+    cuda: Arc<Cuda>,
+    device: u32,
+    ptr: CuDevicePtr,
+}
+
+impl Drop for IpcOwner {
+    fn drop(&mut self) {
+        if let Ok(_ctx) = self.cuda.enter(self.device) {
+            // SAFETY: ptr came from cuIpcOpenMemHandle and is closed once, here.
+            unsafe { (self.cuda.api.ipc_close)(self.ptr) };
+        }
+    }
+}
+
+impl DeviceBackend for Cuda {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_count(&self) -> Result<u32> {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { (self.api.device_count)(&mut n) };
+        self.check(rc, "cuDeviceGetCount")?;
+        Ok(n.max(0) as u32)
+    }
+
+    fn locate(&self, addr: u64) -> Result<Option<DevicePointer>> {
+        // With unified addressing any context answers for every address of the process:
+        // the thread's, or one the application made. With none, the driver is asked as it
+        // is, and only if it wants a context is device 0's made for it.
+        let entered = self.enter_any()?;
+        match self.pointer_kind(addr) {
+            Err(_) if entered.is_none() => {
+                let _ctx = self.enter(0)?;
+                self.pointer_kind(addr)
+            }
+            r => r,
+        }
+    }
+
     fn stream(&self, device: u32) -> Result<Arc<dyn CopyStream>> {
-        self.bind(device)?;
+        let _ctx = self.enter(device)?;
         let mut raw: CuStream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the device's context is current.
         let rc = unsafe { (self.api.stream_create)(&mut raw, CU_STREAM_NON_BLOCKING) };
@@ -471,14 +606,28 @@ impl DeviceBackend for Cuda {
     }
 
     unsafe fn copy_blocking(&self, device: u32, dst: u64, src: u64, len: usize) -> Result<()> {
-        self.bind(device)?;
-        // SAFETY: forwarded caller contract; cuMemcpy returns once the bytes are in place.
-        let rc = unsafe { (self.api.memcpy)(dst, src, len) };
-        self.check(rc, "cuMemcpy")
+        let _ctx = self.enter(device)?;
+        let stream = self.sync_stream(device)?;
+        // SAFETY: forwarded caller contract; the stream is the device's, alive for the
+        // process. A copy from pageable memory may return before its bytes reach the device
+        // (cuMemcpy would too): the stream is synchronized before the call returns.
+        let rc = unsafe { (self.api.memcpy_async)(dst, src, len, stream) };
+        self.check(rc, "cuMemcpyAsync")?;
+        // SAFETY: as above; waits for the copy just enqueued (and only this stream's work).
+        let rc = unsafe { (self.api.stream_synchronize)(stream) };
+        self.check(rc, "cuStreamSynchronize")
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<Allocation> {
-        self.bind(0)?;
+        // Pinned memory lives as long as the context it was made under: a primary context
+        // this engine retains, of the thread's current device, else of a device already in
+        // use, else device 0's (portable memory serves every device).
+        let device = if self.current()?.is_null() {
+            self.active_primary()?.unwrap_or(0)
+        } else {
+            self.current_device()?
+        };
+        let _ctx = self.enter(device)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a context is current.
         let rc = unsafe { (self.api.host_alloc)(&mut p, len, CU_MEMHOSTALLOC_PORTABLE) };
@@ -488,13 +637,14 @@ impl DeviceBackend for Cuda {
             len,
             PinnedOwner {
                 cuda: self.arc(),
+                device,
                 ptr: p as usize,
             },
         ))
     }
 
     fn alloc_device(&self, device: u32, len: usize) -> Result<Allocation> {
-        self.bind(device)?;
+        let _ctx = self.enter(device)?;
         let mut p: CuDevicePtr = 0;
         // SAFETY: valid out-pointer; the device's context is current.
         let rc = unsafe { (self.api.mem_alloc)(&mut p, len) };
@@ -511,7 +661,7 @@ impl DeviceBackend for Cuda {
     }
 
     fn ipc_export(&self, ptr: &DevicePointer) -> Result<Vec<u8>> {
-        self.bind(ptr.device)?;
+        let _ctx = self.enter(ptr.device)?;
         let mut h = IpcMemHandle {
             reserved: [0; IPC_HANDLE_LEN],
         };
@@ -528,7 +678,7 @@ impl DeviceBackend for Cuda {
                 handle.len()
             ),
         })?;
-        self.bind(device)?;
+        let _ctx = self.enter(device)?;
         let h = IpcMemHandle {
             reserved: bytes.map(|b| b as c_char),
         };
@@ -536,25 +686,21 @@ impl DeviceBackend for Cuda {
         // SAFETY: valid out-pointer; the handle is passed by value as the driver expects.
         let rc = unsafe { (self.api.ipc_open)(&mut p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) };
         self.check(rc, "cuIpcOpenMemHandle")?;
-        Ok(Allocation::new(
-            p,
-            0,
-            IpcOwner {
-                cuda: self.arc(),
-                device,
-                ptr: p,
-            },
-        ))
+        let owner = IpcOwner {
+            cuda: self.arc(),
+            device,
+            ptr: p,
+        };
+        // The allocation's real size, which bounds what a peer's descriptor may claim.
+        let (mut base, mut size): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; `p` is the start of the allocation just mapped.
+        let rc = unsafe { (self.api.mem_range)(&mut base, &mut size, p) };
+        self.check(rc, "cuMemGetAddressRange")?;
+        Ok(Allocation::new(p, size, owner))
     }
 
     fn device_uuid(&self, device: u32) -> Result<String> {
-        let mut dev: CuDevice = 0;
-        let ordinal = c_int::try_from(device).map_err(|_| TransferError::Device {
-            reason: format!("no device cuda:{device}"),
-        })?;
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.api.device_get)(&mut dev, ordinal) };
-        self.check(rc, &format!("cuDeviceGet(cuda:{device})"))?;
+        let dev = self.device(device)?;
         let mut u = CuUuid { bytes: [0; 16] };
         // SAFETY: valid out-pointer and device handle.
         let rc = unsafe { (self.api.device_uuid)(&mut u, dev) };

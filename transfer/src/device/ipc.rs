@@ -11,11 +11,20 @@
 //! (found by UUID), and copies device to device; before and after each copy it checks the
 //! owner is alive and the registration unchanged, so a retired or re-registered region is
 //! an error, not a write into memory that was given back. Two engines of one process use
-//! the owner's address directly (a process cannot open its own handle).
+//! the owner's address directly (a process cannot open its own handle), once the driver
+//! confirms the region is device memory of that device.
+//!
+//! A handle is opened once per process and device (the driver maps an allocation once per
+//! context), shared by every region and peer segment in that allocation, and closed with
+//! the last mapping using it. A region's claimed offset and length are checked against the
+//! size of the allocation the driver opened. Mappings of regions a peer retired are dropped
+//! when its descriptor is next fetched (a refused request refetches it), closing handles
+//! no region uses any more: an importer holding a handle keeps the owner's device memory
+//! from being released.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
@@ -95,6 +104,31 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Handles opened in this process: by backend instance, device ordinal and handle.
+type Imports = HashMap<(usize, u32, String), Weak<Allocation>>;
+
+static IMPORTS: LazyLock<Mutex<Imports>> = LazyLock::new(Default::default);
+
+/// The allocation `handle` names, opened on `device` (once per process).
+fn import(ctx: &DeviceCtx, device: u32, handle: &str) -> Result<Arc<Allocation>> {
+    let key = (
+        Arc::as_ptr(&ctx.backend).cast::<()>() as usize,
+        device,
+        handle.to_owned(),
+    );
+    let mut opened = IMPORTS.lock();
+    if let Some(a) = opened.get(&key).and_then(Weak::upgrade) {
+        return Ok(a);
+    }
+    let bytes = unhex(handle).ok_or_else(|| TransferError::Device {
+        reason: "the CUDA IPC handle is not hex".into(),
+    })?;
+    let a = Arc::new(ctx.backend.ipc_open(device, &bytes)?);
+    opened.retain(|_, w| w.strong_count() > 0);
+    opened.insert(key, Arc::downgrade(&a));
+    Ok(a)
+}
+
 /// A same-host peer's device region, opened in this process.
 pub(crate) struct IpcMapping {
     control: PeerMapping,
@@ -111,7 +145,6 @@ pub(crate) struct IpcMapping {
 impl IpcMapping {
     fn open(
         ctx: &DeviceCtx,
-        imports: &Mutex<HashMap<String, Weak<Allocation>>>,
         segment: &str,
         region: &RegionDescriptor,
         ipc: &CudaIpcRegion,
@@ -126,28 +159,33 @@ impl IpcMapping {
         })?;
         let control = PeerMapping::open_control(segment, region, &ipc.control)?;
         let (import, base) = if ipc.control.pid == std::process::id() {
+            // Another engine of this process: its address is ours, if it is what it claims.
+            let end = region.addr.checked_add(region.len);
+            match (ctx.backend.locate(region.addr)?, end) {
+                (Some(p), Some(end)) if p.device == device && end <= p.base + p.size => {}
+                _ => {
+                    return Err(fail(format!(
+                        "[{:#x}, +{}) is not memory of cuda:{device} in this process",
+                        region.addr, region.len
+                    )));
+                }
+            }
             (None, region.addr)
         } else {
-            // One open per allocation: regions in the same allocation share it (the driver
-            // maps a handle once per context).
-            let mut opened = imports.lock();
-            let a = match opened.get(&ipc.handle).and_then(Weak::upgrade) {
-                Some(a) => a,
-                None => {
-                    let handle =
-                        unhex(&ipc.handle).ok_or_else(|| fail("the handle is not hex".into()))?;
-                    let a = Arc::new(ctx.backend.ipc_open(device, &handle)?);
-                    opened.retain(|_, w| w.strong_count() > 0);
-                    opened.insert(ipc.handle.clone(), Arc::downgrade(&a));
-                    a
-                }
-            };
-            drop(opened);
-            let base = a
-                .addr()
-                .checked_add(ipc.offset)
-                .ok_or_else(|| fail("the region's offset overflows".into()))?;
-            (Some(a), base)
+            let a = import(ctx, device, &ipc.handle).map_err(|e| fail(e.to_string()))?;
+            let fits = ipc
+                .offset
+                .checked_add(region.len)
+                .is_some_and(|end| end <= a.len() as u64);
+            if !fits {
+                return Err(fail(format!(
+                    "the region [{}, +{}) runs past the {}-byte allocation its handle opens",
+                    ipc.offset,
+                    region.len,
+                    a.len()
+                )));
+            }
+            (Some(a.clone()), a.addr() + ipc.offset)
         };
         Ok(Self {
             control,
@@ -174,8 +212,6 @@ impl IpcMapping {
 #[derive(Default)]
 pub(crate) struct IpcMaps {
     maps: Mutex<HashMap<u64, Arc<IpcMapping>>>,
-    /// Opened handles, by handle.
-    imports: Mutex<HashMap<String, Weak<Allocation>>>,
 }
 
 impl IpcMaps {
@@ -192,7 +228,7 @@ impl IpcMaps {
         {
             return Ok(m.clone());
         }
-        let m = Arc::new(IpcMapping::open(ctx, &self.imports, segment, region, ipc)?);
+        let m = Arc::new(IpcMapping::open(ctx, segment, region, ipc)?);
         m.check(segment, RemoteRange::new(region.addr, region.len))?;
         self.maps.lock().insert(region.id, m.clone());
         Ok(m)
@@ -201,6 +237,11 @@ impl IpcMaps {
     /// Closes everything (the peer re-registered or restarted).
     pub(crate) fn clear(&self) {
         self.maps.lock().clear();
+    }
+
+    /// Closes the regions whose id is not in `live` (the peer retired them).
+    pub(crate) fn retain(&self, live: &HashSet<u64>) {
+        self.maps.lock().retain(|id, _| live.contains(id));
     }
 }
 

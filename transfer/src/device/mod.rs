@@ -247,6 +247,11 @@ pub trait CopyStream: Send + Sync {
 
     /// A fence after every copy enqueued so far.
     fn fence(&self) -> Result<Fence>;
+
+    /// Blocks the calling thread until every copy enqueued so far completed (or the stream
+    /// failed): what an error path waits on when a copy was enqueued but no fence could
+    /// follow it.
+    fn synchronize(&self) -> Result<()>;
 }
 
 /// What the engine needs from a device runtime. The production one is CUDA ([`cuda::Cuda`]);

@@ -174,9 +174,12 @@ pub struct EngineConfig {
     /// Bytes of one pinned staging buffer that device memory passes through on the TCP path
     /// (requests with device memory on this side are sliced to it).
     pub device_staging_chunk: usize,
-    /// Most pinned staging memory one peer may hold at once, as initiator and as target.
+    /// Most pinned staging memory one peer may hold at once, as initiator and as target
+    /// (each role has a budget of its own: see `device_staging_total`).
     pub device_staging_per_peer: usize,
-    /// Most pinned staging memory all peers together may hold at once.
+    /// Most pinned staging memory all peers together may hold at once in one role: this
+    /// engine's requests have this much, and peers' requests to it as much again, so two
+    /// engines moving device memory to each other never wait on each other's buffers.
     pub device_staging_total: usize,
     /// Export CUDA IPC handles of registered device memory, and open same-host peers' ones
     /// (else same-host device traffic is staged over TCP).

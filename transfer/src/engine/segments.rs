@@ -2,6 +2,7 @@
 //! goes stale (a request was refused as out of bounds or with a bad token, or the peer
 //! became unreachable).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -121,12 +122,16 @@ impl Segment {
     }
 
     /// Installs a freshly fetched descriptor; a restarted or re-registered peer drops the
-    /// old shared-memory mappings and IPC handles.
+    /// old shared-memory mappings and IPC handles, and regions it retired are unmapped.
     pub(crate) fn update(&self, desc: SegmentDescriptor) {
         let old = self.inner.desc.load();
         if old.engine_id != desc.engine_id {
             self.inner.shm.clear();
             self.inner.ipc.clear();
+        } else {
+            let live: HashSet<u64> = desc.regions.iter().map(|r| r.id).collect();
+            self.inner.shm.retain(&live);
+            self.inner.ipc.retain(&live);
         }
         self.inner.desc.store(Arc::new(desc));
         self.inner.stale.store(false, Ordering::Release);

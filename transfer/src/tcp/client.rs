@@ -72,8 +72,9 @@ pub(crate) struct DataSlice {
     len: u64,
     token: u64,
     completion: Completion,
-    /// The pinned buffer a device-memory slice passes through.
-    staging: Option<Arc<StagingBuf>>,
+    /// The pinned buffer a device-memory slice passes through (a write's goes with its
+    /// frame to the writer, which releases it once sent).
+    staging: Option<StagingBuf>,
     /// A read into device memory: the device and address its staged bytes go to.
     land: Option<(u32, u64)>,
     _permit: OwnedSemaphorePermit,
@@ -307,7 +308,7 @@ impl Peer {
                 )
                 .await
                 {
-                    Ok(Some((buf, land))) => (SendPtr(buf.ptr()), Some(Arc::new(buf)), land),
+                    Ok(Some((buf, land))) => (SendPtr(buf.ptr()), Some(buf), land),
                     Ok(None) => return, // the deadline passed: the batch reports TimedOut
                     Err(e) => {
                         batch.finish(idx, Err(e));
@@ -488,7 +489,7 @@ async fn write_loop(lane: Arc<Lane>, mut rx: mpsc::UnboundedReceiver<Item>) {
         hdrs.clear();
         pieces.clear();
         let first_id = next_id;
-        for it in &items {
+        for it in &mut items {
             hdrs.push(header_for(it, next_id));
             next_id += 1;
             keep.push(KeepAlive::of(it));
@@ -531,19 +532,27 @@ async fn write_loop(lane: Arc<Lane>, mut rx: mpsc::UnboundedReceiver<Item>) {
 }
 
 /// What keeps a frame's payload memory alive while the writer sends it (the batch owns the
-/// request's registered buffer; a control payload is its own `Bytes`).
+/// request's registered buffer; a write's staging buffer moves here from its slice, so it
+/// is free again once sent, not once answered; a control payload is its own `Bytes`).
 enum KeepAlive {
     Batch(
         #[allow(dead_code)] Arc<BatchState>,
-        #[allow(dead_code)] Option<Arc<StagingBuf>>,
+        #[allow(dead_code)] Option<StagingBuf>,
     ),
     Bytes(#[allow(dead_code)] Bytes),
 }
 
 impl KeepAlive {
-    fn of(item: &Item) -> Self {
+    fn of(item: &mut Item) -> Self {
         match item {
-            Item::Data(s) => KeepAlive::Batch(s.completion.batch(), s.staging.clone()),
+            Item::Data(s) => {
+                let staging = if s.op == Op::Write {
+                    s.staging.take()
+                } else {
+                    None
+                };
+                KeepAlive::Batch(s.completion.batch(), staging)
+            }
             Item::Control(c) => KeepAlive::Bytes(c.payload.clone()),
         }
     }
@@ -663,7 +672,18 @@ fn land_on_device(lane: &Lane, mut s: DataSlice, socket_landing: Landing, device
             .take()
             .expect("a device read slice has a staging buffer");
         let deadline = s.completion.batch().deadline + crate::devcopy::FENCE_GRACE;
-        match staged::land(&devices, staging, device, to, s.len as usize, deadline).await {
+        let keep = Box::new(s.completion.request().local.clone());
+        match staged::land(
+            &devices,
+            staging,
+            device,
+            to,
+            s.len as usize,
+            deadline,
+            keep,
+        )
+        .await
+        {
             Ok(()) => s.completion.complete_landed(Some(landing)),
             Err(e) => {
                 s.completion.complete(Err(e));

@@ -19,19 +19,23 @@
 //! (`Status::DeviceError`), the connection usable. A fence that does not come within the
 //! I/O timeout abandons its buffer (never reused: the device may still use it). A Read whose
 //! copy fails after its data began ends the connection (the frame cannot be finished).
+//! Every enqueued copy is an `InFlight`: a request or connection that goes away while
+//! copies run leaves them to finish, holding their buffers and the registration they
+//! touch, before the buffers go back to the pool.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::device::staging::StagingBuf;
-use crate::device::{CopyStream, Devices, Fence};
+use crate::device::staging::{InFlight, Role, StagingBuf};
+use crate::device::{CopyStream, Devices};
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
+use crate::memory::MemoryRegion;
 use crate::tcp::frame::{ResponseHeader, Status};
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
 
@@ -53,7 +57,8 @@ pub(crate) async fn stage(
     len: u64,
 ) -> Result<Option<(StagingBuf, Option<(u32, u64)>)>> {
     let ctx = devices.ctx()?;
-    let buf = match tokio::time::timeout_at(batch.deadline, ctx.staging.take(peer)).await {
+    let taken = ctx.staging.take(Role::Initiator, peer);
+    let buf = match tokio::time::timeout_at(batch.deadline, taken).await {
         Ok(b) => b?,
         Err(_) => return Ok(None),
     };
@@ -62,90 +67,71 @@ pub(crate) async fn stage(
     }
     let stream = ctx.stream(device)?;
     let dst = buf.addr();
-    // SAFETY: the source is the request's device buffer (checked at submit, held by the
-    // batch); `buf` is a private pinned buffer of one chunk >= len bytes, held here until the
-    // fence resolved (or abandoned if it never does).
-    let (buf, fence) = unsafe { enqueue(&*stream, buf, dst, at, len as usize)? };
-    match tokio::time::timeout_at(batch.deadline + crate::devcopy::FENCE_GRACE, fence).await {
-        Ok(r) => r.map(|()| Some((buf, None))),
-        Err(_) => {
-            buf.abandon();
-            Err(TransferError::Device {
-                reason: "copying a slice out of device memory never completed".into(),
-            })
-        }
+    let keep = Box::new(batch.requests[idx].local.clone());
+    // SAFETY: the source is the request's device buffer (checked at submit), whose
+    // registration the in-flight copy holds; `buf` is a private pinned buffer of one chunk
+    // >= len bytes, held by the in-flight copy until its fence resolved.
+    let copy = unsafe { enqueue(&*stream, buf, dst, at, len as usize, keep)? };
+    let within = until(batch.deadline + crate::devcopy::FENCE_GRACE);
+    match copy.settle(within).await {
+        (Some(buf), Ok(())) => Ok(Some((buf, None))),
+        (_, Err(e)) => Err(e),
+        (None, Ok(())) => unreachable!("a settled copy keeps its buffer"),
     }
 }
 
-/// Copies a read slice's staged bytes (`len` of them) to `to` on `device`, by `deadline`.
-/// A copy that never completes abandons the staging buffer.
+/// Copies a read slice's staged bytes (`len` of them) to `to` on `device` (in `keep`'s
+/// registration), by `deadline`. A copy that never completes abandons the staging buffer.
 pub(crate) async fn land(
     devices: &Devices,
-    staging: Arc<StagingBuf>,
+    staging: StagingBuf,
     device: u32,
     to: u64,
     len: usize,
     deadline: Instant,
+    keep: Box<dyn Any + Send>,
 ) -> Result<()> {
-    let fence = {
+    let copy = {
         let stream = devices.ctx()?.stream(device)?;
-        // SAFETY: `to` is inside the request's device buffer (checked at submit, held by the
-        // batch); the staging buffer holds the slice's bytes and is held until the fence
-        // resolved (or abandoned).
-        unsafe { stream.copy(to, staging.addr(), len)? };
-        stream.fence()?
+        let src = staging.addr();
+        // SAFETY: `to` is inside the request's device buffer (checked at submit), whose
+        // registration the in-flight copy holds; the staging buffer holds the slice's bytes
+        // and is held by the in-flight copy until its fence resolved.
+        unsafe { enqueue(&*stream, staging, to, src, len, keep)? }
     };
-    match tokio::time::timeout_at(deadline, fence).await {
-        Ok(r) => r,
-        Err(_) => {
-            match Arc::try_unwrap(staging) {
-                Ok(b) => b.abandon(),
-                // Another holder would hand it back to the pool: never.
-                Err(shared) => std::mem::forget(shared),
-            }
-            Err(TransferError::Device {
-                reason: "copying a slice into device memory never completed".into(),
-            })
-        }
-    }
+    copy.settle(until(deadline)).await.1
 }
 
-/// Waits for `fence`, at most `idle`; a fence that does not come abandons `buf`.
-async fn settle(buf: StagingBuf, fence: Fence, idle: Duration) -> (Option<StagingBuf>, Result<()>) {
-    match tokio::time::timeout(idle, fence).await {
-        Ok(r) => (Some(buf), r),
-        Err(_) => {
-            buf.abandon();
-            (
-                None,
-                Err(TransferError::Device {
-                    reason: format!("a device copy did not complete within {idle:?}"),
-                }),
-            )
-        }
-    }
+/// Time left until `deadline`.
+fn until(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
 }
 
-/// Enqueues the copy of `len` bytes from `src` to `dst` and a fence after it. On an error
-/// `buf` goes back to its pool when the copy was not enqueued, and is abandoned when it may
-/// have been.
+/// Enqueues the copy of `len` bytes from `src` to `dst` and a fence after it: the copy in
+/// flight, holding `buf` and `keep` until its fence. When the copy cannot be enqueued `buf`
+/// goes back to its pool; when it was but no fence could follow, the stream is drained
+/// first, and `buf` and `keep` are abandoned if even that fails.
 ///
 /// # Safety
-/// As [`CopyStream::copy`]; `buf` is the staging side and stays owned by the caller until
-/// the fence resolves.
+/// As [`CopyStream::copy`]; `buf` is the staging side, `keep` holds the device side's
+/// registration.
 unsafe fn enqueue(
     stream: &dyn CopyStream,
     buf: StagingBuf,
     dst: u64,
     src: u64,
     len: usize,
-) -> Result<(StagingBuf, Fence)> {
+    keep: Box<dyn Any + Send>,
+) -> Result<InFlight> {
     // SAFETY: forwarded caller contract.
     unsafe { stream.copy(dst, src, len)? };
     match stream.fence() {
-        Ok(f) => Ok((buf, f)),
+        Ok(f) => Ok(InFlight::new(buf, f, Some(keep))),
         Err(e) => {
-            buf.abandon();
+            if stream.synchronize().is_err() {
+                buf.abandon();
+                std::mem::forget(keep);
+            }
             Err(e)
         }
     }
@@ -157,10 +143,10 @@ async fn drain(conn: &Conn, inbuf: &mut InBuf, len: usize, idle: Duration) -> io
     unsafe { read_payload(conn, inbuf, SendPtr::NULL, len, idle, None).await }
 }
 
-/// Receives a Write's `len` payload bytes into device memory at `dst` (on `device`) for
-/// `peer`. `Ok(Ok(()))`: every byte is in device memory; `Ok(Err(_))`: the payload was
-/// drained but did not reach the device (refuse the request); `Err(_)`: the connection
-/// failed.
+/// Receives a Write's `len` payload bytes into device memory at `dst` (on `device`, in
+/// `region`) for `peer`. `Ok(Ok(()))`: every byte is in device memory; `Ok(Err(_))`: the
+/// payload was drained but did not reach the device (refuse the request); `Err(_)`: the
+/// connection failed (copies already enqueued finish on their own, holding `region`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn recv_to_device(
     conn: &Conn,
@@ -168,10 +154,14 @@ pub(crate) async fn recv_to_device(
     devices: &Devices,
     device: u32,
     peer: &str,
+    region: &Arc<MemoryRegion>,
     dst: u64,
     len: usize,
     idle: Duration,
 ) -> io::Result<Result<()>> {
+    if len == 0 {
+        return Ok(Ok(()));
+    }
     let ctx = match devices.ctx() {
         Ok(c) => c,
         Err(e) => {
@@ -181,7 +171,8 @@ pub(crate) async fn recv_to_device(
     };
     let chunk = ctx.staging.chunk();
     let ring = RING.min(len.div_ceil(chunk)).max(1);
-    let taken = match tokio::time::timeout(idle, ctx.staging.take_many(peer, ring)).await {
+    let taken = ctx.staging.take_many(Role::Target, peer, ring);
+    let taken = match tokio::time::timeout(idle, taken).await {
         Ok(r) => r,
         Err(_) => {
             return Err(io::Error::new(
@@ -197,7 +188,7 @@ pub(crate) async fn recv_to_device(
             return Ok(Err(e));
         }
     };
-    let mut busy: VecDeque<(StagingBuf, Fence)> = VecDeque::with_capacity(ring);
+    let mut busy: VecDeque<InFlight> = VecDeque::with_capacity(ring);
     let mut failed: Option<TransferError> = None;
     let mut off = 0;
     while off < len {
@@ -205,8 +196,8 @@ pub(crate) async fn recv_to_device(
         let buf = match free.pop() {
             Some(b) => Some(b),
             None => match busy.pop_front() {
-                Some((b, f)) => {
-                    let (b, r) = settle(b, f, idle).await;
+                Some(copy) => {
+                    let (b, r) = copy.settle(idle).await;
                     if let Err(e) = r {
                         failed.get_or_insert(e);
                     }
@@ -223,10 +214,11 @@ pub(crate) async fn recv_to_device(
         // SAFETY: `buf` is a private pinned buffer of `chunk >= n` bytes, held until here.
         unsafe { read_payload(conn, inbuf, SendPtr(buf.ptr()), n, idle, None).await? };
         let src = buf.addr();
-        // SAFETY: `buf` holds the n bytes just received and is kept (in `busy`) until its
-        // fence resolved; [dst + off, +n) lies in the registered device region the caller
-        // looked up and keeps alive for the call.
-        match unsafe { enqueue(&*stream, buf, dst + off as u64, src, n) } {
+        let keep = Box::new(region.clone());
+        // SAFETY: `buf` holds the n bytes just received and is held by the in-flight copy
+        // until its fence resolved; [dst + off, +n) lies in `region` (looked up by the
+        // caller), which the in-flight copy holds.
+        match unsafe { enqueue(&*stream, buf, dst + off as u64, src, n, keep) } {
             Ok(x) => busy.push_back(x),
             Err(e) => {
                 failed.get_or_insert(e);
@@ -234,17 +226,17 @@ pub(crate) async fn recv_to_device(
         }
         off += n;
     }
-    for (b, f) in busy {
-        if let (_, Err(e)) = settle(b, f, idle).await {
+    for copy in busy {
+        if let (_, Err(e)) = copy.settle(idle).await {
             failed.get_or_insert(e);
         }
     }
     Ok(failed.map_or(Ok(()), Err))
 }
 
-/// Answers a Read of `len` bytes of device memory at `src` (on `device`) for `peer`: the
-/// status header, then the data, staged. A device failure before any data was sent is
-/// answered as a refusal; after, it ends the connection (returned as an error).
+/// Answers a Read of `len` bytes of device memory at `src` (on `device`, in `region`) for
+/// `peer`: the status header, then the data, staged. A device failure before any data was
+/// sent is answered as a refusal; after, it ends the connection (returned as an error).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn send_from_device(
     conn: &Conn,
@@ -252,6 +244,7 @@ pub(crate) async fn send_from_device(
     device: u32,
     peer: &str,
     request_id: u64,
+    region: &Arc<MemoryRegion>,
     src: u64,
     len: usize,
     idle: Duration,
@@ -298,7 +291,8 @@ pub(crate) async fn send_from_device(
     };
     let chunk = ctx.staging.chunk();
     let ring = RING.min(len.div_ceil(chunk)).max(1);
-    let taken = match tokio::time::timeout(idle, ctx.staging.take_many(peer, ring)).await {
+    let taken = ctx.staging.take_many(Role::Target, peer, ring);
+    let taken = match tokio::time::timeout(idle, taken).await {
         Ok(r) => r,
         Err(_) => {
             return Err(io::Error::new(
@@ -311,19 +305,20 @@ pub(crate) async fn send_from_device(
         Ok(x) => x,
         Err(e) => return refuse(e).await,
     };
-    let mut pending: VecDeque<(StagingBuf, Fence, usize)> = VecDeque::with_capacity(ring);
+    let mut pending: VecDeque<(InFlight, usize)> = VecDeque::with_capacity(ring);
     let mut next = 0usize;
     let mut failed: Option<TransferError> = None;
     // Copies ahead into every buffer.
     let issue = |buf: StagingBuf, next: &mut usize, pending: &mut VecDeque<_>| {
         let n = chunk.min(len - *next);
         let dst = buf.addr();
-        // SAFETY: `buf` is a private pinned buffer of `chunk >= n` bytes, kept in `pending`
-        // until its fence resolved; [src + next, +n) lies in the registered device region the
-        // caller looked up and keeps alive for the call.
-        let r = unsafe { enqueue(&*stream, buf, dst, src + *next as u64, n) };
+        let keep = Box::new(region.clone());
+        // SAFETY: `buf` is a private pinned buffer of `chunk >= n` bytes, held by the
+        // in-flight copy until its fence resolved; [src + next, +n) lies in `region` (looked
+        // up by the caller), which the in-flight copy holds.
+        let r = unsafe { enqueue(&*stream, buf, dst, src + *next as u64, n, keep) };
         *next += n;
-        r.map(|(b, f)| pending.push_back((b, f, n)))
+        r.map(|copy| pending.push_back((copy, n)))
     };
     for buf in free {
         if next >= len {
@@ -335,14 +330,14 @@ pub(crate) async fn send_from_device(
         }
     }
     let mut header_sent = false;
-    while let Some((buf, fence, n)) = pending.pop_front() {
-        let (buf, r) = settle(buf, fence, idle).await;
+    while let Some((copy, n)) = pending.pop_front() {
+        let (buf, r) = copy.settle(idle).await;
         if let Some(e) = failed.take().or(r.err()) {
             if header_sent {
                 return Err(io::Error::other(e.to_string()));
             }
-            for (b, f, _) in pending.drain(..) {
-                let _ = settle(b, f, idle).await;
+            for (copy, _) in pending.drain(..) {
+                let _ = copy.settle(idle).await;
             }
             return refuse(e).await;
         }

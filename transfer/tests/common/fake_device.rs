@@ -72,6 +72,10 @@ pub struct FakeDevice {
     pub max_pending: AtomicUsize,
     /// Copies done (by the copy engines).
     pub copies: AtomicUsize,
+    /// Copies that touched memory no allocation holds (freed while the copy was queued).
+    pub stray_copies: AtomicUsize,
+    /// Fences refused from now on (counted down), as a broken context refuses them.
+    pub fail_fences: AtomicUsize,
     /// Pinned buffers handed out.
     pub pinned: AtomicUsize,
     /// Handles opened.
@@ -95,6 +99,8 @@ impl FakeDevice {
             pending: AtomicUsize::new(0),
             max_pending: AtomicUsize::new(0),
             copies: AtomicUsize::new(0),
+            stray_copies: AtomicUsize::new(0),
+            fail_fences: AtomicUsize::new(0),
             pinned: AtomicUsize::new(0),
             ipc_opens: AtomicUsize::new(0),
         })
@@ -245,6 +251,7 @@ fn open_peer_memfd(pid: u32, fd: i32, len: usize) -> Option<Arc<Memfd>> {
 enum Op {
     Copy { dst: u64, src: u64, len: usize },
     Fence(oneshot::Sender<Result<(), String>>),
+    Sync(std::sync::mpsc::Sender<Result<(), String>>),
 }
 
 struct FakeStream {
@@ -274,6 +281,7 @@ impl FakeStream {
                         if fail {
                             failed.get_or_insert_with(|| "fake: injected copy failure".into());
                         } else if let Err(e) = worker.copy_now(dst, src, len) {
+                            worker.stray_copies.fetch_add(1, Ordering::SeqCst);
                             failed.get_or_insert(e);
                         }
                         worker.copies.fetch_add(1, Ordering::SeqCst);
@@ -281,6 +289,9 @@ impl FakeStream {
                     }
                     Op::Fence(tx) => {
                         // Like a CUDA stream: an error is reported by the next fence.
+                        let _ = tx.send(failed.take().map_or(Ok(()), Err));
+                    }
+                    Op::Sync(tx) => {
                         let _ = tx.send(failed.take().map_or(Ok(()), Err));
                     }
                 }
@@ -302,6 +313,16 @@ impl CopyStream for FakeStream {
     }
 
     fn fence(&self) -> transfer::Result<Fence> {
+        let refused = self
+            .dev
+            .fail_fences
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refused {
+            return Err(TransferError::Device {
+                reason: "fake: injected fence failure".into(),
+            });
+        }
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Op::Fence(tx))
@@ -317,6 +338,17 @@ impl CopyStream for FakeStream {
                 }),
             }
         }))
+    }
+
+    fn synchronize(&self) -> transfer::Result<()> {
+        let gone = || TransferError::Device {
+            reason: "fake: stream gone".into(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Op::Sync(tx)).map_err(|_| gone())?;
+        rx.recv()
+            .map_err(|_| gone())?
+            .map_err(|reason| TransferError::Device { reason })
     }
 }
 
@@ -450,5 +482,27 @@ impl DeviceBackend for FakeDevice {
 
     fn device_uuid(&self, device: u32) -> transfer::Result<String> {
         Ok(format!("GPU-{}-{device}", self.uuid_prefix))
+    }
+}
+
+/// An engine whose device backend is `fake`.
+pub async fn dev_engine(
+    fake: &Arc<FakeDevice>,
+    cfg: transfer::EngineConfig,
+) -> transfer::TransferEngine {
+    transfer::TransferEngine::builder()
+        .config(cfg)
+        .device_backend(fake.clone())
+        .build()
+        .await
+        .expect("engine starts")
+}
+
+/// Waits (bounded, ten seconds) until `cond` holds.
+pub async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }

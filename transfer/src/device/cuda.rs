@@ -3,7 +3,7 @@
 //! registers device memory needs a driver.
 //!
 //! Why a hand-written table of entry points over `libloading` rather than `cudarc`: the
-//! engine needs about twenty driver calls and a clean error when the driver is missing;
+//! engine needs about thirty driver calls and a clean error when the driver is missing;
 //! `cudarc`'s dynamically loaded `sys` layer panics on first use without a driver and
 //! generates bindings for the whole API. Every signature below is the driver's own (CUDA
 //! 11 and later; `cuda.h`), named by its exported symbol.

@@ -223,14 +223,17 @@ impl IpcMaps {
         region: &RegionDescriptor,
         ipc: &CudaIpcRegion,
     ) -> Result<Arc<IpcMapping>> {
-        if let Some(m) = self.maps.lock().get(&region.id)
+        // Opened under the lock, so a concurrent `retain` (a refetched descriptor) sees
+        // the mapping or comes after it was inserted.
+        let mut maps = self.maps.lock();
+        if let Some(m) = maps.get(&region.id)
             && m.region == *region
         {
             return Ok(m.clone());
         }
         let m = Arc::new(IpcMapping::open(ctx, segment, region, ipc)?);
         m.check(segment, RemoteRange::new(region.addr, region.len))?;
-        self.maps.lock().insert(region.id, m.clone());
+        maps.insert(region.id, m.clone());
         Ok(m)
     }
 

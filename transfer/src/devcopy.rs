@@ -97,23 +97,21 @@ fn start_all(
 
 /// Waits for the fences of `started` in turn and completes their requests.
 async fn wait(batch: Arc<BatchState>, started: Vec<(CopyJob, Landing, Fence)>) {
-    {
-        let until = batch.deadline + FENCE_GRACE;
-        for (job, landing, fence) in started {
-            let r = match tokio::time::timeout_at(until, fence).await {
-                Ok(r) => r.and_then(|()| recheck(&batch, &job)),
-                Err(_) => {
-                    tracing::warn!(
-                        "a device copy did not complete {FENCE_GRACE:?} after its deadline; giving up on it"
-                    );
-                    Err(TransferError::Device {
-                        reason: "the device copy never completed".into(),
-                    })
-                }
-            };
-            batch.finish(job.idx, r);
-            drop(landing);
-        }
+    let until = batch.deadline + FENCE_GRACE;
+    for (job, landing, fence) in started {
+        let r = match tokio::time::timeout_at(until, fence).await {
+            Ok(r) => r.and_then(|()| recheck(&batch, &job)),
+            Err(_) => {
+                tracing::warn!(
+                    "a device copy did not complete {FENCE_GRACE:?} after its deadline; giving up on it"
+                );
+                Err(TransferError::Device {
+                    reason: "the device copy never completed".into(),
+                })
+            }
+        };
+        batch.finish(job.idx, r);
+        drop(landing);
     }
 }
 

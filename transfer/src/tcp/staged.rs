@@ -73,11 +73,10 @@ pub(crate) async fn stage(
     // >= len bytes, held by the in-flight copy until its fence resolved.
     let copy = unsafe { enqueue(&*stream, buf, dst, at, len as usize, keep)? };
     let within = until(batch.deadline + crate::devcopy::FENCE_GRACE);
-    match copy.settle(within).await {
-        (Some(buf), Ok(())) => Ok(Some((buf, None))),
-        (_, Err(e)) => Err(e),
-        (None, Ok(())) => unreachable!("a settled copy keeps its buffer"),
-    }
+    let (buf, done) = copy.settle(within).await;
+    done?;
+    // A copy that completed hands its buffer back.
+    Ok(buf.map(|b| (b, None)))
 }
 
 /// Copies a read slice's staged bytes (`len` of them) to `to` on `device` (in `keep`'s

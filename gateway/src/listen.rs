@@ -54,6 +54,9 @@ pub struct ClientLimits {
     pub body_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// How long an answered connection polls for its next request before sleeping
+    /// ([`kvstore::busy_poll`]).
+    pub busy_poll: Duration,
 }
 
 impl From<&ServeConfig> for ClientLimits {
@@ -62,6 +65,7 @@ impl From<&ServeConfig> for ClientLimits {
             c.client_header_timeout_secs,
             c.client_body_timeout_secs,
             c.max_connections,
+            c.busy_poll_us,
         )
     }
 }
@@ -72,16 +76,18 @@ impl From<&MasterHostConfig> for ClientLimits {
             c.client_header_timeout_secs,
             c.client_body_timeout_secs,
             c.max_connections,
+            c.busy_poll_us,
         )
     }
 }
 
 impl ClientLimits {
-    fn new(header_secs: u64, body_secs: u64, max_connections: usize) -> Self {
+    fn new(header_secs: u64, body_secs: u64, max_connections: usize, busy_poll_us: u64) -> Self {
         Self {
             header_timeout: Duration::from_secs(header_secs.max(1)),
             body_timeout: Duration::from_secs(body_secs.max(1)),
             max_connections: max_connections.max(1),
+            busy_poll: Duration::from_micros(busy_poll_us),
         }
     }
 

@@ -24,6 +24,7 @@ use crate::config::{ConfigError, ServeConfig};
 use crate::hosting::HostedMaster;
 use crate::listen::{self, ClientLimits, DeadlineBody};
 use crate::server::{self, AppState};
+use kvstore::busy_poll::BusyPoll;
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]
@@ -256,12 +257,16 @@ where
         );
         conns.spawn(async move {
             match tls {
-                None => listen::serve_connection(tcp, svc, limits, &builder, watcher).await,
+                None => {
+                    let conn = BusyPoll::new(tcp, limits.busy_poll);
+                    listen::serve_connection(conn, svc, limits, &builder, watcher).await
+                }
                 Some(acceptor) => {
                     // The handshake counts against the header deadline's purpose too: it is
                     // bounded on its own (a TLS client that never finishes holds nothing).
                     if let Some(stream) = crate::tls::handshake(&acceptor, tcp).await {
-                        listen::serve_connection(stream, svc, limits, &builder, watcher).await;
+                        let conn = BusyPoll::new(stream, limits.busy_poll);
+                        listen::serve_connection(conn, svc, limits, &builder, watcher).await;
                     }
                 }
             }

@@ -2,15 +2,18 @@
 //! stopped. Tests, benches and tools that need a real master over real HTTP start one here;
 //! the gateway mounts [`crate::router`] into its own server instead.
 
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::master::{Master, MasterConfig, MasterResult};
+
+/// [`crate::busy_poll::DEFAULT_BUSY_POLL_US`].
+const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(crate::busy_poll::DEFAULT_BUSY_POLL_US);
 
 /// A running master (REST on `addr`, background tick) that stops when dropped.
 #[derive(Debug)]
@@ -24,25 +27,32 @@ pub struct MasterServer {
 impl MasterServer {
     /// Builds a master from `config` and serves it on `listen` (port 0: any free port).
     pub async fn start(config: MasterConfig, listen: SocketAddr) -> MasterResult<Self> {
-        let master = Arc::new(Master::new(config)?);
-        Self::serve(master, listen).await
+        Self::start_with(config, listen, DEFAULT_BUSY_POLL).await
     }
 
-    /// Serves an existing master on `listen`.
-    pub async fn serve(master: Arc<Master>, listen: SocketAddr) -> MasterResult<Self> {
+    /// [`MasterServer::start`] with connections that poll for their next request for up to
+    /// `busy_poll` after each answer ([`crate::busy_poll`]; zero: never).
+    pub async fn start_with(
+        config: MasterConfig,
+        listen: SocketAddr,
+        busy_poll: Duration,
+    ) -> MasterResult<Self> {
+        let master = Arc::new(Master::new(config)?);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| crate::MasterError::InternalError(format!("bind {listen}: {e}")))?;
         let app: axum::Router = crate::router(master.clone()).into();
-        Self::serve_app(master, listener, app)
+        Self::serve_app(master, listener, app, busy_poll)
     }
 
     /// Serves `app` on `listener` with `master`'s background task: for hosts that wrap the
     /// master's [`crate::router`] (auth, health, metrics, documentation) before serving it.
+    /// Connections poll for their next request for up to `busy_poll` after each answer.
     pub fn serve_app(
         master: Arc<Master>,
         listener: tokio::net::TcpListener,
         app: axum::Router,
+        busy_poll: Duration,
     ) -> MasterResult<Self> {
         let addr = listener
             .local_addr()
@@ -52,10 +62,10 @@ impl MasterServer {
         tokio::spawn(crate::run_background(master.clone(), async move {
             bg_stop.cancelled().await
         }));
-        // Small request/answer pairs: never let Nagle hold an answer back.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
+        // Small request/answer pairs: never let Nagle hold an answer back, and keep polling
+        // a connection for its next request a while after answering (`busy_poll`).
+        // `tap_io` only to get axum's `ConnectInfo<SocketAddr>` for this listener type.
+        let listener = crate::busy_poll::BusyListener::new(listener, busy_poll).tap_io(|_| {});
         // The peer's address reaches handlers and layers as `ConnectInfo<SocketAddr>` (a host
         // answers some routes to loopback callers only).
         let app = app.into_make_service_with_connect_info::<SocketAddr>();

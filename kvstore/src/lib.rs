@@ -11,6 +11,8 @@
 //! - `rest`: the REST API as self-contained `utoipa_axum` routers, one per plane
 //!   ([`rest::store_router`], [`rest::admin_router`]; [`router`] is both, unguarded).
 //! - `background`: the periodic work the host spawns ([`run_background`]).
+//! - `busy_poll`: polling a socket a bounded while before sleeping on it, for the store
+//!   client's master calls and the master's listeners.
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
 //! - `ha`: the HA master on etcd ([`ha::HaConfig`] always; [`ha::HaNode`] with the
 //!   feature `etcd`).
@@ -30,6 +32,7 @@
 //! ```
 
 mod background;
+pub mod busy_poll;
 pub mod client;
 pub mod ha;
 pub mod hicache;

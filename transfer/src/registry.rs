@@ -292,12 +292,9 @@ impl RegisteredBuffer {
             .iter()
             .map(|b| (Arc::downgrade(&b.inner.entry.region), b.len()))
             .collect();
-        std::thread::Builder::new()
-            .name("moongate-prefault".into())
-            .spawn(move || {
-                crate::memory::make_this_thread_idle();
-                regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum()
-            })
+        crate::memory::spawn_idle("moongate-prefault", move || {
+            regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum()
+        })
     }
 
     pub(crate) fn engine_id(&self) -> Option<u64> {

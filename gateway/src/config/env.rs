@@ -30,6 +30,8 @@ pub const CLIENT_HEADER_TIMEOUT_SECS: &str = "MOONGATE_CLIENT_HEADER_TIMEOUT_SEC
 pub const CLIENT_BODY_TIMEOUT_SECS: &str = "MOONGATE_CLIENT_BODY_TIMEOUT_SECS";
 /// `--max-connections`.
 pub const MAX_CONNECTIONS: &str = "MOONGATE_MAX_CONNECTIONS";
+/// `--busy-poll-us`.
+pub const BUSY_POLL_US: &str = "MOONGATE_BUSY_POLL_US";
 /// `--request-timeout-secs`.
 pub const REQUEST_TIMEOUT_SECS: &str = "MOONGATE_REQUEST_TIMEOUT_SECS";
 /// `--log-level`.

@@ -73,6 +73,10 @@ pub struct MasterHostConfig {
     /// Client connections open at once (more wait in the listen backlog), as `serve`'s.
     #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = MasterHostConfig::default().max_connections)]
     pub max_connections: usize,
+    /// Microseconds a connection keeps polling for the next request after an answer
+    /// (0: never), as `serve`'s.
+    #[arg(long, env = env::BUSY_POLL_US, default_value_t = MasterHostConfig::default().busy_poll_us)]
+    pub busy_poll_us: u64,
     /// The master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
@@ -101,6 +105,7 @@ impl Default for MasterHostConfig {
             client_header_timeout_secs: serve.client_header_timeout_secs,
             client_body_timeout_secs: serve.client_body_timeout_secs,
             max_connections: serve.max_connections,
+            busy_poll_us: serve.busy_poll_us,
             master: serve.master,
             ha: serve.ha,
         }
@@ -131,6 +136,10 @@ impl MasterHostConfig {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
+        errs.extend(kvstore::busy_poll::window_problem(
+            "busy_poll_us",
+            self.busy_poll_us,
+        ));
         errs.extend(security::master_problems(self));
         errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         errs.extend(master_problem(&self.master));
@@ -279,6 +288,8 @@ mod tests {
             "two words",
             "--health-failure-threshold",
             "0",
+            "--busy-poll-us",
+            "20000",
         ])
         .unwrap_err()
         .to_string();
@@ -286,9 +297,18 @@ mod tests {
             "master: eviction_ratio",
             "admin_api_key",
             "health_failure_threshold",
+            "busy_poll_us must be at most 10000",
         ] {
             assert!(err.contains(needle), "{needle} missing from {err}");
         }
+        let err = master(&["x", "--busy-poll-us", "10001"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("busy_poll_us"), "{err}");
+        assert_eq!(
+            master(&["x", "--busy-poll-us", "0"]).unwrap().busy_poll_us,
+            0
+        );
         let err = master(&["x", "--master-shards", "3", "--admin-api-key", ""])
             .unwrap_err()
             .to_string();

@@ -83,6 +83,10 @@ impl ServeConfig {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
+        errs.extend(kvstore::busy_poll::window_problem(
+            "busy_poll_us",
+            self.busy_poll_us,
+        ));
         errs.extend(self.flow_control_problems());
         if !self.health_check_endpoint.starts_with('/') {
             errs.push(format!(

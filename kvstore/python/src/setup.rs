@@ -82,6 +82,13 @@ impl SetupArgs {
         };
         let (_, ip) = host_and_ip(&self.local_hostname)?;
         let env_path = |k: &str| std::env::var_os(k).map(PathBuf::from);
+        let rpc_busy_poll_us = match std::env::var(env::RPC_BUSY_POLL_US) {
+            Ok(v) => v
+                .trim()
+                .parse()
+                .map_err(|e| format!("{}={v:?}: {e}", env::RPC_BUSY_POLL_US))?,
+            Err(_) => kvstore::client::DEFAULT_RPC_BUSY_POLL_US,
+        };
         Ok(ClientConfig {
             master: master_url(&self.master_server_addr)?,
             segment_size: self.global_segment_size,
@@ -94,6 +101,7 @@ impl SetupArgs {
             transfer_secret_file: env_path(env::TRANSFER_SECRET_FILE),
             store_api_key: std::env::var(env::STORE_API_KEY).ok().map(Secret::new),
             master_ca_cert: env_path(env::MASTER_CA_CERT),
+            rpc_busy_poll_us,
             admin_api_key: std::env::var("MOONGATE_ADMIN_API_KEY")
                 .ok()
                 .map(Secret::new),

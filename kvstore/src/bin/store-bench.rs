@@ -114,6 +114,14 @@ struct Args {
     /// Runtime worker threads of a spawned master.
     #[arg(long, default_value_t = 1)]
     master_threads: usize,
+    /// Microseconds a client's master call polls for its answer before sleeping (0: never;
+    /// `kvstore::busy_poll`).
+    #[arg(long, default_value_t = kvstore::client::DEFAULT_RPC_BUSY_POLL_US)]
+    rpc_busy_poll_us: u64,
+    /// Microseconds a (spawned) master's connection polls for its next request after an
+    /// answer (0: never).
+    #[arg(long, default_value_t = kvstore::busy_poll::DEFAULT_BUSY_POLL_US)]
+    master_busy_poll_us: u64,
     /// Also print each result as one JSON line (`RESULT {...}`).
     #[arg(long)]
     json: bool,
@@ -413,6 +421,8 @@ async fn bench(args: Args) -> Result<bool, String> {
             &args.listen.to_string(),
             "--threads",
             &args.master_threads.to_string(),
+            "--master-busy-poll-us",
+            &args.master_busy_poll_us.to_string(),
         ]))?;
         _master = Some(p);
         after(&words, "url").ok_or("no url in the master's ready line")?
@@ -470,6 +480,7 @@ async fn bench(args: Args) -> Result<bool, String> {
         transfer_secret_file: args.transfer_secret_file.clone(),
         store_api_key: args.store_api_key.clone(),
         master_ca_cert: args.master_ca_cert.clone(),
+        rpc_busy_poll_us: args.rpc_busy_poll_us,
         ..ClientConfig::local(&master_url, client_segment)
     };
     let mut clients = Vec::with_capacity(args.clients.max(1));
@@ -673,8 +684,8 @@ async fn run_all(
     Ok(runs)
 }
 
-async fn serve_master(listen: std::net::SocketAddr) -> Result<bool, String> {
-    let m = MasterServer::start(MasterConfig::default(), listen)
+async fn serve_master(listen: std::net::SocketAddr, busy_poll: Duration) -> Result<bool, String> {
+    let m = MasterServer::start_with(MasterConfig::default(), listen, busy_poll)
         .await
         .map_err(|e| e.to_string())?;
     println!("store-bench master ready: url {}", m.url());
@@ -720,7 +731,10 @@ fn main() -> ExitCode {
     }
     .expect("tokio runtime");
     let r = match args.role {
-        Role::Master => rt.block_on(serve_master(args.listen)),
+        Role::Master => rt.block_on(serve_master(
+            args.listen,
+            Duration::from_micros(args.master_busy_poll_us),
+        )),
         Role::Bench => rt.block_on(bench(args)),
     };
     match r {

@@ -38,6 +38,8 @@ pub mod env {
     pub const HEARTBEAT_INTERVAL_MS: &str = "MOONGATE_STORE_HEARTBEAT_INTERVAL_MS";
     /// `--rpc-timeout-ms`.
     pub const RPC_TIMEOUT_MS: &str = "MOONGATE_STORE_RPC_TIMEOUT_MS";
+    /// `--rpc-busy-poll-us`.
+    pub const RPC_BUSY_POLL_US: &str = "MOONGATE_STORE_RPC_BUSY_POLL_US";
     /// `--store-api-key`: the same variable `moongate serve` and `moongate master` read for
     /// the store key they accept, so one environment configures both ends.
     pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
@@ -63,6 +65,8 @@ pub const DEFAULT_REPLICA_NUM: u32 = 1;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1000;
 /// Default time a master request may take.
 pub const DEFAULT_RPC_TIMEOUT_MS: u64 = 10_000;
+/// Default `rpc_busy_poll_us`: [`crate::busy_poll::DEFAULT_BUSY_POLL_US`].
+pub const DEFAULT_RPC_BUSY_POLL_US: u64 = crate::busy_poll::DEFAULT_BUSY_POLL_US;
 
 /// How the client moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -186,6 +190,12 @@ pub struct ClientConfig {
     /// Longest a master request may take, ms.
     #[arg(long, env = env::RPC_TIMEOUT_MS, default_value_t = DEFAULT_RPC_TIMEOUT_MS)]
     pub rpc_timeout_ms: u64,
+    /// How long a master call polls for its answer before its thread sleeps, µs (0: sleep
+    /// at once). Polling saves the wake-up (tens of µs on virtual machines) on each small
+    /// call; it adapts, so a master that answers slower than this costs little. See
+    /// `kvstore::busy_poll`.
+    #[arg(long, env = env::RPC_BUSY_POLL_US, default_value_t = DEFAULT_RPC_BUSY_POLL_US)]
+    pub rpc_busy_poll_us: u64,
     /// The cluster secret file: transfer peers prove they hold it, and the store key is
     /// derived from it. Default: the file `MOONGATE_TRANSFER_SECRET_FILE` names, else the
     /// per-user `~/.config/moongate/transfer-secret` (created 0600 on first use), which
@@ -224,6 +234,7 @@ impl Default for ClientConfig {
             replica_num: DEFAULT_REPLICA_NUM,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             rpc_timeout_ms: DEFAULT_RPC_TIMEOUT_MS,
+            rpc_busy_poll_us: DEFAULT_RPC_BUSY_POLL_US,
             transfer_secret_file: None,
             store_api_key: None,
             master_ca_cert: None,
@@ -260,6 +271,10 @@ impl ClientConfig {
         }
         if self.heartbeat_interval_ms == 0 || self.rpc_timeout_ms == 0 {
             return bad("heartbeat_interval_ms and rpc_timeout_ms must be positive".into());
+        }
+        if let Some(p) = crate::busy_poll::window_problem("rpc_busy_poll_us", self.rpc_busy_poll_us)
+        {
+            return bad(p);
         }
         MetadataConfig::from_str(&self.metadata).map_err(StoreError::InvalidArgument)?;
         if !crate::ha::is_etcd_url(&self.master) {
@@ -301,6 +316,11 @@ impl ClientConfig {
     /// Master request timeout.
     pub fn rpc_timeout(&self) -> Duration {
         Duration::from_millis(self.rpc_timeout_ms)
+    }
+
+    /// How long a master call polls for its answer.
+    pub fn rpc_busy_poll(&self) -> Duration {
+        Duration::from_micros(self.rpc_busy_poll_us)
     }
 
     /// The transfer engine configuration these settings imply.
@@ -460,6 +480,10 @@ mod tests {
             },
             ClientConfig {
                 master_ca_cert: Some("/nonexistent/ca.pem".into()),
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                rpc_busy_poll_us: crate::busy_poll::MAX_BUSY_POLL_US + 1,
                 ..ClientConfig::default()
             },
         ] {

@@ -46,7 +46,7 @@ use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine};
 pub use config::{ClientConfig, Prefault, Protocol, env, parse_size};
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
-    DEFAULT_REPLICA_NUM, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
+    DEFAULT_REPLICA_NUM, DEFAULT_RPC_BUSY_POLL_US, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
 };
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;
@@ -472,7 +472,8 @@ fn master_rpc(config: &ClientConfig, engine: &TransferEngine) -> StoreResult<Mas
         store_key,
         config.admin_api_key.as_ref(),
         config.master_ca_cert.as_deref(),
-    )?;
+    )?
+    .with_busy_poll(config.rpc_busy_poll());
     for base in rpc.bases() {
         if rpc::in_the_clear_off_host(base) {
             tracing::warn!(

@@ -5,7 +5,8 @@
 //!
 //! Every call is one request. A 2xx answer is decoded into its wire type; an error answer
 //! is decoded into the [`MasterError`] the master raised; anything else (connect failure,
-//! TLS failure, timeout, undecodable body) is [`StoreError::Rpc`].
+//! TLS failure, timeout, undecodable body) is [`StoreError::Rpc`]. A call polls for its
+//! answer for up to `rpc_busy_poll_us` before it sleeps ([`crate::busy_poll`]).
 //!
 //! Every call carries the store key (`Authorization: Bearer`), but for the admin plane's
 //! ([`MasterRpc::remove_all`]), which carries the admin key when one is configured. Keys go
@@ -36,6 +37,7 @@ use serde::Serialize;
 
 use super::error::{StoreError, StoreResult};
 use crate::Secret;
+use crate::busy_poll::{self, Adaptive};
 use crate::master::{ClientId, MasterError};
 
 /// Which of the master's planes a call belongs to (which key it carries).
@@ -60,6 +62,10 @@ pub(crate) struct MasterRpc {
     store_auth: HeaderValue,
     /// `Bearer <admin key>` when one is configured (marked sensitive).
     admin_auth: Option<HeaderValue>,
+    /// How long a call polls for its answer before sleeping ([`busy_poll`]).
+    busy_poll: Duration,
+    /// Whether polling pays, shared by every call.
+    spin: Arc<Adaptive>,
 }
 
 impl std::fmt::Debug for MasterRpc {
@@ -204,7 +210,15 @@ impl MasterRpc {
             timeout,
             store_auth,
             admin_auth,
+            busy_poll: Duration::from_micros(busy_poll::DEFAULT_BUSY_POLL_US),
+            spin: Arc::default(),
         })
+    }
+
+    /// These calls poll for their answers for up to `window` (zero: they sleep at once).
+    pub(crate) fn with_busy_poll(mut self, window: Duration) -> Self {
+        self.busy_poll = window;
+        self
     }
 
     /// The base URL of the master calls go to now.
@@ -365,9 +379,12 @@ impl MasterRpc {
                 .to_bytes();
             Ok::<_, StoreError>((parts.status, parts.headers, body))
         };
-        tokio::time::timeout_at(deadline, exchange)
-            .await
-            .map_err(|_| self.fail(format!("no answer within {:?}", self.timeout)))?
+        tokio::time::timeout_at(
+            deadline,
+            busy_poll::spin(exchange, self.busy_poll, &self.spin),
+        )
+        .await
+        .map_err(|_| self.fail(format!("no answer within {:?}", self.timeout)))?
     }
 
     /// The `Authorization` value a call of `plane` carries.

@@ -33,10 +33,12 @@ use crate::device::{DeviceAccess, Location};
 use crate::error::{Result, TransferError};
 
 mod cpu;
+mod idle;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all};
-pub(crate) use raw::make_this_thread_idle;
+pub use idle::background_prefaults;
+pub(crate) use idle::spawn_idle;
 use raw::populate_live;
 pub use raw::{BULK_VEC_MIN, bulk_vec, huge_page_size, page_size};
 pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};

@@ -208,17 +208,6 @@ pub(crate) unsafe fn populate_live(ptr: *mut u8, len: usize) -> std::io::Result<
     }
 }
 
-/// Moves the calling thread to `SCHED_IDLE`: it then runs only on a CPU nothing else wants,
-/// so background upkeep (faulting memory in ahead) never slows the data path. Best effort.
-pub(crate) fn make_this_thread_idle() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-    if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the priority of a background thread");
-    }
-}
-
 /// Takes an OFD write lock on byte 0 of `fd` (released when every descriptor of this open
 /// file description is closed, including by process death).
 pub(crate) fn lock_ofd(fd: libc::c_int) -> std::io::Result<()> {

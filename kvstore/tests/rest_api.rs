@@ -377,6 +377,7 @@ async fn openapi_document_describes_every_route() {
         ("/api/v1/batch/put-revoke", "post"),
         ("/api/v1/batch/replicas", "post"),
         ("/api/v1/batch/exists", "post"),
+        ("/api/v1/batch/put-commit", "post"),
         ("/api/v1/batch/remove", "post"),
         ("/metadata", "get"),
         ("/metadata", "put"),

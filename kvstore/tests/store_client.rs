@@ -314,9 +314,11 @@ async fn a_failed_replica_write_revokes_the_put() {
     let e = to_dead.put("revoked", &value(3, 5000)).await.unwrap_err();
     assert_eq!(name(&e), "TRANSFER_FAIL", "{e}");
     assert!(e.to_string().contains("revoked"), "{e}");
-    // The put was revoked: nothing under the key, no space held.
+    // The put was revoked: nothing under the key, no space held but the one reservation
+    // its put-start asked for (for the client's next value of this length).
     assert!(m.master().object("revoked").is_err());
-    assert_eq!(m.master().stats().allocated_bytes, 0);
+    assert_eq!(m.master().reserved(), (1, 5056));
+    assert_eq!(m.master().stats().allocated_bytes, 5056);
     assert_eq!(c.copy_buffer_in_use(), 0);
 }
 
@@ -484,4 +486,73 @@ async fn a_node_reborn_at_the_same_address_and_memory_never_serves_old_objects()
             "{seen:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_into_reserved_space_needs_no_free_space_and_survives_losing_it() {
+    let m = master(MasterConfig::default()).await;
+    let node = client(&m, MIB, Protocol::Auto).await;
+    let c = client(&m, 0, Protocol::Auto).await;
+    let len = 64 * 1024;
+    // The first put of a length starts the put and reserves space for the next one.
+    c.put("a", &value(1, len)).await.unwrap();
+    assert_eq!(m.master().reserved(), (1, len as u64));
+    // Fill the rest with objects eviction may not touch.
+    let filler = node.with_replication(ReplicateConfig {
+        hard_pin: true,
+        ..ReplicateConfig::default()
+    });
+    let mut n = 0;
+    while filler
+        .put(&format!("fill-{n}"), &value(9, 4096))
+        .await
+        .is_ok()
+    {
+        n += 1;
+    }
+    assert!(n > 100, "{n} fillers");
+    // No free space is left, yet the next put goes into the reserved space: one commit.
+    c.put("b", &value(2, len)).await.unwrap();
+    assert_eq!(c.get("b").await.unwrap(), value(2, len));
+    // That commit found no room to reserve again, so the put after it has none.
+    let e = c.put("c", &value(3, len)).await.unwrap_err();
+    assert_eq!(name(&e), "NO_AVAILABLE_HANDLE", "{e}");
+    for i in 0..n {
+        m.master().remove(&format!("fill-{i}"), true).unwrap();
+    }
+    // Reservations the master forgets (a restart, a failover, an unmount) cost a retry,
+    // never the value: the commit is refused and the put goes the two-request way.
+    c.put("d", &value(4, len)).await.unwrap();
+    assert_eq!(m.master().reserved(), (1, len as u64));
+    assert_eq!(m.master().release_reservations_of(c.id()), 1);
+    c.put("e", &value(5, len)).await.unwrap();
+    assert_eq!(c.get("e").await.unwrap(), value(5, len));
+    // Batches reserve for the whole next batch.
+    let keys: Vec<String> = (0..8).map(|i| format!("batch-{i}")).collect();
+    let vals: Vec<Vec<u8>> = (0..8).map(|i| value(10 + i, 4096)).collect();
+    for round in 0..2 {
+        let ks: Vec<String> = keys.iter().map(|k| format!("{k}-{round}")).collect();
+        let items: Vec<(&str, &[u8])> = ks
+            .iter()
+            .map(String::as_str)
+            .zip(vals.iter().map(Vec::as_slice))
+            .collect();
+        for r in c.batch_put(&items).await {
+            r.unwrap();
+        }
+        for (k, v) in ks.iter().zip(&vals) {
+            assert_eq!(&node.get(k).await.unwrap(), v, "{k}");
+        }
+    }
+    assert_eq!(
+        m.master().reserved().0,
+        1 + 8,
+        "one 64 KiB and eight 4 KiB reservations"
+    );
+    c.close().await.unwrap();
+    assert_eq!(
+        m.master().reserved(),
+        (0, 0),
+        "a client that leaves gives them back"
+    );
 }

@@ -43,9 +43,15 @@ async fn zero_copy_paths_allocate_nothing_proportional_to_the_value() {
     let m = MasterServer::start(MasterConfig::default(), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    for protocol in [Protocol::Auto, Protocol::Tcp] {
+    // Puts with reservations off (put-start, put-end) and on for both sizes (commit).
+    for (protocol, reserve) in [
+        (Protocol::Auto, 0),
+        (Protocol::Auto, 256 << 20),
+        (Protocol::Tcp, 256 << 20),
+    ] {
         let cfg = |segment| ClientConfig {
             protocol,
+            put_reserve_bytes: reserve,
             ..ClientConfig::local(&m.url(), segment)
         };
         let node = StoreClient::connect(cfg(1 << 30)).await.unwrap();
@@ -57,7 +63,7 @@ async fn zero_copy_paths_allocate_nothing_proportional_to_the_value() {
         let small = per_op(&c, "zc", &buf, 64 << 10).await;
         let large = per_op(&c, "zc", &buf, 16 << 20).await;
         println!(
-            "{protocol:?}: bytes allocated per op: 64 KiB values put {} get {}, 16 MiB values put {} get {}",
+            "{protocol:?} (reserve {reserve}): bytes allocated per op: 64 KiB values put {} get {}, 16 MiB values put {} get {}",
             small.0, small.1, large.0, large.1
         );
         for (what, s, l) in [
@@ -67,7 +73,7 @@ async fn zero_copy_paths_allocate_nothing_proportional_to_the_value() {
             // 256x the value, not even 1% more allocation: nothing scales with the value.
             assert!(
                 l < s + (16 << 10),
-                "{protocol:?} {what}: {s} B/op at 64 KiB, {l} B/op at 16 MiB"
+                "{protocol:?} {reserve} {what}: {s} B/op at 64 KiB, {l} B/op at 16 MiB"
             );
             assert!(l < 256 << 10, "{protocol:?} {what}: {l} B/op");
         }

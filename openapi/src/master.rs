@@ -176,6 +176,35 @@ pub struct PutStartRequest {
     /// Placement options.
     #[serde(default)]
     pub config: ReplicateConfig,
+    /// Space to reserve for this client's next puts, placed with the same options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<ReserveRequest>,
+}
+
+/// Space to reserve for future puts of one length: each reservation is later filled and
+/// committed with one request (`batch/put-commit`) instead of put-start and put-end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveRequest {
+    /// Length in bytes of the values to come.
+    #[schema(minimum = 1)]
+    pub length: u64,
+    /// Reservations wanted (best effort: fewer when the client's share or free space runs
+    /// out).
+    pub count: u32,
+}
+
+/// Space reserved for one future put of this client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Reservation {
+    /// Id to commit it with.
+    pub id: u64,
+    /// Length in bytes of the value it holds.
+    pub length: u64,
+    /// Where the value goes (every replica).
+    pub replicas: Vec<Replica>,
+    /// Write into it only within this many ms of receiving it; after that it is released.
+    pub use_within_ms: u64,
 }
 
 /// Where one replica lives: write or read `length` bytes at `address` of `endpoint`.
@@ -198,6 +227,9 @@ pub struct PutStartResponse {
     pub key: String,
     /// Where to write the bytes (every replica), then call put-end.
     pub replicas: Vec<Replica>,
+    /// Space reserved as the request's `reserve` asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
 }
 
 /// Body of put-end and put-revoke.
@@ -405,6 +437,9 @@ pub struct BatchPutStartRequest {
     /// Placement options for all of them.
     #[serde(default)]
     pub config: ReplicateConfig,
+    /// Space to reserve for this client's next puts, placed with the same options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<ReserveRequest>,
 }
 
 /// Result of one batch put-start item.
@@ -425,6 +460,53 @@ pub struct BatchPutStartResult {
 pub struct BatchPutStartResponse {
     /// One per item.
     pub results: Vec<BatchPutStartResult>,
+    /// Space reserved as the request's `reserve` asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+}
+
+/// One value written into a reservation, to commit under its key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutCommitItem {
+    /// Object key.
+    pub key: String,
+    /// The reservation holding its bytes.
+    pub reservation: u64,
+    /// Object length in bytes (the reservation's).
+    pub length: u64,
+}
+
+/// Commit values written into reservations: each becomes a readable object, as after
+/// put-start and put-end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchPutCommitRequest {
+    /// The client the reservations were made for (UUID).
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
+    pub client_id: String,
+    /// Values to commit.
+    #[serde(deserialize_with = "crate::bounded::vec")]
+    pub items: Vec<PutCommitItem>,
+    /// Space to reserve for this client's next puts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<ReserveRequest>,
+    /// Placement options of the new reservations.
+    #[serde(default)]
+    pub config: ReplicateConfig,
+}
+
+/// Results of a batch put-commit, in request order, and the new reservations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchPutCommitResponse {
+    /// One per item.
+    pub results: Vec<BatchKeyResult>,
+    /// Space reserved as the request's `reserve` asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
 }
 
 /// Keys, with the client that wrote them (batch put-end / put-revoke).

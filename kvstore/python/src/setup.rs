@@ -89,6 +89,11 @@ impl SetupArgs {
                 .map_err(|e| format!("{}={v:?}: {e}", env::RPC_BUSY_POLL_US))?,
             Err(_) => kvstore::client::DEFAULT_RPC_BUSY_POLL_US,
         };
+        let put_reserve_bytes = match std::env::var(env::PUT_RESERVE_BYTES) {
+            Ok(v) => kvstore::client::parse_size(&v)
+                .map_err(|e| format!("{}={v:?}: {e}", env::PUT_RESERVE_BYTES))?,
+            Err(_) => kvstore::client::DEFAULT_PUT_RESERVE_BYTES,
+        };
         Ok(ClientConfig {
             master: master_url(&self.master_server_addr)?,
             segment_size: self.global_segment_size,
@@ -102,6 +107,7 @@ impl SetupArgs {
             store_api_key: std::env::var(env::STORE_API_KEY).ok().map(Secret::new),
             master_ca_cert: env_path(env::MASTER_CA_CERT),
             rpc_busy_poll_us,
+            put_reserve_bytes,
             admin_api_key: std::env::var("MOONGATE_ADMIN_API_KEY")
                 .ok()
                 .map(Secret::new),

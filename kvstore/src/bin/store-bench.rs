@@ -122,6 +122,10 @@ struct Args {
     /// answer (0: never).
     #[arg(long, default_value_t = kvstore::busy_poll::DEFAULT_BUSY_POLL_US)]
     master_busy_poll_us: u64,
+    /// Bytes of segment space each client holds reserved for its next puts (0: every put is
+    /// put-start and put-end; `ClientConfig::put_reserve_bytes`). Supports K/M/G.
+    #[arg(long, value_parser = kvstore::client::parse_size, default_value_t = kvstore::client::DEFAULT_PUT_RESERVE_BYTES)]
+    put_reserve_bytes: u64,
     /// Also print each result as one JSON line (`RESULT {...}`).
     #[arg(long)]
     json: bool,
@@ -481,6 +485,7 @@ async fn bench(args: Args) -> Result<bool, String> {
         store_api_key: args.store_api_key.clone(),
         master_ca_cert: args.master_ca_cert.clone(),
         rpc_busy_poll_us: args.rpc_busy_poll_us,
+        put_reserve_bytes: args.put_reserve_bytes,
         ..ClientConfig::local(&master_url, client_segment)
     };
     let mut clients = Vec::with_capacity(args.clients.max(1));
@@ -489,6 +494,19 @@ async fn bench(args: Args) -> Result<bool, String> {
             StoreClient::connect(cfg.clone())
                 .await
                 .map_err(|e| e.to_string())?,
+        );
+    }
+    if args.storage != Storage::Own {
+        // This process holds no segment, only the clients' copy buffers: let their
+        // background fault-in finish first, as it has in a client that started long before
+        // its first request (polling stays off while it runs). The nodes' segments stay cold.
+        let t = std::time::Instant::now();
+        while transfer::memory::background_prefaults() > 0 && t.elapsed().as_secs() < 60 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "copy buffers faulted in after {:.1} s",
+            t.elapsed().as_secs_f64()
         );
     }
     let c = clients[0].clone();

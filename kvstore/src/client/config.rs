@@ -40,6 +40,8 @@ pub mod env {
     pub const RPC_TIMEOUT_MS: &str = "MOONGATE_STORE_RPC_TIMEOUT_MS";
     /// `--rpc-busy-poll-us`.
     pub const RPC_BUSY_POLL_US: &str = "MOONGATE_STORE_RPC_BUSY_POLL_US";
+    /// `--put-reserve-bytes`.
+    pub const PUT_RESERVE_BYTES: &str = "MOONGATE_STORE_PUT_RESERVE_BYTES";
     /// `--store-api-key`: the same variable `moongate serve` and `moongate master` read for
     /// the store key they accept, so one environment configures both ends.
     pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
@@ -67,6 +69,8 @@ pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1000;
 pub const DEFAULT_RPC_TIMEOUT_MS: u64 = 10_000;
 /// Default `rpc_busy_poll_us`: [`crate::busy_poll::DEFAULT_BUSY_POLL_US`].
 pub const DEFAULT_RPC_BUSY_POLL_US: u64 = crate::busy_poll::DEFAULT_BUSY_POLL_US;
+/// Default `put_reserve_bytes`: 64 MiB.
+pub const DEFAULT_PUT_RESERVE_BYTES: u64 = 64 << 20;
 
 /// How the client moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -196,6 +200,13 @@ pub struct ClientConfig {
     /// `kvstore::busy_poll`.
     #[arg(long, env = env::RPC_BUSY_POLL_US, default_value_t = DEFAULT_RPC_BUSY_POLL_US)]
     pub rpc_busy_poll_us: u64,
+    /// Most bytes of segment space this client holds reserved for its next puts, so that a
+    /// put of a value up to a sixteenth of this is one master request (a commit) instead of
+    /// two (put-start, put-end). Reserved space is asked for along with other put requests,
+    /// used within a tenth of the master's `reservation_ttl_ms`, and released by the master
+    /// at the end of that TTL when unused. 0: every put takes two requests. Supports K/M/G.
+    #[arg(long, env = env::PUT_RESERVE_BYTES, value_parser = parse_size, default_value_t = DEFAULT_PUT_RESERVE_BYTES)]
+    pub put_reserve_bytes: u64,
     /// The cluster secret file: transfer peers prove they hold it, and the store key is
     /// derived from it. Default: the file `MOONGATE_TRANSFER_SECRET_FILE` names, else the
     /// per-user `~/.config/moongate/transfer-secret` (created 0600 on first use), which
@@ -235,6 +246,7 @@ impl Default for ClientConfig {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             rpc_timeout_ms: DEFAULT_RPC_TIMEOUT_MS,
             rpc_busy_poll_us: DEFAULT_RPC_BUSY_POLL_US,
+            put_reserve_bytes: DEFAULT_PUT_RESERVE_BYTES,
             transfer_secret_file: None,
             store_api_key: None,
             master_ca_cert: None,

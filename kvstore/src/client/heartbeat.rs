@@ -59,6 +59,11 @@ impl HealthState {
         }
     }
 
+    /// The master's view version as the last ping saw it (0 before the first).
+    pub(crate) fn view_version(&self) -> u64 {
+        self.view_version.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_mounted(&self, m: bool) {
         self.mounted
             .store(m && self.has_segments, Ordering::Relaxed);

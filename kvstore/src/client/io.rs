@@ -9,9 +9,11 @@ use openapi::master as wire;
 use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
 
 use super::error::{StoreError, StoreResult};
+use super::reserve::{Held, Maker};
 use super::rpc::item_error;
 use super::staging::Slot;
 use super::{BufRange, StoreClient};
+use crate::master::MasterError;
 
 /// Where one object's bytes come from (put) or go to (get) on this side.
 pub(super) enum Side<'a> {
@@ -95,6 +97,17 @@ pub(super) fn key_results(
         }),
         Err(e) => fail_all(n, e),
     }
+}
+
+/// How a value of a put is under way.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Its put-start failed.
+    Failed,
+    /// Started: ended or revoked at the end.
+    Started,
+    /// Written into this reservation: committed at the end.
+    Reserved(u64),
 }
 
 /// Replicas of an object to read, with the lease that protects the read.
@@ -193,8 +206,13 @@ impl StoreClient {
         }
     }
 
-    /// Starts puts: the single-key route for one item, the batch route for more.
-    async fn put_starts(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Vec<wire::Replica>>> {
+    /// Starts puts: the single-key route for one item, the batch route for more; asks for
+    /// `reserve` along (what it got comes second).
+    async fn put_starts(
+        &self,
+        items: &[(&str, u64)],
+        reserve: Option<wire::ReserveRequest>,
+    ) -> (Vec<StoreResult<Vec<wire::Replica>>>, Vec<wire::Reservation>) {
         let rpc = &self.inner.rpc;
         let client_id = self.inner.id.to_string();
         if let [(key, length)] = items {
@@ -202,8 +220,12 @@ impl StoreClient {
                 client_id,
                 length: *length,
                 config: self.replicate.clone(),
+                reserve,
             };
-            return vec![rpc.put_start(key, &body).await.map(|r| r.replicas)];
+            return match rpc.put_start(key, &body).await {
+                Ok(r) => (vec![Ok(r.replicas)], r.reservations),
+                Err(e) => (vec![Err(e)], Vec::new()),
+            };
         }
         let body = wire::BatchPutStartRequest {
             client_id,
@@ -215,20 +237,24 @@ impl StoreClient {
                 })
                 .collect(),
             config: self.replicate.clone(),
+            reserve,
         };
         match rpc.batch_put_start(&body).await {
-            Ok(r) => align(items.len(), r.results, |r| match (r.replicas, r.error) {
-                (_, Some(e)) => Err(item_error(e)),
-                (Some(reps), None) => Ok(reps),
-                (None, None) => Err(StoreError::Rpc {
-                    url: rpc.base().to_owned(),
-                    reason: format!(
-                        "put-start of {:?} answered neither replicas nor error",
-                        r.key
-                    ),
-                }),
-            }),
-            Err(e) => fail_all(items.len(), e),
+            Ok(r) => {
+                let results = align(items.len(), r.results, |r| match (r.replicas, r.error) {
+                    (_, Some(e)) => Err(item_error(e)),
+                    (Some(reps), None) => Ok(reps),
+                    (None, None) => Err(StoreError::Rpc {
+                        url: rpc.base().to_owned(),
+                        reason: format!(
+                            "put-start of {:?} answered neither replicas nor error",
+                            r.key
+                        ),
+                    }),
+                });
+                (results, r.reservations)
+            }
+            Err(e) => (fail_all(items.len(), e), Vec::new()),
         }
     }
 
@@ -301,14 +327,24 @@ impl StoreClient {
         &self,
         items: Vec<(&'a str, u64, Result<Side<'a>, StoreError>)>,
     ) -> Vec<StoreResult<()>> {
+        self.put_items(items, true).await
+    }
+
+    /// The put pipeline: values with a reservation held for their length are written into
+    /// it and committed; the others are started, written and ended. `reserve`: whether
+    /// reservations are used and asked for (a value whose reservation turned out gone is
+    /// put again without).
+    async fn put_items<'a>(
+        &self,
+        items: Vec<(&'a str, u64, Result<Side<'a>, StoreError>)>,
+        reserve: bool,
+    ) -> Vec<StoreResult<()>> {
         let mut out: Vec<StoreResult<()>> = Vec::with_capacity(items.len());
         let mut live = Vec::with_capacity(items.len()); // (index, key, side)
-        let mut starts = Vec::with_capacity(items.len());
         for (i, (key, len, side)) in items.into_iter().enumerate() {
             match side {
                 Ok(side) => {
                     out.push(Ok(()));
-                    starts.push((key, len));
                     live.push((i, key, len, side));
                 }
                 Err(e) => out.push(Err(e)),
@@ -318,22 +354,75 @@ impl StoreClient {
             return out;
         }
         let t0 = Instant::now();
-        let started = self.put_starts(&starts).await;
+        let pool = &self.inner.reserved;
+        let maker = Maker {
+            index: self.inner.rpc.current_index(),
+            view: self.inner.health.view_version(),
+        };
+        let held: Vec<Option<Held>> = live
+            .iter()
+            .map(|(_, _, len, _)| {
+                reserve
+                    .then(|| pool.take(*len, &self.replicate, maker))
+                    .flatten()
+            })
+            .collect();
+        // Ask for what this call would have used: its first eligible length, as many times
+        // as it has values of that length.
+        let mut ask = live
+            .iter()
+            .map(|(_, _, len, _)| *len)
+            .find(|len| reserve && pool.eligible(*len))
+            .and_then(|len| {
+                let want = live.iter().filter(|x| x.2 == len).count();
+                pool.ask(len, want, &self.replicate)
+            });
+        let starts: Vec<(&str, u64)> = live
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| h.is_none())
+            .map(|((_, key, len, _), _)| (*key, *len))
+            .collect();
+        let mut started = if starts.is_empty() {
+            Vec::new()
+        } else {
+            let (r, got) = self.put_starts(&starts, ask.take()).await;
+            pool.add(got, &self.replicate, maker);
+            r
+        }
+        .into_iter();
         let t_start = t0.elapsed();
-        // Every replica of every started object, in one transfer batch.
+        // Every replica of every value, in one transfer batch.
         let mut reqs = Vec::new();
         let mut owner = Vec::new(); // request -> index into `live`
-        let mut begun = vec![false; live.len()];
+        let mut kind = Vec::with_capacity(live.len());
         let mut opened = Opened::default();
-        for (j, ((i, key, len, side), r)) in live.iter_mut().zip(started).enumerate() {
-            let replicas = match r {
+        for ((i, key, len, side), h) in live.iter_mut().zip(held) {
+            let (replicas, k) = match h {
+                Some(h) => (Ok(h.replicas), Kind::Reserved(h.id)),
+                None => {
+                    let r = started.next().unwrap_or_else(|| {
+                        Err(StoreError::Rpc {
+                            url: String::new(),
+                            reason: "put-start answered too few items".into(),
+                        })
+                    });
+                    let k = if r.is_ok() {
+                        Kind::Started
+                    } else {
+                        Kind::Failed
+                    };
+                    (r, k)
+                }
+            };
+            kind.push(k);
+            let replicas = match replicas {
                 Ok(reps) => reps,
                 Err(e) => {
                     out[*i] = Err(e);
                     continue;
                 }
             };
-            begun[j] = true;
             let (buf, off) = side.buf_offset();
             let (buf, off) = (buf.clone(), off);
             for c in self.candidates(&mut opened, &replicas).await {
@@ -347,7 +436,7 @@ impl StoreClient {
                             addr,
                             *len as usize,
                         ));
-                        owner.push(j);
+                        owner.push(kind.len() - 1);
                     }
                     Err(e) => out[*i] = Err(StoreError::transfer(key, e)),
                 }
@@ -363,20 +452,35 @@ impl StoreClient {
             }
         }
         let t_xfer = t0.elapsed();
-        let (mut ends, mut revokes) = (Vec::new(), Vec::new());
-        for (j, (i, key, _, side)) in live.iter_mut().enumerate() {
+        let (mut ends, mut revokes, mut commits) = (Vec::new(), Vec::new(), Vec::new());
+        for (j, (i, key, len, side)) in live.iter_mut().enumerate() {
             side.settle(&out[*i]);
-            if begun[j] {
-                if out[*i].is_ok() {
-                    ends.push((*i, *key))
-                } else {
-                    revokes.push(*key)
-                }
+            match (kind[j], out[*i].is_ok()) {
+                (Kind::Started, true) => ends.push((*i, *key)),
+                (Kind::Started, false) => revokes.push(*key),
+                (Kind::Reserved(id), true) => commits.push((j, (*key, id, *len))),
+                // A reservation written in vain is left to the master's TTL.
+                (Kind::Reserved(_) | Kind::Failed, _) => {}
             }
         }
         let end_keys: Vec<&str> = ends.iter().map(|(_, k)| *k).collect();
-        for ((i, _), r) in ends.iter().zip(self.put_finish(&end_keys, true).await) {
+        let commit_items: Vec<(&str, u64, u64)> = commits.iter().map(|(_, c)| *c).collect();
+        let (ended, committed) = tokio::join!(
+            self.put_finish(&end_keys, true),
+            self.put_commits(&commit_items, ask, maker)
+        );
+        for ((i, _), r) in ends.iter().zip(ended) {
             out[*i] = r;
+        }
+        let mut again = vec![false; live.len()];
+        for ((j, _), r) in commits.iter().zip(committed) {
+            match r {
+                Err(StoreError::Master(MasterError::ReservationNotFound(_))) => {
+                    pool.clear();
+                    again[*j] = true;
+                }
+                r => out[live[*j].0] = r,
+            }
         }
         for (key, r) in revokes.iter().zip(self.put_finish(&revokes, false).await) {
             if let Err(e) = r {
@@ -386,12 +490,29 @@ impl StoreClient {
         tracing::debug!(
             items = live.len(),
             transfers = n_reqs,
+            committed = commit_items.len(),
             put_start_us = t_start.as_micros() as u64,
             prep_us = (t_prep - t_start).as_micros() as u64,
             transfer_us = (t_xfer - t_prep).as_micros() as u64,
             put_end_us = (t0.elapsed() - t_xfer).as_micros() as u64,
             "put pipeline"
         );
+        if again.contains(&true) {
+            // Their reservations are gone (master restarted, failed over, or unmounted the
+            // segment): put those values again, the two-request way.
+            let mut redo = Vec::new();
+            let mut at = Vec::new();
+            for ((i, key, len, side), again) in live.into_iter().zip(again) {
+                if again {
+                    redo.push((key, len, Ok(side)));
+                    at.push(i);
+                }
+            }
+            let results = Box::pin(self.put_items(redo, false)).await;
+            for (i, r) in at.into_iter().zip(results) {
+                out[i] = r;
+            }
+        }
         out
     }
 

@@ -7,6 +7,8 @@
 //!
 //! - **put** = `put-start` (the master allocates replicas), write every replica through
 //!   `transfer` in one batch, `put-end`; any failure revokes the put and the error says why.
+//!   A value of a length the client holds reserved space for skips put-start: written
+//!   into the reservation, then one `put-commit` (see `reserve`).
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete
 //!   replica (own segment: memcpy; same host: shared memory; else the network; the next one
 //!   if a replica fails), then check the lease did not run out during the read: an expired
@@ -22,6 +24,7 @@
 //!   the leader of an HA cluster of masters.
 //! - `staging`: the registered copy buffer and its slots.
 //! - `io`: the put and get pipelines shared by single and batch forms.
+//! - `reserve`: space held reserved at the master, so a put is one request (a commit).
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
 
@@ -29,6 +32,7 @@ mod config;
 mod error;
 mod heartbeat;
 mod io;
+mod reserve;
 mod rpc;
 mod staging;
 mod values;
@@ -46,7 +50,8 @@ use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine};
 pub use config::{ClientConfig, Prefault, Protocol, env, parse_size};
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
-    DEFAULT_REPLICA_NUM, DEFAULT_RPC_BUSY_POLL_US, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
+    DEFAULT_PUT_RESERVE_BYTES, DEFAULT_REPLICA_NUM, DEFAULT_RPC_BUSY_POLL_US,
+    DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
 };
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;
@@ -101,6 +106,7 @@ struct Inner {
     staging: Arc<Staging>,
     values: Arc<values::ValuePool>,
     health: Arc<HealthState>,
+    reserved: reserve::Pool,
     stop: CancellationToken,
 }
 
@@ -250,6 +256,7 @@ impl StoreClient {
         };
         // Idle batch buffers are kept up to the copy buffer's size: what a batch can carry.
         let values = values::ValuePool::new(to_usize(config.local_buffer_size)?);
+        let config_reserve = config.put_reserve_bytes;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -260,6 +267,7 @@ impl StoreClient {
                 staging,
                 values,
                 health,
+                reserved: reserve::Pool::new(config_reserve),
                 stop,
             }),
             replicate,

@@ -173,6 +173,7 @@ json_answers!(
     wire::ExistsResponse,
     wire::RemovedResponse,
     wire::BatchPutStartResponse,
+    wire::BatchPutCommitResponse,
     wire::BatchKeyResponse,
     wire::BatchReplicasResponse,
     wire::BatchExistsResponse,
@@ -224,6 +225,11 @@ impl MasterRpc {
     /// The base URL of the master calls go to now.
     pub(crate) fn base(&self) -> &str {
         &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// Index in the master list of the master calls go to now.
+    pub(crate) fn current_index(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.bases.len()
     }
 
     /// Every master's base URL.
@@ -547,6 +553,14 @@ impl MasterRpc {
         body: &wire::BatchClientKeysRequest,
     ) -> StoreResult<wire::BatchKeyResponse> {
         self.post(self.url(&["/api/v1/batch/put-end"], &[]), body)
+            .await
+    }
+
+    pub(crate) async fn batch_put_commit(
+        &self,
+        body: &wire::BatchPutCommitRequest,
+    ) -> StoreResult<wire::BatchPutCommitResponse> {
+        self.post(self.url(&["/api/v1/batch/put-commit"], &[]), body)
             .await
     }
 

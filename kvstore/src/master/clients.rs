@@ -395,6 +395,9 @@ impl Master {
 
     /// Forgets a client: unmounts all its segments (a graceful shutdown of a store node).
     pub fn remove_client(&self, client: ClientId) -> MasterResult<()> {
+        // It has left: nothing of it writes into its reservations any more (a pure client
+        // that never pinged holds some too).
+        self.release_reservations_of(client);
         {
             let mut clients = self.clients.lock();
             let entry = clients

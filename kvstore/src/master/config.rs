@@ -19,6 +19,10 @@ pub mod env {
     pub const PUT_START_DISCARD_TIMEOUT_MS: &str = "MOONGATE_MASTER_PUT_START_DISCARD_TIMEOUT_MS";
     /// `--master-put-start-release-timeout-ms`.
     pub const PUT_START_RELEASE_TIMEOUT_MS: &str = "MOONGATE_MASTER_PUT_START_RELEASE_TIMEOUT_MS";
+    /// `--master-reservation-ttl-ms`.
+    pub const RESERVATION_TTL_MS: &str = "MOONGATE_MASTER_RESERVATION_TTL_MS";
+    /// `--master-reservation-max-bytes`.
+    pub const RESERVATION_MAX_BYTES: &str = "MOONGATE_MASTER_RESERVATION_MAX_BYTES";
     /// `--master-eviction-high-watermark`.
     pub const EVICTION_HIGH_WATERMARK: &str = "MOONGATE_MASTER_EVICTION_HIGH_WATERMARK";
     /// `--master-eviction-ratio`.
@@ -84,6 +88,17 @@ pub struct MasterConfig {
     #[arg(id = "master.put_start_release_timeout_ms", long = "master-put-start-release-timeout-ms", env = env::PUT_START_RELEASE_TIMEOUT_MS, value_name = "MS",
         default_value_t = MasterConfig::default().put_start_release_timeout_ms)]
     pub put_start_release_timeout_ms: u64,
+    /// Space reserved for a client's future puts (so each is one commit request) is
+    /// released this long after it was reserved if still unused; clients use a reservation
+    /// only within a tenth of this. Moongate's own. Default 30 s.
+    #[arg(id = "master.reservation_ttl_ms", long = "master-reservation-ttl-ms", env = env::RESERVATION_TTL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().reservation_ttl_ms)]
+    pub reservation_ttl_ms: u64,
+    /// Most bytes of reserved space one client may hold (every replica counted); 0 turns
+    /// reservations off (every put takes two requests). Moongate's own. Default 256 MiB.
+    #[arg(id = "master.reservation_max_bytes", long = "master-reservation-max-bytes", env = env::RESERVATION_MAX_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().reservation_max_bytes)]
+    pub reservation_max_bytes: u64,
     /// Eviction starts when allocated / capacity passes this ratio. Default 0.90.
     #[arg(id = "master.eviction_high_watermark", long = "master-eviction-high-watermark", env = env::EVICTION_HIGH_WATERMARK, value_name = "RATIO",
         default_value_t = MasterConfig::default().eviction_high_watermark)]
@@ -164,6 +179,8 @@ impl Default for MasterConfig {
             client_ttl_ms: 10_000,
             put_start_discard_timeout_ms: 30_000,
             put_start_release_timeout_ms: 600_000,
+            reservation_ttl_ms: 30_000,
+            reservation_max_bytes: 256 << 20,
             eviction_high_watermark: 0.90,
             eviction_ratio: 0.05,
             allow_evict_soft_pinned: true,
@@ -197,6 +214,9 @@ impl MasterConfig {
         }
         if self.put_start_release_timeout_ms <= self.put_start_discard_timeout_ms {
             return bad("put_start_release_timeout_ms must exceed put_start_discard_timeout_ms");
+        }
+        if self.reservation_ttl_ms < 10 {
+            return bad("reservation_ttl_ms must be at least 10");
         }
         if !self.shards.is_power_of_two() || self.shards > 1 << 16 {
             return bad("shards must be a power of two, at most 65536");

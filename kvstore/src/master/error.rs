@@ -60,6 +60,11 @@ pub enum MasterError {
     /// Retryable. Moongate's own code.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The reservation a commit names does not exist (never made for this client, used,
+    /// expired, on an unmounted segment, or made by a master that has since restarted or
+    /// lost leadership). The client puts the value the two-request way. Moongate's own code.
+    #[error("reservation not found: {0}")]
+    ReservationNotFound(String),
 }
 
 impl MasterError {
@@ -83,6 +88,7 @@ impl MasterError {
             Self::Unauthorized(_) => -2001,
             Self::Forbidden(_) => -2002,
             Self::Unavailable(_) => -2003,
+            Self::ReservationNotFound(_) => -2004,
         }
     }
 
@@ -105,6 +111,7 @@ impl MasterError {
             Self::Unauthorized(_) => "UNAUTHORIZED",
             Self::Forbidden(_) => "FORBIDDEN",
             Self::Unavailable(_) => "UNAVAILABLE",
+            Self::ReservationNotFound(_) => "RESERVATION_NOT_FOUND",
         }
     }
 
@@ -115,7 +122,10 @@ impl MasterError {
             Self::InvalidKey(_) | Self::InvalidParams(_) => 400,
             Self::Unauthorized(_) => 401,
             Self::IllegalClient(_) | Self::Forbidden(_) => 403,
-            Self::SegmentNotFound(_) | Self::ClientNotFound(_) | Self::ObjectNotFound(_) => 404,
+            Self::SegmentNotFound(_)
+            | Self::ClientNotFound(_)
+            | Self::ObjectNotFound(_)
+            | Self::ReservationNotFound(_) => 404,
             Self::SegmentAlreadyExists(_)
             | Self::InvalidWrite(_)
             | Self::ReplicaIsNotReady(_)
@@ -147,6 +157,7 @@ impl MasterError {
             "UNAUTHORIZED" => Self::Unauthorized,
             "FORBIDDEN" => Self::Forbidden,
             "UNAVAILABLE" => Self::Unavailable,
+            "RESERVATION_NOT_FOUND" => Self::ReservationNotFound,
             other => return Self::InternalError(format!("{other}: {message}")),
         };
         // The wire message is this type's `Display`: drop the prefix it adds again.
@@ -190,6 +201,7 @@ mod tests {
             MasterError::Unauthorized("u".into()),
             MasterError::Forbidden("f".into()),
             MasterError::Unavailable("no leader".into()),
+            MasterError::ReservationNotFound("reservation 7 of k".into()),
         ];
         for e in all {
             assert_eq!(MasterError::from_wire(e.name(), &e.to_string()), e);
@@ -222,6 +234,7 @@ mod tests {
             (MasterError::ObjectHasLease(String::new()), -706, 409),
             (MasterError::Unauthorized(String::new()), -2001, 401),
             (MasterError::Unavailable(String::new()), -2003, 503),
+            (MasterError::ReservationNotFound(String::new()), -2004, 404),
         ];
         for (e, code, status) in all {
             assert_eq!((e.code(), e.http_status()), (code, status), "{}", e.name());

@@ -30,6 +30,8 @@ pub struct TickReport {
     pub released_puts: u64,
     /// Segment bytes those releases freed.
     pub released_bytes: u64,
+    /// Reservations released unused at the end of their TTL.
+    pub released_reservations: u64,
     /// The eviction round, if one ran.
     pub eviction: Option<EvictReport>,
 }
@@ -47,6 +49,7 @@ impl Master {
         let now = self.clock.now_ms();
         let expired_clients = self.expire_clients(now);
         let (released_puts, released_bytes) = self.release_expired(now);
+        let released_reservations = self.release_expired_reservations(now);
         let eviction = self.eviction_target().map(|(target, lower)| {
             let _guard = self.evict_lock.lock();
             self.evict_locked(target, lower, self.clock.now_ms())
@@ -55,6 +58,7 @@ impl Master {
             expired_clients,
             released_puts,
             released_bytes,
+            released_reservations,
             eviction,
         }
     }

@@ -15,12 +15,13 @@
 //! - `journal`: durable changes and their records, for a master that writes through a
 //!   [`Journal`] (the HA master); without one nothing there runs.
 //! - `restore`: a master rebuilt from durable records ([`Master::restore`]).
+//! - `reserve`: space reserved ahead of puts, so a put can be one commit request.
 //!
 //! # Concurrency
 //! Object metadata is split over `config.shards` shards by key hash, each behind its own
 //! mutex; segments sit in one read-mostly table; each segment's allocator has its own
-//! mutex. Lock order, never reversed: clients -> shard -> segment table -> allocator ->
-//! discarded list. Nobody holds the segment table while taking a shard lock.
+//! mutex. Lock order, never reversed: clients -> shard -> reservations -> segment table ->
+//! allocator -> discarded list. Nobody holds the segment table while taking a shard lock.
 
 mod admin;
 mod alloc;
@@ -33,6 +34,7 @@ mod journal;
 mod object;
 mod ops;
 mod placement;
+mod reserve;
 mod restore;
 mod segment;
 
@@ -54,6 +56,7 @@ pub use journal::{
 };
 pub use object::{ObjectStatus, ReplicaLocation, ReplicateConfig};
 pub use ops::ReplicaSet;
+pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};
 pub use uuid::Uuid as ClientId;
@@ -91,6 +94,7 @@ pub struct Master {
     segments: RwLock<SegmentTable>,
     clients: Mutex<ClientTable>,
     discarded: Mutex<Vec<Discarded>>,
+    reservations: Mutex<reserve::ReservationTable>,
     evict_lock: Mutex<()>,
     need_eviction: AtomicBool,
     evict_cursor: AtomicUsize,
@@ -151,6 +155,7 @@ impl Master {
             segments: RwLock::new(SegmentTable::default()),
             clients: Mutex::new(ClientTable::default()),
             discarded: Mutex::new(Vec::new()),
+            reservations: Mutex::default(),
             evict_lock: Mutex::new(()),
             need_eviction: AtomicBool::new(false),
             evict_cursor: AtomicUsize::new(0),
@@ -245,5 +250,7 @@ impl std::ops::DerefMut for ShardGuard<'_> {
 mod journal_tests;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod reserve_tests;
 #[cfg(test)]
 mod tests;

@@ -37,7 +37,7 @@ impl Master {
         Ok(())
     }
 
-    fn check_put(&self, length: u64, cfg: &ReplicateConfig) -> MasterResult<()> {
+    pub(crate) fn check_put(&self, length: u64, cfg: &ReplicateConfig) -> MasterResult<()> {
         if length == 0 || length > self.config.max_object_bytes {
             return Err(MasterError::InvalidParams(format!(
                 "length {length} is outside 1..={}",
@@ -104,32 +104,12 @@ impl Master {
     ) -> MasterResult<Vec<ReplicaLocation>> {
         let now = self.clock.now_ms();
         let mut shard = self.lock_shard(self.shard_of(hash));
-        let zombie = match shard.find(hash, key) {
-            Some(i) => {
-                let o = shard.get(i);
-                let discard_at = o
-                    .aux
-                    .saturating_add(self.config.put_start_discard_timeout_ms);
-                if o.is_complete() || o.is_ending() || now < discard_at {
-                    return Err(MasterError::ObjectAlreadyExists(key.to_string()));
-                }
-                Some(i)
-            }
-            None => None,
-        };
+        let zombie = self.claim_key(&shard, hash, key, now)?;
         let units = self.units(length);
         let replicas = self.place(hash, units, cfg)?;
         let locations = replicas.iter().map(|r| r.location(length)).collect();
         if let Some(i) = zombie {
-            let old = shard.remove(hash, i);
-            let release_at = old
-                .aux
-                .saturating_add(self.config.put_start_release_timeout_ms);
-            self.discarded.lock().push(Discarded {
-                release_at,
-                aligned: old.aligned,
-                replicas: old.replicas.into_vec(),
-            });
+            self.take_over(&mut shard, hash, i);
         }
         let obj = Object::new(
             key,
@@ -144,6 +124,43 @@ impl Master {
         Ok(locations)
     }
 
+    /// Whether a new put may have `key`: `Ok(None)` when no object has it, `Ok(Some(i))`
+    /// when the object at `i` is an unfinished put past its discard timeout (to be taken
+    /// over with [`Master::take_over`]), else `ObjectAlreadyExists`.
+    pub(super) fn claim_key(
+        &self,
+        shard: &super::ShardGuard<'_>,
+        hash: u64,
+        key: &str,
+        now: u64,
+    ) -> MasterResult<Option<u32>> {
+        let Some(i) = shard.find(hash, key) else {
+            return Ok(None);
+        };
+        let o = shard.get(i);
+        let discard_at = o
+            .aux
+            .saturating_add(self.config.put_start_discard_timeout_ms);
+        if o.is_complete() || o.is_ending() || now < discard_at {
+            return Err(MasterError::ObjectAlreadyExists(key.to_string()));
+        }
+        Ok(Some(i))
+    }
+
+    /// Removes the abandoned put at `i`; its space stays allocated until its writer can no
+    /// longer be writing (the release timeout after its put-start).
+    pub(super) fn take_over(&self, shard: &mut super::ShardGuard<'_>, hash: u64, i: u32) {
+        let old = shard.remove(hash, i);
+        let release_at = old
+            .aux
+            .saturating_add(self.config.put_start_release_timeout_ms);
+        self.discarded.lock().push(Discarded {
+            release_at,
+            aligned: old.aligned,
+            replicas: old.replicas.into_vec(),
+        });
+    }
+
     /// Ends a put: the object becomes readable. Only the client that started it may end
     /// it; ending a completed object again is a no-op.
     pub fn put_end(&self, client: ClientId, key: &str) -> MasterResult<()> {
@@ -154,6 +171,18 @@ impl Master {
         let i = shard
             .find(hash, key)
             .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        self.end_found(&mut shard, i, client, key, now)
+    }
+
+    /// [`Master::put_end`] of the object at `i` of a locked shard.
+    pub(super) fn end_found(
+        &self,
+        shard: &mut super::ShardGuard<'_>,
+        i: u32,
+        client: ClientId,
+        key: &str,
+        now: u64,
+    ) -> MasterResult<()> {
         let o = shard.get_mut(i);
         if o.client != client {
             return Err(MasterError::IllegalClient(format!(
@@ -367,7 +396,7 @@ impl Master {
     }
 
     /// Runs `op` on every item after checking the batch size; results in request order.
-    fn batch<I, T>(
+    pub(crate) fn batch<I, T>(
         &self,
         items: &[I],
         op: impl Fn(&I) -> MasterResult<T>,

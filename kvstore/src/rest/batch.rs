@@ -7,7 +7,9 @@ use axum::Json;
 use axum::extract::State;
 use openapi::master as wire;
 
-use super::{ApiJson, ApiResult, MasterErrors, client_id, detail, durable, observed, replicas};
+use super::{
+    ApiJson, ApiResult, MasterErrors, client_id, detail, durable, observed, replicas, reserve,
+};
 use crate::master::{Master, MasterResult};
 
 /// Counts each item as one `op` request (the batch itself is counted as `batch_<op>`).
@@ -37,8 +39,9 @@ pub async fn put_start(
 ) -> ApiResult<Json<wire::BatchPutStartResponse>> {
     let cfg = req.config;
     let pairs: Vec<(String, u64)> = req.items.into_iter().map(|i| (i.key, i.length)).collect();
-    let r = client_id(&req.client_id).and_then(|c| m.batch_put_start(c, &pairs, &cfg));
-    let results = observed("batch_put_start", r)?;
+    let r =
+        client_id(&req.client_id).and_then(|c| m.batch_put_start(c, &pairs, &cfg).map(|r| (c, r)));
+    let (c, results) = observed("batch_put_start", r)?;
     items("put_start", &results);
     let results = pairs
         .into_iter()
@@ -56,7 +59,36 @@ pub async fn put_start(
             },
         })
         .collect();
-    Ok(Json(wire::BatchPutStartResponse { results }))
+    Ok(Json(wire::BatchPutStartResponse {
+        results,
+        reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+    }))
+}
+
+/// Commit values written into reservations (see `reserve` on put-start): each becomes
+/// readable as after put-start and put-end, in one request. A reservation that no longer
+/// exists answers `RESERVATION_NOT_FOUND` for its item (put that value the two-request way).
+#[utoipa::path(post, operation_id = "master_batch_put_commit", path = "/api/v1/batch/put-commit", tag = super::TAG,
+    request_body = wire::BatchPutCommitRequest,
+    responses((status = 200, description = "Per-key results and new reservations", body = wire::BatchPutCommitResponse), MasterErrors))]
+pub async fn put_commit(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchPutCommitRequest>,
+) -> ApiResult<Json<wire::BatchPutCommitResponse>> {
+    let items_in: Vec<(&str, u64, u64)> = req
+        .items
+        .iter()
+        .map(|i| (i.key.as_str(), i.reservation, i.length))
+        .collect();
+    let r =
+        client_id(&req.client_id).and_then(|c| m.batch_put_commit(c, &items_in).map(|r| (c, r)));
+    let (c, results) = observed("batch_put_commit", durable(&m, r).await)?;
+    items("put_commit", &results);
+    let keys = req.items.into_iter().map(|i| i.key).collect();
+    Ok(Json(wire::BatchPutCommitResponse {
+        results: key_results(keys, results).results,
+        reservations: reserve(&m, c, req.reserve.as_ref(), &req.config),
+    }))
 }
 
 /// End puts of many objects.

@@ -22,7 +22,7 @@
 //! | `POST /api/v1/objects/{key}/put-start`, `put-end`, `put-revoke` | store | writes; put-end and put-revoke only by the client that started the put |
 //! | `GET /api/v1/objects/{key}/replicas`, `.../exists` | store | reads (they grant leases) |
 //! | `DELETE /api/v1/objects/{key}[?force=true]` | store | `StoreClient::remove` (Mooncake's `remove(key, force)`) |
-//! | `POST /api/v1/batch/{put-start,put-end,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
+//! | `POST /api/v1/batch/{put-start,put-end,put-commit,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
 //! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
 //! | `GET /api/v1/clients`, `GET /api/v1/clients/{id}` | admin | every client of the cluster |
 //! | `GET /api/v1/segments`, `GET /api/v1/segments/{name}` | admin | every segment, with usage |
@@ -89,6 +89,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(objects::remove_object))
         .routes(routes!(batch::put_start))
         .routes(routes!(batch::put_end))
+        .routes(routes!(batch::put_commit))
         .routes(routes!(batch::put_revoke))
         .routes(routes!(batch::replicas_of))
         .routes(routes!(batch::exists))
@@ -322,6 +323,30 @@ fn replica(l: &ReplicaLocation) -> wire::Replica {
 
 fn replicas(ls: &[ReplicaLocation]) -> Vec<wire::Replica> {
     ls.iter().map(replica).collect()
+}
+
+/// The reservations a request's `reserve` asks for (none when it asks for none, or when
+/// reserving fails: a put never fails for want of reservations).
+fn reserve(
+    m: &Master,
+    client: ClientId,
+    ask: Option<&wire::ReserveRequest>,
+    cfg: &wire::ReplicateConfig,
+) -> Vec<wire::Reservation> {
+    let Some(ask) = ask else {
+        return Vec::new();
+    };
+    let use_within_ms = m.reservation_use_within_ms();
+    m.reserve(client, ask.length, cfg, ask.count)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| wire::Reservation {
+            id: r.id,
+            length: r.length,
+            replicas: replicas(&r.replicas),
+            use_within_ms,
+        })
+        .collect()
 }
 
 fn segment(v: SegmentView) -> wire::Segment {

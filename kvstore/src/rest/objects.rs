@@ -11,7 +11,7 @@ use openapi::master as wire;
 
 use super::{
     ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, client_id, durable, observed,
-    replicas,
+    replicas, reserve,
 };
 use crate::master::{Master, MasterError, ObjectStatus};
 
@@ -26,13 +26,14 @@ pub async fn put_start(
     ApiJson(req): ApiJson<wire::PutStartRequest>,
 ) -> ApiResult<Json<wire::PutStartResponse>> {
     let cfg = req.config;
-    let r = client_id(&req.client_id).and_then(|c| m.put_start(c, &key, req.length, &cfg));
-    observed("put_start", r).map(|locs| {
-        Json(wire::PutStartResponse {
-            key,
-            replicas: replicas(&locs),
-        })
-    })
+    let r = client_id(&req.client_id)
+        .and_then(|c| m.put_start(c, &key, req.length, &cfg).map(|l| (c, l)));
+    let (c, locs) = observed("put_start", r)?;
+    Ok(Json(wire::PutStartResponse {
+        key,
+        replicas: replicas(&locs),
+        reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+    }))
 }
 
 /// End a put: the object becomes readable.

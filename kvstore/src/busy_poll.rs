@@ -23,9 +23,10 @@
 //! at most one window every `MAX_SKIP` waits.
 //!
 //! Nothing spins while this process is still faulting memory in on its idle-priority
-//! threads ([`transfer::memory::background_prefaults`]: a segment or copy buffer after
-//! start, a peer's mapping after first use): the poll would take the idle CPU those threads
-//! run on, and the memory would still be cold when the transfers reach it.
+//! threads ([`transfer::memory::background_prefaults`]: its own segment or copy buffer
+//! after start): the poll would take the idle CPU those threads run on, and the memory
+//! would still be cold when the transfers reach it. Filling in the page tables of a peer's
+//! mapping does not hold polling off: a copy does what is left at a minor fault per page.
 //!
 //! - [`spin`]: a client waiting for an answer (the store client's master calls).
 //! - [`BusyPoll`]: a server's connection that, having answered, waits for the next

@@ -292,9 +292,11 @@ impl RegisteredBuffer {
             .iter()
             .map(|b| (Arc::downgrade(&b.inner.entry.region), b.len()))
             .collect();
-        crate::memory::spawn_idle("moongate-prefault", move || {
-            regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum()
-        })
+        crate::memory::spawn_idle(
+            "moongate-prefault",
+            crate::memory::Upkeep::Prefault,
+            move || regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum(),
+        )
     }
 
     pub(crate) fn engine_id(&self) -> Option<u64> {

@@ -298,15 +298,19 @@ impl ShmMaps {
 fn populate_in_background(m: &Arc<PeerMapping>) {
     let weak = Arc::downgrade(m);
     let (base, len) = (m.region.addr, m.region.len as usize);
-    let spawned = crate::memory::spawn_idle("moongate-shm-populate", move || {
-        let mut off = 0;
-        while off < len {
-            let Some(m) = weak.upgrade() else { return };
-            let n = CHUNK.min(len - off);
-            m.prefault(base + off as u64, n, true);
-            off += n;
-        }
-    });
+    let spawned = crate::memory::spawn_idle(
+        "moongate-shm-populate",
+        crate::memory::Upkeep::PeerPageTables,
+        move || {
+            let mut off = 0;
+            while off < len {
+                let Some(m) = weak.upgrade() else { return };
+                let n = CHUNK.min(len - off);
+                m.prefault(base + off as u64, n, true);
+                off += n;
+            }
+        },
+    );
     if let Err(e) = spawned {
         tracing::debug!(error = %e, "cannot populate a peer mapping ahead; copies fault its pages in");
     }

@@ -38,7 +38,7 @@ mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all};
 pub use idle::background_prefaults;
-pub(crate) use idle::spawn_idle;
+pub(crate) use idle::{Upkeep, spawn_idle};
 use raw::populate_live;
 pub use raw::{BULK_VEC_MIN, bulk_vec, huge_page_size, page_size};
 pub(crate) use raw::{Mapping, copy_nonoverlapping_large, lock_ofd, ofd_lock_held, populate};

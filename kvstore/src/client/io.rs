@@ -5,13 +5,14 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use openapi::master as wire;
 use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
 
 use super::error::{StoreError, StoreResult};
 use super::reserve::{Held, Maker};
 use super::rpc::item_error;
-use super::staging::Slot;
+use super::staging::{STAGE_BYTES, Slot, parts};
 use super::{BufRange, StoreClient};
 use crate::master::MasterError;
 
@@ -636,25 +637,42 @@ impl StoreClient {
     }
 
     /// Stores many values (copied through the copy buffer): one put-start request, one
-    /// transfer batch, one put-end request (and one put-revoke request for failures).
+    /// transfer batch, one put-end request (and one put-revoke request for failures) per
+    /// part of at most [`STAGE_BYTES`] (see [`parts`]); two parts are under way at once.
     pub async fn batch_put<K: AsRef<str>, V: AsRef<[u8]>>(
         &self,
         items: &[(K, V)],
     ) -> Vec<StoreResult<()>> {
-        let staged = items
-            .iter()
-            .map(|(k, v)| {
-                let v = v.as_ref();
-                let side = self.copy_side(v.len() as u64).and_then(|side| {
-                    if let Side::Copy(slot) = &side {
-                        slot.fill(v)?;
-                    }
-                    Ok(side)
-                });
-                (k.as_ref(), v.len() as u64, side)
-            })
-            .collect();
-        let out = self.put_pipeline(staged).await;
+        let stage_part = |range: std::ops::Range<usize>| {
+            let staged = items[range]
+                .iter()
+                .map(|(k, v)| {
+                    let v = v.as_ref();
+                    let side = self.copy_side(v.len() as u64).and_then(|side| {
+                        if let Side::Copy(slot) = &side {
+                            slot.fill(v)?;
+                        }
+                        Ok(side)
+                    });
+                    (k.as_ref(), v.len() as u64, side)
+                })
+                .collect();
+            self.put_pipeline(staged)
+        };
+        let mut ranges = parts(items.iter().map(|(_, v)| v.as_ref().len()), STAGE_BYTES);
+        let out: Vec<StoreResult<()>> = if ranges.len() == 1 {
+            // One part (every `put`): no stream to allocate.
+            stage_part(ranges.remove(0)).await
+        } else {
+            futures::stream::iter(ranges)
+                .map(stage_part)
+                .buffered(2)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        };
         crate::metrics::record_client_batch(label(items.len(), "put", "batch_put"), &out);
         out
     }

@@ -21,6 +21,35 @@ use crate::master::{Allocation, OffsetAllocator};
 /// Granularity of staging ranges.
 const UNIT_SHIFT: u32 = 6;
 
+/// Most bytes a copying batch stages at once (see [`parts`]): small enough to still be in
+/// the CPU's cache when the transfer reads them back.
+pub(crate) const STAGE_BYTES: usize = 4 << 20;
+
+/// Splits values of `lens` into consecutive parts of at most `max` bytes in all (a value
+/// longer than that is a part alone). A copying batch of large values is put part by part:
+/// staging 64 MiB and then writing it out read every byte back from memory, while a 4 MiB
+/// part is read back from cache (a 64 x 1 MiB `batch_put` ran at 0.68x 64 single `put`s).
+/// Each part costs its own master requests, which is little next to copying `max` bytes.
+pub(crate) fn parts(
+    lens: impl IntoIterator<Item = usize>,
+    max: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes, mut n) = (0, 0usize, 0);
+    for len in lens {
+        if n > start && bytes.saturating_add(len) > max {
+            out.push(start..n);
+            (start, bytes) = (n, 0);
+        }
+        bytes = bytes.saturating_add(len);
+        n += 1;
+    }
+    if n > start {
+        out.push(start..n);
+    }
+    out
+}
+
 /// The shared copy buffer of one client.
 pub(crate) struct Staging {
     buf: RegisteredBuffer,
@@ -173,5 +202,19 @@ impl Drop for Slot {
             // No runtime (the process is exiting): the range stays allocated, which is safe.
             Err(_) => drop(staging),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parts_hold_at_most_max_bytes_and_every_value_once() {
+        use super::parts;
+        assert!(parts([], 10).is_empty());
+        assert_eq!(parts([4, 4, 4], 10), vec![0..2, 2..3]);
+        assert_eq!(parts([1; 64], 1 << 20), vec![0..64]);
+        // A value over the limit is a part of its own.
+        assert_eq!(parts([3, 20, 3, 3], 10), vec![0..1, 1..2, 2..4]);
+        assert_eq!(parts([1 << 20; 64], 4 << 20).len(), 16);
     }
 }

@@ -13,6 +13,8 @@ use crate::master::{EvictReport, Master, MasterError};
 pub const CAPACITY_BYTES: &str = "moongate_master_capacity_bytes";
 /// Gauge: bytes allocated to replicas.
 pub const ALLOCATED_BYTES: &str = "moongate_master_allocated_bytes";
+/// Gauge: bytes held by reservations for clients' next puts (part of the allocated bytes).
+pub const RESERVED_BYTES: &str = "moongate_master_reserved_bytes";
 /// Gauge: objects (complete and unfinished).
 pub const KEYS: &str = "moongate_master_keys";
 /// Gauge: known clients, by `status` (`ok`, `need_remount`).
@@ -55,6 +57,11 @@ pub fn describe() {
         ALLOCATED_BYTES,
         metrics::Unit::Bytes,
         "Bytes allocated to replicas"
+    );
+    metrics::describe_gauge!(
+        RESERVED_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes held by reservations for clients' next puts (part of the allocated bytes)"
     );
     metrics::describe_gauge!(KEYS, "Objects known to the master");
     metrics::describe_gauge!(CLIENTS, "Known store clients by status");
@@ -116,6 +123,7 @@ pub fn publish(master: &Master) {
     let s = master.stats();
     metrics::gauge!(CAPACITY_BYTES).set(s.capacity_bytes as f64);
     metrics::gauge!(ALLOCATED_BYTES).set(s.allocated_bytes as f64);
+    metrics::gauge!(RESERVED_BYTES).set(s.reserved_bytes as f64);
     metrics::gauge!(KEYS).set(s.keys as f64);
     metrics::gauge!(SEGMENTS).set(s.segments as f64);
     metrics::gauge!(CLIENTS, "status" => "ok").set(s.clients_ok as f64);

@@ -339,6 +339,12 @@ pub struct MasterStats {
     pub evicted_objects: u64,
     /// Bytes evicted since start.
     pub evicted_bytes: u64,
+    /// Reservations held for clients' next puts (allocated, no object yet).
+    #[serde(default)]
+    pub reservations: u64,
+    /// Bytes those reservations hold (every replica), included in `allocated_bytes`.
+    #[serde(default)]
+    pub reserved_bytes: u64,
 }
 
 /// `GET /health` of a master served alone (`moongate master`): the process is up.

@@ -135,6 +135,7 @@ impl Master {
             let c = self.clients.lock();
             (c.len() as u64, c.alive() as u64)
         };
+        let (reservations, reserved_bytes) = self.reserved();
         MasterStats {
             capacity_bytes,
             allocated_bytes,
@@ -148,6 +149,8 @@ impl Master {
             clients_ok,
             evicted_objects: self.evicted_objects.load(Ordering::Relaxed),
             evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
+            reservations: reservations as u64,
+            reserved_bytes,
         }
     }
 

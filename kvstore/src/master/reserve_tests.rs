@@ -26,6 +26,10 @@ fn a_committed_reservation_is_a_readable_object_where_it_was_reserved() {
         3 * 4096,
         "reserved space is allocated"
     );
+    assert_eq!(
+        (m.stats().reservations, m.stats().reserved_bytes),
+        (3, 3 * 4096)
+    );
     let addr = r[1].replicas[0].address;
     assert!(!m.exists("k").unwrap());
     m.put_commit(client(7), "k", r[1].id, 4096).unwrap();

@@ -556,3 +556,43 @@ async fn a_put_into_reserved_space_needs_no_free_space_and_survives_losing_it() 
         "a client that leaves gives them back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_batch_get_reads_in_parts_and_keeps_every_value_in_its_place() {
+    let m = master(MasterConfig::default()).await;
+    let node = client(&m, 64 * MIB, Protocol::Auto).await;
+    let c = client(&m, 0, Protocol::Auto).await;
+    let lens = [
+        3 * MIB as usize,
+        1024,
+        3 * MIB as usize,
+        5 * MIB as usize,
+        100,
+        2 * MIB as usize,
+        2 * MIB as usize,
+    ];
+    let keys: Vec<String> = (0..lens.len()).map(|i| format!("part-{i}")).collect();
+    for (i, (k, &len)) in keys.iter().zip(&lens).enumerate() {
+        node.put(k, &value(i as u64, len)).await.unwrap();
+    }
+    // A missing key in the middle, and one at the end.
+    let mut asked: Vec<&str> = keys.iter().map(String::as_str).collect();
+    asked.insert(3, "missing-a");
+    asked.push("missing-b");
+    let got = c.batch_get(&asked).await;
+    assert_eq!(got.len(), asked.len());
+    let mut i = 0;
+    for (k, r) in asked.iter().zip(got) {
+        if k.starts_with("missing") {
+            assert_eq!(name(&r.unwrap_err()), "OBJECT_NOT_FOUND", "{k}");
+            continue;
+        }
+        assert_eq!(
+            r.unwrap().as_ref(),
+            value(i as u64, lens[i]).as_slice(),
+            "{k}"
+        );
+        i += 1;
+    }
+    assert_eq!(c.copy_buffer_in_use(), 0);
+}

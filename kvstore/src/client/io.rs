@@ -13,6 +13,7 @@ use super::error::{StoreError, StoreResult};
 use super::reserve::{Held, Maker};
 use super::rpc::item_error;
 use super::staging::{STAGE_BYTES, Slot, parts};
+use super::values::Gather;
 use super::{BufRange, StoreClient};
 use crate::master::MasterError;
 
@@ -523,10 +524,23 @@ impl StoreClient {
     async fn get_pipeline<'a>(
         &self,
         keys: &[&'a str],
-        mut dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
+        dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
     ) -> Vec<StoreResult<(u64, Side<'a>)>> {
         let granted = Instant::now();
         let looked = self.lookups(keys).await;
+        self.read_looked(keys, looked, granted, dest).await
+    }
+
+    /// The get pipeline after its lookups (`looked`, granted at `granted`): reads each
+    /// object from its nearest replica (trying the next replica of those that fail), then
+    /// checks every lease held to the end.
+    async fn read_looked<'a>(
+        &self,
+        keys: &[&'a str],
+        looked: Vec<StoreResult<Lookup>>,
+        granted: Instant,
+        mut dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
+    ) -> Vec<StoreResult<(u64, Side<'a>)>> {
         let t_lookup = granted.elapsed();
         let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
         let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
@@ -698,16 +712,34 @@ impl StoreClient {
         out
     }
 
-    /// The values of many keys: one lookup request, one transfer batch (more only for
-    /// replicas that fail). The values of a big batch share one allocation, which lives
-    /// until the last of them is dropped.
+    /// The values of many keys: one lookup request, then one transfer batch (more only for
+    /// replicas that fail) per part of at most [`STAGE_BYTES`]. The values of a big part
+    /// share one allocation, which lives until the last of them is dropped.
     pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
             return Vec::new();
         }
         let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-        let got = self.get_pipeline(&ks, |_, len| self.copy_side(len)).await;
-        let out = super::values::values_of(&self.inner.values, got);
+        let granted = Instant::now();
+        let looked = self.lookups(&ks).await;
+        // One lookup request; then read and copied out in parts of at most STAGE_BYTES, so
+        // the copy out of the copy buffer finds the bytes still in cache (as `batch_put`
+        // stages them). Every lease is checked against the one lookup.
+        let lens: Vec<usize> = looked
+            .iter()
+            .map(|l| l.as_ref().map_or(0, |l| l.length as usize))
+            .collect();
+        let count = looked.iter().filter(|l| l.is_ok()).count();
+        let mut gather = Gather::new(&self.inner.values, count, lens.iter().sum());
+        let mut looked = looked.into_iter();
+        for range in parts(lens, STAGE_BYTES) {
+            let part: Vec<StoreResult<Lookup>> = looked.by_ref().take(range.len()).collect();
+            let got = self
+                .read_looked(&ks[range], part, granted, |_, len| self.copy_side(len))
+                .await;
+            gather.add(got);
+        }
+        let out = gather.finish();
         crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
     }

@@ -104,43 +104,63 @@ impl Drop for Recycled {
     }
 }
 
-/// Copies what a get pipeline read into the copy buffer out to the caller's values. Two or
-/// more values of [`BULK_VEC_MIN`] or more in all share one buffer from `pool`; fewer or
-/// smaller values get a vector each.
-pub(crate) fn values_of(
-    pool: &Arc<ValuePool>,
-    got: Vec<StoreResult<(u64, Side<'_>)>>,
-) -> Vec<StoreResult<Bytes>> {
-    let (count, total) = got
-        .iter()
-        .filter_map(|r| r.as_ref().ok())
-        .fold((0usize, 0usize), |(n, t), (len, _)| {
-            (n + 1, t.saturating_add(*len as usize))
-        });
-    if count < 2 || total < BULK_VEC_MIN {
-        return got
-            .into_iter()
-            .map(|r| {
-                r.and_then(|(len, side)| side.copy_slot().to_vec(len as usize).map(Bytes::from))
-            })
-            .collect();
+/// Collects the values a `batch_get` read into the copy buffer, part after part, into the
+/// caller's values. A batch of two or more values of [`BULK_VEC_MIN`] or more in all shares
+/// one buffer from the pool; fewer or smaller values get a vector each.
+pub(crate) enum Gather {
+    /// A big batch: one shared buffer, each value a range of it.
+    Bulk {
+        all: Vec<u8>,
+        spans: Vec<StoreResult<std::ops::Range<usize>>>,
+        pool: Arc<ValuePool>,
+    },
+    /// A vector per value.
+    Each(Vec<StoreResult<Bytes>>),
+}
+
+impl Gather {
+    /// A gatherer for a batch of `count` readable values, `total` bytes in all.
+    pub(crate) fn new(pool: &Arc<ValuePool>, count: usize, total: usize) -> Self {
+        if count >= 2 && total >= BULK_VEC_MIN {
+            Self::Bulk {
+                all: pool.take(total),
+                spans: Vec::with_capacity(count),
+                pool: pool.clone(),
+            }
+        } else {
+            Self::Each(Vec::with_capacity(count))
+        }
     }
-    let mut all = pool.take(total);
-    let spans: Vec<StoreResult<std::ops::Range<usize>>> = got
-        .into_iter()
-        .map(|r| {
-            r.and_then(|(len, side)| {
-                let at = all.len();
-                side.copy_slot().append_to(len as usize, &mut all)?;
-                Ok(at..all.len())
-            })
-        })
-        .collect();
-    let all = Bytes::from_owner(Recycled {
-        bytes: all,
-        pool: Arc::downgrade(pool),
-    });
-    spans.into_iter().map(|s| s.map(|r| all.slice(r))).collect()
+
+    /// Copies out what one part of the batch read (in batch order).
+    pub(crate) fn add(&mut self, got: Vec<StoreResult<(u64, Side<'_>)>>) {
+        for r in got {
+            match self {
+                Self::Bulk { all, spans, .. } => spans.push(r.and_then(|(len, side)| {
+                    let at = all.len();
+                    side.copy_slot().append_to(len as usize, all)?;
+                    Ok(at..all.len())
+                })),
+                Self::Each(out) => out.push(r.and_then(|(len, side)| {
+                    side.copy_slot().to_vec(len as usize).map(Bytes::from)
+                })),
+            }
+        }
+    }
+
+    /// Every value, in batch order.
+    pub(crate) fn finish(self) -> Vec<StoreResult<Bytes>> {
+        match self {
+            Self::Bulk { all, spans, pool } => {
+                let all = Bytes::from_owner(Recycled {
+                    bytes: all,
+                    pool: Arc::downgrade(&pool),
+                });
+                spans.into_iter().map(|s| s.map(|r| all.slice(r))).collect()
+            }
+            Self::Each(out) => out,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use openapi::master as wire;
 use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
@@ -13,7 +12,6 @@ use super::error::{StoreError, StoreResult};
 use super::reserve::{Held, Maker};
 use super::rpc::item_error;
 use super::staging::{STAGE_BYTES, Slot, parts};
-use super::values::Gather;
 use super::{BufRange, StoreClient};
 use crate::master::MasterError;
 
@@ -63,8 +61,23 @@ impl Side<'_> {
 }
 
 /// The metric label of a call: the single form for one item, the batch form for more.
-fn label(n: usize, one: &'static str, many: &'static str) -> &'static str {
+pub(super) fn label(n: usize, one: &'static str, many: &'static str) -> &'static str {
     if n == 1 { one } else { many }
+}
+
+/// A read of `key` under a lease of `lease_ms` granted at `granted` that ends now: an
+/// error when it outlasted the lease (its bytes may have been overwritten meanwhile).
+pub(super) fn lease_check(key: &str, granted: Instant, lease_ms: u64) -> StoreResult<()> {
+    let elapsed = granted.elapsed().as_millis() as u64;
+    if elapsed < lease_ms {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseExpired {
+            key: key.to_owned(),
+            lease_ms,
+            elapsed_ms: elapsed,
+        })
+    }
 }
 
 /// The same failure for each of `n` items.
@@ -113,10 +126,10 @@ enum Kind {
 }
 
 /// Replicas of an object to read, with the lease that protects the read.
-struct Lookup {
-    length: u64,
-    lease_ms: u64,
-    replicas: Vec<wire::Replica>,
+pub(super) struct Lookup {
+    pub(super) length: u64,
+    pub(super) lease_ms: u64,
+    pub(super) replicas: Vec<wire::Replica>,
 }
 
 /// Segments opened during one call, by endpoint: a batch touches few segments, so each is
@@ -290,7 +303,7 @@ impl StoreClient {
     }
 
     /// Looks objects up (granting read leases): single-key or batch route.
-    async fn lookups(&self, keys: &[&str]) -> Vec<StoreResult<Lookup>> {
+    pub(super) async fn lookups(&self, keys: &[&str]) -> Vec<StoreResult<Lookup>> {
         let rpc = &self.inner.rpc;
         if let [key] = keys {
             return vec![rpc.replicas(key).await.map(|r| Lookup {
@@ -534,7 +547,7 @@ impl StoreClient {
     /// The get pipeline after its lookups (`looked`, granted at `granted`): reads each
     /// object from its nearest replica (trying the next replica of those that fail), then
     /// checks every lease held to the end.
-    async fn read_looked<'a>(
+    pub(super) async fn read_looked<'a>(
         &self,
         keys: &[&'a str],
         looked: Vec<StoreResult<Lookup>>,
@@ -603,16 +616,7 @@ impl StoreClient {
             pending.retain(|(i, cands, next, lease_ms)| {
                 let i = *i;
                 let r = if done[i] {
-                    let elapsed = granted.elapsed().as_millis() as u64;
-                    if elapsed < *lease_ms {
-                        Ok(())
-                    } else {
-                        Err(StoreError::LeaseExpired {
-                            key: keys[i].to_owned(),
-                            lease_ms: *lease_ms,
-                            elapsed_ms: elapsed,
-                        })
-                    }
+                    lease_check(keys[i], granted, *lease_ms)
                 } else if *next < cands.len() {
                     return true;
                 } else {
@@ -643,7 +647,7 @@ impl StoreClient {
         out
     }
 
-    fn copy_side(&self, len: u64) -> StoreResult<Side<'static>> {
+    pub(super) fn copy_side(&self, len: u64) -> StoreResult<Side<'static>> {
         let len = usize::try_from(len).map_err(|_| {
             StoreError::InvalidArgument(format!("{len} bytes do not fit in memory"))
         })?;
@@ -709,38 +713,6 @@ impl StoreClient {
             .collect();
         let out = self.put_pipeline(sides).await;
         crate::metrics::record_client_batch(label(items.len(), "put_from", "batch_put_from"), &out);
-        out
-    }
-
-    /// The values of many keys: one lookup request, then one transfer batch (more only for
-    /// replicas that fail) per part of at most [`STAGE_BYTES`]. The values of a big part
-    /// share one allocation, which lives until the last of them is dropped.
-    pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-        let granted = Instant::now();
-        let looked = self.lookups(&ks).await;
-        // One lookup request; then read and copied out in parts of at most STAGE_BYTES, so
-        // the copy out of the copy buffer finds the bytes still in cache (as `batch_put`
-        // stages them). Every lease is checked against the one lookup.
-        let lens: Vec<usize> = looked
-            .iter()
-            .map(|l| l.as_ref().map_or(0, |l| l.length as usize))
-            .collect();
-        let count = looked.iter().filter(|l| l.is_ok()).count();
-        let mut gather = Gather::new(&self.inner.values, count, lens.iter().sum());
-        let mut looked = looked.into_iter();
-        for range in parts(lens, STAGE_BYTES) {
-            let part: Vec<StoreResult<Lookup>> = looked.by_ref().take(range.len()).collect();
-            let got = self
-                .read_looked(&ks[range], part, granted, |_, len| self.copy_side(len))
-                .await;
-            gather.add(got);
-        }
-        let out = gather.finish();
-        crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
     }
 

@@ -12,7 +12,8 @@
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete
 //!   replica (own segment: memcpy; same host: shared memory; else the network; the next one
 //!   if a replica fails), then check the lease did not run out during the read: an expired
-//!   lease is `LEASE_EXPIRED` and the bytes are discarded.
+//!   lease is `LEASE_EXPIRED` and the bytes are discarded. The copying `get` copies a value
+//!   of its own segment straight out of it (see `values`).
 //! - Batches are one master request per step, and one transfer batch for all their bytes.
 //! - `put_from` / `get_into` move bytes straight from and into caller-registered memory:
 //!   nothing proportional to the value is allocated.

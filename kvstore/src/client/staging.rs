@@ -166,13 +166,6 @@ impl Slot {
             .map_err(|e| StoreError::setup("staging copy", e))
     }
 
-    /// Copies the first `len` bytes of the slot into a new vector.
-    pub(crate) fn to_vec(&self, len: usize) -> StoreResult<Vec<u8>> {
-        let mut v = Vec::with_capacity(len.min(self.len));
-        self.append_to(len, &mut v)?;
-        Ok(v)
-    }
-
     /// Appends the first `len` bytes of the slot to `out`.
     pub(crate) fn append_to(&self, len: usize, out: &mut Vec<u8>) -> StoreResult<()> {
         self.buf

@@ -1,4 +1,6 @@
-//! The values `batch_get` hands out: one allocation per big batch, recycled once released.
+//! The copying `batch_get` (and so `get`) and the values it hands out: one allocation per big
+//! batch, recycled once released; a value with a replica in the client's own segment is
+//! copied straight out of it (one copy, no transfer, no copy-buffer slot).
 //!
 //! A batch of many large values copied into one fresh vector each paid the kernel's first
 //! touch of every 4 KiB page (zeroing, one fault each), while a loop of single `get`s reused
@@ -9,14 +11,19 @@
 //! to the client's [`ValuePool`] for the next batch, as an allocator's cache would keep it.
 //! The pool keeps at most the copy buffer's size of idle memory.
 
+use std::ops::Range;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use transfer::RegisteredBuffer;
 use transfer::memory::{BULK_VEC_MIN, bulk_vec};
 
-use super::error::StoreResult;
-use super::io::Side;
+use super::StoreClient;
+use super::error::{StoreError, StoreResult};
+use super::io::{Lookup, label, lease_check};
+use super::staging::{STAGE_BYTES, parts};
 
 /// Released batch buffers, kept for the next batches (bounded in bytes).
 #[derive(Debug)]
@@ -104,62 +111,164 @@ impl Drop for Recycled {
     }
 }
 
-/// Collects the values a `batch_get` read into the copy buffer, part after part, into the
-/// caller's values. A batch of two or more values of [`BULK_VEC_MIN`] or more in all shares
-/// one buffer from the pool; fewer or smaller values get a vector each.
-pub(crate) enum Gather {
-    /// A big batch: one shared buffer, each value a range of it.
+/// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of the
+/// client's own segment), in any order, into the caller's values. A batch of two or more
+/// values of [`BULK_VEC_MIN`] or more in all shares one buffer from the pool; fewer or
+/// smaller values get a vector each.
+enum Gather {
+    /// A big batch: one shared buffer, each value a range of it (by index).
     Bulk {
         all: Vec<u8>,
-        spans: Vec<StoreResult<std::ops::Range<usize>>>,
+        spans: Vec<Option<StoreResult<Range<usize>>>>,
         pool: Arc<ValuePool>,
     },
-    /// A vector per value.
-    Each(Vec<StoreResult<Bytes>>),
+    /// A vector per value (by index).
+    Each(Vec<Option<StoreResult<Bytes>>>),
 }
 
 impl Gather {
-    /// A gatherer for a batch of `count` readable values, `total` bytes in all.
-    pub(crate) fn new(pool: &Arc<ValuePool>, count: usize, total: usize) -> Self {
+    /// A gatherer for a batch of `n` keys, `count` of them readable, `total` bytes in all.
+    fn new(pool: &Arc<ValuePool>, n: usize, count: usize, total: usize) -> Self {
         if count >= 2 && total >= BULK_VEC_MIN {
             Self::Bulk {
                 all: pool.take(total),
-                spans: Vec::with_capacity(count),
+                spans: (0..n).map(|_| None).collect(),
                 pool: pool.clone(),
             }
         } else {
-            Self::Each(Vec::with_capacity(count))
+            Self::Each((0..n).map(|_| None).collect())
         }
     }
 
-    /// Copies out what one part of the batch read (in batch order).
-    pub(crate) fn add(&mut self, got: Vec<StoreResult<(u64, Side<'_>)>>) {
-        for r in got {
-            match self {
-                Self::Bulk { all, spans, .. } => spans.push(r.and_then(|(len, side)| {
-                    let at = all.len();
-                    side.copy_slot().append_to(len as usize, all)?;
-                    Ok(at..all.len())
-                })),
-                Self::Each(out) => out.push(r.and_then(|(len, side)| {
-                    side.copy_slot().to_vec(len as usize).map(Bytes::from)
-                })),
+    /// Value `i`, `len` bytes that `append` appends to a vector.
+    fn copy(&mut self, i: usize, len: usize, append: impl FnOnce(&mut Vec<u8>) -> StoreResult<()>) {
+        match self {
+            Self::Bulk { all, spans, .. } => {
+                let at = all.len();
+                spans[i] = Some(append(all).map(|()| at..all.len()));
             }
+            Self::Each(out) => {
+                let mut v = Vec::with_capacity(len);
+                out[i] = Some(append(&mut v).map(|()| Bytes::from(v)));
+            }
+        }
+    }
+
+    /// Value `i` failed (its bytes, if copied already, are not handed out).
+    fn fail(&mut self, i: usize, e: StoreError) {
+        match self {
+            Self::Bulk { spans, .. } => spans[i] = Some(Err(e)),
+            Self::Each(out) => out[i] = Some(Err(e)),
         }
     }
 
     /// Every value, in batch order.
-    pub(crate) fn finish(self) -> Vec<StoreResult<Bytes>> {
+    fn finish(self) -> Vec<StoreResult<Bytes>> {
+        let unread = || StoreError::setup("batch_get", "a value was neither read nor failed");
         match self {
             Self::Bulk { all, spans, pool } => {
                 let all = Bytes::from_owner(Recycled {
                     bytes: all,
                     pool: Arc::downgrade(&pool),
                 });
-                spans.into_iter().map(|s| s.map(|r| all.slice(r))).collect()
+                spans
+                    .into_iter()
+                    .map(|s| s.unwrap_or_else(|| Err(unread())).map(|r| all.slice(r)))
+                    .collect()
             }
-            Self::Each(out) => out,
+            Self::Each(out) => out
+                .into_iter()
+                .map(|v| v.unwrap_or_else(|| Err(unread())))
+                .collect(),
         }
+    }
+}
+
+impl StoreClient {
+    /// The values of many keys: one lookup request, then, per part of at most
+    /// [`STAGE_BYTES`], a copy straight out of this client's own segment for the values
+    /// that have a replica there and one transfer batch (more only for replicas that fail)
+    /// for the others. The values of a big batch share one allocation, which lives until
+    /// the last of them is dropped.
+    pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let granted = Instant::now();
+        let looked = self.lookups(&ks).await;
+        // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes
+        // still in cache (as `batch_put` stages them). Every lease is checked against the
+        // one lookup.
+        let lens: Vec<usize> = looked
+            .iter()
+            .map(|l| l.as_ref().map_or(0, |l| l.length as usize))
+            .collect();
+        let count = looked.iter().filter(|l| l.is_ok()).count();
+        let mut gather = Gather::new(&self.inner.values, ks.len(), count, lens.iter().sum());
+        let mut looked = looked.into_iter().enumerate();
+        for range in parts(lens, STAGE_BYTES) {
+            let (mut far_at, mut far_keys, mut far) = (Vec::new(), Vec::new(), Vec::new());
+            let mut copied = false;
+            for (i, l) in looked.by_ref().take(range.len()) {
+                let l = match l {
+                    Ok(l) => l,
+                    Err(e) => {
+                        gather.fail(i, e);
+                        continue;
+                    }
+                };
+                let Some((segment, offset)) = self.own_replica(&l) else {
+                    far_at.push(i);
+                    far_keys.push(ks[i]);
+                    far.push(Ok(l));
+                    continue;
+                };
+                // Own segment: the lease keeps the object in place; one copy, no transfer.
+                let len = l.length as usize;
+                gather.copy(i, len, |out| {
+                    segment
+                        .append_to(offset, len, out)
+                        .map_err(|e| StoreError::setup("copying out of the own segment", e))
+                });
+                if let Err(e) = lease_check(ks[i], granted, l.lease_ms) {
+                    gather.fail(i, e);
+                }
+                copied = true;
+            }
+            if far.is_empty() {
+                if copied {
+                    // Let the runtime's other tasks run between parts, as transfers do.
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
+            let got = self
+                .read_looked(&far_keys, far, granted, |_, len| self.copy_side(len))
+                .await;
+            for (i, r) in far_at.into_iter().zip(got) {
+                match r {
+                    Ok((len, side)) => {
+                        let slot = side.copy_slot();
+                        gather.copy(i, len as usize, |out| slot.append_to(len as usize, out));
+                    }
+                    Err(e) => gather.fail(i, e),
+                }
+            }
+        }
+        let out = gather.finish();
+        crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
+        out
+    }
+
+    /// Where this client's own segment holds a replica of `l` (the segment, the offset):
+    /// `None` for a pure client, or when no replica is there.
+    fn own_replica(&self, l: &Lookup) -> Option<(&RegisteredBuffer, usize)> {
+        let (buf, spec) = self.inner.segment.as_ref()?;
+        let r = l.replicas.iter().find(|r| r.segment == spec.name)?;
+        let offset = usize::try_from(r.address.checked_sub(buf.addr())?).ok()?;
+        let end = offset.checked_add(usize::try_from(l.length).ok()?)?;
+        (end <= buf.len()).then_some((buf, offset))
     }
 }
 

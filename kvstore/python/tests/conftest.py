@@ -108,10 +108,10 @@ class Proc:
 class Master(Proc):
     """`moongate master` on 127.0.0.1, any free port."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, lease_ttl_ms=LEASE_TTL_MS):
         super().__init__(
             [binary("MOONGATE_BIN", "moongate"), "master", "--host", "127.0.0.1", "--port", "0",
-             "--master-lease-ttl-ms", str(LEASE_TTL_MS), *extra],
+             "--master-lease-ttl-ms", str(lease_ttl_ms), *extra],
             r"moongate master listening addr=(\S+)",
         )
         self.addr = self.match.group(1)

@@ -6,7 +6,7 @@ import subprocess
 
 import numpy as np
 
-from conftest import MiB, Proc, binary, new_store, wait_until
+from conftest import Master, MiB, Proc, binary, new_store, wait_until
 
 
 def kv(master, *args):
@@ -19,7 +19,11 @@ def kv(master, *args):
     return out.stdout.strip()
 
 
-def test_store_bytes_cross_between_python_rust_and_a_storage_node(master):
+def test_store_bytes_cross_between_python_rust_and_a_storage_node():
+    # A master with a 5 s read lease (10 s by default): each `kv` reader is a new process whose first
+    # connection to the node (a debug build's authenticated handshake) starts after its
+    # lookup, and on a slow machine outlasted the shared fixture's 300 ms lease.
+    master = Master(lease_ttl_ms=5000)
     node = Proc([binary("MOONGATE_BIN", "moongate"), "store", "--master", master.url,
                  "--segment-size", "32M", "--listen", "127.0.0.1:0", "--protocol", "tcp",
                  "--http-listen", "127.0.0.1:0"],
@@ -40,6 +44,7 @@ def test_store_bytes_cross_between_python_rust_and_a_storage_node(master):
         assert py.close() == 0
     finally:
         node.stop()
+        master.stop()
 
 
 def test_python_and_rust_engines_move_bytes_both_ways():

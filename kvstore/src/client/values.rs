@@ -199,13 +199,27 @@ impl StoreClient {
         let looked = self.lookups(&ks).await;
         // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes
         // still in cache (as `batch_put` stages them). Every lease is checked against the
-        // one lookup.
+        // one lookup. The lengths the master answered size the values' buffer only up to
+        // what can be read at all (a value fits the copy buffer or the own segment; longer
+        // ones fail when read), so a wrong length cannot size an allocation past that.
+        let most = usize::try_from(self.inner.config.local_buffer_size)
+            .unwrap_or(usize::MAX)
+            .max(self.inner.segment.as_ref().map_or(0, |(b, _)| b.len()));
         let lens: Vec<usize> = looked
             .iter()
-            .map(|l| l.as_ref().map_or(0, |l| l.length as usize))
+            .map(|l| {
+                l.as_ref().map_or(0, |l| {
+                    usize::try_from(l.length).map_or(most, |len| len.min(most))
+                })
+            })
             .collect();
         let count = looked.iter().filter(|l| l.is_ok()).count();
-        let mut gather = Gather::new(&self.inner.values, ks.len(), count, lens.iter().sum());
+        // The buffer grows past this if the batch really is bigger.
+        let total = lens
+            .iter()
+            .fold(0usize, |a, &l| a.saturating_add(l))
+            .min(most);
+        let mut gather = Gather::new(&self.inner.values, ks.len(), count, total);
         let mut looked = looked.into_iter().enumerate();
         for range in parts(lens, STAGE_BYTES) {
             let (mut far_at, mut far_keys, mut far) = (Vec::new(), Vec::new(), Vec::new());

@@ -107,25 +107,34 @@ impl Pool {
         })
     }
 
-    /// Keeps `got`, made by `maker` for values placed as `config`.
+    /// Keeps `got`, made by `maker` for values placed as `config`, within the budget (what
+    /// does not fit, or carries no replica, is dropped and left to the master's TTL). A
+    /// `use_within_ms` past what the clock can hold makes the reservation unusable, not a
+    /// panic.
     pub(super) fn add(&self, got: Vec<wire::Reservation>, config: &ReplicateConfig, maker: Maker) {
         if got.is_empty() {
             return;
         }
         let now = Instant::now();
         let mut held = self.held.lock();
+        let mut used: u64 = held.iter().map(Held::bytes).sum();
         for r in got {
-            if r.replicas.is_empty() {
-                continue;
-            }
-            held.push(Held {
+            let h = Held {
                 id: r.id,
                 length: r.length,
                 replicas: r.replicas,
                 config: config.clone(),
                 maker,
-                use_by: now + Duration::from_millis(r.use_within_ms),
-            });
+                use_by: now
+                    .checked_add(Duration::from_millis(r.use_within_ms))
+                    .unwrap_or(now),
+            };
+            let bytes = h.bytes();
+            if h.replicas.is_empty() || used.saturating_add(bytes) > self.budget {
+                continue;
+            }
+            used += bytes;
+            held.push(h);
         }
     }
 
@@ -229,6 +238,27 @@ mod tests {
         pool.add(vec![reservation(1, 4096, 0)], &cfg, M);
         assert!(pool.take(4096, &cfg, M).is_none());
         assert_eq!(pool.len(), 0);
+    }
+
+    #[test]
+    fn what_a_master_hands_out_is_kept_only_within_the_budget_and_the_clock() {
+        let pool = Pool::new(1 << 20);
+        let cfg = ReplicateConfig::default();
+        // More than asked for, or than the budget holds: 256 of 4 KiB fit in 1 MiB.
+        pool.add(
+            (1..=1000).map(|i| reservation(i, 4096, 60_000)).collect(),
+            &cfg,
+            M,
+        );
+        assert_eq!(pool.len(), 256);
+        assert!(pool.ask(4096, 1, &cfg).is_none(), "no room left");
+        // The longest use-by time a master can write: no panic.
+        let pool = Pool::new(1 << 20);
+        pool.add(vec![reservation(1, 4096, u64::MAX)], &cfg, M);
+        assert_eq!(pool.len(), 1);
+        // One length past the budget alone: dropped.
+        pool.add(vec![reservation(2, 2 << 20, 60_000)], &cfg, M);
+        assert_eq!(pool.len(), 1);
     }
 
     #[test]

@@ -414,11 +414,13 @@ async fn a_killed_prefill_fails_the_decodes_wait_within_seconds() {
     let elapsed = start.elapsed();
     assert_eq!(r.status(), 500);
     let v: Value = r.json().await.unwrap();
+    // `rooms_open` counts the room before the decode has reached the prefill's KV endpoint:
+    // a kill in between fails the registration (the endpoint is unreachable) instead of
+    // the heartbeats. Either way the wait ends within seconds, naming the dead prefill.
+    let msg = v["error"]["message"].as_str().unwrap();
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("heartbeats"),
+        msg.contains("stopped answering heartbeats")
+            || msg.contains("prefill KV endpoint 127.0.0.1:") && msg.contains("unreachable"),
         "{v}"
     );
     assert!(elapsed < Duration::from_secs(3), "failed after {elapsed:?}");

@@ -7,6 +7,11 @@
 #   COMPARE_BIN=/tmp/old/moongate bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
 #   CLIENT_KEYS=1 bench/gateway_bench.sh         # A/B: a second gateway with --client-api-keys-file
 #                                                # ("gateway_keys", sent a valid key), and its CPU ratio
+#   KV_AWARE=1 bench/gateway_bench.sh            # A/B: gateways on cache_aware ("cache_aware") and on
+#                                                # kv_aware with --tokenizer-path ("kv_aware"), the sim
+#                                                # workers tokenizing alike and publishing KV events;
+#                                                # UNIQUE=1 makes every prompt new (no cached pieces);
+#                                                # KV_EXTRA: more flags for the kv_aware gateway
 #
 # Layout on 2 cores: the server under test (the gateway, or the direct sim worker) is pinned
 # alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
@@ -48,8 +53,16 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$(pid "$1")/stat"; }
 hwm_mib() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$(pid "$1")/status"; }
 
 SIM=(sim-worker --host 127.0.0.1 --output-tokens "$TOKENS")
-start w1 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W1"
-start w2 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W2"
+TOKENIZER=tests/fixtures/tokenizer
+if [ "${KV_AWARE:-0}" = 1 ]; then
+  SIM+=(--tokenizer-path "$TOKENIZER")
+  ev() { echo "{\"publisher\":\"zmq\",\"endpoint\":\"tcp://127.0.0.1:$1\",\"topic\":\"kv-events\"}"; }
+  start w1 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W1" --kv-events-config "$(ev $((BASE_PORT + 7)))"
+  start w2 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W2" --kv-events-config "$(ev $((BASE_PORT + 8)))"
+else
+  start w1 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W1"
+  start w2 "$CPU_AUX" "$BIN" "${SIM[@]}" --port "$W2"
+fi
 start direct "$CPU_SUT" "$BIN" "${SIM[@]}" --port "$DIRECT"
 for p in $W1 $W2 $DIRECT; do wait_ok "http://127.0.0.1:$p/health"; done
 start gateway "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GW_PORT" --policy round_robin \
@@ -62,6 +75,28 @@ if [ -n "${COMPARE_BIN:-}" ]; then
     --log-level warn --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
   wait_ok "http://127.0.0.1:$GWB_PORT/readiness"
   TARGETS="$TARGETS gateway_b:$GWB_PORT"
+fi
+if [ "${KV_AWARE:-0}" = 1 ]; then
+  GWC_PORT=$((BASE_PORT + 5)); GWV_PORT=$((BASE_PORT + 6))
+  start cache_aware "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GWC_PORT" --policy cache_aware \
+    --log-level warn --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+  start kv_aware "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GWV_PORT" --policy kv_aware \
+    --tokenizer-path "$TOKENIZER" --log-level warn ${KV_EXTRA:-} --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+  for p in $GWC_PORT $GWV_PORT; do wait_ok "http://127.0.0.1:$p/readiness"; done
+  # kv_aware on events: wait until it routes on both workers' events, not its fallback
+  # (each worker sent a new prompt of several pages straight, every try: they publish
+  # whole new pages only, and a subscriber misses what was published before it joined).
+  PROBE=$(printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 1 23))
+  chat() { curl -s -o /dev/null -H 'content-type: application/json' "http://127.0.0.1:$1/v1/chat/completions" \
+      -d "{\"model\":\"moongate-sim\",\"messages\":[{\"role\":\"user\",\"content\":\"$2 $PROBE\"}],\"max_tokens\":2}"; }
+  for i in $(seq 1 100); do
+    chat "$W1" "w1 $i"; chat "$W2" "w2 $i"; chat "$GWV_PORT" "gw $i"
+    m=$(curl -s "http://127.0.0.1:$GWV_PORT/metrics")
+    grep -q 'kv_aware_decisions_total{decision="events"}' <<<"$m" && break
+    [ "$i" = 100 ] && { echo "kv_aware never routed on events" >&2; exit 1; }
+    sleep 0.1
+  done
+  TARGETS="$TARGETS cache_aware:$GWC_PORT kv_aware:$GWV_PORT"
 fi
 CLIENT_KEY=""
 if [ "${CLIENT_KEYS:-0}" = 1 ]; then
@@ -77,7 +112,7 @@ fi
 TCK=$(getconf CLK_TCK)
 run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
   local key=""; [ -n "${GWK_PORT:-}" ] && [ "$1" = "$GWK_PORT" ] && key=$CLIENT_KEY
-  AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
+  UNIQUE=${UNIQUE:-0} AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
     "http://127.0.0.1:$1" 2>&1 | awk '/^RESULT/{print $2, $3, $4, $5, $6}'
 }
 echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers cpu $CPU_AUX; wrk -t1 -c$CONC; ${DURATION}s x $ROUNDS rounds; $TOKENS tokens"
@@ -107,6 +142,18 @@ for sc in $SCENARIOS; do for t in $TARGETS; do name=${t%%:*}
     {rps[NR]=$3; p50[NR]=$4; p99[NR]=$5; us[NR]=$6; rss=$7}
     END{m=int((NR+1)/2); printf "| %-11s | %-8s | %9.0f | %8.2f | %8.2f | %10.1f | %8s |\n", sc, n, rps[m], p50[m], p99[m], us[m], rss}'
 done; done
+if [ -n "${GWV_PORT:-}" ]; then
+  echo
+  for sc in $SCENARIOS; do
+    awk -v sc="$sc" '$1==sc && ($2=="cache_aware" || $2=="kv_aware")' "$RES" | python3 -c "
+import sys, statistics
+rows = [l.split() for l in sys.stdin]
+a = [float(r[5]) for r in rows if r[1] == 'cache_aware']
+b = [float(r[5]) for r in rows if r[1] == 'kv_aware']
+pairs = [y / x for x, y in zip(a, b) if x]
+print(f'$sc: CPU per request kv_aware / cache_aware = {statistics.median(pairs):.3f} (median of per-round ratios)')"
+  done
+fi
 if [ -n "${GWK_PORT:-}" ]; then
   echo
   for sc in $SCENARIOS; do

@@ -1,6 +1,7 @@
 -- wrk script: POST /v1/chat/completions with a ~1 KiB user prompt.
 -- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim);
--- AUTH_KEY: sent as `Authorization: Bearer <key>` (a gateway with client keys).
+-- AUTH_KEY: sent as `Authorization: Bearer <key>` (a gateway with client keys);
+-- UNIQUE=1: a different prompt each request.
 local stream = os.getenv("STREAM") == "1"
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
 local model = os.getenv("MODEL") or "moongate-sim"
@@ -12,8 +13,20 @@ local key = os.getenv("AUTH_KEY")
 if key and key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
-wrk.body = '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. prompt ..
-  '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
+local function body(content)
+  return '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. content ..
+    '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
+end
+wrk.body = body(prompt)
+-- UNIQUE=1: every request's prompt ends with its own number (no two prompts alike, in
+-- this run or an earlier one: the numbers start from the clock).
+if os.getenv("UNIQUE") == "1" then
+  local run, n = tostring(os.time()), 0
+  request = function()
+    n = n + 1
+    return wrk.format(nil, nil, nil, body(prompt .. run .. "-" .. n))
+  end
+end
 
 -- One machine-readable line at the end (latencies in ms).
 function done(summary, latency, requests)

@@ -6,7 +6,12 @@
 //!   `tests/fixtures/tokenizer` (a byte-level BPE of 600 tokens: more tokens per byte than
 //!   a real model's, so an upper bound on the encoding).
 //!
-//! Both over the same chat bodies (a system prompt and 2, 8 and 32 turns), in one run: the
+//! - `tokens_cached`: the same with the gateway's pieces cache (`--tokenizer-cache-size`),
+//!   every piece seen before (a conversation's earlier turns, a shared system prompt);
+//! - `tokens_next_turn`: with the cache, a conversation whose last turn is new each time
+//!   (only that piece is encoded).
+//!
+//! All over the same chat bodies (a system prompt and 2, 8 and 32 turns), in one run: the
 //! ratio is what tokenizing adds.
 
 use std::hint::black_box;
@@ -18,6 +23,11 @@ use gateway::tokenizer::Tokenizer;
 use serde_json::json;
 
 fn body(turns: usize) -> Vec<u8> {
+    body_with(turns, "")
+}
+
+/// `body(turns)` whose last message ends with `last`.
+fn body_with(turns: usize, last: &str) -> Vec<u8> {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and say what you did."}),
     ];
@@ -39,12 +49,19 @@ fn body(turns: usize) -> Vec<u8> {
         };
         messages.push(json!({"role": role, "content": text}));
     }
+    if let Some(serde_json::Value::String(s)) = messages.last_mut().map(|m| &mut m["content"]) {
+        s.push_str(last);
+    }
     serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true})).unwrap()
 }
 
 fn keys(c: &mut Criterion) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
     let tok = Tokenizer::load(&dir, None).expect("the test tokenizer");
+    let cached = Tokenizer::load(&dir, None)
+        .expect("the test tokenizer")
+        .with_cache(64 << 20);
+    assert!(cached.caches_pieces());
     let mut g = c.benchmark_group("prompt_keys");
     for turns in [2, 8, 32] {
         let b = body(turns);
@@ -54,6 +71,21 @@ fn keys(c: &mut Criterion) {
         });
         g.bench_function(format!("tokens/{turns}"), |x| {
             x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&tok)))
+        });
+        g.bench_function(format!("tokens_cached/{turns}"), |x| {
+            x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)))
+        });
+        // A new last turn each time: bodies made ahead, outside the timing.
+        let mut n = 0u64;
+        g.bench_function(format!("tokens_next_turn/{turns}"), |x| {
+            x.iter_batched(
+                || {
+                    n += 1;
+                    body_with(turns, &format!(" (take {n})"))
+                },
+                |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
+                criterion::BatchSize::SmallInput,
+            )
         });
     }
     g.finish();

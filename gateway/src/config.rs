@@ -301,6 +301,11 @@ pub struct ServeConfig {
     /// A chat template file (Jinja) that replaces the tokenizer's own.
     #[arg(long, env = env::CHAT_TEMPLATE)]
     pub chat_template: Option<std::path::PathBuf>,
+    /// Bytes of the tokenizer's cache of encoded pieces (the text between special tokens:
+    /// a conversation's earlier turns, a shared system prompt), so a prompt is encoded only
+    /// where it is new (0: every prompt encoded whole).
+    #[arg(long, env = env::TOKENIZER_CACHE_SIZE, default_value_t = ServeConfig::default().tokenizer_cache_size)]
+    pub tokenizer_cache_size: usize,
     /// PD: send a request to the decode worker alone when fewer than this many of its
     /// prompt tokens are not cached there (0: always disaggregate).
     #[arg(long, env = env::PD_MIN_UNCACHED_TOKENS, default_value_t = ServeConfig::default().pd_min_uncached_tokens)]
@@ -464,6 +469,7 @@ impl Default for ServeConfig {
             kv_events_endpoint: None,
             tokenizer_path: None,
             chat_template: None,
+            tokenizer_cache_size: 64 * 1024 * 1024,
             pd_min_uncached_tokens: 0,
             pd_min_uncached_ratio: 0.0,
             pd_prefill_busy_load: 0,

@@ -137,6 +137,8 @@ pub const KV_EVENTS_ENDPOINT: &str = "MOONGATE_KV_EVENTS_ENDPOINT";
 pub const TOKENIZER_PATH: &str = "MOONGATE_TOKENIZER_PATH";
 /// `--chat-template`.
 pub const CHAT_TEMPLATE: &str = "MOONGATE_CHAT_TEMPLATE";
+/// `--tokenizer-cache-size`.
+pub const TOKENIZER_CACHE_SIZE: &str = "MOONGATE_TOKENIZER_CACHE_SIZE";
 /// `--pd-min-uncached-tokens`.
 pub const PD_MIN_UNCACHED_TOKENS: &str = "MOONGATE_PD_MIN_UNCACHED_TOKENS";
 /// `--pd-min-uncached-ratio`.

@@ -63,6 +63,10 @@ pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
 /// may make the gateway parse, render and encode stays bounded.
 pub const MAX_TOKENIZE_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// Bodies up to this size are first keyed on the runtime thread from the tokenizer's
+/// pieces cache alone (parsing and rendering them costs microseconds).
+pub const MAX_INLINE_BODY_BYTES: usize = 64 * 1024;
+
 /// [`routing_key`], tokenizing on the blocking pool (encoding runs at a few MB/s: a long
 /// prompt must not hold up the runtime's other connections), at most one tokenization per
 /// CPU at a time. A prompt given as token ids, or a request without a tokenizer, is keyed
@@ -79,11 +83,29 @@ pub async fn routing_key_off_thread(
     let Some(t) = tokenizer.filter(|_| wants_tokens(&key, body)) else {
         return key;
     };
+    // A prompt whose every piece the tokenizer has encoded before is keyed here, without
+    // the hop to the blocking pool; any other goes there to be encoded (what was parsed
+    // and rendered here goes with it).
+    let mut prepared = None;
+    if body.len() <= MAX_INLINE_BODY_BYTES && t.caches_pieces() {
+        let p = match prepare(endpoint, body, t) {
+            Ok(p) => p,
+            Err(e) => return or_text_key(Err(e), key),
+        };
+        match encode_prepared(&p, t, Tokenizer::encode_cached) {
+            Err(crate::tokenizer::TokenizerError::NotCached) => prepared = Some(p),
+            tokens => return or_text_key(tokens, key),
+        }
+    }
     let Ok(_permit) = PERMITS.acquire().await else {
         return key;
     };
     let (t, b) = (t.clone(), body.clone());
-    match tokio::task::spawn_blocking(move || token_key(endpoint, &b, &t)).await {
+    let encode = move || match prepared {
+        Some(p) => encode_prepared(&p, &t, Tokenizer::encode),
+        None => token_key(endpoint, &b, &t),
+    };
+    match tokio::task::spawn_blocking(encode).await {
         Ok(tokens) => or_text_key(tokens, key),
         Err(e) => {
             tracing::warn!(error = %e, "tokenizing a prompt failed; routed by its text");
@@ -144,16 +166,42 @@ pub fn token_key(
     body: &[u8],
     tokenizer: &Tokenizer,
 ) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
-    let ids = match endpoint {
+    encode_prepared(
+        &prepare(endpoint, body, tokenizer)?,
+        tokenizer,
+        Tokenizer::encode,
+    )
+}
+
+/// A prompt read from its body, ready to encode.
+#[derive(Debug)]
+enum Prepared {
+    /// Its key already (a chat request's own token ids).
+    Key(Vec<u8>),
+    /// Its text (a text prompt, or the rendered chat) and whether the tokenizer's
+    /// post-processor adds its ids (text prompts).
+    Text { text: String, special: bool },
+    /// No text to key.
+    Nothing,
+}
+
+/// Reads (and, for chat, renders) the prompt of `body`.
+fn prepare(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: &Tokenizer,
+) -> Result<Prepared, crate::tokenizer::TokenizerError> {
+    match endpoint {
         Endpoint::ChatCompletions => {
             let prompt = ChatPrompt::from_body(body)?;
             // SGLang skips the template for a chat request that brings its ids.
             if let Some(ids) = prompt.given_ids() {
-                return Ok(Some(id_key(ids.iter().copied())));
+                return Ok(Prepared::Key(id_key(ids.iter().copied())));
             }
-            encode_cut(&tokenizer.render_chat(&prompt)?, |t| {
-                tokenizer.encode(t, false)
-            })?
+            Ok(Prepared::Text {
+                text: tokenizer.render_chat(&prompt)?,
+                special: false,
+            })
         }
         Endpoint::Completions | Endpoint::Generate => {
             #[derive(serde::Deserialize)]
@@ -169,12 +217,31 @@ pub fn token_key(
                 Endpoint::Completions => fields.prompt,
                 _ => fields.text,
             };
-            let Some(FirstText(Some(text))) = &field else {
-                return Ok(None);
+            let Some(FirstText(Some(text))) = field else {
+                return Ok(Prepared::Nothing);
             };
-            encode_cut(text, |t| tokenizer.text_ids(t))?
+            // SGLang's tokenizer manager: the post-processor's ids too (`text_ids`).
+            Ok(Prepared::Text {
+                text,
+                special: true,
+            })
         }
+    }
+}
+
+/// The `i` key of a [`prepare`]d prompt, its text through `encode` ([`Tokenizer::encode`],
+/// or [`Tokenizer::encode_cached`]).
+fn encode_prepared(
+    prepared: &Prepared,
+    tokenizer: &Tokenizer,
+    encode: fn(&Tokenizer, &str, bool) -> Result<Vec<u32>, crate::tokenizer::TokenizerError>,
+) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
+    let (text, special) = match prepared {
+        Prepared::Key(k) => return Ok(Some(k.clone())),
+        Prepared::Nothing => return Ok(None),
+        Prepared::Text { text, special } => (text, *special),
     };
+    let ids = encode_cut(text, |t| encode(tokenizer, t, special))?;
     if ids.is_empty() {
         return Ok(None);
     }
@@ -534,6 +601,54 @@ mod tests {
             let off = routing_key_off_thread(Endpoint::Completions, &body, Some(&tok)).await;
             assert_eq!(off, routing_key(Endpoint::Completions, &body, Some(&tok)));
             assert_eq!(off.unwrap()[0], b'i');
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn prompts_met_before_are_keyed_from_the_pieces_cache_to_the_same_key() {
+        let plain = tokenizer();
+        let cached = Arc::new(tokenizer().with_cache(1 << 20));
+        let bodies = [
+            (
+                Endpoint::ChatCompletions,
+                r#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]}"#,
+            ),
+            (Endpoint::Completions, r#"{"prompt":"Once upon a time"}"#),
+            (
+                Endpoint::Generate,
+                r#"{"text":"<|im_start|>user\nHi<|im_end|>"}"#,
+            ),
+            (
+                Endpoint::ChatCompletions,
+                r#"{"messages":[{"role":"robot","content":"Hi"}]}"#,
+            ),
+        ];
+        for (ep, body) in bodies {
+            let b = bytes::Bytes::from(body);
+            let want = routing_key(ep, &b, Some(&plain));
+            let from_cache = || {
+                prepare(ep, &b, &cached)
+                    .and_then(|p| encode_prepared(&p, &cached, Tokenizer::encode_cached))
+            };
+            // First off the runtime (pieces encoded and kept), then from the cache inline.
+            assert!(matches!(
+                from_cache(),
+                Err(crate::tokenizer::TokenizerError::NotCached)
+                    | Err(crate::tokenizer::TokenizerError::Render(_))
+            ));
+            assert_eq!(
+                routing_key_off_thread(ep, &b, Some(&cached)).await,
+                want,
+                "{body}"
+            );
+            if want.as_deref().is_some_and(|k| k[0] == b'i') {
+                assert!(from_cache().is_ok());
+            }
+            assert_eq!(
+                routing_key_off_thread(ep, &b, Some(&cached)).await,
+                want,
+                "{body}"
+            );
         }
     }
 

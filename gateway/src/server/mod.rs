@@ -441,8 +441,12 @@ pub fn app_with(state: AppState, extra: OpenApiRouter) -> Front {
 
 /// `--tokenizer-path` with `--chat-template`, loaded (none when not given).
 fn load_tokenizer(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<Tokenizer>>> {
-    let t = Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref())
-        .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
+    let t = Tokenizer::from_flags(
+        cfg.tokenizer_path.as_deref(),
+        cfg.chat_template.as_deref(),
+        cfg.tokenizer_cache_size,
+    )
+    .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
     let kv_aware =
         [cfg.policy, cfg.prefill_policy(), cfg.decode_policy()].contains(&PolicyKind::KvAware);
     if t.is_some() && !kv_aware {

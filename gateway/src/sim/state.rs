@@ -59,7 +59,9 @@ impl SimState {
         l3: Option<Arc<L3>>,
     ) -> anyhow::Result<Arc<Self>> {
         let tokenizer =
-            Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref())
+            // No pieces cache: the worker's tokenizer manager encodes every prompt whole, as
+            // SGLang's does.
+            Tokenizer::from_flags(cfg.tokenizer_path.as_deref(), cfg.chat_template.as_deref(), 0)
                 .map_err(|e| anyhow::anyhow!("tokenizer_path: {e}"))?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -15,10 +15,16 @@
 //! a gateway and a real SGLang worker with the same model do. A render that differs from
 //! the worker's costs a routing estimate, never an answer: the worker tokenizes for itself.
 //!
+//! The gateway keeps the ids of the pieces of text between special tokens it has encoded
+//! ([`pieces`], `--tokenizer-cache-size`): a conversation's earlier turns and a shared
+//! system prompt are not encoded again on every request.
+//!
 //! Layout: this file loads the files and encodes; [`chat`] prepares messages and renders
-//! templates; [`pyjson`] is `transformers`' `tojson` filter (Python's `json.dumps`).
+//! templates; [`pyjson`] is `transformers`' `tojson` filter (Python's `json.dumps`);
+//! [`pieces`] encodes piece by piece through the cache.
 
 pub mod chat;
+mod pieces;
 pub mod pyjson;
 
 use std::path::{Path, PathBuf};
@@ -76,6 +82,9 @@ pub enum TokenizerError {
     /// Encoding failed.
     #[error("encoding: {0}")]
     Encode(String),
+    /// [`Tokenizer::encode_cached`] found a piece of the text that was never encoded.
+    #[error("a piece of the prompt is not in the tokenizer's cache")]
+    NotCached,
 }
 
 impl TokenizerError {
@@ -90,6 +99,7 @@ impl TokenizerError {
             TokenizerError::Render(_) => "render",
             TokenizerError::Request(_) => "request",
             TokenizerError::Encode(_) => "encode",
+            TokenizerError::NotCached => "not_cached",
         }
     }
 }
@@ -109,6 +119,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat: Option<ChatTemplate>,
     source: PathBuf,
+    /// The pieces cache, when on and this tokenizer allows it.
+    pieces: Option<pieces::Pieces>,
 }
 
 impl Tokenizer {
@@ -164,18 +176,45 @@ impl Tokenizer {
             inner,
             chat,
             source: path.to_path_buf(),
+            pieces: None,
         })
     }
 
-    /// `--tokenizer-path` with `--chat-template`, loaded and logged (none when not given).
+    /// This tokenizer keeping the ids of the pieces of text it encodes, in about
+    /// `cache_bytes` (0: none; see [`pieces`]). A tokenizer whose ids are not those of its
+    /// pieces keeps none, and says why in the log.
+    pub fn with_cache(mut self, cache_bytes: usize) -> Self {
+        self.pieces = None;
+        if cache_bytes == 0 {
+            return self;
+        }
+        match pieces::Pieces::new(&self.inner, cache_bytes) {
+            Ok(p) => self.pieces = Some(p),
+            Err(why) => tracing::info!(
+                path = %self.source.display(),
+                why = %why,
+                "the tokenizer encodes every prompt whole (no pieces cache)"
+            ),
+        }
+        self
+    }
+
+    /// Whether encodings go piece by piece through a cache ([`Tokenizer::with_cache`]).
+    pub fn caches_pieces(&self) -> bool {
+        self.pieces.is_some()
+    }
+
+    /// `--tokenizer-path` with `--chat-template`, loaded with a pieces cache of
+    /// `cache_bytes` and logged (none when not given).
     pub fn from_flags(
         tokenizer_path: Option<&Path>,
         chat_template: Option<&Path>,
+        cache_bytes: usize,
     ) -> Result<Option<std::sync::Arc<Self>>, TokenizerError> {
         let Some(path) = tokenizer_path else {
             return Ok(None);
         };
-        let t = Tokenizer::load(path, chat_template)?;
+        let t = Tokenizer::load(path, chat_template)?.with_cache(cache_bytes);
         if t.has_chat_template() {
             tracing::info!(path = %path.display(), "tokenizer loaded (text and chat prompts)");
         } else {
@@ -197,6 +236,36 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` runs the post-processor (a BOS, say).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(p) = &self.pieces
+            && let Some(ids) = p.encode(&self.inner, text, add_special_tokens, false)?
+        {
+            return Ok(ids);
+        }
+        self.encode_whole(text, add_special_tokens)
+    }
+
+    /// [`Tokenizer::encode`] from the pieces cache alone, without running the tokenizer:
+    /// [`TokenizerError::NotCached`] when a piece of `text` was not encoded before (or
+    /// there is no cache). Cheap enough for a runtime thread.
+    pub fn encode_cached(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        match &self.pieces {
+            Some(p) => p
+                .encode(&self.inner, text, add_special_tokens, true)?
+                .ok_or(TokenizerError::NotCached),
+            None => Err(TokenizerError::NotCached),
+        }
+    }
+
+    /// Token ids of `text`, encoded whole (no cache).
+    fn encode_whole(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         self.inner
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())

@@ -358,3 +358,153 @@ fn special_tokens_come_from_the_map_file_when_the_settings_lack_them() {
         Err(TokenizerError::Config { .. })
     ));
 }
+
+/// A deterministic mix of words, spaces, newlines, accents and the fixture's special
+/// tokens, each text `n`.
+fn mixed_text(n: u64) -> String {
+    const PARTS: [&str; 14] = [
+        "Hello",
+        " world",
+        "\n",
+        "\n\n",
+        "  ",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<s>",
+        "</s>",
+        "user",
+        ", again!",
+        " é",
+        "ünïcode",
+        "<|im_", // a special token's start alone
+    ];
+    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut s = String::new();
+    for _ in 0..(3 + n % 17) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(PARTS[(x % PARTS.len() as u64) as usize]);
+    }
+    s
+}
+
+#[test]
+fn pieces_give_the_ids_of_the_whole_text_from_the_cache_and_without() {
+    let whole = tokenizer();
+    let cached = tokenizer().with_cache(1 << 20);
+    assert!(cached.caches_pieces());
+    assert!(
+        cached.pieces.as_ref().unwrap().wraps_text(),
+        "the fixture's BOS is found"
+    );
+    for round in 0..2 {
+        for n in 0..300 {
+            let text = mixed_text(n);
+            for special in [false, true] {
+                let want = whole.encode(&text, special).unwrap();
+                assert_eq!(
+                    cached.encode(&text, special).unwrap(),
+                    want,
+                    "{text:?} {round}"
+                );
+                assert_eq!(
+                    cached.encode_cached(&text, special).unwrap(),
+                    want,
+                    "{text:?}"
+                );
+            }
+        }
+    }
+    // The golden ids, through the cache.
+    for case in golden() {
+        if let Some(text) = &case.text {
+            assert_eq!(cached.text_ids(text).unwrap(), case.ids, "{text:?}");
+        }
+        if let Some(body) = &case.request {
+            let prompt = ChatPrompt::from_body(body.get().as_bytes()).unwrap();
+            assert_eq!(cached.chat_ids(&prompt).unwrap(), case.ids);
+            let rendered = cached.render_chat(&prompt).unwrap();
+            assert_eq!(cached.encode_cached(&rendered, false).unwrap(), case.ids);
+        }
+    }
+}
+
+#[test]
+fn a_conversations_next_turn_encodes_only_its_new_pieces() {
+    let tok = tokenizer().with_cache(1 << 20);
+    let body = |turns: usize| {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+        for i in 0..turns {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(serde_json::json!({"role": role, "content": format!("turn {i} text")}));
+        }
+        serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap()
+    };
+    let render = |turns| {
+        tok.render_chat(&ChatPrompt::from_body(&body(turns)).unwrap())
+            .unwrap()
+    };
+    let one = render(1);
+    assert!(matches!(
+        tok.encode_cached(&one, false),
+        Err(TokenizerError::NotCached)
+    ));
+    let ids = tok.encode(&one, false).unwrap();
+    let pieces = tok.pieces.as_ref().unwrap();
+    let after_one = pieces.entries();
+    assert_eq!(tok.encode_cached(&one, false).unwrap(), ids);
+    // Two more turns: their texts are the new pieces; everything before comes from the cache.
+    let three = render(3);
+    assert!(matches!(
+        tok.encode_cached(&three, false),
+        Err(TokenizerError::NotCached)
+    ));
+    let more = tok.encode(&three, false).unwrap();
+    assert_eq!(more, tokenizer().encode(&three, false).unwrap());
+    let prompt_tail = tok.encode("<|im_start|>assistant\n", false).unwrap();
+    let earlier = &ids[..ids.len() - prompt_tail.len()];
+    assert_eq!(&more[..earlier.len()], earlier, "the earlier turn's ids");
+    assert_eq!(
+        pieces.entries(),
+        after_one + 2,
+        "the two new turns' pieces kept"
+    );
+}
+
+#[test]
+fn tokenizers_whose_pieces_are_not_independent_encode_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join(TOKENIZER_FILE)).unwrap())
+            .unwrap();
+    let load = |json: &serde_json::Value| {
+        std::fs::write(dir.path().join(TOKENIZER_FILE), json.to_string()).unwrap();
+        Tokenizer::load(dir.path(), None)
+            .unwrap()
+            .with_cache(1 << 20)
+    };
+    assert!(load(&json).caches_pieces());
+    // A special token that eats the whitespace before it.
+    let mut lstrip = json.clone();
+    lstrip["added_tokens"][3]["lstrip"] = true.into();
+    let t = load(&lstrip);
+    assert!(!t.caches_pieces());
+    assert!(matches!(
+        t.encode_cached("a", false),
+        Err(TokenizerError::NotCached)
+    ));
+    // Metaspace putting its `▁` before the text's first piece only.
+    let mut first = json.clone();
+    first["pre_tokenizer"] = serde_json::json!({
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}]
+    });
+    assert!(!load(&first).caches_pieces());
+    // Special tokens encoded as text.
+    let mut t = Tokenizer::load(&fixture(), None).unwrap();
+    t.inner.set_encode_special_tokens(true);
+    assert!(!t.with_cache(1 << 20).caches_pieces());
+    // No cache asked for.
+    assert!(!tokenizer().with_cache(0).caches_pieces());
+}

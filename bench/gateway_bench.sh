@@ -142,27 +142,20 @@ for sc in $SCENARIOS; do for t in $TARGETS; do name=${t%%:*}
     {rps[NR]=$3; p50[NR]=$4; p99[NR]=$5; us[NR]=$6; rss=$7}
     END{m=int((NR+1)/2); printf "| %-11s | %-8s | %9.0f | %8.2f | %8.2f | %10.1f | %8s |\n", sc, n, rps[m], p50[m], p99[m], us[m], rss}'
 done; done
-if [ -n "${GWV_PORT:-}" ]; then
+# cpu_ratio A B WHAT [NOTE]: per scenario, the median over rounds of B's CPU per request / A's.
+cpu_ratio() {
   echo
   for sc in $SCENARIOS; do
-    awk -v sc="$sc" '$1==sc && ($2=="cache_aware" || $2=="kv_aware")' "$RES" | python3 -c "
+    awk -v sc="$sc" -v a="$1" -v b="$2" '$1==sc && ($2==a || $2==b)' "$RES" | python3 -c "
 import sys, statistics
 rows = [l.split() for l in sys.stdin]
-a = [float(r[5]) for r in rows if r[1] == 'cache_aware']
-b = [float(r[5]) for r in rows if r[1] == 'kv_aware']
+a = [float(r[5]) for r in rows if r[1] == '$1']
+b = [float(r[5]) for r in rows if r[1] == '$2']
 pairs = [y / x for x, y in zip(a, b) if x]
-print(f'$sc: CPU per request kv_aware / cache_aware = {statistics.median(pairs):.3f} (median of per-round ratios)')"
+print(f'$sc: CPU per request $3 = {statistics.median(pairs):.3f} (median of per-round ratios${4:+; $4})')"
   done
-fi
+}
+if [ -n "${GWV_PORT:-}" ]; then cpu_ratio cache_aware kv_aware "kv_aware / cache_aware"; fi
 if [ -n "${GWK_PORT:-}" ]; then
-  echo
-  for sc in $SCENARIOS; do
-    awk -v sc="$sc" '$1==sc && ($2=="gateway" || $2=="gateway_keys")' "$RES" | python3 -c "
-import sys, statistics
-rows = [l.split() for l in sys.stdin]
-off = [float(r[5]) for r in rows if r[1] == 'gateway']
-on = [float(r[5]) for r in rows if r[1] == 'gateway_keys']
-pairs = [b / a for a, b in zip(off, on) if a]
-print(f'$sc: CPU per request with client keys / without = {statistics.median(pairs):.3f} (median of per-round ratios; target <= 1.05)')"
-  done
+  cpu_ratio gateway gateway_keys "with client keys / without" "target <= 1.05"
 fi

@@ -64,8 +64,10 @@ pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
 pub const MAX_TOKENIZE_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Bodies up to this size are first keyed on the runtime thread from the tokenizer's
-/// pieces cache alone (parsing and rendering them costs microseconds).
-pub const MAX_INLINE_BODY_BYTES: usize = 64 * 1024;
+/// pieces cache alone. Parsing and rendering them costs microseconds for a real chat; the
+/// bound keeps what a hostile body (hundreds of empty messages) can make the runtime
+/// thread render small, and longer prompts go to the blocking pool whole.
+pub const MAX_INLINE_BODY_BYTES: usize = 16 * 1024;
 
 /// [`routing_key`], tokenizing on the blocking pool (encoding runs at a few MB/s: a long
 /// prompt must not hold up the runtime's other connections), at most one tokenization per

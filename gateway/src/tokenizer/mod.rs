@@ -266,10 +266,7 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        self.inner
-            .encode_fast(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizerError::Encode(e.to_string()))
+        pieces::whole(&self.inner, text, add_special_tokens).map_err(TokenizerError::Encode)
     }
 
     /// The text of one token (for echoes and logprobs): its decoded piece.

@@ -228,7 +228,7 @@ impl Pieces {
 }
 
 /// `inner`'s ids of `text`, encoded whole.
-fn whole(
+pub(super) fn whole(
     inner: &tokenizers::Tokenizer,
     text: &str,
     add_special_tokens: bool,

@@ -121,7 +121,10 @@ for sc in $SCENARIOS; do
   st=0; [ "$sc" = chat_stream ] && st=1
   for t in $TARGETS; do run_wrk "${t#*:}" $st 2 > /dev/null; done # warm-up
   for r in $(seq 1 "$ROUNDS"); do
-    for t in $TARGETS; do
+    # Each round starts one target later, so none always runs first or last.
+    read -r -a order <<<"$TARGETS"
+    k=$(( (r - 1) % ${#order[@]} )); order=("${order[@]:k}" "${order[@]:0:k}")
+    for t in "${order[@]}"; do
       name=${t%%:*}; port=${t#*:}
       c0=$(cpu_ticks "$name")
       read -r n rps p50 p99 errs <<<"$(run_wrk "$port" $st "$DURATION")"

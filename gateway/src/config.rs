@@ -269,9 +269,16 @@ pub struct ServeConfig {
     #[arg(long, env = env::MAX_TREE_SIZE, default_value_t = ServeConfig::default().max_tree_size)]
     pub max_tree_size: usize,
     /// `kv_aware`: weight of a token to prefill against the tokens of the requests in
-    /// flight (cost = weight x uncached tokens + in-flight requests x mean prompt tokens).
+    /// flight (cost = weight x (uncached tokens + backlog weight x the worker's prefill
+    /// backlog) + in-flight requests x mean prompt tokens).
     #[arg(long, env = env::KV_OVERLAP_WEIGHT, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
+    /// `kv_aware`: weight of a token a worker still has to prefill for earlier requests
+    /// against a token of the request's own uncached prefix. Below 1, a prompt stays with
+    /// the worker caching its prefix through a short queue rather than fill another
+    /// worker's cache with the same pages (1: both count alike, as Dynamo's cost).
+    #[arg(long, env = env::KV_BACKLOG_WEIGHT, default_value_t = ServeConfig::default().kv_backlog_weight)]
+    pub kv_backlog_weight: f64,
     /// `kv_aware`: what a prompt page in the hosted KV master's store (L3, written there by
     /// SGLang HiCache's Mooncake backend) is worth against one in a worker's GPU cache, for
     /// the pages that continue a worker's cached prefix (a value v says loading a page
@@ -463,6 +470,7 @@ impl Default for ServeConfig {
             eviction_interval_secs: 60,
             max_tree_size: 64 * 1024 * 1024,
             kv_overlap_weight: 1.0,
+            kv_backlog_weight: 0.25,
             kv_l3_page_value: 0.5,
             kv_l3_key_format: "{hash}_0_k".into(),
             router_temperature: 0.0,

@@ -120,6 +120,10 @@ pub struct BenchConfig {
     /// gateway's `--kv-overlap-weight`).
     #[arg(long, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
+    /// `kv_aware`'s weight of a worker's prefill backlog against the request's own tokens
+    /// to prefill (the gateway's `--kv-backlog-weight`).
+    #[arg(long, default_value_t = ServeConfig::default().kv_backlog_weight)]
+    pub kv_backlog_weight: f64,
     /// `kv_aware`'s value of a page in the store against one on the GPU (the gateway's
     /// `--kv-l3-page-value`; used with `--kv-store`).
     #[arg(long, default_value_t = ServeConfig::default().kv_l3_page_value)]
@@ -298,6 +302,7 @@ fn gateway_config(cfg: &BenchConfig, run: &Run, sims: &[SimHandle]) -> ServeConf
         request_timeout_secs: 3600,
         pd_min_uncached_tokens: run.pd_min_uncached,
         kv_overlap_weight: cfg.kv_overlap_weight,
+        kv_backlog_weight: cfg.kv_backlog_weight,
         kv_l3_page_value: cfg.kv_l3_page_value,
         ..ServeConfig::default()
     };

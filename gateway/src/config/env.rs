@@ -125,6 +125,8 @@ pub const EVICTION_INTERVAL_SECS: &str = "MOONGATE_EVICTION_INTERVAL_SECS";
 pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
 /// `--kv-overlap-weight`.
 pub const KV_OVERLAP_WEIGHT: &str = "MOONGATE_KV_OVERLAP_WEIGHT";
+/// `--kv-backlog-weight`.
+pub const KV_BACKLOG_WEIGHT: &str = "MOONGATE_KV_BACKLOG_WEIGHT";
 /// `--kv-l3-page-value`.
 pub const KV_L3_PAGE_VALUE: &str = "MOONGATE_KV_L3_PAGE_VALUE";
 /// `--kv-l3-key-format`.

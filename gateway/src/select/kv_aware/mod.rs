@@ -14,9 +14,12 @@
 //!   tokenizer and chat template), and without one are routed by the fallback.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
 //!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
-//!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + the worker's prefill
-//!   backlog) + requests in flight × mean prompt tokens (Dynamo's prefill-blocks-plus-
-//!   decode-blocks cost, in tokens). The backlog ([`Worker::prefill_backlog`]) is what the
+//!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + `--kv-backlog-weight` ×
+//!   the worker's prefill backlog) + requests in flight × mean prompt tokens (Dynamo's
+//!   prefill-blocks-plus-decode-blocks cost, in tokens). A backlog weight below 1 makes a
+//!   request's own uncached tokens dearer than the tokens queued before it: computing them
+//!   also fills the worker's cache with pages another worker may already hold, so a
+//!   prompt stays with its prefix through short queues. The backlog ([`Worker::prefill_backlog`]) is what the
 //!   requests this gateway sent there still have to prefill: each request's tokens to
 //!   prefill are charged when it is sent and released at its answer's first frame (a
 //!   streamed answer's first token; an answer relayed whole holds them to its end), or
@@ -65,6 +68,8 @@ pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct KvAwareConfig {
     /// Weight of a token to prefill against the tokens of the requests in flight.
     pub overlap_weight: f64,
+    /// Weight of a token in a worker's prefill backlog against one of the request's own.
+    pub backlog_weight: f64,
     /// Softmax temperature (0: argmin).
     pub temperature: f64,
     /// Every worker's endpoint, `{host}` for the worker's host.
@@ -87,6 +92,7 @@ impl From<&ServeConfig> for KvAwareConfig {
     fn from(c: &ServeConfig) -> Self {
         KvAwareConfig {
             overlap_weight: c.kv_overlap_weight,
+            backlog_weight: c.kv_backlog_weight,
             temperature: c.router_temperature,
             events_endpoint: c.kv_events_endpoint.clone(),
             l3_page_value: c.kv_l3_page_value,
@@ -349,7 +355,8 @@ impl KvAware {
             .iter()
             .zip(&uncached)
             .map(|(w, u)| {
-                self.cfg.overlap_weight * (u + w.prefill_backlog() as f64) + w.load() as f64 * mean
+                let backlog = self.cfg.backlog_weight * w.prefill_backlog() as f64;
+                self.cfg.overlap_weight * (u + backlog) + w.load() as f64 * mean
             })
             .collect();
         let i = choose(&costs, self.cfg.temperature, |i| candidates[i].load());

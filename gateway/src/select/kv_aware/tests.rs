@@ -79,6 +79,35 @@ fn the_worker_holding_the_prefix_wins() {
 }
 
 #[test]
+fn the_backlog_weight_keeps_a_prompt_with_its_prefix_through_a_short_queue() {
+    let prompt: Vec<u32> = (0..64).collect();
+    // Worker 0 caches 16 of the 64 tokens and has 40 tokens of earlier prompts to compute;
+    // worker 1 caches nothing and has nothing to compute. One request in flight on each.
+    let route = |backlog_weight: f64| {
+        let (kv, ws, sinks) = following(
+            2,
+            KvAwareConfig {
+                backlog_weight,
+                ..KvAwareConfig::default()
+            },
+        );
+        sinks[0].apply(&stored(&prompt[..16], 16));
+        sinks[1].apply(&stored(&[7; 16], 16));
+        let mut queued = LoadGuard::new(ws[0].clone());
+        queued.charge_prefill(40);
+        let _decoding = LoadGuard::new(ws[1].clone());
+        let all: Vec<&Arc<Worker>> = ws.iter().collect();
+        let (w, uncached) = kv.pick(&all, Some(&key(&prompt)));
+        (ws.iter().position(|x| Arc::ptr_eq(x, w)).unwrap(), uncached)
+    };
+    // Both count alike (Dynamo's cost): 48 + 40 tokens against 64, so worker 1.
+    assert_eq!(route(1.0), (1, 64));
+    // At the default 0.25: 48 + 10 against 64, so the prompt stays with its prefix.
+    assert_eq!(KvAwareConfig::default().backlog_weight, 0.25);
+    assert_eq!(route(0.25), (0, 48));
+}
+
+#[test]
 fn without_events_or_ids_cache_aware_decides() {
     let (kv, ws, sinks) = following(2, KvAwareConfig::default());
     let all: Vec<&Arc<Worker>> = ws.iter().collect();

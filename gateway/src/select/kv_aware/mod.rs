@@ -19,11 +19,12 @@
 //!   prefill-blocks-plus-decode-blocks cost, in tokens). A backlog weight below 1 makes a
 //!   request's own uncached tokens dearer than the tokens queued before it: computing them
 //!   also fills the worker's cache with pages another worker may already hold, so a
-//!   prompt stays with its prefix through short queues. The backlog ([`Worker::prefill_backlog`]) is what the
-//!   requests this gateway sent there still have to prefill: each request's tokens to
-//!   prefill are charged when it is sent and released at its answer's first frame (a
-//!   streamed answer's first token; an answer relayed whole holds them to its end), or
-//!   when the answer is a retryable status kept while the request is retried. The
+//!   prompt stays with its prefix through short queues. The backlog
+//!   ([`Worker::prefill_backlog`]) is what the requests this gateway sent there still
+//!   have to prefill: each request's tokens to prefill are charged when it is sent and
+//!   released at its answer's first frame (a streamed answer's first token; an answer
+//!   relayed whole holds them to its end), or when the answer is a retryable status kept
+//!   while the request is retried. The
 //!   cheapest wins (`--router-temperature` 0), or one is drawn with softmax(−cost / max
 //!   cost / T).
 //! - **Store.** With the KV master hosted here ([`KvAware::use_store`]), the pages that

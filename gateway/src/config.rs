@@ -102,7 +102,7 @@ impl fmt::Display for LogLevel {
 }
 
 /// Everything `moongate serve` can be told. Field names are the TOML keys; flags are the
-/// field names in kebab case; environment variables are in [`env`]. The hosted master's
+/// field names in kebab case; environment variables are in [`env`](mod@env). The hosted master's
 /// settings are the `[master]` table ([`MasterConfig`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]

@@ -35,7 +35,7 @@
 //!   body deadlines (408).
 //! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
 //! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
-//! - [`bench`]: `moongate bench-routing`: a Mooncake trace replayed through gateways and
+//! - [`bench`](mod@bench): `moongate bench-routing`: a Mooncake trace replayed through gateways and
 //!   simulated workers, per policy (hit rate, TTFT, throughput).
 //! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).

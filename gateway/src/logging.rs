@@ -2,7 +2,7 @@
 //! when set), as text or, with `--log-json`, one JSON object per line; and, with
 //! `--otlp-traces-endpoint`, OpenTelemetry traces exported over OTLP/HTTP (protobuf).
 //!
-//! Every request is served inside a span named `request` with its `request_id` ([`log_span`],
+//! Every request is served inside a span named `request` with its `request_id` (`log_span`,
 //! entered by the front door for the handler and for each poll of the response body), so
 //! every line logged while serving it names it: `request{request_id=...}:` in text, and the
 //! `span` / `spans` members in JSON (`{"span":{"name":"request","request_id":"..."}, ...}`).

@@ -2,7 +2,7 @@
 //! many tenants (workers), each node recording which tenants were sent a prompt through it
 //! and when (a logical clock).
 //!
-//! Invariants ([`RadixTree::check`] asserts them in tests):
+//! Invariants (`RadixTree::check` asserts them in tests):
 //! - every node but the root has a non-empty label and at least one tenant;
 //! - a child's tenants are a subset of its parent's (inserting a key adds the tenant to
 //!   every node on its path; eviction removes a tenant from leaves first);

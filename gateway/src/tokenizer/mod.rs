@@ -16,12 +16,12 @@
 //! the worker's costs a routing estimate, never an answer: the worker tokenizes for itself.
 //!
 //! The gateway keeps the ids of the pieces of text between special tokens it has encoded
-//! ([`pieces`], `--tokenizer-cache-size`): a conversation's earlier turns and a shared
+//! (`pieces`, `--tokenizer-cache-size`): a conversation's earlier turns and a shared
 //! system prompt are not encoded again on every request.
 //!
 //! Layout: this file loads the files and encodes; [`chat`] prepares messages and renders
 //! templates; [`pyjson`] is `transformers`' `tojson` filter (Python's `json.dumps`);
-//! [`pieces`] encodes piece by piece through the cache.
+//! `pieces` encodes piece by piece through the cache.
 
 pub mod chat;
 mod pieces;
@@ -181,7 +181,7 @@ impl Tokenizer {
     }
 
     /// This tokenizer keeping the ids of the pieces of text it encodes, in about
-    /// `cache_bytes` (0: none; see [`pieces`]). A tokenizer whose ids are not those of its
+    /// `cache_bytes` (0: none; see the `pieces` module). A tokenizer whose ids are not those of its
     /// pieces keeps none, and says why in the log.
     pub fn with_cache(mut self, cache_bytes: usize) -> Self {
         self.pieces = None;

@@ -11,7 +11,7 @@
 //! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`.
 //! - [`manager`]: the control plane tying them together (add, update, drain, remove).
 //! - [`pods`]: Kubernetes service discovery's reconcile step (pods to workers); the
-//!   watch that feeds it is [`k8s`] (cargo feature `kubernetes`).
+//!   watch that feeds it is `k8s` (cargo feature `kubernetes`).
 
 pub mod breaker;
 pub mod discovery;

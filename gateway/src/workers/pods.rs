@@ -1,6 +1,6 @@
 //! Kubernetes service discovery's reconcile step: from the pods the watch holds to the
 //! discovered workers in the registry. Pure bookkeeping over [`PodView`]s, so it is tested
-//! without kube; [`super::k8s`] (feature `kubernetes`) turns real pods into views and calls
+//! without kube; `super::k8s` (feature `kubernetes`) turns real pods into views and calls
 //! [`Reconciler::reconcile`] on every change and on an interval.
 //!
 //! The rules (learnt from sglang-router's bugs):

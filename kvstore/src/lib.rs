@@ -14,7 +14,7 @@
 //! - `busy_poll`: polling a socket a bounded while before sleeping on it, for the store
 //!   client's master calls and the master's listeners.
 //! - `hosting`: a master served alone on a listener ([`MasterServer`]: tests, benches, tools).
-//! - `ha`: the HA master on etcd ([`ha::HaConfig`] always; [`ha::HaNode`] with the
+//! - `ha`: the HA master on etcd ([`ha::HaConfig`] always; `ha::HaNode` with the
 //!   feature `etcd`).
 //! - `node`: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
 //!

@@ -656,7 +656,7 @@ impl StoreClient {
 
     /// Stores many values (copied through the copy buffer): one put-start request, one
     /// transfer batch, one put-end request (and one put-revoke request for failures) per
-    /// part of at most [`STAGE_BYTES`] (see [`parts`]); two parts are under way at once.
+    /// part of at most `STAGE_BYTES` (see `parts`); two parts are under way at once.
     pub async fn batch_put<K: AsRef<str>, V: AsRef<[u8]>>(
         &self,
         items: &[(K, V)],

@@ -186,7 +186,7 @@ impl Gather {
 
 impl StoreClient {
     /// The values of many keys: one lookup request, then, per part of at most
-    /// [`STAGE_BYTES`], a copy straight out of this client's own segment for the values
+    /// `STAGE_BYTES`, a copy straight out of this client's own segment for the values
     /// that have a replica there and one transfer batch (more only for replicas that fail)
     /// for the others. The values of a big batch share one allocation, which lives until
     /// the last of them is dropped.

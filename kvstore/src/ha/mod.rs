@@ -5,16 +5,16 @@
 //! A `put_end`, `remove`, mount or unmount that was acknowledged survives the loss of any
 //! one master (and of any minority of etcd members): the leader answers it only after the
 //! etcd transaction carrying it committed (see `crate::master::journal` for the order of
-//! memory and etcd per change, and [`journal`] for group commit). Mooncake's HA acknowledges
+//! memory and etcd per change, and `journal` for group commit). Mooncake's HA acknowledges
 //! `PutEnd` before its op-log entry is durable; this one never does.
 //!
 //! # Layout
 //! - `config`: [`HaConfig`], every setting and its default (always compiled).
 //! - `layout` (feature `etcd`): the keys in etcd and a follower's copy of them.
 //! - `journal` (feature `etcd`): the leader's fenced group commit.
-//! - `node` (feature `etcd`): election, following, leading, stepping down ([`HaNode`]).
-//! - here: how requests reach the leader ([`gated`]), `GET /api/v1/ha`
-//!   ([`status_router`]), and how a client given `etcd://` finds the masters
+//! - `node` (feature `etcd`): election, following, leading, stepping down (`HaNode`).
+//! - here: how requests reach the leader (`gated`), `GET /api/v1/ha`
+//!   (`status_router`), and how a client given `etcd://` finds the masters
 //!   ([`discover_masters`]).
 //!
 //! # Recovery argument

@@ -94,7 +94,7 @@ pub struct OffsetAllocator {
 }
 
 impl OffsetAllocator {
-    /// An allocator managing `units` units, all free. `units` is capped at [`MAX_UNITS`].
+    /// An allocator managing `units` units, all free. `units` is capped at `MAX_UNITS`.
     pub fn new(units: u64) -> Self {
         let units = units.min(MAX_UNITS);
         let mut alloc = Self {

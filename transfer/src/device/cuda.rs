@@ -9,7 +9,7 @@
 //! 11 and later; `cuda.h`), named by its exported symbol.
 //!
 //! Driver calls run with the device's primary context pushed on the calling thread's
-//! context stack and popped after ([`Cuda::enter`]): the caller's own current context (a
+//! context stack and popped after (`Cuda::enter`): the caller's own current context (a
 //! PyTorch thread's) is what it was before, and the engine uses the contexts the
 //! application already made rather than creating one on a device it never touched (asking
 //! where a pointer lives in a process with no context yet creates one only if the driver

@@ -16,8 +16,8 @@ use super::{
 };
 
 /// Everything `moongate master` can be told. Field names are the TOML keys; flags are the
-/// field names in kebab case; environment variables are [`env`](mod@env)'s (`MOONGATE_HOST`, ...) and
-/// `kvstore::master::env`'s for the `[master]` table.
+/// field names in kebab case; environment variables are [`env`](mod@env)'s
+/// (`MOONGATE_HOST`, ...) and `kvstore::master::env`'s for the `[master]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct MasterHostConfig {

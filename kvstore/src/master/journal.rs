@@ -142,7 +142,8 @@ pub trait Journal: Send + Sync {
     fn appended(&self) -> u64;
 
     /// Resolves once every change up to `seq` is committed and applied, or fails with
-    /// [`MasterError::Unavailable`](super::MasterError::Unavailable) when that does not happen in time or cannot happen.
+    /// [`MasterError::Unavailable`](super::MasterError::Unavailable) when that does not
+    /// happen in time or cannot happen.
     fn durable(&self, seq: u64) -> Durable;
 }
 

@@ -3,7 +3,8 @@
 //! One multi-threaded runtime serves every engine and store of the process; it starts on
 //! first use (so a process that forks before using Moongate gives each child its own).
 //! Python threads call [`block`] concurrently: each waits on its own future while the GIL
-//! is free for the others.
+//! is free for the others. Calls that only ask the master use [`block_here`] instead: each
+//! thread's own current-thread runtime, whose thread does the waiting and the reading.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -47,6 +48,34 @@ where
     F::Output: Send,
 {
     py.detach(|| runtime().block_on(fut))
+}
+
+thread_local! {
+    /// This thread's own current-thread runtime, for [`block_here`]; it lives as long as the
+    /// thread, as `kvstore::client::caller_driven` requires.
+    static HERE: Option<Runtime> = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok();
+}
+
+/// Runs `fut`, a future of master calls only, to completion on this thread's own runtime
+/// with the GIL released: the thread that waits for the master's answer reads it itself,
+/// rather than waiting for a runtime worker to read it and wake it (see
+/// `kvstore::client::caller_driven`). Calls that move bytes, or that start tasks meant to
+/// outlive them, use [`block`]: their connections must be served while this thread is in
+/// Python. Falls back to [`block`] where the thread's runtime cannot start.
+pub fn block_here<F>(py: Python<'_>, fut: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    py.detach(|| {
+        HERE.with(|here| match here {
+            Some(rt) => rt.block_on(kvstore::client::caller_driven(fut)),
+            None => runtime().block_on(fut),
+        })
+    })
 }
 
 /// Installs a stderr logger once (a no-op when the host process already installed one).

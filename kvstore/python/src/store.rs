@@ -15,7 +15,7 @@ use pyo3::types::PyDict;
 
 use crate::codes::{self, OK};
 use crate::memory::{Regions, register_raw};
-use crate::runtime::block;
+use crate::runtime::{block, block_here};
 use crate::setup::{DEFAULT_SIZE, SetupArgs, listen_ports};
 use kvstore::client::parse_size;
 
@@ -221,7 +221,7 @@ impl MooncakeDistributedStore {
             return 0;
         }
         // No answered ping yet: ask the master directly.
-        match block(py, s.client.exists("moongate-health-check")) {
+        match block_here(py, s.client.exists("moongate-health-check")) {
             Ok(_) => 0,
             Err(_) => 2,
         }
@@ -238,7 +238,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return codes::invalid("is_exist", "the store is not set up");
         };
-        match block(py, s.client.exists(key)) {
+        match block_here(py, s.client.exists(key)) {
             Ok(true) => 1,
             Ok(false) => 0,
             Err(e) => codes::store_code("is_exist", &e),
@@ -250,7 +250,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return vec![codes::invalid("batch_is_exist", "the store is not set up"); keys.len()];
         };
-        block(py, s.client.batch_exists(&keys))
+        block_here(py, s.client.batch_exists(&keys))
             .into_iter()
             .map(|r| match r {
                 Ok(true) => 1,
@@ -265,7 +265,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return i64::from(codes::invalid("get_size", "the store is not set up"));
         };
-        match block(py, s.client.size(key)) {
+        match block_here(py, s.client.size(key)) {
             Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Err(e) => i64::from(codes::store_code("get_size", &e)),
         }
@@ -277,7 +277,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return codes::invalid("remove", "the store is not set up");
         };
-        match block(py, s.client.remove(key, force)) {
+        match block_here(py, s.client.remove(key, force)) {
             Ok(()) => OK,
             Err(e) => codes::store_code("remove", &e),
         }
@@ -289,7 +289,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return vec![codes::invalid("batch_remove", "the store is not set up"); keys.len()];
         };
-        block(py, s.client.batch_remove(&keys, force))
+        block_here(py, s.client.batch_remove(&keys, force))
             .into_iter()
             .map(|r| match r {
                 Ok(()) => OK,
@@ -306,7 +306,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return i64::from(codes::invalid("remove_all", "the store is not set up"));
         };
-        match block(py, s.client.remove_all()) {
+        match block_here(py, s.client.remove_all()) {
             Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Err(e) => i64::from(codes::store_code("remove_all", &e)),
         }
@@ -320,7 +320,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state() else {
             return i64::from(codes::invalid("remove_by_regex", "the store is not set up"));
         };
-        match block(py, s.client.remove_by_regex(regex_pattern)) {
+        match block_here(py, s.client.remove_by_regex(regex_pattern)) {
             Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Err(e) => i64::from(codes::store_code("remove_by_regex", &e)),
         }

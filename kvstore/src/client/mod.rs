@@ -21,6 +21,7 @@
 //! # Layout
 //! - `config`: [`ClientConfig`] and its defaults.
 //! - `error`: [`StoreError`], Mooncake's client-side codes.
+//! - `caller`: master calls driven by the calling thread's own runtime ([`caller_driven`]).
 //! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1), following
 //!   the leader of an HA cluster of masters.
 //! - `staging`: the registered copy buffer and its slots.
@@ -29,6 +30,7 @@
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
 
+mod caller;
 mod config;
 mod error;
 mod heartbeat;
@@ -48,6 +50,7 @@ use openapi::master as wire;
 use tokio_util::sync::CancellationToken;
 use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine};
 
+pub use caller::caller_driven;
 pub use config::{ClientConfig, Prefault, Protocol, env, parse_size};
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,

@@ -35,6 +35,7 @@ use hyper_util::rt::TokioExecutor;
 use openapi::master as wire;
 use serde::Serialize;
 
+use super::caller::LocalClients;
 use super::error::{StoreError, StoreResult};
 use crate::Secret;
 use crate::busy_poll::{self, Adaptive};
@@ -49,10 +50,25 @@ enum Plane {
     Admin,
 }
 
+/// The pooled HTTP/1.1 client master calls go through.
+type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A pool of keep-alive connections to the masters through `connector`.
+fn http_client(connector: HttpsConnector<HttpConnector>) -> Http {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(64)
+        .build(connector)
+}
+
 /// Typed calls to a master (or to the leader of an HA cluster's masters).
 #[derive(Clone)]
 pub(crate) struct MasterRpc {
-    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: Http,
+    /// What `http` connects with, for the per-thread clients of caller-driven calls.
+    connector: HttpsConnector<HttpConnector>,
+    /// The clients of threads whose calls are [`super::caller_driven`].
+    local: LocalClients<Http>,
     /// Every master's base URL (one without HA).
     bases: Arc<[String]>,
     /// Index in `bases` of the master calls go to.
@@ -200,12 +216,10 @@ impl MasterRpc {
         connector.set_connect_timeout(Some(timeout));
         let connector =
             transfer::tls::https_or_http(connector, transfer::tls::client_config(roots));
-        let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(64)
-            .build(connector);
         Ok(Self {
-            http,
+            http: http_client(connector.clone()),
+            connector,
+            local: LocalClients::default(),
             bases: bases.into(),
             current: Arc::new(AtomicUsize::new(0)),
             timeout,
@@ -372,11 +386,10 @@ impl MasterRpc {
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| self.fail(e))?;
         let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| self.unreachable(&e))?;
+            let http = self
+                .local
+                .pick(&self.http, || http_client(self.connector.clone()));
+            let resp = http.request(req).await.map_err(|e| self.unreachable(&e))?;
             let (parts, body) = resp.into_parts();
             let body = body
                 .collect()
@@ -391,6 +404,12 @@ impl MasterRpc {
         )
         .await
         .map_err(|_| self.fail(format!("no answer within {:?}", self.timeout)))?
+    }
+
+    /// How many threads hold their own client (for tests).
+    #[cfg(test)]
+    pub(crate) fn local_threads(&self) -> usize {
+        self.local.threads()
     }
 
     /// The `Authorization` value a call of `plane` carries.

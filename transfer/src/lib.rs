@@ -28,7 +28,8 @@
 //!   completion), routing, `notify` (notifications), shutdown.
 //! - [`tcp`]: TCP transport: `frame` (pure wire codec), raw socket I/O, target server,
 //!   initiator pool with lanes and slicing.
-//! - `shm`: shared-memory transport (same-host peers) and local copies.
+//! - `shm`: shared-memory transport (same-host peers) and local copy targets.
+//! - `hostcopy`: a batch's host memory copies, spread over the runtime's worker threads.
 //! - `devcopy`: the memory-copy routes with device memory on either side (stream copies,
 //!   CUDA IPC).
 //! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
@@ -50,6 +51,7 @@ pub mod tls;
 
 mod devcopy;
 mod engine;
+mod hostcopy;
 mod registry;
 mod shm;
 

@@ -21,26 +21,20 @@ use std::sync::atomic::Ordering;
 use parking_lot::Mutex;
 
 use crate::device::ipc::IpcMapping;
-use crate::engine::batch::{BatchState, Op};
+use crate::engine::batch::BatchState;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{
-    Access, CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, ShmControl, lock_all,
-    ofd_lock_held, shared_lock,
+    CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, ShmControl, ofd_lock_held,
+    shared_lock,
 };
 use crate::registry::{LocalEntry, LocalRegions};
 use crate::segment::{RegionDescriptor, ShmRegion};
 use crate::tcp::io::SendPtr;
 
-/// Copies up to this many bytes in total run inline in `submit`; bigger batches run in a
-/// task.
-const INLINE_BYTES: u64 = 256 << 10;
 /// Copies at least this large prefault the peer's pages first.
 const PREFAULT_MIN: usize = 1 << 20;
 /// Prefaulting is remembered per this many bytes of a region.
 const PREFAULT_UNIT: usize = 2 << 20;
-/// Large copies are cut into chunks of this size (about a millisecond each) between which
-/// other tasks run and cancellation and timeouts are seen.
-const CHUNK: usize = 4 << 20;
 
 /// A peer's shared region mapped into this process.
 pub(crate) struct PeerMapping {
@@ -290,7 +284,7 @@ impl ShmMaps {
     }
 }
 
-/// Maps the page tables of a fresh peer mapping in on a background thread, `CHUNK` bytes at
+/// Maps the page tables of a fresh peer mapping in on a background thread, a copy chunk at
 /// a time, so that copies into a region the owner has already faulted in do not take a
 /// minor fault per page on their path (this process maps the peer's pages lazily). Costs
 /// page tables only (about 2 MiB per GiB mapped): the pages are the owner's. The thread
@@ -305,7 +299,7 @@ fn populate_in_background(m: &Arc<PeerMapping>) {
             let mut off = 0;
             while off < len {
                 let Some(m) = weak.upgrade() else { return };
-                let n = CHUNK.min(len - off);
+                let n = crate::hostcopy::CHUNK.min(len - off);
                 m.prefault(base + off as u64, n, true);
                 off += n;
             }
@@ -359,122 +353,6 @@ pub(crate) fn local_target(
             range: RemoteRange::new(addr, len),
             reason: "not inside one registered region of this engine".into(),
         })
-}
-
-/// Copies one request, `CHUNK` bytes at a time, yielding between chunks when `yield_between`
-/// (so other tasks of the runtime run and cancellation or the deadline is seen). Each chunk
-/// is a landing of the request (none once it is decided) and holds the CPU locks of the
-/// bytes it reads and writes in this process.
-async fn run_one(batch: &Arc<BatchState>, job: &CopyJob, yield_between: bool) -> Result<()> {
-    let req = &batch.requests[job.idx];
-    let seg = req.segment.name();
-    let range = req.remote_range();
-    let (remote, remote_lock, remote_off) = match &job.target {
-        CopyTarget::Peer(m) => {
-            m.check(seg, range)?;
-            m.check_owner(seg)?;
-            m.prefault(req.remote_addr, req.len, req.op == Op::Write);
-            (
-                m.ptr_of(req.remote_addr),
-                m.owner_lock.as_deref(),
-                (req.remote_addr - m.region.addr) as usize,
-            )
-        }
-        CopyTarget::Local(e) => {
-            let off = (req.remote_addr - e.region.addr()) as usize;
-            (
-                SendPtr(e.region.as_ptr().wrapping_add(off)),
-                Some(&**e.region.cpu()),
-                off,
-            )
-        }
-        CopyTarget::Ipc(_) => {
-            return Err(TransferError::invalid(
-                "a device copy reached the host copy path",
-            ));
-        }
-    };
-    let local = SendPtr(req.local_ptr());
-    let local_lock = &**req.local.region().cpu();
-    let (src, dst, local_access) = if req.op == Op::Write {
-        (local, remote, Access::Read)
-    } else {
-        (remote, local, Access::Write)
-    };
-    let remote_access = match local_access {
-        Access::Read => Access::Write,
-        Access::Write => Access::Read,
-    };
-    let mut done = 0;
-    while done < req.len {
-        if tokio::time::Instant::now() >= batch.deadline {
-            return Err(TransferError::TimedOut {
-                segment: seg.to_owned(),
-                range,
-                timeout: batch.timeout,
-            });
-        }
-        let Some(landing) = batch.begin_landing(job.idx, None) else {
-            return Ok(()); // cancelled or expired: its status is already set
-        };
-        let n = CHUNK.min(req.len - done);
-        let local_part = (local_lock, req.local_offset + done, n, local_access);
-        let held = match remote_lock {
-            Some(l) => lock_all(&[local_part, (l, remote_off + done, n, remote_access)]),
-            None => lock_all(&[local_part]),
-        };
-        let (s, d) = (src.add(done).0, dst.add(done).0);
-        if overlapping(s, d, n) {
-            // SAFETY: src and dst are inside registered memory validated for req.len bytes
-            // (the local range at submit, the remote one against the descriptor and control
-            // page or the registration table), kept alive by the batch and the job; no other
-            // thread of this process copies them (the stripes are held); `copy` tolerates
-            // the overlap (a buffer copied into itself on the local segment).
-            unsafe { std::ptr::copy(s, d, n) };
-        } else {
-            // SAFETY: as above, and the ranges do not overlap.
-            unsafe { crate::memory::copy_nonoverlapping_large(s, d, n) };
-        }
-        drop(held);
-        drop(landing);
-        done += n;
-        if yield_between && done < req.len {
-            tokio::task::yield_now().await;
-        }
-    }
-    if let CopyTarget::Peer(m) = &job.target {
-        m.check(seg, range)?;
-    }
-    Ok(())
-}
-
-fn overlapping(a: *const u8, b: *const u8, n: usize) -> bool {
-    let (a, b) = (a as usize, b as usize);
-    a < b.wrapping_add(n) && b < a.wrapping_add(n)
-}
-
-/// Runs memory-copy jobs: inline when small; otherwise in a task of the current runtime
-/// that copies chunk by chunk (on the submitting thread when the runtime is single-threaded:
-/// no hand-off to another thread on the hot path).
-pub(crate) async fn run(batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
-    if jobs.is_empty() {
-        return;
-    }
-    let bytes: u64 = jobs.iter().map(|j| batch.requests[j.idx].len as u64).sum();
-    if bytes <= INLINE_BYTES {
-        for job in &jobs {
-            let r = run_one(batch, job, false).await;
-            batch.finish(job.idx, r);
-        }
-        return;
-    }
-    let batch = batch.clone();
-    tokio::spawn(async move {
-        for job in &jobs {
-            let r = run_one(&batch, job, true).await;
-            batch.finish(job.idx, r);
-        }
-    });
 }
 
 #[cfg(test)]

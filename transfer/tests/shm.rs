@@ -95,3 +95,70 @@ async fn shm_disabled_on_the_initiator_means_tcp() {
     write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20).await;
     assert_eq!(initiator.stats().shm_bytes, 0);
 }
+
+/// A batch's copies are spread over the runtime's two workers (`hostcopy`): every request
+/// of a mixed batch (small, odd-sized, several chunks long) lands whole, to a same-host peer
+/// and into the engine's own segment, and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_spread_over_the_workers_lands_every_request_whole() {
+    spread_batch_lands_whole().await;
+}
+
+/// The same on a current-thread runtime, whose copies get helpers from its blocking pool.
+#[tokio::test]
+async fn a_batch_spread_over_blocking_helpers_lands_every_request_whole() {
+    spread_batch_lands_whole().await;
+}
+
+async fn spread_batch_lands_whole() {
+    let target = engine(true).await;
+    let initiator = engine(true).await;
+    const LEN: usize = 48 << 20;
+    let local = initiator.alloc(LEN).unwrap();
+    fill(&local, 31);
+    let own = initiator.alloc(LEN).unwrap();
+    let remote = target.alloc(LEN).unwrap();
+    let back = initiator.alloc(LEN).unwrap();
+    let peer = initiator.open_segment(target.segment_name()).await.unwrap();
+    let me = initiator
+        .open_segment(initiator.segment_name())
+        .await
+        .unwrap();
+    // 16 x 1 MiB, odd sizes, and one request of two chunks and a bit.
+    let mut sizes = vec![1 << 20; 16];
+    sizes.extend([1, 4095, 300_001, 9 << 20 | 3]);
+    let mut at = Vec::new();
+    let mut off = 0usize;
+    for s in &sizes {
+        at.push(off);
+        off += s + 4096; // gaps stay as they were
+    }
+    assert!(off <= LEN);
+    for (seg, dst) in [(&peer, &remote), (&me, &own)] {
+        let writes = sizes
+            .iter()
+            .zip(&at)
+            .map(|(&n, &o)| TransferRequest::write(&local, o, seg, dst.addr() + o as u64, n))
+            .collect();
+        let results = initiator.submit(writes).await.unwrap().wait_all().await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let reads = sizes
+            .iter()
+            .zip(&at)
+            .map(|(&n, &o)| TransferRequest::read(&back, o, seg, dst.addr() + o as u64, n))
+            .collect();
+        let results = initiator.submit(reads).await.unwrap().wait_all().await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        for (&n, &o) in sizes.iter().zip(&at) {
+            assert!(
+                same_bytes(&local, o, dst, o, n),
+                "{n} bytes at {o} written wrong"
+            );
+            assert!(
+                same_bytes(&local, o, &back, o, n),
+                "{n} bytes at {o} read wrong"
+            );
+        }
+    }
+    assert_eq!(initiator.stats().tcp_bytes, 0, "nothing went over TCP");
+}

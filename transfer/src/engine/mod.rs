@@ -342,7 +342,7 @@ impl TransferEngine {
                 }
             }
         }
-        crate::shm::run(&state, copies).await;
+        crate::hostcopy::run(&state, copies).await;
         crate::devcopy::run(&self.inner.devices, &state, device_copies);
         Ok(Batch { state })
     }

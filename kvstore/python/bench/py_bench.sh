@@ -104,7 +104,12 @@ def value(r):
         return x["GBps"]
     return x["median_ms"]
 table = {}
+dropped = []
 for r in rows:
+    # A round whose values failed measured failures, not the store: left out, and said so.
+    if r["r"].get("errors"):
+        dropped.append(f"{r['system']} {key(r)[0]} {key(r)[1]} round {r['round']}: {r['r']['errors']} errors")
+        continue
     table.setdefault(key(r), {}).setdefault(r["system"], []).append(value(r))
 print(f"{'operation':<28}{'size':>10}{'Mooncake py':>14}{'Moongate py':>14}{'Rust':>10}{'py/Rust':>9}{'MG/MC':>8}")
 for (op, size), by in sorted(table.items(), key=lambda kv: str(kv[0])):
@@ -122,4 +127,6 @@ for (op, size), by in sorted(table.items(), key=lambda kv: str(kv[0])):
     print(f"{op + ' (' + unit + ')':<28}{size_s:>10}{f(mc):>14}{f(mg):>14}{f(rust):>10}{ratio:>9}{mgmc:>8}")
 print(f"(medians over rounds; raw results: {sys.argv[1]}; batch_is_exist is ms per call, the"
       " ratios are Moongate/Rust time and Mooncake/Moongate time)")
+for d in dropped:
+    print(f"left out (values failed): {d}")
 EOF

@@ -218,6 +218,10 @@ def test_dead_master_and_threads(master):
         for i in range(20):
             if s.put_from(f"t{k}-{i}", addr(pool) + k * 4096, 4096) != 0:
                 errors.append((k, i))
+            # Master-only calls run on this thread's own runtime and connection, between
+            # puts on the shared runtime.
+            if s.batch_is_exist([f"t{k}-{i}", f"t{k}-absent"]) != [1, 0]:
+                errors.append((k, i, "batch_is_exist"))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
     for t in threads:
@@ -230,5 +234,10 @@ def test_dead_master_and_threads(master):
     assert s.put("after", b"v") == -900  # RPC_FAIL
     assert s.get("after") == b""
     assert s.is_exist("after") == -900
+    got = []
+    t = threading.Thread(target=lambda: got.append(s.is_exist("t0-0")))
+    t.start()
+    t.join(30)
+    assert got == [-900], "another thread's own connection sees the dead master too"
     assert wait_until(lambda: s.health_check() == 2, 10, "health_check to see the dead master")
     s.close()

@@ -310,8 +310,14 @@ impl RegisteredBuffer {
 }
 
 /// Bytes faulted in per step of [`RegisteredBuffer::prefault_in_background`]: large enough
-/// that the system calls cost nothing, small enough that a dropped buffer is let go quickly.
-const PREFAULT_CHUNK: usize = 64 << 20;
+/// that the system calls cost nothing (512 a GiB), small enough that a dropped buffer is let
+/// go quickly, and that the idle-priority thread holds the process's memory-map lock only
+/// briefly. `MADV_POPULATE_WRITE` holds it (shared) for a whole step, and a thread at idle
+/// priority can be preempted inside one; the runtime's own `mmap` and `madvise` calls then wait.
+/// With 64 MiB steps, store-bench's client (heartbeat and bench on one thread) missed its
+/// heartbeats for the master's 10 s TTL in every round of a `py_bench.sh` run and lost its
+/// segment; with 4 MiB steps, in none.
+const PREFAULT_CHUNK: usize = 4 << 20;
 
 fn prefault_weak(region: &std::sync::Weak<MemoryRegion>, len: usize) -> u64 {
     let started = std::time::Instant::now();

@@ -20,8 +20,8 @@
 //! CPU locks of the bytes it reads and writes in this process (`memory::cpu`), so pieces of
 //! one request copied at once by two threads never touch the same bytes.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::RuntimeFlavor;
 
@@ -92,6 +92,13 @@ pub(crate) fn runs(pieces: &[Piece], tasks: usize) -> Vec<usize> {
     bounds
 }
 
+/// The CPUs this process may use, asked once (the standard library reads cgroup files to
+/// answer).
+fn cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 /// A batch's copies being spread over tasks.
 struct Spread {
     batch: Arc<BatchState>,
@@ -120,15 +127,12 @@ pub(crate) async fn run(batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
     let inline = lens.iter().map(|&n| n as u64).sum::<u64>() <= INLINE_BYTES;
     let handle = tokio::runtime::Handle::current();
     let single = handle.runtime_flavor() == RuntimeFlavor::CurrentThread;
-    let copiers = if single {
-        std::thread::available_parallelism().map_or(1, usize::from)
-    } else {
-        handle.metrics().num_workers()
-    };
     let tasks = if inline {
         1
+    } else if single {
+        tasks_for(pieces.len(), cpus())
     } else {
-        tasks_for(pieces.len(), copiers)
+        tasks_for(pieces.len(), handle.metrics().num_workers())
     };
     let bounds = runs(&pieces, tasks);
     let tasks = bounds.len() - 1; // fewer when a few pieces hold most of the bytes

@@ -20,6 +20,7 @@
 //! used again after it is gone). A connection made there is idle between calls, since its
 //! task runs only while the thread is in the runtime; another thread never takes it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -73,10 +74,10 @@ impl<C> Default for LocalClients<C> {
 
 impl<C: Clone> LocalClients<C> {
     /// This thread's copy when the running task is caller-driven (made by `make` the first
-    /// time), else `shared`.
-    pub(crate) fn pick(&self, shared: &C, make: impl FnOnce() -> C) -> C {
+    /// time), else `shared` itself (borrowed: the usual call pays no clone).
+    pub(crate) fn pick<'a>(&self, shared: &'a C, make: impl FnOnce() -> C) -> Cow<'a, C> {
         if !active() {
-            return shared.clone();
+            return Cow::Borrowed(shared);
         }
         let id = std::thread::current().id();
         let mut map = self
@@ -86,7 +87,7 @@ impl<C: Clone> LocalClients<C> {
         if !map.contains_key(&id) && map.len() >= MAX_THREADS {
             map.clear();
         }
-        map.entry(id).or_insert_with(make).clone()
+        Cow::Owned(map.entry(id).or_insert_with(make).clone())
     }
 
     /// How many threads hold a copy (for tests).
@@ -109,22 +110,22 @@ mod tests {
         let current = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        assert_eq!(current.block_on(async { local.pick(&0, || 1) }), 0);
-        let got = current.block_on(caller_driven(async { local.pick(&0, || 1) }));
+        assert_eq!(current.block_on(async { *local.pick(&0, || 1) }), 0);
+        let got = current.block_on(caller_driven(async { *local.pick(&0, || 1) }));
         assert_eq!(got, 1);
         assert_eq!(local.threads(), 1);
         // Made once per thread: the second call finds the first copy.
-        let again = current.block_on(caller_driven(async { local.pick(&0, || 2) }));
+        let again = current.block_on(caller_driven(async { *local.pick(&0, || 2) }));
         assert_eq!(again, 1);
         let multi = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .build()
             .unwrap();
         assert_eq!(
-            multi.block_on(caller_driven(async { local.pick(&0, || 3) })),
+            multi.block_on(caller_driven(async { *local.pick(&0, || 3) })),
             0
         );
-        assert_eq!(local.pick(&0, || 4), 0, "outside any runtime");
+        assert_eq!(*local.pick(&0, || 4), 0, "outside any runtime");
     }
 
     /// A master that answers every ping and records the port each request came from.
@@ -202,7 +203,7 @@ mod tests {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .build()
                     .unwrap();
-                rt.block_on(caller_driven(async { l.pick(&0, || n) }))
+                rt.block_on(caller_driven(async { *l.pick(&0, || n) }))
             })
             .join()
             .unwrap();

@@ -136,7 +136,7 @@ pub async fn run(
 ) -> StoreResult<()> {
     config.validate()?;
     crate::metrics::describe_client();
-    let client = StoreClient::start(config.client.clone()).await?;
+    let client = StoreClient::start_node(config.client.clone()).await?;
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .map_err(|e| StoreError::setup(&format!("bind {}", config.http_listen), e))?;

@@ -4,7 +4,7 @@
 
 use std::alloc::System;
 
-use kvstore::client::Protocol;
+use kvstore::client::{Prefault, Protocol};
 use kvstore::{BufRange, ClientConfig, MasterConfig, MasterServer, StoreClient};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -54,10 +54,27 @@ async fn zero_copy_paths_allocate_nothing_proportional_to_the_value() {
             put_reserve_bytes: reserve,
             ..ClientConfig::local(&m.url(), segment)
         };
-        let node = StoreClient::connect(cfg(1 << 30)).await.unwrap();
+        // The node's segment faults in on first touch: only the client's buffers are
+        // waited for below.
+        let node = StoreClient::connect(ClientConfig {
+            prefault: Prefault::Off,
+            ..cfg(1 << 30)
+        })
+        .await
+        .unwrap();
         let c = StoreClient::connect(cfg(0)).await.unwrap();
         let buf = c.alloc(16 << 20).unwrap();
         buf.write_at(0, &[7u8; 4096]).unwrap();
+        // The client's background fault-in makes its value buffer (an allocation of the
+        // copy buffer's size): let it finish, as in a client that started long before.
+        let t = std::time::Instant::now();
+        while transfer::memory::background_prefaults() > 0 {
+            assert!(
+                t.elapsed().as_secs() < 120,
+                "background fault-in never ended"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         // Warm up connections, descriptor caches and pools.
         per_op(&c, "warm", &buf, 64 << 10).await;
         let small = per_op(&c, "zc", &buf, 64 << 10).await;

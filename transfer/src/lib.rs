@@ -65,5 +65,5 @@ pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats}
 pub use error::{RemoteRange, Result, TransferError};
 pub use memory::{AllocOptions, MemoryRegion};
 pub use metadata::{HttpMetadata, InMemoryMetadata, Metadata, P2pMetadata};
-pub use registry::RegisteredBuffer;
+pub use registry::{RegisteredBuffer, Warm};
 pub use segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor};

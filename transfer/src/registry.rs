@@ -288,14 +288,44 @@ impl RegisteredBuffer {
     pub fn prefault_in_background(
         buffers: &[&RegisteredBuffer],
     ) -> std::io::Result<std::thread::JoinHandle<u64>> {
-        let regions: Vec<_> = buffers
-            .iter()
-            .map(|b| (Arc::downgrade(&b.inner.entry.region), b.len()))
+        Self::warm_in_background(buffers.iter().map(|b| Warm::Buffer(b)).collect())
+    }
+
+    /// [`RegisteredBuffer::prefault_in_background`] for registered buffers and new vectors
+    /// alike, one after the other in the order given (the one the data path needs first,
+    /// first: two such threads at once would share the same idle CPU). A vector is made
+    /// resident by writing a byte of each page ([`resident_bulk_vec`](crate::memory::resident_bulk_vec)).
+    /// The thread answers the bytes faulted in.
+    pub fn warm_in_background(
+        warm: Vec<Warm<'_>>,
+    ) -> std::io::Result<std::thread::JoinHandle<u64>> {
+        enum Job {
+            Region(std::sync::Weak<MemoryRegion>, usize),
+            Vec(usize, Box<dyn FnOnce(Vec<u8>) + Send>),
+        }
+        let jobs: Vec<Job> = warm
+            .into_iter()
+            .map(|w| match w {
+                Warm::Buffer(b) => Job::Region(Arc::downgrade(&b.inner.entry.region), b.len()),
+                Warm::Vec(len, ready) => Job::Vec(len, ready),
+            })
             .collect();
         crate::memory::spawn_idle(
             "moongate-prefault",
             crate::memory::Upkeep::Prefault,
-            move || regions.iter().map(|(r, len)| prefault_weak(r, *len)).sum(),
+            move || {
+                jobs.into_iter()
+                    .map(|job| match job {
+                        Job::Region(r, len) => prefault_weak(&r, len),
+                        Job::Vec(len, ready) => {
+                            let v = crate::memory::resident_bulk_vec(len);
+                            let bytes = v.capacity() as u64;
+                            ready(v);
+                            bytes
+                        }
+                    })
+                    .sum()
+            },
         )
     }
 
@@ -306,6 +336,24 @@ impl RegisteredBuffer {
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub(crate) fn entry(&self) -> &Arc<LocalEntry> {
         &self.inner.entry
+    }
+}
+
+/// Memory for [`RegisteredBuffer::warm_in_background`] to fault in.
+pub enum Warm<'a> {
+    /// A registered buffer, held weakly (skipped once dropped).
+    Buffer(&'a RegisteredBuffer),
+    /// A new empty vector with room for this many bytes, all of them resident, handed to the
+    /// function on the background thread.
+    Vec(usize, Box<dyn FnOnce(Vec<u8>) + Send>),
+}
+
+impl std::fmt::Debug for Warm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Buffer(b) => f.debug_tuple("Buffer").field(&b.len()).finish(),
+            Self::Vec(len, _) => f.debug_tuple("Vec").field(len).finish(),
+        }
     }
 }
 
@@ -440,15 +488,39 @@ mod tests {
         assert_eq!(ctl.state.load(Ordering::Acquire), SHM_STATE_RETIRED);
     }
 
-    /// Pages of `r` resident in memory (`mincore`).
+    /// Pages of `r` resident in memory.
     fn resident_pages(r: &MemoryRegion) -> usize {
+        crate::memory::resident_pages(r.as_ptr(), r.len())
+    }
+
+    #[test]
+    fn a_vector_warmed_in_the_background_arrives_empty_and_resident_after_the_buffer_before_it() {
+        const LEN: usize = 4 << 20;
+        let regions = LocalRegions::new(1);
+        let region = MemoryRegion::alloc(LEN).unwrap();
+        let buf = regions.insert(entry(&regions, region, 1)).unwrap();
+        let len = 3 * crate::memory::BULK_VEC_MIN + 123;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (at, in_buf) = (buf.addr() as usize, buf.len());
+        let ready = move |v: Vec<u8>| {
+            // The buffer ahead of it in the list is resident already.
+            tx.send((v, crate::memory::resident_pages(at as *const u8, in_buf)))
+                .unwrap();
+        };
+        let jobs = vec![Warm::Buffer(&buf), Warm::Vec(len, Box::new(ready))];
+        let t = RegisteredBuffer::warm_in_background(jobs).unwrap();
+        let (v, before) = rx.recv().unwrap();
+        assert_eq!(before, LEN / crate::memory::page_size());
+        assert!(v.is_empty() && v.capacity() >= len);
+        // The vector's pages, and those its ends share with neighbours: all resident.
         let page = crate::memory::page_size();
-        let mut vec = vec![0u8; r.len().div_ceil(page)];
-        // SAFETY: the region is a live page-aligned mapping of r.len() bytes; `vec` has one
-        // byte per page of it.
-        let rc = unsafe { libc::mincore(r.as_ptr().cast(), r.len(), vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        vec.iter().filter(|b| **b & 1 == 1).count()
+        let pages =
+            (v.as_ptr() as usize + v.capacity()).div_ceil(page) - v.as_ptr() as usize / page;
+        assert_eq!(
+            crate::memory::resident_pages(v.as_ptr(), v.capacity()),
+            pages
+        );
+        assert_eq!(t.join().unwrap(), (LEN + v.capacity()) as u64);
     }
 
     #[test]

@@ -92,7 +92,8 @@ pub enum Protocol {
 #[serde(rename_all = "lowercase")]
 pub enum Prefault {
     /// On a background thread right after start (the client serves at once; its resident
-    /// memory reaches the segment plus copy buffer size within about a second per few GiB).
+    /// memory reaches the segment plus twice the copy buffer size within about a second per
+    /// few GiB).
     #[default]
     Background,
     /// Before the client starts (`MAP_POPULATE`): start-up takes that second.
@@ -160,15 +161,17 @@ pub struct ClientConfig {
     #[arg(long, env = env::SEGMENT_SIZE, default_value = DEFAULT_SEGMENT_SIZE, value_parser = parse_size)]
     pub segment_size: u64,
     /// Registered copy buffer used by `put` and `get` (values that do not fit get a
-    /// temporary buffer). Suffixes K, M, G.
+    /// temporary buffer); also the most idle memory kept for copying reads' values.
+    /// Suffixes K, M, G.
     #[arg(long, env = env::LOCAL_BUFFER_SIZE, default_value = DEFAULT_LOCAL_BUFFER_SIZE, value_parser = parse_size)]
     pub local_buffer_size: u64,
     /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
     #[arg(long, env = env::HUGEPAGES)]
     pub hugepages: bool,
-    /// When the segment and the copy buffer are faulted in: `background` (right after
-    /// start, off the data path), `start` (before serving; a bare `--prefault`) or `off`
-    /// (on first touch). Either of the first two makes their whole size resident.
+    /// When the segment, the copy buffer and a buffer of the same size for copying reads'
+    /// values (not on a storage node) are faulted in: `background` (right after start, off
+    /// the data path), `start` (before serving; a bare `--prefault`) or `off` (on first
+    /// touch). Either of the first two makes their whole size resident.
     #[arg(long, env = env::PREFAULT, value_enum, default_value_t = Prefault::Background,
         num_args = 0..=1, default_missing_value = "start")]
     pub prefault: Prefault,

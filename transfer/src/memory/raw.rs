@@ -56,6 +56,35 @@ pub fn bulk_vec(capacity: usize) -> Vec<u8> {
     v
 }
 
+/// A [`bulk_vec`] whose memory is already resident: every page of its capacity written once
+/// (the vector stays empty). Filling it later pays no page fault; faulting it in here pays
+/// the kernel's zeroing, and on a VM whose host backs guest memory lazily the host's own
+/// first touch too (measured on this project's 2-vCPU VMs, where freed memory is handed
+/// back to the host: 8-13 s a GiB, against 0.2 s for memory touched before).
+pub fn resident_bulk_vec(capacity: usize) -> Vec<u8> {
+    let mut v = bulk_vec(capacity);
+    let page = page_size();
+    for byte in v.spare_capacity_mut().iter_mut().step_by(page) {
+        byte.write(0);
+    }
+    v
+}
+
+/// Pages resident in memory (`mincore`) among those overlapping `[ptr, ptr + len)`, which
+/// must all be mapped (tests).
+#[cfg(test)]
+pub(crate) fn resident_pages(ptr: *const u8, len: usize) -> usize {
+    let page = page_size();
+    let start = ptr as usize / page * page;
+    let end = (ptr as usize + len).next_multiple_of(page);
+    let mut vec = vec![0u8; (end - start) / page];
+    // SAFETY: the caller vouches that every page of [start, end) is mapped; `mincore` only
+    // reads the page tables and writes one byte per page into `vec`, which has that many.
+    let rc = unsafe { libc::mincore(start as *mut libc::c_void, end - start, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|b| **b & 1 == 1).count()
+}
+
 /// An owned `mmap` (unmapped on drop).
 #[derive(Debug)]
 pub(crate) struct Mapping {

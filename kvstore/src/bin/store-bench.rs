@@ -497,15 +497,16 @@ async fn bench(args: Args) -> Result<bool, String> {
         );
     }
     if args.storage != Storage::Own {
-        // This process holds no segment, only the clients' copy buffers: let their
-        // background fault-in finish first, as it has in a client that started long before
-        // its first request (polling stays off while it runs). The nodes' segments stay cold.
+        // This process holds no segment, only the clients' copy buffers and value buffers:
+        // let their background fault-in finish first, as it has in a client that started
+        // long before its first request (polling stays off while it runs). The nodes'
+        // segments stay cold.
         let t = std::time::Instant::now();
         while transfer::memory::background_prefaults() > 0 && t.elapsed().as_secs() < 60 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         eprintln!(
-            "copy buffers faulted in after {:.1} s",
+            "copy and value buffers faulted in after {:.1} s",
             t.elapsed().as_secs_f64()
         );
     }
@@ -522,24 +523,33 @@ async fn bench(args: Args) -> Result<bool, String> {
         let n = args.ops.unwrap_or_else(|| default_ops(size));
         let mut benches = Vec::with_capacity(clients.len());
         for c in &clients {
-            let b = Bench {
-                src: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
-                dst: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
-                c: c.clone(),
-                size: size_us,
-                body: body(size_us),
-                batch,
-            };
+            let c = c.clone();
             // The caller's buffers are touched before timing: their first-touch page faults
-            // are the application's, not the store's.
-            for j in 0..batch {
-                b.src
-                    .write_at(j * size_us, &b.body)
-                    .map_err(|e| e.to_string())?;
-                b.dst
-                    .write_at(j * size_us, &b.body)
-                    .map_err(|e| e.to_string())?;
-            }
+            // are the application's, not the store's. Off the runtime's threads: hundreds
+            // of MiB of fresh memory take seconds (on a VM whose host backs memory lazily,
+            // 8-13 s a GiB), and a current-thread runtime blocked that long misses the
+            // client's heartbeats until the master expires it and drops its objects.
+            let b = tokio::task::spawn_blocking(move || -> Result<Bench, String> {
+                let b = Bench {
+                    src: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+                    dst: c.alloc(size_us * batch).map_err(|e| e.to_string())?,
+                    c,
+                    size: size_us,
+                    body: body(size_us),
+                    batch,
+                };
+                for j in 0..batch {
+                    b.src
+                        .write_at(j * size_us, &b.body)
+                        .map_err(|e| e.to_string())?;
+                    b.dst
+                        .write_at(j * size_us, &b.body)
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(b)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
             benches.push(std::sync::Arc::new(b));
         }
         let mut cases: Vec<Case> = ops.iter().map(|_| Case::default()).collect();

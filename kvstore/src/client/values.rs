@@ -136,9 +136,9 @@ impl Drop for Recycled {
 }
 
 /// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of the
-/// client's own segment), in any order, into the caller's values. Values of
-/// [`BULK_VEC_MIN`] or more in all share one buffer from the pool; smaller ones get a
-/// vector each.
+/// client's own segment), in any order, into the caller's values. Two or more values (or
+/// one, where the caller takes [`Bytes`]) of [`BULK_VEC_MIN`] or more in all share one
+/// buffer from the pool; otherwise each value gets a vector.
 enum Gather {
     /// A big batch: one shared buffer, each value a range of it (by index).
     Bulk {
@@ -353,12 +353,12 @@ mod tests {
         now.warm_now();
         assert_eq!(now.idle_bytes(), cap);
         let later = ValuePool::new(cap);
-        transfer::RegisteredBuffer::warm_in_background(vec![later.warm_job()]).unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        while later.idle_bytes() < cap {
-            assert!(Instant::now() < deadline, "the warm buffer never arrived");
-            std::thread::yield_now();
-        }
+        // The thread hands the buffer over before it ends: joining it is the wait (a spin
+        // here could keep the idle-priority thread off the CPU).
+        transfer::RegisteredBuffer::warm_in_background(vec![later.warm_job()])
+            .unwrap()
+            .join()
+            .unwrap();
         assert_eq!(later.idle_bytes(), cap);
         // A batch takes it (and the pool is empty until the batch's values are dropped).
         let v = later.take(BULK_VEC_MIN);

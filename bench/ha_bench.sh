@@ -23,6 +23,7 @@ fi
 SB=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
 MG=${MOONGATE_BIN:-$TARGET/release/moongate}
 OUT=${OUT:-$(mktemp -d /tmp/ha_bench.XXXXXX)}
+mkdir -p "$OUT"
 command -v etcd >/dev/null || { echo "needs the etcd binary (apt-get install etcd-server)" >&2; exit 1; }
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

@@ -29,6 +29,7 @@ for d in ../shared ../../shared; do
 done
 [ -n "${HARNESS:-}" ] || { echo "Mooncake's store_bench.py not found (set HARNESS)" >&2; exit 1; }
 OUT=${OUT:-$(mktemp -d /tmp/store_bench.XXXXXX)}
+mkdir -p "$OUT"
 MC_RPC=$((BASE_PORT + 51)); MC_META=$((BASE_PORT + 80)); MC_METRICS=$((BASE_PORT + 3)); MG_MASTER=$((BASE_PORT + 100))
 export MC_TCP_BIND_ADDRESS=127.0.0.1   # keep Mooncake's transfer engine on loopback
 

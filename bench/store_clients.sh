@@ -28,6 +28,7 @@ SB=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
 TB=${TRANSFER_BENCH_BIN:-$TARGET/release/transfer-bench}
 MG=${MOONGATE_BIN:-$TARGET/release/moongate}
 OUT=${OUT:-$(mktemp -d /tmp/store_clients.XXXXXX)}
+mkdir -p "$OUT"
 TB_PROTO=$PROTOCOL; [ "$PROTOCOL" = auto ] && TB_PROTO=shm
 PER_NODE=$(( (CLIENTS + NODES - 1) / NODES ))
 LANES=${LANES:-2}   # TCP connections per peer of each client's engine (the engine's default)

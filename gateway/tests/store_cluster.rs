@@ -443,6 +443,9 @@ async fn a_node_restarted_at_the_same_address_never_serves_its_predecessors_obje
             .put(&format!("{protocol}/new"), b"fresh")
             .await
             .unwrap();
-        assert_eq!(c.get(&format!("{protocol}/new")).await.unwrap(), b"fresh");
+        assert_eq!(
+            c.get(&format!("{protocol}/new")).await.unwrap(),
+            &b"fresh"[..]
+        );
     }
 }

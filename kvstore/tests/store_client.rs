@@ -220,7 +220,7 @@ async fn removal_respects_leases_and_exists_reports_truth() {
     c.put("r/1", b"one").await.unwrap();
     c.put("r/2", b"two").await.unwrap();
     // get granted a lease: a plain remove is refused, a forced one works.
-    assert_eq!(c.get("r/1").await.unwrap(), b"one");
+    assert_eq!(c.get("r/1").await.unwrap(), &b"one"[..]);
     let e = c.remove("r/1", false).await.unwrap_err();
     assert_eq!(name(&e), "OBJECT_HAS_LEASE");
     assert!(e.is_retryable());
@@ -230,7 +230,7 @@ async fn removal_respects_leases_and_exists_reports_truth() {
     // remove_all skips leased objects (r/2 was leased by exists).
     assert!(c.exists("r/2").await.unwrap());
     assert_eq!(c.remove_all().await.unwrap(), 0);
-    assert_eq!(c.get("r/2").await.unwrap(), b"two");
+    assert_eq!(c.get("r/2").await.unwrap(), &b"two"[..]);
     // Empty and oversized requests are refused by the master with its own error.
     assert_eq!(
         name(&c.put("r/empty", b"").await.unwrap_err()),
@@ -381,7 +381,7 @@ async fn clients_remount_after_a_master_restart_and_go_on() {
         "OBJECT_NOT_FOUND"
     );
     c.put("after", b"new master").await.unwrap();
-    assert_eq!(node.get("after").await.unwrap(), b"new master");
+    assert_eq!(node.get("after").await.unwrap(), &b"new master"[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -610,6 +610,28 @@ async fn a_big_batch_get_reads_in_parts_and_keeps_every_value_in_its_place() {
     asked.push("missing-b");
     let got = c.batch_get(&asked).await;
     in_place(&asked, got, &lens);
+    assert_eq!(c.copy_buffer_in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_kept_keeps_its_bytes_while_later_reads_reuse_buffers() {
+    let m = master(MasterConfig::default()).await;
+    let node = client(&m, 32 * MIB, Protocol::Tcp).await;
+    let c = client(&m, 0, Protocol::Tcp).await;
+    let lens = [MIB as usize, 300_000];
+    for (i, &len) in lens.iter().enumerate() {
+        node.put(&format!("reuse-{i}"), &value(i as u64, len))
+            .await
+            .unwrap();
+    }
+    // A value still held is never overwritten by the next reads.
+    let kept = c.get("reuse-0").await.unwrap();
+    for _ in 0..3 {
+        let other = c.batch_get(&["reuse-1", "reuse-0"]).await;
+        assert_eq!(other[0].as_ref().unwrap(), &value(1, lens[1]));
+        assert_ne!(other[1].as_ref().unwrap().as_ptr(), kept.as_ptr());
+    }
+    assert_eq!(kept, value(0, lens[0]));
     assert_eq!(c.copy_buffer_in_use(), 0);
 }
 

@@ -431,7 +431,7 @@ async fn master_alone_serves_its_routes_document_and_ui() {
     .await
     .unwrap();
     node.put("k", b"value").await.unwrap();
-    assert_eq!(node.get("k").await.unwrap(), b"value");
+    assert_eq!(node.get("k").await.unwrap(), &b"value"[..]);
     node.close().await.unwrap();
 
     let master = m.master().clone();

@@ -104,6 +104,11 @@ struct Args {
     /// fastest client.
     #[arg(long, default_value_t = 1)]
     clients: usize,
+    /// Copy buffer of each client, which also bounds its idle value buffers (default: 1 GiB
+    /// shared out among the clients, at least 64 MiB each, so that eight clients do not
+    /// hold 16 GiB resident). Supports K/M/G.
+    #[arg(long, value_parser = parse_size)]
+    local_buffer_size: Option<u64>,
     /// Storage nodes for `--storage node`, each holding `--segment-size`.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
@@ -298,7 +303,7 @@ impl Bench {
             let t = Instant::now();
             let results: Vec<Result<Option<bytes::Bytes>, StoreError>> = match op {
                 "put" => vec![self.c.put(ks[0], &scratch[0]).await.map(|()| None)],
-                "get" => vec![self.c.get(ks[0]).await.map(|v| Some(v.into()))],
+                "get" => vec![self.c.get(ks[0]).await.map(Some)],
                 "put_from" => vec![
                     self.c
                         .put_from(ks[0], BufRange::new(&self.src, 0, size))
@@ -480,7 +485,9 @@ async fn bench(args: Args) -> Result<bool, String> {
     let cfg = ClientConfig {
         protocol: args.protocol,
         prefault: args.prefault,
-        local_buffer_size: 1 << 30,
+        local_buffer_size: args
+            .local_buffer_size
+            .unwrap_or(((1u64 << 30) / args.clients.max(1) as u64).max(64 << 20)),
         transfer_secret_file: args.transfer_secret_file.clone(),
         store_api_key: args.store_api_key.clone(),
         master_ca_cert: args.master_ca_cert.clone(),

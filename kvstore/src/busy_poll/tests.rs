@@ -129,7 +129,7 @@ async fn empty_reads_while_waiting(window: Duration, turns: usize, enough: usize
     }
     let during = empty_reads.load(Ordering::Relaxed) - before;
     client.write_all(b"req2").await.unwrap();
-    assert_eq!(&server.await.unwrap(), b"req2");
+    assert_eq!(&server.await.unwrap(), &b"req2"[..]);
     during
 }
 

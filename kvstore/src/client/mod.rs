@@ -46,6 +46,7 @@ mod failover_tests;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use openapi::master as wire;
 use tokio_util::sync::CancellationToken;
 use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine, Warm};
@@ -379,15 +380,12 @@ impl StoreClient {
             .expect("one result")
     }
 
-    /// The value of `key`, in a new vector.
-    pub async fn get(&self, key: &str) -> StoreResult<Vec<u8>> {
-        let value = self
-            .gather_values(&[key], false)
-            .await
-            .pop()
-            .expect("one result")?;
-        // A lone value has a vector of its own: this takes it back without a copy.
-        Ok(Vec::from(value))
+    /// The value of `key`. A value of 64 KiB or more is a view of a buffer the client
+    /// reuses once the value (and every clone of it) is dropped, so a loop of `get`s does
+    /// not allocate fresh memory for every value; `Vec::from` copies it out where a vector
+    /// is needed.
+    pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        self.batch_get(&[key]).await.pop().expect("one result")
     }
 
     /// Reads the value of `key` into `dst` (which must have room for it); returns its length.

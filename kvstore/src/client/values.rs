@@ -5,18 +5,24 @@
 //! A batch of many large values copied into one fresh vector each paid the kernel's first
 //! touch of every 4 KiB page (zeroing, one fault each), while a loop of single `get`s reused
 //! the same few vectors the allocator kept: a 64 x 1 MiB `batch_get` ran at 1.0-1.5 GB/s
-//! where 64 `get`s ran at 2.6-3.0 GB/s. So a big batch shares one buffer
-//! ([`transfer::memory::bulk_vec`]: whole huge pages where the kernel offers them), its
-//! values are [`Bytes`] views of it, and once the last view is dropped the buffer goes back
-//! to the client's [`ValuePool`] for the next batch, as an allocator's cache would keep it.
-//! A `batch_get` of one value that large takes its buffer from the pool too (`get`, which
-//! hands out a vector, does not). The pool keeps at most the copy buffer's size of idle
-//! memory, and a client that faults its memory in ahead (`prefault`) starts it with one
-//! resident buffer of that size, faulted in after the copy buffer and the segment:
-//! without it, the first big read of a fresh client paid the first touch of all its pages,
-//! on this project's VMs 8-13 s a GiB (a 64 x 1 MiB `batch_get` 0.8-1.2 s where the next
-//! took 13 ms). Memory cost: the copy buffer's size (`local_buffer_size`), resident from
-//! start; a storage node, which serves no copying reads, keeps none.
+//! where 64 `get`s ran at 2.6-3.0 GB/s. Small values lost the same way: a loop of
+//! 64 x 4 KiB `batch_get`s, a vector per value, grew and trimmed the heap every batch and
+//! so paid a first touch in one round in three (p99 8-17 ms against 1 ms).
+//!
+//! So the values of a batch of [`POOLED_MIN`] (64 KiB) or more in all, a `get` of one such
+//! value included, share one buffer ([`transfer::memory::bulk_vec`]: whole huge pages
+//! where the kernel offers them); they are [`Bytes`] views of it, and once the last view is
+//! dropped the buffer goes back to the client's [`ValuePool`] for the next batch, as an
+//! allocator's cache would keep it. Buffers under [`BULK_VEC_MIN`] form a class of their
+//! own (powers of two, at most 16 MiB idle), so a small value the caller keeps never holds
+//! a big buffer back from the next big batch. The pool keeps at most the copy buffer's
+//! size of idle big buffers, and a client that faults its memory in ahead (`prefault`)
+//! starts it with one resident buffer of that size, faulted in after the copy buffer and
+//! the segment: without it, the first big read of a fresh client paid the first touch of
+//! all its pages, on this project's VMs 8-13 s a GiB (a 64 x 1 MiB `batch_get` 0.8-1.2 s
+//! where the next took 13 ms). Memory cost: the copy buffer's size (`local_buffer_size`),
+//! resident from start, and at most 16 MiB of small buffers; a storage node, which serves
+//! no copying reads, keeps no big buffer.
 
 use std::ops::Range;
 use std::sync::{Arc, Weak};
@@ -32,18 +38,30 @@ use super::error::{StoreError, StoreResult};
 use super::io::{Lookup, label, lease_check};
 use super::staging::{STAGE_BYTES, parts};
 
-/// Released batch buffers, kept for the next batches (bounded in bytes).
+/// Smallest batch (in bytes) whose values share one pooled buffer: below it, a vector per
+/// value costs less than the pool's lock.
+pub(crate) const POOLED_MIN: usize = 64 << 10;
+
+/// Idle bytes the pool keeps in buffers smaller than [`BULK_VEC_MIN`], on top of its cap.
+const SMALL_IDLE: usize = 4 * BULK_VEC_MIN;
+
+/// Released batch buffers, kept for the next batches (bounded in bytes), in two classes:
+/// big ones ([`BULK_VEC_MIN`] or more, at most the cap in all) and small ones (at most
+/// [`SMALL_IDLE`] in all). A small batch never takes a big buffer: a value it hands out
+/// would keep the whole buffer from the next big batch.
 #[derive(Debug)]
 pub(crate) struct ValuePool {
-    idle: Mutex<Vec<Vec<u8>>>,
+    big: Mutex<Vec<Vec<u8>>>,
+    small: Mutex<Vec<Vec<u8>>>,
     cap: usize,
 }
 
 impl ValuePool {
-    /// A pool keeping at most `cap` bytes of idle buffers.
+    /// A pool keeping at most `cap` bytes of idle big buffers.
     pub(crate) fn new(cap: usize) -> Arc<Self> {
         Arc::new(Self {
-            idle: Mutex::new(Vec::new()),
+            big: Mutex::new(Vec::new()),
+            small: Mutex::new(Vec::new()),
             cap,
         })
     }
@@ -65,10 +83,25 @@ impl ValuePool {
         self.give_back(transfer::memory::resident_bulk_vec(self.cap));
     }
 
-    /// An empty buffer with room for `len` bytes: the smallest idle one that fits, else a
-    /// new one.
+    /// The idle buffers of the class of a buffer of `capacity` bytes, and that class's cap.
+    fn class(&self, capacity: usize) -> (&Mutex<Vec<Vec<u8>>>, usize) {
+        if capacity < BULK_VEC_MIN {
+            (&self.small, SMALL_IDLE)
+        } else {
+            (&self.big, self.cap)
+        }
+    }
+
+    /// An empty buffer with room for `len` bytes: the smallest idle one of its class that
+    /// fits, else a new one (a small one rounded up to a power of two, so that batches of
+    /// slightly different sizes reuse it).
     fn take(&self, len: usize) -> Vec<u8> {
-        let mut idle = self.idle.lock();
+        let size = match len.max(POOLED_MIN).checked_next_power_of_two() {
+            Some(p) if p < BULK_VEC_MIN => p,
+            _ => len,
+        };
+        let (class, _) = self.class(size);
+        let mut idle = class.lock();
         let fit = idle
             .iter()
             .enumerate()
@@ -79,19 +112,20 @@ impl ValuePool {
             Some(i) => idle.swap_remove(i),
             None => {
                 drop(idle);
-                bulk_vec(len)
+                bulk_vec(size)
             }
         }
     }
 
-    /// Keeps `v` for a later batch while the idle buffers stay within the cap (dropping the
-    /// smallest ones to make room for a bigger one).
+    /// Keeps `v` for a later batch while the idle buffers of its class stay within their
+    /// cap (dropping the smallest ones to make room for a bigger one).
     fn give_back(&self, mut v: Vec<u8>) {
-        if v.capacity() > self.cap {
+        let (class, cap) = self.class(v.capacity());
+        if v.capacity() > cap {
             return;
         }
         v.clear();
-        let mut idle = self.idle.lock();
+        let mut idle = class.lock();
         idle.push(v);
         idle.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
         let mut kept = 0usize;
@@ -99,7 +133,7 @@ impl ValuePool {
             .iter()
             .take_while(|v| {
                 kept += v.capacity();
-                kept <= self.cap
+                kept <= cap
             })
             .count();
         let excess = idle.split_off(keep);
@@ -108,10 +142,13 @@ impl ValuePool {
         drop(excess);
     }
 
-    /// Idle bytes held (tests).
+    /// Idle bytes held, both classes (tests).
     #[cfg(test)]
     fn idle_bytes(&self) -> usize {
-        self.idle.lock().iter().map(Vec::capacity).sum()
+        [&self.big, &self.small]
+            .iter()
+            .flat_map(|c| c.lock().iter().map(Vec::capacity).collect::<Vec<_>>())
+            .sum()
     }
 }
 
@@ -136,9 +173,9 @@ impl Drop for Recycled {
 }
 
 /// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of the
-/// client's own segment), in any order, into the caller's values. Two or more values (or
-/// one, where the caller takes [`Bytes`]) of [`BULK_VEC_MIN`] or more in all share one
-/// buffer from the pool; otherwise each value gets a vector.
+/// client's own segment), in any order, into the caller's values. The values of a batch of
+/// [`POOLED_MIN`] or more in all share one buffer from the pool; otherwise each value gets
+/// a vector.
 enum Gather {
     /// A big batch: one shared buffer, each value a range of it (by index).
     Bulk {
@@ -151,10 +188,9 @@ enum Gather {
 }
 
 impl Gather {
-    /// A gatherer for a batch of `n` keys, `count` of them readable, `total` bytes in all;
-    /// `lone`: a single value may take a pooled buffer too.
-    fn new(pool: &Arc<ValuePool>, n: usize, count: usize, total: usize, lone: bool) -> Self {
-        if (count >= 2 || (lone && count == 1)) && total >= BULK_VEC_MIN {
+    /// A gatherer for a batch of `n` keys, `count` of them readable, `total` bytes in all.
+    fn new(pool: &Arc<ValuePool>, n: usize, count: usize, total: usize) -> Self {
+        if count >= 1 && total >= POOLED_MIN {
             Self::Bulk {
                 all: pool.take(total),
                 spans: (0..n).map(|_| None).collect(),
@@ -216,17 +252,6 @@ impl StoreClient {
     /// for the others. The values of a big batch share one allocation, which lives until
     /// the last of them is dropped.
     pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
-        self.gather_values(keys, true).await
-    }
-
-    /// [`StoreClient::batch_get`]; `lone`: a batch of one large value takes a pooled
-    /// buffer too (the caller copies it out, or keeps it as [`Bytes`]), else a vector of
-    /// its own (the caller takes the vector).
-    pub(super) async fn gather_values<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        lone: bool,
-    ) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
             return Vec::new();
         }
@@ -255,7 +280,7 @@ impl StoreClient {
             .iter()
             .fold(0usize, |a, &l| a.saturating_add(l))
             .min(most);
-        let mut gather = Gather::new(&self.inner.values, ks.len(), count, total, lone);
+        let mut gather = Gather::new(&self.inner.values, ks.len(), count, total);
         let mut looked = looked.into_iter().enumerate();
         for range in parts(lens, STAGE_BYTES) {
             let (mut far_at, mut far_keys, mut far) = (Vec::new(), Vec::new(), Vec::new());
@@ -333,17 +358,41 @@ mod tests {
         a.extend_from_slice(&[7; 16]);
         let addr = a.as_ptr();
         pool.give_back(a);
-        // Cleared and handed out again for a batch that fits.
-        let b = pool.take(BULK_VEC_MIN / 2);
+        // Cleared and handed out again for a big batch that fits.
+        let b = pool.take(BULK_VEC_MIN);
         assert_eq!((b.as_ptr(), b.len()), (addr, 0));
         pool.give_back(b);
         // Too big to keep: dropped.
         pool.give_back(Vec::with_capacity(4 * BULK_VEC_MIN));
         assert_eq!(pool.idle_bytes(), BULK_VEC_MIN);
-        // Over the cap: the smallest go first.
+        // Up to the cap, then over it: the smallest go first.
         pool.give_back(Vec::with_capacity(2 * BULK_VEC_MIN));
-        pool.give_back(Vec::with_capacity(BULK_VEC_MIN / 4));
         assert_eq!(pool.idle_bytes(), 3 * BULK_VEC_MIN);
+        pool.give_back(Vec::with_capacity(BULK_VEC_MIN + 1));
+        assert_eq!(pool.idle_bytes(), 2 * BULK_VEC_MIN);
+    }
+
+    #[test]
+    fn small_batches_reuse_small_buffers_and_leave_the_big_ones_alone() {
+        let pool = ValuePool::new(4 * BULK_VEC_MIN);
+        pool.give_back(Vec::with_capacity(4 * BULK_VEC_MIN));
+        // Rounded up to a power of two, from the small class: the big buffer stays idle.
+        let a = pool.take(100_000);
+        assert_eq!(a.capacity(), 128 << 10);
+        assert_eq!(pool.idle_bytes(), 4 * BULK_VEC_MIN);
+        let addr = a.as_ptr();
+        pool.give_back(a);
+        let b = pool.take(70_000);
+        assert_eq!(b.as_ptr(), addr);
+        pool.give_back(b);
+        // Just under the big class: its own length, still small.
+        assert_eq!(pool.take(BULK_VEC_MIN - 1).capacity(), BULK_VEC_MIN - 1);
+        // The small class keeps at most SMALL_IDLE bytes, the smallest going first.
+        for _ in 0..5 {
+            pool.give_back(Vec::with_capacity(BULK_VEC_MIN - 1));
+        }
+        let small = pool.idle_bytes() - 4 * BULK_VEC_MIN;
+        assert_eq!(small, 4 * (BULK_VEC_MIN - 1));
     }
 
     #[test]
@@ -366,24 +415,23 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_large_value_is_pooled_only_when_asked() {
+    fn a_batch_is_pooled_from_the_pooled_minimum_on() {
         let pool = ValuePool::new(4 * BULK_VEC_MIN);
-        for (lone, pooled) in [(true, true), (false, false)] {
-            let g = Gather::new(&pool, 1, 1, BULK_VEC_MIN, lone);
-            assert_eq!(matches!(g, Gather::Bulk { .. }), pooled, "lone {lone}");
+        // One value or many, once they reach the minimum in all.
+        for (n, count) in [(1, 1), (3, 2)] {
+            assert!(matches!(
+                Gather::new(&pool, n, count, POOLED_MIN),
+                Gather::Bulk { .. }
+            ));
+            assert!(matches!(
+                Gather::new(&pool, n, count, POOLED_MIN - 1),
+                Gather::Each(_)
+            ));
         }
-        // Small values, or none readable, never are.
+        // None readable: nothing to share.
         assert!(matches!(
-            Gather::new(&pool, 1, 1, BULK_VEC_MIN - 1, true),
+            Gather::new(&pool, 2, 0, BULK_VEC_MIN),
             Gather::Each(_)
-        ));
-        assert!(matches!(
-            Gather::new(&pool, 2, 0, BULK_VEC_MIN, true),
-            Gather::Each(_)
-        ));
-        assert!(matches!(
-            Gather::new(&pool, 2, 2, BULK_VEC_MIN, false),
-            Gather::Bulk { .. }
         ));
     }
 

@@ -10,8 +10,12 @@
 # connections, as one SGLang TP rank each). Reference: `transfer-bench` with NODES targets
 # and, for each, CLIENTS/NODES initiator threads writing (then reading) SIZE blocks one at
 # a time over PER_NODE x LANES connections, i.e. the same bytes per request and the same
-# connections per node, with no master round trips. Both on PROTOCOL (default tcp: the figure a cluster of hosts sees;
-# `auto` lets the store use shared memory, which transfer-bench calls `shm`).
+# connections per node, with no master round trips. Both on PROTOCOL (default tcp: the
+# figure a cluster of hosts sees; `auto` lets the store use shared memory, which
+# transfer-bench calls `shm`). Both sides' memory is resident before timing
+# (transfer-bench's target fills its buffer; the storage nodes run `--prefault start`): this
+# compares data paths, not the kernel's first touch (on this project's VMs 8-13 s a GiB,
+# which made cold nodes' 1 MiB puts stall up to 0.8 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -37,6 +41,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 # transfer-bench: NODES targets, PER_NODE initiator threads each, all at once; GB/s summed.
+# Runs in a command substitution, a subshell the EXIT trap does not reach: a failure stops
+# its targets itself.
 te_pass() {
   local op=$1 total=0 segs=() ipids=()
   pids=()
@@ -46,7 +52,10 @@ te_pass() {
     pids+=($!)
   done
   for n in $(seq 1 "$NODES"); do
-    for _ in $(seq 1 100); do grep -q 'segment' "$OUT/target$n.log" 2>/dev/null && break; sleep 0.1; done
+    # A target faults its 1 GiB buffer in before it is ready: seconds on a VM whose host
+    # backs memory lazily (8-13 s a GiB on this project's machines).
+    for _ in $(seq 1 600); do grep -q 'segment' "$OUT/target$n.log" 2>/dev/null && break; sleep 0.1; done
+    grep -q 'segment' "$OUT/target$n.log" || { echo "transfer-bench target $n never got ready" >&2; cat "$OUT/target$n.log" >&2; cleanup; exit 1; }
     segs+=("$(grep -o 'segment [^ ]*' "$OUT/target$n.log" | head -1 | cut -d' ' -f2)")
   done
   for n in $(seq 1 "$NODES"); do
@@ -58,7 +67,7 @@ te_pass() {
   for p in "${ipids[@]}"; do wait "$p"; done
   for n in $(seq 1 "$NODES"); do
     g=$(grep '"bench":"transfer-bench"' "$OUT/init$n.log" | grep -o '"GBps":[0-9.]*' | cut -d: -f2)
-    [ -n "$g" ] || { echo "transfer-bench produced no result" >&2; cat "$OUT/init$n.log" >&2; exit 1; }
+    [ -n "$g" ] || { echo "transfer-bench produced no result" >&2; cat "$OUT/init$n.log" >&2; cleanup; exit 1; }
     total=$(python3 -c "print($total + $g)")
   done
   cleanup; pids=()
@@ -70,7 +79,7 @@ for r in $(seq 1 "$ROUNDS"); do
   w=$(te_pass write); rd=$(te_pass read)
   echo "{\"round\":$r,\"system\":\"transfer-bench\",\"put_from\":$w,\"get_into\":$rd}" >> "$OUT/results.jsonl"
   "$SB" --json --rounds 1 --storage node --nodes "$NODES" --clients "$CLIENTS" --protocol "$PROTOCOL" \
-    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G 2>>"$OUT/store.err" \
+    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G --prefault start 2>>"$OUT/store.err" \
     | grep '^RESULT' | cut -d' ' -f2- \
     | sed "s/^/{\"round\":$r,\"system\":\"store\",\"r\":/; s/\$/}/" >> "$OUT/results.jsonl"
 done

@@ -636,7 +636,7 @@ async fn a_value_kept_keeps_its_bytes_while_later_reads_reuse_buffers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_in_the_own_segment_are_copied_straight_out_of_it() {
+async fn values_in_mapped_memory_are_copied_straight_out_of_it() {
     let m = master(MasterConfig::default()).await;
     let a = client(&m, 32 * MIB, Protocol::Auto).await;
     let b = client(&m, 32 * MIB, Protocol::Auto).await;
@@ -656,11 +656,23 @@ async fn values_in_the_own_segment_are_copied_straight_out_of_it() {
         7,
     ];
     let keys: Vec<String> = (0..lens.len()).map(|i| format!("own-{i}")).collect();
+    let requests = |c: &StoreClient| c.engine().stats().requests;
+    let sent = (requests(&a), requests(&b));
     for (i, (k, &len)) in keys.iter().zip(&lens).enumerate() {
-        // Even values in a's segment, odd ones in b's.
-        let writer = if i % 2 == 0 { &on_a } else { &on_b };
+        // Even values in a's segment, odd ones in b's; written by the other client for
+        // the last two.
+        let writer = match (i % 2 == 0, i >= 4) {
+            (true, false) => &on_a,
+            (false, false) => &on_b,
+            (true, true) => &b.with_replication(on_a.replication().clone()),
+            (false, true) => &a.with_replication(on_b.replication().clone()),
+        };
         writer.put(k, &value(i as u64, len)).await.unwrap();
     }
+    // Every put went straight into mapped memory (own segment or the other's shared
+    // memory): no transfer, no copy buffer.
+    assert_eq!((requests(&a), requests(&b)), sent);
+    assert_eq!(a.copy_buffer_in_use() + b.copy_buffer_in_use(), 0);
     let moved = |c: &StoreClient| {
         let s = c.engine().stats();
         (s.local_bytes, s.shm_bytes)
@@ -681,6 +693,7 @@ async fn values_in_the_own_segment_are_copied_straight_out_of_it() {
     // Mixed with far values and a missing key, in one batch: every value in its place.
     let mut asked: Vec<&str> = keys.iter().map(String::as_str).collect();
     asked.insert(3, "missing");
+    let requests = a.engine().stats().requests;
     let got = a.batch_get(&asked).await;
     in_place(&asked, got, &lens);
     assert_eq!(moved(&a).0, before.0, "own values were read by a transfer");
@@ -688,5 +701,9 @@ async fn values_in_the_own_segment_are_copied_straight_out_of_it() {
         moved(&a).1 > before.1,
         "far values come through shared memory"
     );
+    // b's values too were copied straight out of its mapped segment: no transfer at all.
+    assert_eq!(a.engine().stats().requests, requests);
+    assert_eq!(a.get("own-3").await.unwrap(), value(3, lens[3]));
+    assert_eq!(a.engine().stats().requests, requests);
     assert_eq!(a.copy_buffer_in_use(), 0);
 }

@@ -96,6 +96,101 @@ async fn shm_disabled_on_the_initiator_means_tcp() {
     assert_eq!(initiator.stats().shm_bytes, 0);
 }
 
+/// `append_mapped` and `write_mapped` copy between mapped memory and the caller's bytes
+/// directly: a same-host peer's shared region and the engine's own segment; a private
+/// region, an engine without shared memory and a range outside every region are left to
+/// transfers (`None`); an unregistered region is refused (and nothing appended).
+#[tokio::test]
+async fn mapped_memory_is_appended_with_one_copy_and_only_while_registered() {
+    let target = engine(true).await;
+    let initiator = engine(true).await;
+    const LEN: usize = 6 << 20;
+    let shared = target.alloc(LEN).unwrap();
+    fill(&shared, 41);
+    let private = target
+        .register(MemoryRegion::alloc(1 << 20).unwrap())
+        .unwrap();
+    let own = initiator.alloc(1 << 20).unwrap();
+    fill(&own, 42);
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    let me = initiator
+        .open_segment(initiator.segment_name())
+        .await
+        .unwrap();
+    let mut out = b"head".to_vec();
+    for (off, len) in [(0usize, 1usize), (4093, 4099), (7, 5 << 20)] {
+        let at = out.len();
+        initiator
+            .append_mapped(&seg, shared.addr() + off as u64, len, &mut out)
+            .expect("mapped")
+            .unwrap();
+        assert_eq!(out[at..], shared.to_vec(off, len).unwrap()[..]);
+    }
+    let at = out.len();
+    initiator
+        .append_mapped(&me, own.addr() + 3, 70_000, &mut out)
+        .expect("own segment")
+        .unwrap();
+    assert_eq!(out[at..], own.to_vec(3, 70_000).unwrap()[..]);
+    assert_eq!(&out[..4], b"head");
+    let s = initiator.stats();
+    assert_eq!(s.tcp_bytes, 0);
+    assert_eq!((s.shm_bytes, s.local_bytes), (1 + 4099 + (5 << 20), 70_000));
+
+    // Writes the same way: into the peer's shared region and the own segment.
+    let src: Vec<u8> = (0..(3 << 20) + 5).map(|i| (i % 253) as u8).collect();
+    initiator
+        .write_mapped(&seg, shared.addr() + 9, &src)
+        .expect("mapped")
+        .unwrap();
+    assert_eq!(shared.to_vec(9, src.len()).unwrap(), src);
+    initiator
+        .write_mapped(&me, own.addr() + 1, &src[..4097])
+        .expect("own segment")
+        .unwrap();
+    assert_eq!(own.to_vec(1, 4097).unwrap(), src[..4097]);
+    assert!(
+        initiator
+            .write_mapped(&seg, private.addr(), &src[..10])
+            .is_none()
+    );
+    assert_eq!(initiator.stats().tcp_bytes, 0);
+
+    let before = out.len();
+    // Private memory, a range past the region, shared memory off: transfers' business.
+    assert!(
+        initiator
+            .append_mapped(&seg, private.addr(), 4096, &mut out)
+            .is_none()
+    );
+    assert!(
+        initiator
+            .append_mapped(&seg, shared.addr() + LEN as u64 - 10, 20, &mut out)
+            .is_none()
+    );
+    let tcp_only = engine(false).await;
+    let far = tcp_only.open_segment(target.segment_name()).await.unwrap();
+    assert!(
+        tcp_only
+            .append_mapped(&far, shared.addr(), 4096, &mut out)
+            .is_none()
+    );
+    // Unregistered while its mapping is still cached: refused, nothing appended.
+    let addr = shared.addr();
+    drop(shared);
+    let err = initiator
+        .append_mapped(&seg, addr, 4096, &mut out)
+        .expect("still mapped")
+        .unwrap_err();
+    assert!(matches!(err, TransferError::OutOfBounds { .. }), "{err}");
+    assert_eq!(out.len(), before);
+    let err = initiator
+        .write_mapped(&seg, addr, &src[..10])
+        .expect("still mapped")
+        .unwrap_err();
+    assert!(matches!(err, TransferError::OutOfBounds { .. }), "{err}");
+}
+
 /// A batch's copies are spread over the runtime's two workers (`hostcopy`): every request
 /// of a mixed batch (small, odd-sized, several chunks long) lands whole, to a same-host peer
 /// and into the engine's own segment, and back.

@@ -1,6 +1,8 @@
 //! The copying `batch_get` (and so `get`) and the values it hands out: one allocation per big
-//! batch, recycled once released; a value with a replica in the client's own segment is
-//! copied straight out of it (one copy, no transfer, no copy-buffer slot).
+//! batch, recycled once released; a value with a replica in memory the client's engine
+//! maps (its own segment, or a same-host node's shared memory) is copied straight out of it
+//! (one copy, no transfer, no copy-buffer slot). Through the copy buffer, a same-host
+//! 16 MiB `get` copied every byte twice (4.0 GB/s where `get_into` ran at 10).
 //!
 //! A batch of many large values copied into one fresh vector each paid the kernel's first
 //! touch of every 4 KiB page (zeroing, one fault each), while a loop of single `get`s reused
@@ -35,7 +37,7 @@ use transfer::memory::{BULK_VEC_MIN, bulk_vec};
 
 use super::StoreClient;
 use super::error::{StoreError, StoreResult};
-use super::io::{Lookup, label, lease_check};
+use super::io::{Lookup, Opened, label, lease_check};
 use super::staging::{STAGE_BYTES, parts};
 
 /// Smallest batch (in bytes) whose values share one pooled buffer: below it, a vector per
@@ -215,6 +217,35 @@ impl Gather {
         }
     }
 
+    /// Value `i`, `len` bytes, if `append` appends them (it answers whether it did);
+    /// otherwise nothing is recorded for it. Answers whether it was.
+    fn try_copy(
+        &mut self,
+        i: usize,
+        len: usize,
+        append: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> bool {
+        match self {
+            Self::Bulk { all, spans, .. } => {
+                let at = all.len();
+                if append(all) {
+                    spans[i] = Some(Ok(at..all.len()));
+                    return true;
+                }
+                all.truncate(at);
+                false
+            }
+            Self::Each(out) => {
+                let mut v = Vec::with_capacity(len);
+                let done = append(&mut v);
+                if done {
+                    out[i] = Some(Ok(Bytes::from(v)));
+                }
+                done
+            }
+        }
+    }
+
     /// Value `i` failed (its bytes, if copied already, are not handed out).
     fn fail(&mut self, i: usize, e: StoreError) {
         match self {
@@ -247,10 +278,11 @@ impl Gather {
 
 impl StoreClient {
     /// The values of many keys: one lookup request, then, per part of at most
-    /// `STAGE_BYTES`, a copy straight out of this client's own segment for the values
-    /// that have a replica there and one transfer batch (more only for replicas that fail)
-    /// for the others. The values of a big batch share one allocation, which lives until
-    /// the last of them is dropped.
+    /// `STAGE_BYTES`, a copy straight out of mapped memory (this client's own segment, a
+    /// same-host node's shared memory) for the values that have a replica there and one
+    /// transfer batch (more only for replicas that fail) for the others. The values of a
+    /// batch of 64 KiB or more share one pooled allocation, which lives until the last of
+    /// them is dropped.
     pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
             return Vec::new();
@@ -282,7 +314,8 @@ impl StoreClient {
             .min(most);
         let mut gather = Gather::new(&self.inner.values, ks.len(), count, total);
         let mut looked = looked.into_iter().enumerate();
-        for range in parts(lens, STAGE_BYTES) {
+        let mut opened = Opened::default();
+        for range in parts(lens.iter().copied(), STAGE_BYTES) {
             let (mut far_at, mut far_keys, mut far) = (Vec::new(), Vec::new(), Vec::new());
             let mut copied = false;
             for (i, l) in looked.by_ref().take(range.len()) {
@@ -294,6 +327,16 @@ impl StoreClient {
                     }
                 };
                 let Some((segment, offset)) = self.own_replica(&l) else {
+                    // A same-host node's shared memory: one copy straight out of it too.
+                    if lens[i] as u64 == l.length
+                        && self.copy_mapped(&mut opened, &mut gather, i, &l).await
+                    {
+                        if let Err(e) = lease_check(ks[i], granted, l.lease_ms) {
+                            gather.fail(i, e);
+                        }
+                        copied = true;
+                        continue;
+                    }
                     far_at.push(i);
                     far_keys.push(ks[i]);
                     far.push(Ok(l));
@@ -334,6 +377,38 @@ impl StoreClient {
         let out = gather.finish();
         crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
+    }
+
+    /// Copies the value of `l` (key `i` of `gather`) straight out of the nearest replica
+    /// this client's engine maps, a same-host node's shared memory, where there is one;
+    /// answers whether it did. Otherwise (no such replica, or it failed its checks) the
+    /// value is left to a transfer, which tries every replica and reports what failed.
+    async fn copy_mapped(
+        &self,
+        opened: &mut Opened,
+        gather: &mut Gather,
+        i: usize,
+        l: &Lookup,
+    ) -> bool {
+        let engine = &self.inner.engine;
+        if !engine.config().shm {
+            return false;
+        }
+        let len = l.length as usize;
+        for c in self.candidates(opened, &l.replicas).await {
+            // Nearest first: past the same-host ones, only transfers reach a replica.
+            let Ok((seg, addr)) = c else { break };
+            if !seg.is_local() && !seg.is_same_host() {
+                break;
+            }
+            let copied = gather.try_copy(i, len, |out| {
+                matches!(engine.append_mapped(&seg, addr, len, out), Some(Ok(())))
+            });
+            if copied {
+                return true;
+            }
+        }
+        false
     }
 
     /// Where this client's own segment holds a replica of `l` (the segment, the offset):

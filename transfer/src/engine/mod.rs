@@ -18,6 +18,7 @@
 pub(crate) mod batch;
 mod builder;
 pub(crate) mod config;
+mod mapped;
 pub(crate) mod notify;
 mod register;
 mod route;

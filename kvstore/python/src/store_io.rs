@@ -260,7 +260,8 @@ impl MooncakeDistributedStore {
         })
     }
 
-    /// Values of `keys` (copied through the copy buffer), one master request.
+    /// Values of `keys` (copied: straight out of mapped memory, else through the copy
+    /// buffer), one master request.
     fn get_values(
         &self,
         py: Python<'_>,

@@ -65,19 +65,21 @@ impl Side<'_> {
         }
     }
 
-    /// The transfers touching this side are over (no late bytes can arrive).
-    fn settle(&mut self, r: &StoreResult<()>) {
-        let abandoned = matches!(
-            r,
-            Err(StoreError::Transfer {
-                source: TransferError::TimedOut { .. } | TransferError::Cancelled { .. },
-                ..
-            })
-        );
+    /// The transfers touching this side are over: unless one of them was `abandoned`
+    /// (timed out or cancelled: late bytes may still move), its slot may be reused at once.
+    fn settle(&mut self, abandoned: bool) {
         if let (Side::Copy(s) | Side::Bytes(_, Some(s)), false) = (self, abandoned) {
             s.disarm();
         }
     }
+}
+
+/// Whether a transfer that failed with `e` may still move bytes (timed out, cancelled).
+fn abandoned(e: &TransferError) -> bool {
+    matches!(
+        e,
+        TransferError::TimedOut { .. } | TransferError::Cancelled { .. }
+    )
 }
 
 /// The metric label of a call: the single form for one item, the batch form for more.
@@ -496,16 +498,22 @@ impl StoreClient {
         }
         let t_prep = t0.elapsed();
         let n_reqs = reqs.len();
+        // Per value: whether a transfer of it was abandoned (its slot then waits out the
+        // quarantine whatever else failed first).
+        let mut gone = vec![false; live.len()];
         for (r, j) in self.run_transfers(reqs).await.into_iter().zip(owner) {
             let (i, key, ..) = &live[j];
-            if let (Err(e), Ok(())) = (r, &out[*i]) {
-                out[*i] = Err(StoreError::transfer(key, e));
+            if let Err(e) = r {
+                gone[j] |= abandoned(&e);
+                if out[*i].is_ok() {
+                    out[*i] = Err(StoreError::transfer(key, e));
+                }
             }
         }
         let t_xfer = t0.elapsed();
         let (mut ends, mut revokes, mut commits) = (Vec::new(), Vec::new(), Vec::new());
         for (j, (i, key, len, side)) in live.iter_mut().enumerate() {
-            side.settle(&out[*i]);
+            side.settle(gone[j]);
             match (kind[j], out[*i].is_ok()) {
                 (Kind::Started, true) => ends.push((*i, *key)),
                 (Kind::Started, false) => revokes.push(*key),
@@ -616,6 +624,8 @@ impl StoreClient {
         let t_prep = granted.elapsed();
         // Rounds: each pending object's next candidate, all in one transfer batch.
         let mut last_err: Vec<Option<TransferError>> = vec![None; keys.len()];
+        // Whether any round's transfer of an object was abandoned (see `Side::settle`).
+        let mut gone = vec![false; keys.len()];
         while !pending.is_empty() {
             let mut reqs = Vec::new();
             let mut round = Vec::new();
@@ -646,7 +656,10 @@ impl StoreClient {
             for (r, i) in self.run_transfers(reqs).await.into_iter().zip(&round) {
                 match r {
                     Ok(()) => done[*i] = true,
-                    Err(e) => last_err[*i] = Some(e),
+                    Err(e) => {
+                        gone[*i] |= abandoned(&e);
+                        last_err[*i] = Some(e);
+                    }
                 }
             }
             pending.retain(|(i, cands, next, lease_ms)| {
@@ -665,7 +678,7 @@ impl StoreClient {
                     Err(StoreError::transfer(keys[i], e))
                 };
                 if let Ok((_, side)) = &mut out[i] {
-                    side.settle(&r);
+                    side.settle(gone[i]);
                 }
                 if let Err(e) = r {
                     out[i] = Err(e);

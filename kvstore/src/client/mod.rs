@@ -5,15 +5,17 @@
 //! `segment_size` bytes (none for a pure client), keeps a registered copy buffer for the
 //! byte-slice forms, heartbeats every second and remounts when the master asks.
 //!
-//! - **put** = `put-start` (the master allocates replicas), write every replica through
-//!   `transfer` in one batch, `put-end`; any failure revokes the put and the error says why.
+//! - **put** = `put-start` (the master allocates replicas), write every replica (one copy
+//!   into the memory the engine maps, own segment or a same-host node's shared memory;
+//!   through `transfer` in one batch otherwise), `put-end`; any failure revokes the put and the error says why.
 //!   A value of a length the client holds reserved space for skips put-start: written
 //!   into the reservation, then one `put-commit` (see `reserve`).
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete
 //!   replica (own segment: memcpy; same host: shared memory; else the network; the next one
 //!   if a replica fails), then check the lease did not run out during the read: an expired
 //!   lease is `LEASE_EXPIRED` and the bytes are discarded. The copying `get` copies a value
-//!   of its own segment straight out of it (see `values`).
+//!   in memory the engine maps (own segment, a same-host node's shared memory) straight out
+//!   of it (see `values`).
 //! - Batches are one master request per step, and one transfer batch for all their bytes.
 //! - `put_from` / `get_into` move bytes straight from and into caller-registered memory:
 //!   nothing proportional to the value is allocated.
@@ -247,7 +249,8 @@ impl StoreClient {
                 Err(e) => return Err(e),
             }
         }
-        // Idle batch buffers are kept up to the copy buffer's size: what a batch can carry.
+        // Idle big batch buffers are kept up to the copy buffer's size (what a batch can
+        // carry), small ones up to 16 MiB more.
         let values = values::ValuePool::new(to_usize(config.local_buffer_size)?);
         let warm_values = warm_values && config.local_buffer_size > 0;
         match config.prefault {
@@ -364,7 +367,8 @@ impl StoreClient {
             .map_err(|e| StoreError::setup("registering a buffer", e))
     }
 
-    /// Stores `value` under `key` (copied through the registered copy buffer).
+    /// Stores `value` under `key` (copied: straight into a replica the engine maps, else
+    /// through the registered copy buffer).
     pub async fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
         self.batch_put(&[(key, value)])
             .await
@@ -382,8 +386,9 @@ impl StoreClient {
 
     /// The value of `key`. A value of 64 KiB or more is a view of a buffer the client
     /// reuses once the value (and every clone of it) is dropped, so a loop of `get`s does
-    /// not allocate fresh memory for every value; `Vec::from` copies it out where a vector
-    /// is needed.
+    /// not allocate fresh memory for every value. A value kept keeps its whole buffer,
+    /// which for one of 4 MiB or more may be the client's warm buffer of the copy buffer's
+    /// size: copy it out (`Vec::from(&value[..])`) to keep it long.
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
         self.batch_get(&[key]).await.pop().expect("one result")
     }

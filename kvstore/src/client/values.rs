@@ -16,8 +16,9 @@
 //! where the kernel offers them); they are [`Bytes`] views of it, and once the last view is
 //! dropped the buffer goes back to the client's [`ValuePool`] for the next batch, as an
 //! allocator's cache would keep it. Buffers under [`BULK_VEC_MIN`] form a class of their
-//! own (powers of two, at most 16 MiB idle), so a small value the caller keeps never holds
-//! a big buffer back from the next big batch. The pool keeps at most the copy buffer's
+//! own (powers of two, at most 16 MiB idle), so a small batch's value the caller keeps never
+//! holds a big buffer back from the next big batch (a big one's does: the smallest idle big
+//! buffer that fits is taken, the warm one of the copy buffer's size included). The pool keeps at most the copy buffer's
 //! size of idle big buffers, and a client that faults its memory in ahead (`prefault`)
 //! starts it with one resident buffer of that size, faulted in after the copy buffer and
 //! the segment: without it, the first big read of a fresh client paid the first touch of
@@ -174,8 +175,8 @@ impl Drop for Recycled {
     }
 }
 
-/// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of the
-/// client's own segment), in any order, into the caller's values. The values of a batch of
+/// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of
+/// memory the engine maps: the own segment, a same-host node's shared memory), in any order, into the caller's values. The values of a batch of
 /// [`POOLED_MIN`] or more in all share one buffer from the pool; otherwise each value gets
 /// a vector.
 enum Gather {
@@ -292,9 +293,10 @@ impl StoreClient {
         let looked = self.lookups(&ks).await;
         // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes
         // still in cache (as `batch_put` stages them). Every lease is checked against the
-        // one lookup. The lengths the master answered size the values' buffer only up to
-        // what can be read at all (a value fits the copy buffer or the own segment; longer
-        // ones fail when read), so a wrong length cannot size an allocation past that.
+        // one lookup. The lengths the master answered size the values' shared buffer only up
+        // to the larger of the copy buffer and the own segment (a longer value is read
+        // through a buffer of its own, and its mapped copy is skipped), so a wrong length
+        // cannot size the shared allocation past that.
         let most = usize::try_from(self.inner.config.local_buffer_size)
             .unwrap_or(usize::MAX)
             .max(self.inner.segment.as_ref().map_or(0, |(b, _)| b.len()));

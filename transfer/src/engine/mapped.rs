@@ -100,7 +100,8 @@ impl TransferEngine {
             // `mapped`), mapped while `m` holds its target; `s` is the caller's slice of
             // `len` bytes, borrowed for the call; the two do not overlap. No other thread
             // of this process touches the destination meanwhile: its CPU stripes are held
-            // exclusively.
+            // exclusively where the region is this process's memory (a region of another
+            // process is written as every shared-memory transfer writes it).
             unsafe { crate::memory::copy_nonoverlapping_large(s, d, len) };
         }
         drop(held);

@@ -94,7 +94,7 @@ pub(crate) fn runs(pieces: &[Piece], tasks: usize) -> Vec<usize> {
 
 /// The CPUs this process may use, asked once (the standard library reads cgroup files to
 /// answer).
-fn cpus() -> usize {
+pub(crate) fn cpus() -> usize {
     static CPUS: OnceLock<usize> = OnceLock::new();
     *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }

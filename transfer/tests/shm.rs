@@ -104,7 +104,7 @@ async fn shm_disabled_on_the_initiator_means_tcp() {
 async fn mapped_memory_is_appended_with_one_copy_and_only_while_registered() {
     let target = engine(true).await;
     let initiator = engine(true).await;
-    const LEN: usize = 6 << 20;
+    const LEN: usize = 20 << 20;
     let shared = target.alloc(LEN).unwrap();
     fill(&shared, 41);
     let private = target
@@ -118,7 +118,13 @@ async fn mapped_memory_is_appended_with_one_copy_and_only_while_registered() {
         .await
         .unwrap();
     let mut out = b"head".to_vec();
-    for (off, len) in [(0usize, 1usize), (4093, 4099), (7, 5 << 20)] {
+    // The last one big enough to be copied on two threads.
+    for (off, len) in [
+        (0usize, 1usize),
+        (4093, 4099),
+        (7, 5 << 20),
+        (11, (17 << 20) + 3),
+    ] {
         let at = out.len();
         initiator
             .append_mapped(&seg, shared.addr() + off as u64, len, &mut out)
@@ -135,10 +141,13 @@ async fn mapped_memory_is_appended_with_one_copy_and_only_while_registered() {
     assert_eq!(&out[..4], b"head");
     let s = initiator.stats();
     assert_eq!(s.tcp_bytes, 0);
-    assert_eq!((s.shm_bytes, s.local_bytes), (1 + 4099 + (5 << 20), 70_000));
+    assert_eq!(
+        (s.shm_bytes, s.local_bytes),
+        (1 + 4099 + (5 << 20) + (17 << 20) + 3, 70_000)
+    );
 
     // Writes the same way: into the peer's shared region and the own segment.
-    let src: Vec<u8> = (0..(3 << 20) + 5).map(|i| (i % 253) as u8).collect();
+    let src: Vec<u8> = (0..(9 << 20) + 5).map(|i| (i % 253) as u8).collect();
     initiator
         .write_mapped(&seg, shared.addr() + 9, &src)
         .expect("mapped")

@@ -69,7 +69,7 @@ impl TransferEngine {
         // writes the source meanwhile: its CPU stripes are held for reading (another
         // process's writes to shared memory are as for every shared-memory transfer; a
         // region retired meanwhile fails the check after the copy, and nothing counts).
-        unsafe { crate::memory::copy_nonoverlapping_large(m.ptr.0, dst, len) };
+        unsafe { copy_spread(m.ptr.0, dst, len) };
         drop(held);
         if let Err(e) = self.settle_mapped(seg, addr, len, &m) {
             return Some(Err(e));
@@ -102,7 +102,7 @@ impl TransferEngine {
             // of this process touches the destination meanwhile: its CPU stripes are held
             // exclusively where the region is this process's memory (a region of another
             // process is written as every shared-memory transfer writes it).
-            unsafe { crate::memory::copy_nonoverlapping_large(s, d, len) };
+            unsafe { copy_spread(s, d, len) };
         }
         drop(held);
         Some(self.settle_mapped(seg, addr, len, &m))
@@ -164,4 +164,50 @@ impl TransferEngine {
         }
         Ok(())
     }
+}
+
+/// Copies this large or more on two threads (where the process may use two CPUs): one
+/// core's copy does not saturate the memory bus (see `hostcopy`; a 16 MiB `put` to a
+/// same-host node from a source out of cache ran at 6 GB/s on one thread, against 13 for
+/// the same bytes copied by `hostcopy` on two).
+const SPREAD_MIN: usize = 8 << 20;
+
+/// Copies `len` bytes from `src` to `dst`: the upper half on a scoped helper thread when
+/// the copy is [`SPREAD_MIN`] or more, the lower half on this one (all of it here when no
+/// thread can be started).
+///
+/// # Safety
+/// As for [`crate::memory::copy_nonoverlapping_large`]: `src` readable and `dst` writable
+/// for `len` bytes, not overlapping, and no one else writing either meanwhile. The helper
+/// is joined before this returns, so it touches them only while the caller's guarantees
+/// (and any CPU stripes the caller holds) last.
+unsafe fn copy_spread(src: *const u8, dst: *mut u8, len: usize) {
+    if len >= SPREAD_MIN && crate::hostcopy::cpus() > 1 {
+        let half = (len / 2).next_multiple_of(4096);
+        let upper = (
+            SendPtr(src.wrapping_add(half).cast_mut()),
+            SendPtr(dst.wrapping_add(half)),
+        );
+        let spread = std::thread::scope(|scope| {
+            let helper = std::thread::Builder::new()
+                .name("moongate-copy".into())
+                .spawn_scoped(scope, move || {
+                    let (s, d) = upper;
+                    // SAFETY: [half, len) of both ranges, inside them (half < len), under the
+                    // caller's contract; the lower half copied below does not overlap it.
+                    unsafe { crate::memory::copy_nonoverlapping_large(s.0, d.0, len - half) };
+                });
+            if helper.is_err() {
+                return false;
+            }
+            // SAFETY: [0, half) of both ranges, under the caller's contract.
+            unsafe { crate::memory::copy_nonoverlapping_large(src, dst, half) };
+            true
+        });
+        if spread {
+            return;
+        }
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { crate::memory::copy_nonoverlapping_large(src, dst, len) };
 }

@@ -7,7 +7,8 @@
 //!
 //! - **put** = `put-start` (the master allocates replicas), write every replica (one copy
 //!   into the memory the engine maps, own segment or a same-host node's shared memory;
-//!   through `transfer` in one batch otherwise), `put-end`; any failure revokes the put and the error says why.
+//!   through `transfer` in one batch otherwise), `put-end`; any failure revokes the put
+//!   and the error says why.
 //!   A value of a length the client holds reserved space for skips put-start: written
 //!   into the reservation, then one `put-commit` (see `reserve`).
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete

@@ -1,6 +1,7 @@
 //! The client's registered copy buffer: where `put` stages a caller's bytes before a
 //! transfer and where `get` lands an object before copying it out (for replicas that only
-//! a transfer reaches: one the engine maps is copied directly, see `TransferEngine::append_mapped`).
+//! a transfer reaches: one the engine maps is copied directly, see
+//! `TransferEngine::append_mapped`).
 //!
 //! Ranges are handed out by the same O(1) offset allocator the master uses for segments.
 //! A [`Slot`] frees its range when dropped, except while a transfer may still touch it: a

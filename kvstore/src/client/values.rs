@@ -18,8 +18,8 @@
 //! allocator's cache would keep it. Buffers under [`BULK_VEC_MIN`] form a class of their
 //! own (powers of two, at most 16 MiB idle), so a small batch's value the caller keeps never
 //! holds a big buffer back from the next big batch (a big one's does: the smallest idle big
-//! buffer that fits is taken, the warm one of the copy buffer's size included). The pool keeps at most the copy buffer's
-//! size of idle big buffers, and a client that faults its memory in ahead (`prefault`)
+//! buffer that fits is taken, the warm one of the copy buffer's size included). The pool
+//! keeps at most the copy buffer's size of idle big buffers, and a client that faults its memory in ahead (`prefault`)
 //! starts it with one resident buffer of that size, faulted in after the copy buffer and
 //! the segment: without it, the first big read of a fresh client paid the first touch of
 //! all its pages, on this project's VMs 8-13 s a GiB (a 64 x 1 MiB `batch_get` 0.8-1.2 s
@@ -176,9 +176,9 @@ impl Drop for Recycled {
 }
 
 /// Collects the values a `batch_get` copies out (of the copy buffer after a read, or of
-/// memory the engine maps: the own segment, a same-host node's shared memory), in any order, into the caller's values. The values of a batch of
-/// [`POOLED_MIN`] or more in all share one buffer from the pool; otherwise each value gets
-/// a vector.
+/// memory the engine maps: the own segment, a same-host node's shared memory), in any
+/// order, into the caller's values. The values of a batch of [`POOLED_MIN`] or more in all
+/// share one buffer from the pool; otherwise each value gets a vector.
 enum Gather {
     /// A big batch: one shared buffer, each value a range of it (by index).
     Bulk {

@@ -11,21 +11,20 @@
 //! 64 x 4 KiB `batch_get`s, a vector per value, grew and trimmed the heap every batch and
 //! so paid a first touch in one round in three (p99 8-17 ms against 1 ms).
 //!
-//! So the values of a batch of [`POOLED_MIN`] (64 KiB) or more in all, a `get` of one such
-//! value included, share one buffer ([`transfer::memory::bulk_vec`]: whole huge pages
-//! where the kernel offers them); they are [`Bytes`] views of it, and once the last view is
-//! dropped the buffer goes back to the client's [`ValuePool`] for the next batch, as an
-//! allocator's cache would keep it. Buffers under [`BULK_VEC_MIN`] form a class of their
-//! own (powers of two, at most 16 MiB idle), so a small batch's value the caller keeps never
-//! holds a big buffer back from the next big batch (a big one's does: the smallest idle big
-//! buffer that fits is taken, the warm one of the copy buffer's size included). The pool
-//! keeps at most the copy buffer's size of idle big buffers, and a client that faults its memory in ahead (`prefault`)
-//! starts it with one resident buffer of that size, faulted in after the copy buffer and
-//! the segment: without it, the first big read of a fresh client paid the first touch of
-//! all its pages, on this project's VMs 8-13 s a GiB (a 64 x 1 MiB `batch_get` 0.8-1.2 s
-//! where the next took 13 ms). Memory cost: the copy buffer's size (`local_buffer_size`),
-//! resident from start, and at most 16 MiB of small buffers; a storage node, which serves
-//! no copying reads, keeps no big buffer.
+//! So the values of a batch of [`POOLED_MIN`] (64 KiB) or more in all, a `get` of one such value
+//! included, share one buffer ([`transfer::memory::bulk_vec`]: whole huge pages where the kernel
+//! offers them); they are [`Bytes`] views of it, and once the last view is dropped the buffer goes
+//! back to the client's [`ValuePool`] for the next batch, as an allocator's cache would keep it.
+//! Buffers under [`BULK_VEC_MIN`] form a class of their own (powers of two, at most 16 MiB idle),
+//! so a small batch's value the caller keeps never holds a big buffer back from the next big batch
+//! (a big one's does: the smallest idle big buffer that fits is taken, the warm one of the copy
+//! buffer's size included). The pool keeps at most the copy buffer's size of idle big buffers, and
+//! a client that faults its memory in ahead (`prefault`) starts it with one resident buffer of that
+//! size, faulted in after the copy buffer and the segment: without it, the first big read of a
+//! fresh client paid the first touch of all its pages, on this project's VMs 8-13 s a GiB (a 64 x 1
+//! MiB `batch_get` 0.8-1.2 s where the next took 13 ms). Memory cost: the copy buffer's size
+//! (`local_buffer_size`), resident from start, and at most 16 MiB of small buffers; a storage node,
+//! which serves no copying reads, keeps no big buffer.
 
 use std::ops::Range;
 use std::sync::{Arc, Weak};

@@ -44,19 +44,27 @@ pub(crate) const MAX_TASKS: usize = 8;
 /// `len` bytes from offset `off` of request `job` (an index into the batch's copy jobs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Piece {
-    job: usize,
-    off: usize,
-    len: usize,
+    /// The request (an index into the batch's jobs or copies).
+    pub(crate) job: usize,
+    /// The piece's first byte in its request.
+    pub(crate) off: usize,
+    /// Bytes.
+    pub(crate) len: usize,
 }
 
 /// The pieces of requests of `lens` bytes, in order (a request of 0 bytes is one empty
 /// piece, so it is still checked and completed).
 pub(crate) fn pieces(lens: &[usize]) -> Vec<Piece> {
+    pieces_of(lens, CHUNK)
+}
+
+/// As [`pieces`], in pieces of at most `chunk` bytes.
+pub(crate) fn pieces_of(lens: &[usize], chunk: usize) -> Vec<Piece> {
     let mut out = Vec::with_capacity(lens.len());
     for (job, &len) in lens.iter().enumerate() {
         let mut off = 0;
         loop {
-            let n = CHUNK.min(len - off);
+            let n = chunk.min(len - off);
             out.push(Piece { job, off, len: n });
             off += n;
             if off >= len {
@@ -268,7 +276,7 @@ fn copy_piece(batch: &Arc<BatchState>, job: &CopyJob, off: usize, n: usize) -> R
         unsafe { std::ptr::copy(s, d, n) };
     } else {
         // SAFETY: as above, and the ranges do not overlap.
-        unsafe { crate::memory::copy_nonoverlapping_large(s, d, n) };
+        unsafe { crate::memory::copy_nonoverlapping_part(s, d, n, req.len) };
     }
     drop(held);
     drop(landing);
@@ -285,7 +293,8 @@ fn check_after(batch: &BatchState, job: &CopyJob) -> Result<()> {
     }
 }
 
-fn overlapping(a: *const u8, b: *const u8, n: usize) -> bool {
+/// Whether `n` bytes at `a` and `n` bytes at `b` overlap.
+pub(crate) fn overlapping(a: *const u8, b: *const u8, n: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     a < b.wrapping_add(n) && b < a.wrapping_add(n)
 }

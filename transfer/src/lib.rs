@@ -30,6 +30,8 @@
 //!   initiator pool with lanes and slicing.
 //! - `shm`: shared-memory transport (same-host peers) and local copy targets.
 //! - `hostcopy`: a batch's host memory copies, spread over the runtime's worker threads.
+//! - `copier`: synchronous copies (the engine's mapped reads and writes) spread over the
+//!   calling thread and one long-lived copier thread.
 //! - `devcopy`: the memory-copy routes with device memory on either side (stream copies,
 //!   CUDA IPC).
 //! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
@@ -49,6 +51,7 @@ pub mod segment;
 pub mod tcp;
 pub mod tls;
 
+mod copier;
 mod devcopy;
 mod engine;
 mod hostcopy;

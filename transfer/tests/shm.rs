@@ -266,3 +266,99 @@ async fn spread_batch_lands_whole() {
     }
     assert_eq!(initiator.stats().tcp_bytes, 0, "nothing went over TCP");
 }
+
+/// The batch forms of the mapped copies answer each item on its own: mapped ranges (a
+/// peer's shared region, the own segment) are copied, all at once and spread over the
+/// caller's thread and the copier; private memory and a range past a region are left to
+/// transfers (`None`, nothing appended for them); the appended ranges lie back to back.
+/// Several threads copying at once share the one copier and each gets its own bytes.
+#[tokio::test]
+async fn batches_of_mapped_copies_answer_each_item_and_share_the_copier() {
+    let target = engine(true).await;
+    let initiator = engine(true).await;
+    const LEN: usize = 24 << 20;
+    let shared = target.alloc(LEN).unwrap();
+    let private = target
+        .register(MemoryRegion::alloc(1 << 20).unwrap())
+        .unwrap();
+    let own = initiator.alloc(4 << 20).unwrap();
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    let me = initiator
+        .open_segment(initiator.segment_name())
+        .await
+        .unwrap();
+    // Odd sizes and offsets, about 1 MiB each: many pieces, cut inside values.
+    let lens: Vec<usize> = (0..9).map(|i| (1 << 20) + 4097 * i + 1).collect();
+    let srcs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n).map(|b| (b * 7 + i * 13) as u8).collect())
+        .collect();
+    let at: Vec<u64> = (0..lens.len())
+        .map(|i| shared.addr() + 5 + (i as u64) * (2 << 20))
+        .collect();
+    let mut items: Vec<(&transfer::Segment, u64, &[u8])> = at
+        .iter()
+        .zip(&srcs)
+        .map(|(&a, s)| (&seg, a, s.as_slice()))
+        .collect();
+    items.insert(2, (&seg, private.addr(), &srcs[0][..10]));
+    items.insert(5, (&me, own.addr() + 3, &srcs[1][..70_000]));
+    items.push((&seg, shared.addr() + LEN as u64 - 10, &srcs[2][..20]));
+    let wrote = initiator.write_mapped_batch(&items);
+    assert_eq!(wrote.len(), items.len());
+    for (k, r) in wrote.iter().enumerate() {
+        match k {
+            2 | 11 => assert!(r.is_none(), "item {k}: {r:?}"),
+            _ => assert!(matches!(r, Some(Ok(()))), "item {k}: {r:?}"),
+        }
+    }
+    for (i, s) in srcs.iter().enumerate() {
+        assert!(
+            shared.to_vec(5 + i * (2 << 20), s.len()).unwrap() == *s,
+            "value {i}"
+        );
+    }
+    assert_eq!(own.to_vec(3, 70_000).unwrap(), srcs[1][..70_000]);
+
+    // Read back in one batch, after a head the caller already had.
+    let ranges: Vec<(&transfer::Segment, u64, usize)> =
+        items.iter().map(|(s, a, b)| (*s, *a, b.len())).collect();
+    let mut out = b"head".to_vec();
+    let got = initiator.append_mapped_batch(&ranges, &mut out);
+    let mut next = 4;
+    for (k, r) in got.into_iter().enumerate() {
+        match (k, r) {
+            (2 | 11, r) => assert!(r.is_none(), "item {k}: {r:?}"),
+            (k, Some(Ok(r))) => {
+                assert_eq!(r.start, next, "item {k} is not right after the one before");
+                assert!(out[r.clone()] == *items[k].2, "item {k} read back wrong");
+                next = r.end;
+            }
+            (k, r) => panic!("item {k}: {r:?}"),
+        }
+    }
+    assert_eq!((&out[..4], out.len()), (&b"head"[..], next));
+    assert_eq!(initiator.stats().tcp_bytes, 0);
+
+    // Four threads at once, each reading its own values a few times: the copier takes
+    // pieces of whichever job it was handed, and each caller takes back what it has not.
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (initiator, seg, srcs, at) = (&initiator, &seg, &srcs, &at);
+            s.spawn(move || {
+                let mine: Vec<usize> = (0..srcs.len()).filter(|i| i % 4 == t).collect();
+                let ranges: Vec<(&transfer::Segment, u64, usize)> =
+                    mine.iter().map(|&i| (seg, at[i], srcs[i].len())).collect();
+                for _ in 0..8 {
+                    let mut out = Vec::new();
+                    let got = initiator.append_mapped_batch(&ranges, &mut out);
+                    for (&i, r) in mine.iter().zip(got) {
+                        let r = r.expect("mapped").unwrap();
+                        assert!(out[r] == *srcs[i], "thread {t}: value {i} read back wrong");
+                    }
+                }
+            });
+        }
+    });
+}

@@ -32,8 +32,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use transfer::RegisteredBuffer;
 use transfer::memory::{BULK_VEC_MIN, bulk_vec};
+use transfer::{Segment, TransferEngine};
 
 use super::StoreClient;
 use super::error::{StoreError, StoreResult};
@@ -217,32 +217,42 @@ impl Gather {
         }
     }
 
-    /// Value `i`, `len` bytes, if `append` appends them (it answers whether it did);
-    /// otherwise nothing is recorded for it. Answers whether it was.
-    fn try_copy(
+    /// Values `items` ((index, segment, address, length)) copied straight out of memory
+    /// `engine` maps, all at once (spread over two threads); answers for each whether it
+    /// was (otherwise nothing is recorded for it).
+    fn copy_mapped(
         &mut self,
-        i: usize,
-        len: usize,
-        append: impl FnOnce(&mut Vec<u8>) -> bool,
-    ) -> bool {
+        engine: &TransferEngine,
+        items: &[(usize, Segment, u64, usize)],
+    ) -> Vec<bool> {
         match self {
             Self::Bulk { all, spans, .. } => {
-                let at = all.len();
-                if append(all) {
-                    spans[i] = Some(Ok(at..all.len()));
-                    return true;
-                }
-                all.truncate(at);
-                false
+                let ranges: Vec<(&Segment, u64, usize)> =
+                    items.iter().map(|(_, s, a, l)| (s, *a, *l)).collect();
+                let got = engine.append_mapped_batch(&ranges, all);
+                got.into_iter()
+                    .zip(items)
+                    .map(|(r, (i, ..))| match r {
+                        Some(Ok(r)) => {
+                            spans[*i] = Some(Ok(r));
+                            true
+                        }
+                        _ => false,
+                    })
+                    .collect()
             }
-            Self::Each(out) => {
-                let mut v = Vec::with_capacity(len);
-                let done = append(&mut v);
-                if done {
-                    out[i] = Some(Ok(Bytes::from(v)));
-                }
-                done
-            }
+            Self::Each(out) => items
+                .iter()
+                .map(|(i, seg, addr, len)| {
+                    let mut v = Vec::with_capacity(*len);
+                    let done =
+                        matches!(engine.append_mapped(seg, *addr, *len, &mut v), Some(Ok(())));
+                    if done {
+                        out[*i] = Some(Ok(Bytes::from(v)));
+                    }
+                    done
+                })
+                .collect(),
         }
     }
 
@@ -277,12 +287,12 @@ impl Gather {
 }
 
 impl StoreClient {
-    /// The values of many keys: one lookup request, then, per part of at most
-    /// `STAGE_BYTES`, a copy straight out of mapped memory (this client's own segment, a
-    /// same-host node's shared memory) for the values that have a replica there and one
-    /// transfer batch (more only for replicas that fail) for the others. The values of a
-    /// batch of 64 KiB or more share one pooled allocation, which lives until the last of
-    /// them is dropped.
+    /// The values of many keys: one lookup request, then one copy straight out of mapped
+    /// memory (this client's own segment, a same-host node's shared memory) of all the
+    /// values that have a replica there, spread over two threads, and for the others, per
+    /// part of at most `STAGE_BYTES`, one transfer batch (more only for replicas that
+    /// fail). The values of a batch of 64 KiB or more share one pooled allocation, which
+    /// lives until the last of them is dropped.
     pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
             return Vec::new();
@@ -290,12 +300,10 @@ impl StoreClient {
         let ks: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
         let granted = Instant::now();
         let looked = self.lookups(&ks).await;
-        // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes
-        // still in cache (as `batch_put` stages them). Every lease is checked against the
-        // one lookup. The lengths the master answered size the values' shared buffer only up
-        // to the larger of the copy buffer and the own segment (a longer value is read
-        // through a buffer of its own, and its mapped copy is skipped), so a wrong length
-        // cannot size the shared allocation past that.
+        // Every lease is checked against the one lookup. The lengths the master answered
+        // size the values' shared buffer only up to the larger of the copy buffer and the
+        // own segment (a longer value is read through a buffer of its own, and its mapped
+        // copy is skipped), so a wrong length cannot size the shared allocation past that.
         let most = usize::try_from(self.inner.config.local_buffer_size)
             .unwrap_or(usize::MAX)
             .max(self.inner.segment.as_ref().map_or(0, |(b, _)| b.len()));
@@ -314,54 +322,72 @@ impl StoreClient {
             .fold(0usize, |a, &l| a.saturating_add(l))
             .min(most);
         let mut gather = Gather::new(&self.inner.values, ks.len(), count, total);
-        let mut looked = looked.into_iter().enumerate();
+        // Values with a replica this client's engine maps (its own segment, a same-host
+        // node's shared memory): copied straight out of it, all at once. The others (and
+        // those whose mapped copy failed its checks) are read by transfers, which try every
+        // replica and report what failed.
         let mut opened = Opened::default();
-        for range in parts(lens.iter().copied(), STAGE_BYTES) {
-            let (mut far_at, mut far_keys, mut far) = (Vec::new(), Vec::new(), Vec::new());
-            let mut copied = false;
-            for (i, l) in looked.by_ref().take(range.len()) {
-                let l = match l {
-                    Ok(l) => l,
-                    Err(e) => {
-                        gather.fail(i, e);
-                        continue;
-                    }
-                };
-                let Some((segment, offset)) = self.own_replica(&l) else {
-                    // A same-host node's shared memory: one copy straight out of it too.
-                    if lens[i] as u64 == l.length
-                        && self.copy_mapped(&mut opened, &mut gather, i, &l).await
-                    {
-                        if let Err(e) = lease_check(ks[i], granted, l.lease_ms) {
-                            gather.fail(i, e);
-                        }
-                        copied = true;
-                        continue;
-                    }
-                    far_at.push(i);
-                    far_keys.push(ks[i]);
-                    far.push(Ok(l));
-                    continue;
-                };
-                // Own segment: the lease keeps the object in place; one copy, no transfer.
-                let len = l.length as usize;
-                gather.copy(i, len, |out| {
-                    segment
-                        .append_to(offset, len, out)
-                        .map_err(|e| StoreError::setup("copying out of the own segment", e))
-                });
-                if let Err(e) = lease_check(ks[i], granted, l.lease_ms) {
+        let shm = self.inner.engine.config().shm;
+        let own = self
+            .inner
+            .segment
+            .as_ref()
+            .map(|(_, spec)| spec.name.as_str());
+        let mut far: Vec<Option<Lookup>> = Vec::with_capacity(ks.len());
+        let mut direct = Vec::new();
+        for (i, l) in looked.into_iter().enumerate() {
+            let l = match l {
+                Ok(l) => l,
+                Err(e) => {
                     gather.fail(i, e);
+                    far.push(None);
+                    continue;
                 }
-                copied = true;
-            }
-            if far.is_empty() {
-                if copied {
-                    // Let the runtime's other tasks run between parts, as transfers do.
-                    tokio::task::yield_now().await;
+            };
+            if lens[i] as u64 == l.length {
+                if let Some(r) = own.and_then(|own| l.replicas.iter().find(|r| r.segment == own)) {
+                    // The own segment, found without opening anything (the common case of
+                    // a client holding a segment).
+                    direct.push((i, self.inner.engine.local_segment(), r.address, lens[i]));
+                } else {
+                    // Nearest first: the own segment, then same-host nodes.
+                    let near = self.candidates(&mut opened, &l.replicas).await;
+                    if let Some(Ok((seg, addr))) = near.into_iter().next()
+                        && (seg.is_local() || (shm && seg.is_same_host()))
+                    {
+                        direct.push((i, seg, addr, lens[i]));
+                    }
                 }
-                continue;
             }
+            far.push(Some(l));
+        }
+        if !direct.is_empty() {
+            let copied = gather.copy_mapped(&self.inner.engine, &direct);
+            for ((i, ..), done) in direct.iter().zip(copied) {
+                // Copied: no transfer for it; its lease still has to have held.
+                if let Some(l) = far[*i].take_if(|_| done)
+                    && let Err(e) = lease_check(ks[*i], granted, l.lease_ms)
+                {
+                    gather.fail(*i, e);
+                }
+            }
+            // Let the runtime's other tasks run before the transfers, as transfers do.
+            tokio::task::yield_now().await;
+        }
+        // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes
+        // still in cache (as `batch_put` stages them).
+        let left: Vec<(usize, Lookup)> = far
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, l)| Some((i, l?)))
+            .collect();
+        let mut left = left.into_iter();
+        for range in parts(left.as_slice().iter().map(|(i, _)| lens[*i]), STAGE_BYTES) {
+            let (far_at, far_keys, far): (Vec<usize>, Vec<&str>, Vec<_>) = left
+                .by_ref()
+                .take(range.len())
+                .map(|(i, l)| (i, ks[i], Ok(l)))
+                .collect();
             let got = self
                 .read_looked(&far_keys, far, granted, |_, len| self.copy_side(len))
                 .await;
@@ -378,48 +404,6 @@ impl StoreClient {
         let out = gather.finish();
         crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out
-    }
-
-    /// Copies the value of `l` (key `i` of `gather`) straight out of the nearest replica
-    /// this client's engine maps, a same-host node's shared memory, where there is one;
-    /// answers whether it did. Otherwise (no such replica, or it failed its checks) the
-    /// value is left to a transfer, which tries every replica and reports what failed.
-    async fn copy_mapped(
-        &self,
-        opened: &mut Opened,
-        gather: &mut Gather,
-        i: usize,
-        l: &Lookup,
-    ) -> bool {
-        let engine = &self.inner.engine;
-        if !engine.config().shm {
-            return false;
-        }
-        let len = l.length as usize;
-        for c in self.candidates(opened, &l.replicas).await {
-            // Nearest first: past the same-host ones, only transfers reach a replica.
-            let Ok((seg, addr)) = c else { break };
-            if !seg.is_local() && !seg.is_same_host() {
-                break;
-            }
-            let copied = gather.try_copy(i, len, |out| {
-                matches!(engine.append_mapped(&seg, addr, len, out), Some(Ok(())))
-            });
-            if copied {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Where this client's own segment holds a replica of `l` (the segment, the offset):
-    /// `None` for a pure client, or when no replica is there.
-    fn own_replica(&self, l: &Lookup) -> Option<(&RegisteredBuffer, usize)> {
-        let (buf, spec) = self.inner.segment.as_ref()?;
-        let r = l.replicas.iter().find(|r| r.segment == spec.name)?;
-        let offset = usize::try_from(r.address.checked_sub(buf.addr())?).ok()?;
-        let end = offset.checked_add(usize::try_from(l.length).ok()?)?;
-        (end <= buf.len()).then_some((buf, offset))
     }
 }
 

@@ -7,13 +7,17 @@
 //! [`TransferEngine::append_mapped`] copies it straight into the caller's vector and
 //! [`TransferEngine::write_mapped`] straight from the caller's slice, with the checks a
 //! transfer makes (the peer's registration before and after the copy, the CPU locks of
-//! the bytes touched in this process). They copy on the calling thread, synchronously: a
-//! caller's borrowed bytes are never touched after the call returns, so they need no
-//! registration.
+//! the bytes touched in this process). They copy synchronously, on the calling thread and
+//! (from 2 MiB in all) the process's copier thread (`copier`): a caller's borrowed
+//! bytes are never touched after the call returns, so they need no registration. The batch
+//! forms ([`TransferEngine::append_mapped_batch`], [`TransferEngine::write_mapped_batch`])
+//! spread a whole batch's copies over both threads at once.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use super::TransferEngine;
+use crate::copier::{MemCopy, Stripes, copy_all};
 use crate::engine::segments::Segment;
 use crate::error::{RemoteRange, Result};
 use crate::memory::{Access, CpuLock};
@@ -27,27 +31,30 @@ struct Mapped {
     ptr: SendPtr,
     /// The range's offset in its region (for the region's CPU lock).
     off: usize,
+    /// Whether the copy writes the range.
+    access: Access,
 }
 
-impl Mapped {
+impl Stripes for Mapped {
     /// The CPU lock of the region, where the region is this process's memory.
-    fn lock(&self) -> Option<&CpuLock> {
-        match &self.target {
+    fn stripes(&self) -> Option<(&CpuLock, usize, Access)> {
+        let lock = match &self.target {
             CopyTarget::Peer(m) => m.owner_lock.as_deref(),
             CopyTarget::Local(e) => Some(&**e.region.cpu()),
             CopyTarget::Ipc(_) => None,
-        }
+        };
+        lock.map(|l| (l, self.off, self.access))
     }
 }
 
 impl TransferEngine {
-    /// Appends the `len` bytes at `addr` of `seg` to `out` with one copy on the calling
-    /// thread, where this engine maps them: its own segment, or (shared memory on) a
-    /// same-host peer's shared region. `None` where only a transfer reaches them (over the
-    /// network, device memory, a range the cached descriptor does not hold, shared memory
-    /// unusable): the caller transfers them instead, which also reports what is wrong with
-    /// a bad range. `Some(Err)` where the mapped region failed its checks (unregistered,
-    /// its owner gone); nothing is appended then.
+    /// Appends the `len` bytes at `addr` of `seg` to `out` with one copy, where this engine
+    /// maps them: its own segment, or (shared memory on) a same-host peer's shared region.
+    /// `None` where only a transfer reaches them (over the network, device memory, a range
+    /// the cached descriptor does not hold, shared memory unusable): the caller transfers
+    /// them instead, which also reports what is wrong with a bad range. `Some(Err)` where
+    /// the mapped region failed its checks (unregistered, its owner gone); nothing is
+    /// appended then.
     pub fn append_mapped(
         &self,
         seg: &Segment,
@@ -55,57 +62,122 @@ impl TransferEngine {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Option<Result<()>> {
-        let m = match self.mapped(seg, addr, len, false)? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(e)),
-        };
-        out.reserve(len);
-        let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        let held = m.lock().map(|l| l.lock(m.off, len, Access::Read));
-        // SAFETY: `m.ptr` points at `len` bytes inside a region registered for them (see
-        // `mapped`), mapped while `m` holds its target. The destination is the spare
-        // capacity of `out` (reserved above: at least `len` bytes), private memory of the
-        // caller's vector, so the two cannot overlap. No other thread of this process
-        // writes the source meanwhile: its CPU stripes are held for reading (another
-        // process's writes to shared memory are as for every shared-memory transfer; a
-        // region retired meanwhile fails the check after the copy, and nothing counts).
-        unsafe { copy_spread(m.ptr.0, dst, len) };
-        drop(held);
-        if let Err(e) = self.settle_mapped(seg, addr, len, &m) {
-            return Some(Err(e));
+        let at = out.len();
+        let [r] = <[_; 1]>::try_from(self.append_mapped_batch(&[(seg, addr, len)], out))
+            .unwrap_or_else(|_| unreachable!("one answer per item"));
+        if let Some(Err(_)) = &r {
+            out.truncate(at);
         }
-        // SAFETY: the `len` bytes after the vector's length were written just above.
-        unsafe { out.set_len(out.len() + len) };
-        Some(Ok(()))
+        r.map(|r| r.map(drop))
     }
 
-    /// Writes `src` at `addr` of `seg` with one copy on the calling thread, where this
-    /// engine maps that range (as for [`TransferEngine::append_mapped`]); `None` where only
-    /// a transfer reaches it. `Some(Err)` where the mapped region failed its checks; the
-    /// bytes then count as not written.
-    pub fn write_mapped(&self, seg: &Segment, addr: u64, src: &[u8]) -> Option<Result<()>> {
-        let len = src.len();
-        let m = match self.mapped(seg, addr, len, true)? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(e)),
-        };
-        let held = m.lock().map(|l| l.lock(m.off, len, Access::Write));
-        let (s, d) = (src.as_ptr(), m.ptr.0);
-        if (s as usize) < (d as usize).wrapping_add(len) && (d as usize) < (s as usize) + len {
-            // SAFETY: as below; `copy` tolerates the overlap (the caller's slice views the
-            // very memory it writes, which only unsafe code can arrange).
-            unsafe { std::ptr::copy(s, d, len) };
-        } else {
-            // SAFETY: `d` points at `len` bytes inside a region registered for them (see
-            // `mapped`), mapped while `m` holds its target; `s` is the caller's slice of
-            // `len` bytes, borrowed for the call; the two do not overlap. No other thread
-            // of this process touches the destination meanwhile: its CPU stripes are held
-            // exclusively where the region is this process's memory (a region of another
-            // process is written as every shared-memory transfer writes it).
-            unsafe { copy_spread(s, d, len) };
+    /// [`TransferEngine::append_mapped`] for many ranges ((segment, address, length)) at
+    /// once, appended to `out` in order; their copies are spread over two threads. Per
+    /// range: `Some(Ok)` with where its bytes are in `out`; `None` where only a transfer
+    /// reaches it (nothing appended for it); `Some(Err)` where its region failed its checks
+    /// (its bytes, if copied, are a gap in `out` that no answer names).
+    pub fn append_mapped_batch(
+        &self,
+        items: &[(&Segment, u64, usize)],
+        out: &mut Vec<u8>,
+    ) -> Vec<Option<Result<Range<usize>>>> {
+        let mut answers = Vec::with_capacity(items.len());
+        // (answer, offset in `out`) of each copy.
+        let (mut copies, mut placed) = (Vec::new(), Vec::new());
+        let mut at = out.len();
+        for &(seg, addr, len) in items {
+            let end = at.checked_add(len);
+            match (self.mapped(seg, addr, len, false), end) {
+                (Some(Ok(m)), Some(end)) => {
+                    // The destination is set once `out` has room for all.
+                    let src = m.ptr;
+                    copies.push(MemCopy {
+                        owner: m,
+                        src,
+                        dst: src,
+                        len,
+                    });
+                    placed.push((answers.len(), at));
+                    answers.push(Some(Ok(at..end)));
+                    at = end;
+                }
+                (Some(Err(e)), _) => answers.push(Some(Err(e))),
+                _ => answers.push(None),
+            }
         }
-        drop(held);
-        Some(self.settle_mapped(seg, addr, len, &m))
+        out.reserve(at - out.len());
+        let base = out.as_mut_ptr();
+        for (c, &(_, off)) in copies.iter_mut().zip(&placed) {
+            c.dst = SendPtr(base.wrapping_add(off));
+        }
+        // SAFETY: each source is `len` bytes inside a region registered for them (see
+        // `mapped`), mapped while its `Mapped` holds the target; each destination is a
+        // distinct range of `out`'s spare capacity (reserved above up to `at`), private
+        // memory of the caller's vector, so no destination overlaps another or a source. No
+        // other thread of this process writes a source meanwhile: `copy_all` holds their
+        // stripes for reading (another process's writes to shared memory are as for every
+        // shared-memory transfer; a region retired meanwhile fails the check after the copy,
+        // and nothing counts).
+        unsafe { copy_all(&copies) };
+        for (c, &(i, _)) in copies.iter().zip(&placed) {
+            let (seg, addr, len) = items[i];
+            if let Err(e) = self.settle_mapped(seg, addr, len, &c.owner) {
+                answers[i] = Some(Err(e));
+            }
+        }
+        // SAFETY: every byte up to `at` was written by the copies above (the ranges of the
+        // answers, back to back from the old length).
+        unsafe { out.set_len(at) };
+        answers
+    }
+
+    /// Writes `src` at `addr` of `seg` with one copy, where this engine maps that range (as
+    /// for [`TransferEngine::append_mapped`]); `None` where only a transfer reaches it.
+    /// `Some(Err)` where the mapped region failed its checks; the bytes then count as not
+    /// written.
+    pub fn write_mapped(&self, seg: &Segment, addr: u64, src: &[u8]) -> Option<Result<()>> {
+        let [r] = <[_; 1]>::try_from(self.write_mapped_batch(&[(seg, addr, src)]))
+            .unwrap_or_else(|_| unreachable!("one answer per item"));
+        r
+    }
+
+    /// [`TransferEngine::write_mapped`] for many (segment, address, bytes) at once, their
+    /// copies spread over two threads; one answer per item, in order.
+    pub fn write_mapped_batch(&self, items: &[(&Segment, u64, &[u8])]) -> Vec<Option<Result<()>>> {
+        let mut answers = Vec::with_capacity(items.len());
+        let (mut copies, mut index) = (Vec::new(), Vec::new());
+        for &(seg, addr, src) in items {
+            match self.mapped(seg, addr, src.len(), true) {
+                Some(Ok(m)) => {
+                    let (s, dst) = (SendPtr(src.as_ptr().cast_mut()), m.ptr);
+                    copies.push(MemCopy {
+                        owner: m,
+                        src: s,
+                        dst,
+                        len: src.len(),
+                    });
+                    index.push(answers.len());
+                    answers.push(Some(Ok(())));
+                }
+                other => answers.push(other.map(|r| r.map(drop))),
+            }
+        }
+        // SAFETY: each destination is `len` bytes inside a region registered for them (see
+        // `mapped`), mapped while its `Mapped` holds the target; each source is a caller's
+        // slice of `len` bytes, borrowed for the call (one that views the very memory it
+        // writes, which only unsafe code can arrange, is copied as a `memmove`). No other
+        // thread of this process touches a destination meanwhile: `copy_all` holds their
+        // stripes exclusively where the region is this process's memory (a region of
+        // another process is written as every shared-memory transfer writes it). The caller
+        // names distinct replicas' ranges, which the master never overlaps.
+        unsafe { copy_all(&copies) };
+        for (c, &i) in copies.iter().zip(&index) {
+            let (seg, addr, src) = items[i];
+            if let Err(e) = self.settle_mapped(seg, addr, src.len(), &c.owner) {
+                answers[i] = Some(Err(e));
+            }
+        }
+        answers
     }
 
     /// Resolves `len` bytes at `addr` of `seg` to memory this engine maps, checked as a
@@ -127,7 +199,12 @@ impl TransferEngine {
             }
             let off = (addr - e.region.addr()) as usize;
             let ptr = SendPtr(e.region.as_ptr().wrapping_add(off));
-            return Some(Ok(Mapped { target, ptr, off }));
+            return Some(Ok(Mapped {
+                target,
+                ptr,
+                off,
+                access: access(write),
+            }));
         }
         if !self.inner.config.shm || !seg.is_same_host() || seg.is_stale() {
             return None;
@@ -149,6 +226,7 @@ impl TransferEngine {
             target: CopyTarget::Peer(m),
             ptr,
             off,
+            access: access(write),
         }))
     }
 
@@ -166,48 +244,7 @@ impl TransferEngine {
     }
 }
 
-/// Copies this large or more on two threads (where the process may use two CPUs): one
-/// core's copy does not saturate the memory bus (see `hostcopy`; a 16 MiB `put` to a
-/// same-host node from a source out of cache ran at 6 GB/s on one thread, against 13 for
-/// the same bytes copied by `hostcopy` on two).
-const SPREAD_MIN: usize = 8 << 20;
-
-/// Copies `len` bytes from `src` to `dst`: the upper half on a scoped helper thread when
-/// the copy is [`SPREAD_MIN`] or more, the lower half on this one (all of it here when no
-/// thread can be started).
-///
-/// # Safety
-/// As for [`crate::memory::copy_nonoverlapping_large`]: `src` readable and `dst` writable
-/// for `len` bytes, not overlapping, and no one else writing either meanwhile. The helper
-/// is joined before this returns, so it touches them only while the caller's guarantees
-/// (and any CPU stripes the caller holds) last.
-unsafe fn copy_spread(src: *const u8, dst: *mut u8, len: usize) {
-    if len >= SPREAD_MIN && crate::hostcopy::cpus() > 1 {
-        let half = (len / 2).next_multiple_of(4096);
-        let upper = (
-            SendPtr(src.wrapping_add(half).cast_mut()),
-            SendPtr(dst.wrapping_add(half)),
-        );
-        let spread = std::thread::scope(|scope| {
-            let helper = std::thread::Builder::new()
-                .name("moongate-copy".into())
-                .spawn_scoped(scope, move || {
-                    let (s, d) = upper;
-                    // SAFETY: [half, len) of both ranges, inside them (half < len), under the
-                    // caller's contract; the lower half copied below does not overlap it.
-                    unsafe { crate::memory::copy_nonoverlapping_large(s.0, d.0, len - half) };
-                });
-            if helper.is_err() {
-                return false;
-            }
-            // SAFETY: [0, half) of both ranges, under the caller's contract.
-            unsafe { crate::memory::copy_nonoverlapping_large(src, dst, half) };
-            true
-        });
-        if spread {
-            return;
-        }
-    }
-    // SAFETY: forwarded caller contract.
-    unsafe { crate::memory::copy_nonoverlapping_large(src, dst, len) };
+/// How a copy that writes (or reads) a mapped range touches it.
+fn access(write: bool) -> Access {
+    if write { Access::Write } else { Access::Read }
 }

@@ -228,6 +228,12 @@ impl TransferEngine {
         self.inner.regions.count()
     }
 
+    /// This engine's own segment (what [`TransferEngine::open_segment`] answers for its own
+    /// name, without the lookup).
+    pub fn local_segment(&self) -> Segment {
+        self.inner.local_segment.clone()
+    }
+
     /// Opens segment `name`: this engine's own, a cached descriptor, or one fetched from
     /// the metadata service (from the peer itself with peer-to-peer metadata).
     pub async fn open_segment(&self, name: &str) -> Result<Segment> {

@@ -184,6 +184,71 @@ pub(crate) fn lock_all<'a>(parts: &[(&'a CpuLock, usize, usize, Access)]) -> Hel
     held
 }
 
+/// Stripes held for a batch of copies (any number of ranges, of any regions); released on
+/// drop. Not `Send`: released by the thread that took it.
+pub(crate) struct HeldEvery<'a> {
+    stripes: Vec<(&'a CpuLock, usize, Access)>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl HeldEvery<'_> {
+    /// Number of stripes held.
+    #[cfg(test)]
+    pub(crate) fn stripes(&self) -> usize {
+        self.stripes.len()
+    }
+}
+
+impl Drop for HeldEvery<'_> {
+    fn drop(&mut self) {
+        for &(lock, i, access) in &self.stripes {
+            let s = &lock.stripes[i];
+            match access {
+                // SAFETY: `lock_every` locked exactly this stripe in this mode for this value,
+                // which is dropped once, by the thread that took it (not Send).
+                Access::Read => unsafe { s.unlock_shared() },
+                // SAFETY: as above, exclusively.
+                Access::Write => unsafe { s.unlock_exclusive() },
+            }
+        }
+    }
+}
+
+/// Holds the ranges `parts` (lock, offset, length, access), of any number of regions, at
+/// once: every stripe a part touches, once, exclusive if any part writes it, taken in the
+/// global order of [`lock_all`] (by region, then ascending), so it cannot deadlock with it
+/// or with itself.
+pub(crate) fn lock_every<'a>(
+    parts: impl IntoIterator<Item = (&'a CpuLock, usize, usize, Access)>,
+) -> HeldEvery<'a> {
+    let mut want: Vec<(&'a CpuLock, usize, Access)> = Vec::new();
+    for (l, off, len, access) in parts {
+        want.extend(l.span(off, len).map(|i| (l, i, access)));
+    }
+    want.sort_by_key(|&(l, i, _)| (l.stripes.as_ptr() as usize, i));
+    let mut stripes: Vec<(&'a CpuLock, usize, Access)> = Vec::with_capacity(want.len());
+    for (l, i, access) in want {
+        match stripes.last_mut() {
+            Some((hl, hi, ha)) if std::ptr::eq(*hl, l) && *hi == i => {
+                if access == Access::Write {
+                    *ha = Access::Write;
+                }
+            }
+            _ => stripes.push((l, i, access)),
+        }
+    }
+    for &(l, i, access) in &stripes {
+        match access {
+            Access::Read => l.stripes[i].lock_shared(),
+            Access::Write => l.stripes[i].lock_exclusive(),
+        }
+    }
+    HeldEvery {
+        stripes,
+        _not_send: PhantomData,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +326,38 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn every_stripe_of_a_batch_is_held_once_and_writes_win() {
+        let a = CpuLock::new(8 * MIN_STRIPE);
+        let b = CpuLock::new(2 * MIN_STRIPE);
+        let held = lock_every([
+            (&a, 0, 10, Access::Read),
+            (&b, MIN_STRIPE, 1, Access::Write),
+            (&a, 5 * MIN_STRIPE, 2 * MIN_STRIPE, Access::Write),
+            (&a, 6 * MIN_STRIPE, 1, Access::Read),
+            (&a, 0, 0, Access::Write),
+        ]);
+        assert_eq!(held.stripes(), 4, "a: 0, 5, 6; b: 1");
+        assert!(a.stripes[0].try_lock_shared(), "read only: shared");
+        // SAFETY: taken just above by this thread.
+        unsafe { a.stripes[0].unlock_shared() };
+        for i in [5, 6] {
+            assert!(!a.stripes[i].try_lock_shared(), "stripe {i} is exclusive");
+        }
+        assert!(!b.stripes[1].try_lock_shared());
+        assert!(
+            a.stripes[1].try_lock_exclusive(),
+            "untouched stripes stay free"
+        );
+        // SAFETY: taken just above by this thread.
+        unsafe { a.stripes[1].unlock_exclusive() };
+        drop(held);
+        for (l, n) in [(&a, 8), (&b, 2)] {
+            for i in 0..n {
+                assert!(l.stripes[i].try_lock_exclusive(), "stripe {i} released");
+            }
+        }
     }
 }

@@ -141,21 +141,31 @@ impl Drop for Mapping {
 /// Copies of at least this many bytes use non-temporal stores.
 pub(crate) const STREAM_COPY_MIN: usize = 1 << 20;
 
-/// Copies `len` bytes from `src` to `dst`, which must not overlap. Large copies on x86-64
-/// write with non-temporal (streaming) stores: the destination is not read first and not
-/// left in this core's cache (the bytes are for another process, or too many to stay
-/// cached anyway), which is what makes a big copy into cold memory fast.
+/// Copies `len` bytes from `src` to `dst`, which must not overlap; the bytes are a piece of
+/// one copy of `whole` bytes (cut up to be spread over threads; `whole == len` for a copy
+/// in one piece). Large copies on x86-64 write with non-temporal (streaming) stores: the
+/// destination is not read first and not left in this core's cache (the bytes are for
+/// another process, or too many to stay cached anyway), which is what makes a big copy
+/// into cold memory fast. Every piece of a large copy is streamed, even one short of
+/// [`STREAM_COPY_MIN`] alone: written through the cache, a batch of 16 MiB values copied in
+/// 512 KiB pieces ran at 12 GB/s where streamed it ran at 18.
 ///
 /// # Safety
 /// `src` must be valid for `len` bytes of reads, `dst` for `len` bytes of writes, and the
 /// ranges must not overlap.
-pub(crate) unsafe fn copy_nonoverlapping_large(src: *const u8, dst: *mut u8, len: usize) {
+pub(crate) unsafe fn copy_nonoverlapping_part(
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    whole: usize,
+) {
     #[cfg(target_arch = "x86_64")]
-    if len >= STREAM_COPY_MIN {
+    if whole.max(len) >= STREAM_COPY_MIN {
         // SAFETY: forwarded caller contract.
         unsafe { stream_copy(src, dst, len) };
         return;
     }
+    let _ = whole;
     // SAFETY: forwarded caller contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
@@ -319,14 +329,23 @@ mod tests {
     fn large_copies_are_exact_at_every_alignment() {
         let len = STREAM_COPY_MIN + 777;
         let src: Vec<u8> = (0..len + 64).map(|i| (i * 31 % 251) as u8).collect();
-        for (so, dof) in [(0usize, 0usize), (1, 0), (0, 3), (5, 11), (15, 1)] {
+        // Whole copies, then a short piece of a large copy (streamed too).
+        for (so, dof, len, whole) in [
+            (0usize, 0usize, len, len),
+            (1, 0, len, len),
+            (0, 3, len, len),
+            (5, 11, len, len),
+            (15, 1, len, len),
+            (3, 7, 4099, len),
+            (9, 0, 63, len),
+        ] {
             let mut dst = vec![0u8; len + 64];
             let (s, d) = (
                 src.as_ptr().wrapping_add(so),
                 dst.as_mut_ptr().wrapping_add(dof),
             );
             // SAFETY: both vectors have len + 64 bytes; offsets are below 16; distinct vectors.
-            unsafe { copy_nonoverlapping_large(s, d, len) };
+            unsafe { copy_nonoverlapping_part(s, d, len, whole) };
             assert_eq!(
                 &dst[dof..dof + len],
                 &src[so..so + len],

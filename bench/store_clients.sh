@@ -4,6 +4,7 @@
 #
 #   bench/store_clients.sh                    # 8 clients, 2 nodes, 1 MiB values, 3 rounds
 #   CLIENTS=4 NODES=1 SIZE=4M ROUNDS=1 bench/store_clients.sh
+#   SB_EXTRA='--rpc-busy-poll-us 0' bench/store_clients.sh   # more store-bench flags
 #
 # Store side: `store-bench --storage node --nodes NODES --clients CLIENTS` (put_from and
 # get_into, zero-copy, one call at a time per client; every client its own engine and
@@ -79,7 +80,7 @@ for r in $(seq 1 "$ROUNDS"); do
   w=$(te_pass write); rd=$(te_pass read)
   echo "{\"round\":$r,\"system\":\"transfer-bench\",\"put_from\":$w,\"get_into\":$rd}" >> "$OUT/results.jsonl"
   "$SB" --json --rounds 1 --storage node --nodes "$NODES" --clients "$CLIENTS" --protocol "$PROTOCOL" \
-    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G --prefault start 2>>"$OUT/store.err" \
+    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G --prefault start ${SB_EXTRA:-} 2>>"$OUT/store.err" \
     | grep '^RESULT' | cut -d' ' -f2- \
     | sed "s/^/{\"round\":$r,\"system\":\"store\",\"r\":/; s/\$/}/" >> "$OUT/results.jsonl"
 done

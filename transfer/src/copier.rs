@@ -76,6 +76,10 @@ struct Job {
     done: (Mutex<()>, Condvar),
 }
 
+/// A closed run's cursor: far past any piece, and far from wrapping with the few failed
+/// takes that may follow.
+const CLOSED: usize = usize::MAX / 2;
+
 /// What the copier thread runs: its share of one queued job.
 type Work = Box<dyn FnOnce() + Send>;
 
@@ -101,27 +105,40 @@ fn copier() -> Option<&'static Mutex<Sender<Work>>> {
         .as_ref()
 }
 
-/// Whether the destinations of two of `copies` overlap.
-fn destinations_overlap<T>(copies: &[MemCopy<T>]) -> bool {
-    let mut spans: Vec<(usize, usize)> = copies
-        .iter()
-        .filter(|c| c.len > 0)
-        .map(|c| (c.dst.0 as usize, c.len))
-        .collect();
+/// Whether some copy's destination overlaps another range of `copies` (a destination or a
+/// source, its own source included): such copies must run in order, on one thread.
+fn written_twice<T>(copies: &[MemCopy<T>]) -> bool {
+    // (start, end, is a destination), by start; a range overlaps an earlier one iff it
+    // starts before the furthest end so far, a destination iff before the furthest end of
+    // the destinations so far.
+    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(2 * copies.len());
+    for c in copies.iter().filter(|c| c.len > 0) {
+        for (at, dst) in [(c.src.0 as usize, false), (c.dst.0 as usize, true)] {
+            spans.push((at, at.saturating_add(c.len), dst));
+        }
+    }
     spans.sort_unstable();
-    spans
-        .windows(2)
-        .any(|w| w[0].0.saturating_add(w[0].1) > w[1].0)
+    let (mut end, mut dst_end) = (0usize, 0usize);
+    for (start, stop, dst) in spans {
+        if start < dst_end || (dst && start < end) {
+            return true;
+        }
+        end = end.max(stop);
+        if dst {
+            dst_end = dst_end.max(stop);
+        }
+    }
+    false
 }
 
 /// Runs `copies` (see the module doc); returns once every byte is copied.
 ///
 /// # Safety
 /// For every copy: `src` readable and `dst` writable for `len` bytes until this returns, and
-/// no one else writing either meanwhile except under the stripes `owner` names; no copy's
-/// destination overlaps another copy's source. A copy whose own source and destination
-/// overlap is copied as one `memmove` on one thread; copies whose destinations overlap are
-/// copied one after the other, in order, on the calling thread.
+/// no one else writing either meanwhile except under the stripes `owner` names. A copy whose
+/// own source and destination overlap is copied as one `memmove`; copies of which one writes
+/// what another reads or writes are copied one after the other, in order, on the calling
+/// thread.
 pub(crate) unsafe fn copy_all<T: Stripes>(copies: &[MemCopy<T>]) {
     let total = copies.iter().fold(0usize, |a, c| a.saturating_add(c.len));
     // An overlapping copy is one piece: its halves must run in memmove's order.
@@ -136,13 +153,19 @@ pub(crate) unsafe fn copy_all<T: Stripes>(copies: &[MemCopy<T>]) {
             p.len = copies[p.job].len;
         }
     }
-    // Copies whose destinations overlap run in order on this thread: spread, two threads
-    // would write the same bytes at once.
-    let two = total >= SPREAD_MIN && pieces.len() > 1 && !destinations_overlap(copies);
+    // Copies that write what another touches run in order on this thread: spread, two
+    // threads would touch the same bytes at once, one writing.
+    let two = total >= SPREAD_MIN && pieces.len() > 1 && !written_twice(copies);
     let bounds = match runs(&pieces, if two { 2 } else { 1 })[..] {
         [a, b, c] => [a, b, c],
         _ => [0, pieces.len(), pieces.len()],
     };
+    // Every stripe the copies touch, taken before any piece is copied (here or on the
+    // copier) and held until the last one is over.
+    let _held = lock_every(copies.iter().filter_map(|c| {
+        let (lock, off, access) = c.owner.stripes()?;
+        Some((lock, off, c.len, access))
+    }));
     let job = Arc::new(Job {
         next: [AtomicUsize::new(bounds[0]), AtomicUsize::new(bounds[1])],
         left: AtomicUsize::new(pieces.len()),
@@ -151,29 +174,20 @@ pub(crate) unsafe fn copy_all<T: Stripes>(copies: &[MemCopy<T>]) {
         bounds,
         done: (Mutex::new(()), Condvar::new()),
     });
-    let shared = bounds[1] < bounds[2]
-        && copier().is_some_and(|q| {
-            let j = job.clone();
-            let work: Work = Box::new(move || while j.step(1) {});
-            q.lock().is_ok_and(|tx| tx.send(work).is_ok())
-        });
-    // Every stripe the copies touch, held until the last piece is over, wherever it is copied.
-    let held = lock_every(copies.iter().filter_map(|c| {
-        let (lock, off, access) = c.owner.stripes()?;
-        Some((lock, off, c.len, access))
-    }));
-    // For `step` here and on the copier: the caller's contract covers every piece, and no
-    // piece is copied after this function returns: each is taken once (`take`), and this
-    // thread returns only once `left` counts every piece over.
-    while job.step(0) {}
-    if shared {
-        let (m, cv) = &job.done;
-        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-        while job.left.load(Ordering::Acquire) > 0 {
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+    // Dropped before `_held` (on return or unwind): no piece is taken after it, and it waits
+    // for those taken to be over, so no piece is copied once this function is left.
+    let _over = Finish(&job);
+    if bounds[1] < bounds[2]
+        && let Some(q) = copier()
+    {
+        let j = job.clone();
+        let work: Work = Box::new(move || while j.step(1) {});
+        // A copier gone leaves its run to this thread.
+        let _ = q.lock().map(|tx| tx.send(work));
     }
-    drop(held);
+    // For `step` here and on the copier: the caller's contract covers every piece, under
+    // the stripes held above.
+    while job.step(0) {}
 }
 
 impl Job {
@@ -183,6 +197,27 @@ impl Job {
             let i = self.next[r].fetch_add(1, Ordering::Relaxed);
             (i < self.bounds[r + 1]).then_some(i)
         })
+    }
+
+    /// Takes no more pieces, here or on the copier (a take after this fails), and counts the
+    /// ones never taken as over.
+    fn close(&self) {
+        for r in 0..2 {
+            let next = self.next[r].swap(CLOSED, Ordering::Relaxed);
+            let untaken = self.bounds[r + 1].saturating_sub(next);
+            if untaken > 0 {
+                self.over(untaken);
+            }
+        }
+    }
+
+    /// Counts `n` pieces over, and wakes the caller after the last one.
+    fn over(&self, n: usize) {
+        if self.left.fetch_sub(n, Ordering::AcqRel) == n {
+            let (m, cv) = &self.done;
+            let _g = m.lock().unwrap_or_else(|p| p.into_inner());
+            cv.notify_all();
+        }
     }
 
     /// Copies the next piece (of run `run` first); false when none was left. A job is only
@@ -212,15 +247,26 @@ impl Job {
     }
 }
 
-/// Counts a piece over when dropped, and wakes the caller after the last one.
+/// Counts a piece over when dropped (its copy done or unwound).
 struct Over<'a>(&'a Job);
 
 impl Drop for Over<'_> {
     fn drop(&mut self) {
-        if self.0.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let (m, cv) = &self.0.done;
-            let _g = m.lock().unwrap_or_else(|p| p.into_inner());
-            cv.notify_all();
+        self.0.over(1);
+    }
+}
+
+/// Closes a job when dropped and waits until every piece taken is over.
+struct Finish<'a>(&'a Job);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        let job = self.0;
+        job.close();
+        let (m, cv) = &job.done;
+        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+        while job.left.load(Ordering::Acquire) > 0 {
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -242,8 +288,21 @@ mod tests {
         (0..n).map(|i| (i * 31 + seed) as u8).collect()
     }
 
-    /// Many copies, one of them shifting bytes within one buffer (a `memmove`, kept whole),
-    /// spread over both threads: every byte lands where a sequential copy would put it.
+    /// Copies from `srcs` into `dsts`, one each.
+    fn plain_copies(srcs: &[Vec<u8>], dsts: &mut [Vec<u8>]) -> Vec<MemCopy<Plain>> {
+        srcs.iter()
+            .zip(dsts)
+            .map(|(s, d)| MemCopy {
+                owner: Plain,
+                src: SendPtr(s.as_ptr().cast_mut()),
+                dst: SendPtr(d.as_mut_ptr()),
+                len: s.len(),
+            })
+            .collect()
+    }
+
+    /// Many copies of odd sizes, spread over both threads: every byte lands where a
+    /// sequential copy would put it.
     #[test]
     fn spread_copies_land_like_sequential_ones() {
         let lens = [3 << 20, 1, 0, (1 << 20) + 7, 4096, PIECE + 1];
@@ -253,42 +312,69 @@ mod tests {
             .map(|(i, &n)| pattern(n, i))
             .collect();
         let mut dsts: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
-        // Shift the first 2 MiB of `shift` up by 4097 bytes, inside the vector.
-        let mut shift = pattern(3 << 20, 99);
-        let mut want = shift.clone();
-        want.copy_within(0..2 << 20, 4097);
-        let mut copies: Vec<MemCopy<Plain>> = srcs
-            .iter()
-            .zip(&mut dsts)
-            .map(|(s, d)| MemCopy {
-                owner: Plain,
-                src: SendPtr(s.as_ptr().cast_mut()),
-                dst: SendPtr(d.as_mut_ptr()),
-                len: s.len(),
-            })
-            .collect();
-        let base = shift.as_mut_ptr();
-        copies.insert(
-            2,
-            MemCopy {
-                owner: Plain,
-                src: SendPtr(base),
-                dst: SendPtr(base.wrapping_add(4097)),
-                len: 2 << 20,
-            },
-        );
+        let copies = plain_copies(&srcs, &mut dsts);
+        assert!(!written_twice(&copies));
         for _ in 0..3 {
             // SAFETY: every pointer is into a live vector of this test, valid for its
-            // length; the destinations are distinct vectors, except the one shift, which
-            // overlaps only its own source.
+            // length; the destinations are distinct vectors.
             unsafe { copy_all(&copies) };
-            // The shift is not idempotent: compare and start over.
-            assert!(shift == want, "the memmove went wrong");
-            shift.copy_from_slice(&pattern(3 << 20, 99));
         }
         for (i, (s, d)) in srcs.iter().zip(&dsts).enumerate() {
             assert!(s == d, "copy {i} went wrong");
         }
+    }
+
+    /// A copy shifting bytes within one buffer is one `memmove`, next to other copies.
+    #[test]
+    fn a_copy_into_its_own_source_moves_like_memmove() {
+        let srcs = vec![pattern(3 << 20, 5)];
+        let mut dsts = vec![vec![0u8; 3 << 20]];
+        let mut copies = plain_copies(&srcs, &mut dsts);
+        // Shift the first 2 MiB of `shift` up by 4097 bytes, inside the vector.
+        let mut shift = pattern(3 << 20, 99);
+        let mut want = shift.clone();
+        want.copy_within(0..2 << 20, 4097);
+        let base = shift.as_mut_ptr();
+        copies.push(MemCopy {
+            owner: Plain,
+            src: SendPtr(base),
+            dst: SendPtr(base.wrapping_add(4097)),
+            len: 2 << 20,
+        });
+        assert!(
+            written_twice(&copies),
+            "a copy into its own source runs in order"
+        );
+        // SAFETY: every pointer is into a live vector of this test, valid for its length;
+        // the shift overlaps only its own source.
+        unsafe { copy_all(&copies) };
+        assert!(shift == want, "the memmove went wrong");
+        assert!(dsts[0] == srcs[0]);
+    }
+
+    #[test]
+    fn a_range_written_twice_is_found_whatever_else_it_overlaps() {
+        let span = |src: usize, dst: usize, len: usize| MemCopy {
+            owner: Plain,
+            src: SendPtr(src as *mut u8),
+            dst: SendPtr(dst as *mut u8),
+            len,
+        };
+        // Disjoint, or sources read twice: spread.
+        assert!(!written_twice(&[span(0, 100, 10), span(200, 300, 10)]));
+        assert!(!written_twice(&[span(0, 100, 10), span(5, 300, 10)]));
+        assert!(!written_twice(&[span(0, 100, 0), span(0, 100, 10)]));
+        // Two destinations, a destination over another's source, over its own source.
+        assert!(written_twice(&[span(0, 100, 10), span(200, 105, 10)]));
+        assert!(written_twice(&[span(0, 100, 10), span(95, 300, 10)]));
+        assert!(written_twice(&[span(0, 100, 10), span(105, 300, 10)]));
+        assert!(written_twice(&[span(0, 5, 10)]));
+        // Hidden behind a longer source that starts first.
+        assert!(written_twice(&[
+            span(0, 1000, 100),
+            span(10, 2000, 5),
+            span(3000, 12, 5)
+        ]));
     }
 
     /// Two copies writing the same bytes are not spread: they run in order, the last one's
@@ -307,7 +393,7 @@ mod tests {
                 len: s.len(),
             })
             .collect();
-        assert!(destinations_overlap(&copies));
+        assert!(written_twice(&copies));
         // SAFETY: the vectors live past the call; the sources are not written.
         unsafe { copy_all(&copies) };
         assert!(dst == b);

@@ -44,6 +44,10 @@ use super::staging::{STAGE_BYTES, parts};
 /// value costs less than the pool's lock.
 pub(crate) const POOLED_MIN: usize = 64 << 10;
 
+/// Most bytes a `batch_get` copies straight out of mapped memory in one go (spread over two
+/// threads) before it lets the runtime's other tasks run.
+const MAPPED_PART: usize = 64 << 20;
+
 /// Idle bytes the pool keeps in buffers smaller than [`BULK_VEC_MIN`], on top of its cap.
 const SMALL_IDLE: usize = 4 * BULK_VEC_MIN;
 
@@ -333,6 +337,14 @@ impl StoreClient {
             .segment
             .as_ref()
             .map(|(_, spec)| spec.name.as_str());
+        // Whether `len` bytes at `addr` lie in the own segment (the only memory of this
+        // engine a value is copied straight out of, whatever else it has registered).
+        let in_own = |addr: u64, len: u64| {
+            self.inner.segment.as_ref().is_some_and(|(b, _)| {
+                addr.checked_sub(b.addr())
+                    .is_some_and(|off| off.checked_add(len).is_some_and(|e| e <= b.len() as u64))
+            })
+        };
         let mut far: Vec<Option<Lookup>> = Vec::with_capacity(ks.len());
         let mut direct = Vec::new();
         for (i, l) in looked.into_iter().enumerate() {
@@ -345,7 +357,8 @@ impl StoreClient {
                 }
             };
             if lens[i] as u64 == l.length {
-                if let Some(r) = own.and_then(|own| l.replicas.iter().find(|r| r.segment == own)) {
+                let mine = own.and_then(|own| l.replicas.iter().find(|r| r.segment == own));
+                if let Some(r) = mine.filter(|r| in_own(r.address, l.length)) {
                     // The own segment, found without opening anything (the common case of
                     // a client holding a segment).
                     direct.push((i, self.inner.engine.local_segment(), r.address, lens[i]));
@@ -353,7 +366,11 @@ impl StoreClient {
                     // Nearest first: the own segment, then same-host nodes.
                     let near = self.candidates(&mut opened, &l.replicas).await;
                     if let Some(Ok((seg, addr))) = near.into_iter().next()
-                        && (seg.is_local() || (shm && seg.is_same_host()))
+                        && if seg.is_local() {
+                            in_own(addr, l.length)
+                        } else {
+                            shm && seg.is_same_host()
+                        }
                     {
                         direct.push((i, seg, addr, lens[i]));
                     }
@@ -361,9 +378,12 @@ impl StoreClient {
             }
             far.push(Some(l));
         }
-        if !direct.is_empty() {
-            let copied = gather.copy_mapped(&self.inner.engine, &direct);
-            for ((i, ..), done) in direct.iter().zip(copied) {
+        // In parts of at most MAPPED_PART bytes: the copies of a part hold the runtime's
+        // thread (and their CPU stripes) until they are over.
+        for range in parts(direct.iter().map(|d| d.3), MAPPED_PART) {
+            let part = &direct[range];
+            let copied = gather.copy_mapped(&self.inner.engine, part);
+            for ((i, ..), done) in part.iter().zip(copied) {
                 // Copied: no transfer for it; its lease still has to have held.
                 if let Some(l) = far[*i].take_if(|_| done)
                     && let Err(e) = lease_check(ks[*i], granted, l.lease_ms)
@@ -371,7 +391,7 @@ impl StoreClient {
                     gather.fail(*i, e);
                 }
             }
-            // Let the runtime's other tasks run before the transfers, as transfers do.
+            // Let the runtime's other tasks run between parts, as transfers do.
             tokio::task::yield_now().await;
         }
         // Parts of at most STAGE_BYTES, so the copy out of the copy buffer finds the bytes

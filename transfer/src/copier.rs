@@ -30,19 +30,19 @@ use crate::memory::{Access, CpuLock, lock_every};
 use crate::tcp::io::SendPtr;
 
 /// Copies are cut into pieces of this size: small enough that a caller whose copier is late
-/// waits little for the piece under way, big enough that a piece's stripe locking and
-/// bookkeeping are noise (128 KiB to 512 KiB measured alike).
+/// waits little for the piece under way, big enough that a piece's bookkeeping is noise
+/// (128 KiB to 512 KiB measured alike).
 const PIECE: usize = 256 << 10;
 
 /// Copies of this many bytes in all, or more, are spread; smaller ones run on the caller's
 /// thread. Waking the copier takes tens of microseconds on this project's VMs: spreading a
 /// single 1 MiB copy made a 1 MiB `put` to a same-host node 10-20% slower (p50 about 120
 /// µs against 100), while a 4 MiB part of a `batch_put` and every bigger copy gained.
-pub(crate) const SPREAD_MIN: usize = 2 << 20;
+const SPREAD_MIN: usize = 2 << 20;
 
 /// Where a copy's CPU stripes are: the lock of this process's region the copy touches, the
 /// offset of the copy's first byte in it, and how the copy touches it.
-pub(crate) trait Stripes: Send + Sync + 'static {
+pub(crate) trait Stripes {
     /// The lock, the offset of the copy's first byte in its region, and the access; `None`
     /// where the bytes are not this process's memory (nothing to lock).
     fn stripes(&self) -> Option<(&CpuLock, usize, Access)>;

@@ -291,11 +291,11 @@ impl Gather {
 }
 
 impl StoreClient {
-    /// The values of many keys: one lookup request, then one copy straight out of mapped
-    /// memory (this client's own segment, a same-host node's shared memory) of all the
-    /// values that have a replica there, spread over two threads, and for the others, per
-    /// part of at most `STAGE_BYTES`, one transfer batch (more only for replicas that
-    /// fail). The values of a batch of 64 KiB or more share one pooled allocation, which
+    /// The values of many keys: one lookup request, then a copy straight out of mapped
+    /// memory (this client's own segment, a same-host node's shared memory) of the values
+    /// that have a replica there, up to `MAPPED_PART` bytes at once spread over two
+    /// threads, and for the others, per part of at most `STAGE_BYTES`, one transfer batch
+    /// (more only for replicas that fail). The values of a batch of 64 KiB or more share one pooled allocation, which
     /// lives until the last of them is dropped.
     pub async fn batch_get<K: AsRef<str>>(&self, keys: &[K]) -> Vec<StoreResult<Bytes>> {
         if keys.is_empty() {
@@ -327,7 +327,7 @@ impl StoreClient {
             .min(most);
         let mut gather = Gather::new(&self.inner.values, ks.len(), count, total);
         // Values with a replica this client's engine maps (its own segment, a same-host
-        // node's shared memory): copied straight out of it, all at once. The others (and
+        // node's shared memory): copied straight out of it, many at once. The others (and
         // those whose mapped copy failed its checks) are read by transfers, which try every
         // replica and report what failed.
         let mut opened = Opened::default();

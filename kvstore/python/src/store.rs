@@ -209,6 +209,22 @@ impl MooncakeDistributedStore {
         }
     }
 
+    /// Moongate's own (Mooncake has none): waits, without the GIL, up to `timeout` seconds
+    /// for this process's memory to be resident: `setup` faults the segment, the copy
+    /// buffer and a value buffer in on idle-priority threads (seconds a GiB), and until
+    /// then the first writes into a page pay its first touch. True once done (at once when
+    /// nothing is being faulted in), false at the timeout. A negative or non-finite timeout
+    /// raises `ValueError`.
+    #[pyo3(signature = (timeout = 60.0))]
+    fn wait_memory_resident(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let timeout = std::time::Duration::try_from_secs_f64(timeout).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "timeout must be a finite number of seconds >= 0, not {timeout}"
+            ))
+        })?;
+        Ok(py.detach(|| transfer::memory::wait_for_background_prefaults(timeout)))
+    }
+
     /// 0 healthy, 1 not set up or closed, 2 master unreachable.
     fn health_check(&self, py: Python<'_>) -> i32 {
         let Some(s) = self.state() else {

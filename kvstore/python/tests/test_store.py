@@ -170,6 +170,30 @@ def test_setup_forms_and_refusals(master):
     assert s.close() == 0
 
 
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib * 1024
+
+
+def test_waiting_for_resident_memory(master):
+    # Moongate's own: setup faults the segment in on idle-priority threads after it returns.
+    before = rss_bytes()
+    s = new_store(master, segment=512 * MiB)
+    try:
+        assert s.wait_memory_resident(0) is False, "512 MiB faulted in before setup returned"
+        assert s.wait_memory_resident(120) is True
+        assert rss_bytes() - before >= 512 * MiB
+        assert s.wait_memory_resident(0) is True
+        for bad in (-1, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                s.wait_memory_resident(bad)
+        with pytest.raises(TypeError):
+            s.wait_memory_resident("soon")
+    finally:
+        assert s.close() == 0
+
+
 def test_closed_store_and_bad_arguments(store, master):
     closed = MooncakeDistributedStore()
     assert closed.put("k", b"v") == INVALID

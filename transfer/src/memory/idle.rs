@@ -10,30 +10,83 @@
 //! round trips went from ~35 to ~70 µs for the seconds it took).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-/// Idle-priority memory threads of this process still running.
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
+/// Idle-priority memory threads of this process still faulting memory in.
+static RUNNING: Counter = Counter::new();
 
 /// How many background threads of this process are still faulting memory in. While one is,
 /// a busy poller should sleep instead: it would take the idle CPU the thread runs on and
 /// leave the memory cold for the transfers it was meant to speed up.
 pub fn background_prefaults() -> usize {
-    RUNNING.load(Ordering::Relaxed)
+    RUNNING.count()
+}
+
+/// Waits up to `timeout` for every background thread of this process that faults memory in
+/// to finish (a client's segment, copy buffer and value buffer after its start); true once
+/// none runs. For a caller that wants to measure, or serve, with its memory resident.
+pub fn wait_for_background_prefaults(timeout: Duration) -> bool {
+    RUNNING.wait_for_none(timeout)
+}
+
+/// Running threads, and a way to wait for there being none.
+struct Counter {
+    running: AtomicUsize,
+    /// Taken by the last thread out before it notifies, and by a waiter while it checks.
+    lock: Mutex<()>,
+    none: Condvar,
+}
+
+impl Counter {
+    const fn new() -> Self {
+        Self {
+            running: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            none: Condvar::new(),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    fn wait_for_none(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        // A poisoned lock guards nothing here (it holds no data): go on with it.
+        let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if self.running.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            guard = match self.none.wait_timeout(guard, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
 }
 
 /// Counts one running thread in its counter until dropped.
-struct Running(&'static AtomicUsize);
+struct Running(&'static Counter);
 
 impl Running {
-    fn start(counter: &'static AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::Relaxed);
+    fn start(counter: &'static Counter) -> Self {
+        counter.running.fetch_add(1, Ordering::Relaxed);
         Running(counter)
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Under the lock: a waiter either sees the count at zero or is already waiting.
+            let _guard = self.0.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.0.none.notify_all();
+        }
     }
 }
 
@@ -59,7 +112,7 @@ pub(crate) fn spawn_idle<T: Send + 'static>(
 
 /// [`spawn_idle`] counting in `counter`.
 fn spawn_counted<T: Send + 'static>(
-    counter: &'static AtomicUsize,
+    counter: &'static Counter,
     name: &str,
     upkeep: Upkeep,
     work: impl FnOnce() -> T + Send + 'static,
@@ -105,17 +158,47 @@ mod tests {
 
     #[test]
     fn only_a_prefault_thread_is_counted() {
-        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        static COUNT: Counter = Counter::new();
         for (upkeep, counted) in [(Upkeep::Prefault, 1), (Upkeep::PeerPageTables, 0)] {
             let (go, wait) = std::sync::mpsc::channel::<()>();
             let t = spawn_counted(&COUNT, "moongate-test-idle", upkeep, move || {
                 wait.recv().unwrap()
             })
             .unwrap();
-            assert_eq!(COUNT.load(Ordering::Relaxed), counted, "{upkeep:?}");
+            assert_eq!(COUNT.count(), counted, "{upkeep:?}");
             go.send(()).unwrap();
             t.join().unwrap();
-            assert_eq!(COUNT.load(Ordering::Relaxed), 0, "{upkeep:?} done");
+            assert_eq!(COUNT.count(), 0, "{upkeep:?} done");
         }
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_last_counted_thread_does_or_at_its_timeout() {
+        static COUNT: Counter = Counter::new();
+        assert!(COUNT.wait_for_none(Duration::ZERO), "none running");
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let spawn = |wait: std::sync::mpsc::Receiver<()>| {
+            spawn_counted(&COUNT, "moongate-test-idle", Upkeep::Prefault, move || {
+                wait.recv().unwrap()
+            })
+            .unwrap()
+        };
+        let (go2, wait2) = std::sync::mpsc::channel::<()>();
+        let (a, b) = (spawn(wait), spawn(wait2));
+        assert!(
+            !COUNT.wait_for_none(Duration::from_millis(1)),
+            "two running"
+        );
+        go.send(()).unwrap();
+        a.join().unwrap();
+        assert!(
+            !COUNT.wait_for_none(Duration::from_millis(1)),
+            "one running"
+        );
+        // Released while the waiter waits: the last one out wakes it.
+        let waiter = std::thread::spawn(|| COUNT.wait_for_none(Duration::from_secs(3600)));
+        go2.send(()).unwrap();
+        assert!(waiter.join().unwrap());
+        b.join().unwrap();
     }
 }

@@ -37,8 +37,8 @@ mod idle;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all, lock_every};
-pub use idle::background_prefaults;
 pub(crate) use idle::{Upkeep, spawn_idle};
+pub use idle::{background_prefaults, wait_for_background_prefaults};
 use raw::populate_live;
 #[cfg(test)]
 pub(crate) use raw::resident_pages;

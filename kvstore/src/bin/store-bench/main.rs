@@ -512,11 +512,14 @@ async fn bench(args: Args) -> Result<bool, String> {
     // for the fault-in (polling stays off while it runs) and say how long it took. The
     // nodes' segments (`--storage node`) stay cold: their first writes are measured.
     let t = std::time::Instant::now();
-    while transfer::memory::background_prefaults() > 0 && t.elapsed().as_secs() < 60 {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let warm = tokio::task::spawn_blocking(|| {
+        transfer::memory::wait_for_background_prefaults(std::time::Duration::from_secs(60))
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     eprintln!(
-        "client memory faulted in after {:.1} s",
+        "client memory faulted in {} {:.1} s",
+        if warm { "after" } else { "still not after" },
         t.elapsed().as_secs_f64()
     );
     let c = clients[0].clone();

@@ -470,7 +470,7 @@ impl Default for ServeConfig {
             eviction_interval_secs: 60,
             max_tree_size: 64 * 1024 * 1024,
             kv_overlap_weight: 1.0,
-            kv_backlog_weight: 0.25,
+            kv_backlog_weight: 0.1875,
             kv_l3_page_value: 0.5,
             kv_l3_key_format: "{hash}_0_k".into(),
             router_temperature: 0.0,

@@ -102,9 +102,12 @@ fn the_backlog_weight_keeps_a_prompt_with_its_prefix_through_a_short_queue() {
     };
     // Both count alike (Dynamo's cost): 48 + 40 tokens against 64, so worker 1.
     assert_eq!(route(1.0), (1, 64));
-    // At the default 0.25: 48 + 10 against 64, so the prompt stays with its prefix.
-    assert_eq!(KvAwareConfig::default().backlog_weight, 0.25);
+    // At the default 0.1875: 48 + 7.5 against 64, so the prompt stays with its prefix.
+    assert_eq!(KvAwareConfig::default().backlog_weight, 0.1875);
+    assert_eq!(route(0.1875), (0, 48));
+    // So it does below 0.4 (48 + 16 = 64 ties); past it the idle worker wins.
     assert_eq!(route(0.25), (0, 48));
+    assert_eq!(route(0.45), (1, 64));
 }
 
 #[test]

@@ -213,13 +213,13 @@ impl MooncakeDistributedStore {
     /// for this process's memory to be resident: `setup` faults the segment, the copy
     /// buffer and a value buffer in on idle-priority threads (seconds a GiB), and until
     /// then the first writes into a page pay its first touch. True once done (at once when
-    /// nothing is being faulted in), false at the timeout. A negative or non-finite timeout
-    /// raises `ValueError`.
+    /// nothing is being faulted in), false at the timeout. A timeout that is negative, not
+    /// finite or past `Duration`'s range (about 1.8e19 s) raises `ValueError`.
     #[pyo3(signature = (timeout = 60.0))]
     fn wait_memory_resident(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let timeout = std::time::Duration::try_from_secs_f64(timeout).map_err(|_| {
             pyo3::exceptions::PyValueError::new_err(format!(
-                "timeout must be a finite number of seconds >= 0, not {timeout}"
+                "timeout must be a number of seconds from 0 to about 1.8e19, not {timeout}"
             ))
         })?;
         Ok(py.detach(|| transfer::memory::wait_for_background_prefaults(timeout)))

@@ -52,19 +52,25 @@ impl Counter {
     }
 
     fn wait_for_none(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what an instant can hold (a caller's "forever") has no deadline.
+        let deadline = Instant::now().checked_add(timeout);
         // A poisoned lock guards nothing here (it holds no data): go on with it.
         let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if self.running.load(Ordering::Acquire) == 0 {
                 return true;
             }
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            guard = match self.none.wait_timeout(guard, left) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
+            guard = match deadline {
+                None => self.none.wait(guard).unwrap_or_else(|p| p.into_inner()),
+                Some(deadline) => {
+                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                        return false;
+                    };
+                    match self.none.wait_timeout(guard, left) {
+                        Ok((g, _)) => g,
+                        Err(p) => p.into_inner().0,
+                    }
+                }
             };
         }
     }
@@ -176,6 +182,10 @@ mod tests {
     fn a_wait_ends_when_the_last_counted_thread_does_or_at_its_timeout() {
         static COUNT: Counter = Counter::new();
         assert!(COUNT.wait_for_none(Duration::ZERO), "none running");
+        assert!(
+            COUNT.wait_for_none(Duration::MAX),
+            "no deadline, none running"
+        );
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let spawn = |wait: std::sync::mpsc::Receiver<()>| {
             spawn_counted(&COUNT, "moongate-test-idle", Upkeep::Prefault, move || {
@@ -195,8 +205,8 @@ mod tests {
             !COUNT.wait_for_none(Duration::from_millis(1)),
             "one running"
         );
-        // Released while the waiter waits: the last one out wakes it.
-        let waiter = std::thread::spawn(|| COUNT.wait_for_none(Duration::from_secs(3600)));
+        // Released while the waiter waits (with no deadline): the last one out wakes it.
+        let waiter = std::thread::spawn(|| COUNT.wait_for_none(Duration::MAX));
         go2.send(()).unwrap();
         assert!(waiter.join().unwrap());
         b.join().unwrap();

@@ -71,14 +71,12 @@ async fn zero_copy_paths_allocate_nothing_proportional_to_the_value() {
         buf.write_at(0, &[7u8; 4096]).unwrap();
         // The client's background fault-in makes its value buffer (an allocation of the
         // copy buffer's size): let it finish, as in a client that started long before.
-        let t = std::time::Instant::now();
-        while transfer::memory::background_prefaults() > 0 {
-            assert!(
-                t.elapsed().as_secs() < 120,
-                "background fault-in never ended"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let resident = tokio::task::spawn_blocking(|| {
+            transfer::memory::wait_for_background_prefaults(std::time::Duration::from_secs(120))
+        })
+        .await
+        .unwrap();
+        assert!(resident, "background fault-in never ended");
         // Warm up connections, descriptor caches and pools.
         per_op(&c, "warm", &buf, 64 << 10).await;
         let small = per_op(&c, "zc", &buf, 64 << 10).await;

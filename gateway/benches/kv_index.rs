@@ -4,7 +4,9 @@
 //!   64-token pages) to an index, per block; also decoding them from SGLang's msgpack
 //!   first, and `BlockRemoved` events. Target: >= 1 M block events per second, one core.
 //! - `match`: the overlap of a 32-page prompt against an index of 1 M blocks over 8
-//!   workers (hashes given), and with the prompt's SHA-256 page hashes computed too.
+//!   workers (hashes given), with the prompt's SHA-256 page hashes computed too, and
+//!   with them found in the gateway's memo of digests (`hash::DigestMemo`, every prompt
+//!   met before).
 //!   Target: >= 200 k matches per second at 1 M blocks, one core.
 //! - `store`: looking a 32-page prompt up in a KV master holding 1 M objects, page by
 //!   page, as `kv_aware` does for the pages past a worker's cached prefix (all found: the
@@ -164,6 +166,22 @@ fn matching(c: &mut Criterion) {
         b.iter(|| {
             k = (k + 1) % prompts.len();
             let h = hash::block_hashes(&prompts[k], PAGE);
+            black_box(ix.overlap(&h, 0xff, 8))
+        })
+    });
+    // The same, the digests from the gateway's memo (every prompt met before).
+    let memo = hash::DigestMemo::default();
+    for p in &prompts {
+        memo.page_digests(p, PAGE);
+    }
+    g.bench_function("memo_hash_and_overlap_1m_blocks_32_pages", |b| {
+        b.iter(|| {
+            k = (k + 1) % prompts.len();
+            let h: Vec<_> = memo
+                .page_digests(&prompts[k], PAGE)
+                .iter()
+                .map(hash::block_hash)
+                .collect();
             black_box(ix.overlap(&h, 0xff, 8))
         })
     });

@@ -63,6 +63,21 @@ fn keys(c: &mut Criterion) {
         .with_cache(64 << 20);
     assert!(cached.caches_pieces());
     let mut g = c.benchmark_group("prompt_keys");
+    // The body of `bench/gateway_bench.sh` (`bench/lua/chat.lua`): one user message of 1 KiB.
+    let wrk = serde_json::to_vec(&json!({
+        "model": "moongate-sim",
+        "messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. ".repeat(23)}],
+        "max_tokens": 16,
+        "stream": false,
+    }))
+    .unwrap();
+    g.throughput(Throughput::Bytes(wrk.len() as u64));
+    g.bench_function("text/wrk", |x| {
+        x.iter(|| prompt_key(Endpoint::ChatCompletions, black_box(&wrk)))
+    });
+    g.bench_function("tokens_cached/wrk", |x| {
+        x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&wrk), Some(&cached)))
+    });
     for turns in [2, 8, 32] {
         let b = body(turns);
         g.throughput(Throughput::Bytes(b.len() as u64));

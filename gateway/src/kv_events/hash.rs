@@ -5,7 +5,11 @@
 //! two's complement. Equal hashes mean equal prefixes, so an index keyed by them is a
 //! radix tree over pages. Only full pages are hashed (a partial last page is never cached).
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
 use kvstore::hicache::{PageHash, page_hash};
+use parking_lot::Mutex;
 
 /// A page's KV-event block hash.
 pub type BlockHash = i64;
@@ -47,6 +51,118 @@ pub fn block_hashes(tokens: &[u32], page_size: usize) -> Vec<BlockHash> {
         .collect()
 }
 
+/// Entries a [`DigestMemo`] generation holds at most: 7/8 of a 32 Ki-slot table, so a full
+/// generation is one table of about 1.6 MiB (32 Ki slots of 48 bytes and a control byte),
+/// and the memo at most two.
+pub const MEMO_PAGES: usize = 28 * 1024;
+
+/// Digests of the pages met before, so that a prompt sharing a prefix with an earlier one
+/// (a system prompt, a conversation's earlier turns, a document asked about again) is not
+/// hashed again: SHA-256 costs 100-200 ns a page of 16 to 64 tokens, a lookup here about a
+/// quarter of that (`cargo bench -p gateway --bench kv_index -- match/`).
+///
+/// A page is found by a 128-bit keyed hash of its tokens chained through its prefix's
+/// (two [`foldhash`] quality hashes with seeds drawn at start), so a hit means the same
+/// tokens from the prompt's first page to this one, up to a chance no sender can steer:
+/// the seeds are secret, and a wrong digest would only mislead routing, never what a
+/// worker computes. Bounded by generations: lookups and inserts go to the newer of two
+/// maps, a hit in the older moves forward, and when the newer holds [`MEMO_PAGES`] it
+/// becomes the older and the older is dropped (an LRU at the grain of a generation).
+#[derive(Default)]
+pub struct DigestMemo {
+    seeds: [foldhash::quality::RandomState; 2],
+    maps: Mutex<Generations>,
+}
+
+#[derive(Default)]
+struct Generations {
+    newer: HashMap<u128, PageDigest, foldhash::fast::RandomState>,
+    older: HashMap<u128, PageDigest, foldhash::fast::RandomState>,
+}
+
+impl Generations {
+    fn get(&mut self, link: u128) -> Option<PageDigest> {
+        if let Some(d) = self.newer.get(&link) {
+            return Some(*d);
+        }
+        let d = self.older.remove(&link)?;
+        self.insert(link, d);
+        Some(d)
+    }
+
+    fn insert(&mut self, link: u128, digest: PageDigest) {
+        if self.newer.len() >= MEMO_PAGES {
+            std::mem::swap(&mut self.newer, &mut self.older);
+            self.newer.clear();
+        }
+        self.newer.insert(link, digest);
+    }
+}
+
+impl std::fmt::Debug for DigestMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DigestMemo")
+            .field("pages", &self.len())
+            .finish()
+    }
+}
+
+impl DigestMemo {
+    /// [`page_digests`], each page found here when met before and hashed (and kept) when not.
+    pub fn page_digests(&self, tokens: &[u32], page_size: usize) -> Vec<PageDigest> {
+        if page_size == 0 {
+            return Vec::new();
+        }
+        let links = self.links(tokens, page_size);
+        let found: Vec<Option<PageDigest>> = {
+            let mut maps = self.maps.lock();
+            links.iter().map(|&l| maps.get(l)).collect()
+        };
+        let mut out: Vec<PageDigest> = Vec::with_capacity(links.len());
+        let mut fresh = Vec::new();
+        for ((page, found), &l) in tokens.chunks_exact(page_size).zip(found).zip(&links) {
+            let d = found.unwrap_or_else(|| {
+                let d = page_digest(out.last(), page);
+                fresh.push((l, d));
+                d
+            });
+            out.push(d);
+        }
+        if !fresh.is_empty() {
+            let mut maps = self.maps.lock();
+            for (l, d) in fresh {
+                maps.insert(l, d);
+            }
+        }
+        out
+    }
+
+    /// The keyed chain of `tokens`' full pages (`page_size` > 0).
+    fn links(&self, tokens: &[u32], page_size: usize) -> Vec<u128> {
+        let [a, b] = &self.seeds;
+        let mut link = 0u128;
+        tokens
+            .chunks_exact(page_size)
+            .map(|page| {
+                link = u128::from(a.hash_one((link, page))) << 64
+                    | u128::from(b.hash_one((link, page)));
+                link
+            })
+            .collect()
+    }
+
+    /// Pages held.
+    pub fn len(&self) -> usize {
+        let maps = self.maps.lock();
+        maps.newer.len() + maps.older.len()
+    }
+
+    /// Whether no page is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +192,59 @@ mod tests {
         // The partial last page is not hashed.
         assert_eq!(block_hashes(&big[..31], 16).len(), 1);
         assert!(block_hashes(&big, 0).is_empty());
+    }
+
+    #[test]
+    fn the_memo_gives_the_digests_it_would_compute() {
+        let memo = DigestMemo::default();
+        let a: Vec<u32> = (0..64).collect();
+        assert_eq!(memo.page_digests(&a, 16), page_digests(&a, 16));
+        assert_eq!(memo.len(), 4);
+        // A prompt sharing the first two pages: those are found, the rest hashed.
+        let mut b = a[..32].to_vec();
+        b.extend(1000..1040);
+        assert_eq!(memo.page_digests(&b, 16), page_digests(&b, 16));
+        assert_eq!(
+            memo.len(),
+            6,
+            "two new pages (the partial last one is not hashed)"
+        );
+        // The same tokens in another page size, or after another prefix, are other pages.
+        assert_eq!(memo.page_digests(&a, 8), page_digests(&a, 8));
+        assert_eq!(memo.page_digests(&a[16..], 16), page_digests(&a[16..], 16));
+        assert_eq!(memo.len(), 6 + 8 + 3);
+        assert!(memo.page_digests(&a, 0).is_empty());
+        assert!(memo.page_digests(&a[..15], 16).is_empty());
+    }
+
+    #[test]
+    fn the_memo_stays_within_two_generations_and_keeps_what_is_used() {
+        let memo = DigestMemo::default();
+        let hot: Vec<u32> = (0..4).collect();
+        let want = page_digests(&hot, 4);
+        let mut cold = 0u32;
+        for round in 0..3 * MEMO_PAGES / 1024 {
+            assert_eq!(memo.page_digests(&hot, 4), want);
+            // 1024 one-page prompts never seen again.
+            for _ in 0..1024 {
+                cold += 1;
+                memo.page_digests(&[cold, cold, cold, u32::MAX], 4);
+            }
+            assert!(
+                memo.len() <= 2 * MEMO_PAGES,
+                "round {round}: {}",
+                memo.len()
+            );
+        }
+        assert!(memo.len() > MEMO_PAGES);
+        // The page used every round is still held; the first cold ones are gone.
+        let held = |t: &[u32]| {
+            let l = memo.links(t, 4)[0];
+            let maps = memo.maps.lock();
+            maps.newer.contains_key(&l) || maps.older.contains_key(&l)
+        };
+        assert!(held(&hot));
+        assert!(!held(&[1, 1, 1, u32::MAX]));
+        assert!(held(&[cold, cold, cold, u32::MAX]));
     }
 }

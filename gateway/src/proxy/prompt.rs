@@ -81,9 +81,9 @@ pub async fn routing_key_off_thread(
     static PERMITS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
         tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
     });
-    let key = prompt_key(endpoint, body);
-    let Some(t) = tokenizer.filter(|_| wants_tokens(&key, body)) else {
-        return key;
+    let key = TextKey::new(endpoint, body, tokenizer.is_some());
+    let Some(t) = tokenizer.filter(|_| key.wants_tokens(body)) else {
+        return key.read();
     };
     // A prompt whose every piece the tokenizer has encoded before is keyed here, without
     // the hop to the blocking pool; any other goes there to be encoded (what was parsed
@@ -100,7 +100,7 @@ pub async fn routing_key_off_thread(
         }
     }
     let Ok(_permit) = PERMITS.acquire().await else {
-        return key;
+        return key.read();
     };
     let (t, b) = (t.clone(), body.clone());
     let encode = move || match prepared {
@@ -111,7 +111,7 @@ pub async fn routing_key_off_thread(
         Ok(tokens) => or_text_key(tokens, key),
         Err(e) => {
             tracing::warn!(error = %e, "tokenizing a prompt failed; routed by its text");
-            key
+            key.read()
         }
     }
 }
@@ -123,17 +123,45 @@ pub fn routing_key(
     body: &[u8],
     tokenizer: Option<&Tokenizer>,
 ) -> Option<Vec<u8>> {
-    let key = prompt_key(endpoint, body);
-    match tokenizer.filter(|_| wants_tokens(&key, body)) {
+    let key = TextKey::new(endpoint, body, tokenizer.is_some());
+    match tokenizer.filter(|_| key.wants_tokens(body)) {
         Some(t) => or_text_key(token_key(endpoint, body, t), key),
-        None => key,
+        None => key.read(),
     }
 }
 
-/// Whether a request with this [`prompt_key`] goes through the tokenizer: not one given as
-/// token ids (its key already is them), nor one over [`MAX_TOKENIZE_BODY_BYTES`].
-fn wants_tokens(key: &Option<Vec<u8>>, body: &[u8]) -> bool {
-    key.as_deref().and_then(<[u8]>::first) != Some(&b'i') && body.len() <= MAX_TOKENIZE_BODY_BYTES
+/// A body's [`prompt_key`], read when needed: a chat prompt's own token ids are found by
+/// the tokenizer's path, so with a tokenizer its text key is read only if that path fails.
+enum TextKey<'a> {
+    Read(Option<Vec<u8>>),
+    Unread(Endpoint, &'a [u8]),
+}
+
+impl<'a> TextKey<'a> {
+    fn new(endpoint: Endpoint, body: &'a [u8], tokenizer: bool) -> Self {
+        if tokenizer && endpoint == Endpoint::ChatCompletions {
+            TextKey::Unread(endpoint, body)
+        } else {
+            TextKey::Read(prompt_key(endpoint, body))
+        }
+    }
+
+    /// Whether the request goes through the tokenizer: not one given as token ids (its
+    /// key already is them), nor one over [`MAX_TOKENIZE_BODY_BYTES`].
+    fn wants_tokens(&self, body: &[u8]) -> bool {
+        let ids = match self {
+            TextKey::Read(key) => key.as_deref().and_then(<[u8]>::first) == Some(&b'i'),
+            TextKey::Unread(..) => false,
+        };
+        !ids && body.len() <= MAX_TOKENIZE_BODY_BYTES
+    }
+
+    fn read(self) -> Option<Vec<u8>> {
+        match self {
+            TextKey::Read(key) => key,
+            TextKey::Unread(endpoint, body) => prompt_key(endpoint, body),
+        }
+    }
 }
 
 /// The token key when there is one, else the text `key`. The first prompt the tokenizer
@@ -141,12 +169,12 @@ fn wants_tokens(key: &Option<Vec<u8>>, body: &[u8]) -> bool {
 /// later ones at debug.
 fn or_text_key(
     tokens: Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError>,
-    key: Option<Vec<u8>>,
+    key: TextKey<'_>,
 ) -> Option<Vec<u8>> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     match tokens {
         Ok(Some(k)) => Some(k),
-        Ok(None) => key,
+        Ok(None) => key.read(),
         Err(e) => {
             if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(
@@ -156,7 +184,7 @@ fn or_text_key(
                 );
             }
             tracing::debug!(error = %e, "prompt not tokenized; routed by its text");
-            key
+            key.read()
         }
     }
 }
@@ -247,16 +275,15 @@ fn encode_prepared(
     if ids.is_empty() {
         return Ok(None);
     }
-    Ok(Some(id_key(ids)))
+    Ok(Some(id_key(ids.into_iter())))
 }
 
 /// An `i` key of `ids`, at most [`MAX_KEY_BYTES`] long.
-fn id_key(ids: impl IntoIterator<Item = u32>) -> Vec<u8> {
-    let mut key = vec![b'i'];
-    for id in ids {
-        if key.len() + 4 > MAX_KEY_BYTES {
-            break;
-        }
+fn id_key(ids: impl ExactSizeIterator<Item = u32>) -> Vec<u8> {
+    let n = ids.len().min((MAX_KEY_BYTES - 1) / 4);
+    let mut key = Vec::with_capacity(1 + 4 * n);
+    key.push(b'i');
+    for id in ids.take(n) {
         key.extend_from_slice(&id.to_le_bytes());
     }
     key

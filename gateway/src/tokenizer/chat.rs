@@ -94,7 +94,7 @@ pub struct ChatTemplate {
     /// Template names, `default` first.
     names: Vec<String>,
     format: ContentFormat,
-    special: Vec<(String, Value)>,
+    special: Vec<(Value, Value)>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -176,17 +176,19 @@ impl ChatTemplate {
             _ => "default",
         };
         let (messages, prefix) = prompt.conversation(self.format)?;
-        let mut ctx: Vec<(String, Value)> = vec![
-            ("messages".to_owned(), Value::from(messages)),
+        // Keys as values: these short ones are held inline, not allocated.
+        let mut ctx: Vec<(Value, Value)> = Vec::with_capacity(8 + self.special.len());
+        ctx.extend([
+            (Value::from("messages"), Value::from(messages)),
             (
-                "tools".to_owned(),
+                Value::from("tools"),
                 tools.clone().map_or(Value::from(()), Value::from),
             ),
-            ("documents".to_owned(), Value::from(())),
-            ("add_generation_prompt".to_owned(), Value::from(true)),
-        ];
+            (Value::from("documents"), Value::from(())),
+            (Value::from("add_generation_prompt"), Value::from(true)),
+        ]);
         ctx.extend(self.special.iter().cloned());
-        let mut kwargs: Vec<(String, Value)> = Vec::new();
+        let mut kwargs: Vec<(Value, Value)> = Vec::new();
         if let Some(kw) = prompt
             .chat_template_kwargs
             .as_ref()
@@ -199,35 +201,37 @@ impl ChatTemplate {
             }
             for k in kw.try_iter().map_err(render_error)? {
                 let v = kw.get_item(&k).map_err(render_error)?;
-                kwargs.push((k.to_string(), v));
+                kwargs.push((k, v));
             }
         }
         if let Some(r) = prompt.reasoning_effort.as_ref().filter(|r| !r.is_none()) {
             // The request's validator defaults the thinking switches from the effort.
             let thinking = Value::from(r.as_str() != Some("none"));
             for k in ["thinking", "enable_thinking"] {
-                if !kwargs.iter().any(|(n, _)| n == k) {
-                    kwargs.push((k.to_owned(), thinking.clone()));
+                if !kwargs.iter().any(|(n, _)| n.as_str() == Some(k)) {
+                    kwargs.push((Value::from(k), thinking.clone()));
                 }
             }
-            ctx.push(("reasoning_effort".to_owned(), r.clone()));
+            ctx.push((Value::from("reasoning_effort"), r.clone()));
         }
         ctx.extend(kwargs);
         let template = self.env.get_template(name).map_err(render_error)?;
+        // Kept for the second try only when there is one.
+        let again = tools.is_some().then(|| ctx.clone());
         // Later entries win, as Python's keyword arguments.
-        let mut text = match template.render(Value::from_pairs(ctx.clone())) {
+        let mut text = match template.render(Value::from_pairs(ctx)) {
             Ok(t) => t,
             // SGLang renders again with each tool's bare `function` (what some templates,
             // Mistral's among them, expect).
-            Err(e) => match &tools {
-                Some(tools) => {
+            Err(e) => match (&tools, again) {
+                (Some(tools), Some(mut ctx)) => {
                     let bare: Vec<Value> = tools.iter().map(|t| get(t, "function")).collect();
                     ctx[1].1 = Value::from(bare);
                     template
                         .render(Value::from_pairs(ctx))
                         .map_err(|_| render_error(e))?
                 }
-                None => return Err(render_error(e)),
+                _ => return Err(render_error(e)),
             },
         };
         text.push_str(prefix.as_deref().unwrap_or_default());
@@ -369,7 +373,7 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 /// A special token's text: a string or an `AddedToken` object's `content`.
-fn special_tokens(config: &serde_json::Value) -> Vec<(String, Value)> {
+fn special_tokens(config: &serde_json::Value) -> Vec<(Value, Value)> {
     let text = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Object(o) => {
@@ -377,13 +381,13 @@ fn special_tokens(config: &serde_json::Value) -> Vec<(String, Value)> {
         }
         _ => None,
     };
-    let mut out: Vec<(String, Value)> = SPECIAL_TOKENS
+    let mut out: Vec<(Value, Value)> = SPECIAL_TOKENS
         .iter()
-        .filter_map(|k| Some((k.to_string(), Value::from(text(config.get(*k)?)?))))
+        .filter_map(|k| Some((Value::from(*k), Value::from(text(config.get(*k)?)?))))
         .collect();
     if let Some(serde_json::Value::Array(extra)) = config.get("additional_special_tokens") {
         let list: Vec<Value> = extra.iter().filter_map(text).map(Value::from).collect();
-        out.push(("additional_special_tokens".to_owned(), Value::from(list)));
+        out.push((Value::from("additional_special_tokens"), Value::from(list)));
     }
     out
 }
@@ -513,17 +517,17 @@ fn prepare_message(m: &Value, format: ContentFormat) -> Result<Value, TokenizerE
     let role = field("role")
         .and_then(|r| r.as_str().map(str::to_ascii_lowercase))
         .ok_or_else(|| TokenizerError::Request("each message needs a role".to_owned()))?;
-    let mut fields: Vec<(&str, Value)> = Vec::new();
     let mut parts: Option<Value> = None;
     let kept = if role == "user" {
         2
     } else {
         MESSAGE_FIELDS.len()
     };
+    let mut fields: Vec<(&str, Value)> = Vec::with_capacity(kept);
     for k in &MESSAGE_FIELDS[..kept] {
         let k = *k;
         if k == "role" {
-            fields.push((k, Value::from(role.clone())));
+            fields.push((k, Value::from(role.as_str())));
             continue;
         }
         let Some(v) = field(k) else {

@@ -11,7 +11,9 @@
 //! - **Tokens.** The prompt's token ids come from the prompt key ([`crate::proxy::prompt`]):
 //!   `/generate` and `/v1/completions` with token ids need no tokenizer; text and chat
 //!   prompts get theirs from `--tokenizer-path` ([`crate::tokenizer`], the worker's own
-//!   tokenizer and chat template), and without one are routed by the fallback.
+//!   tokenizer and chat template), and without one are routed by the fallback. Their page
+//!   hashes come from a memo of the pages met before ([`hash::DigestMemo`]): a shared
+//!   prefix is hashed once.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
 //!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
 //!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + `--kv-backlog-weight` ×
@@ -142,6 +144,8 @@ pub struct KvAware {
     mean_pages: AtomicU64,
     /// The store's index, when this process hosts the master.
     store: OnceLock<Arc<dyn StoreSource>>,
+    /// Prompts' page digests met before.
+    digests: hash::DigestMemo,
 }
 
 struct Sink {
@@ -191,6 +195,7 @@ impl KvAware {
             no_events: Mutex::default(),
             mean_pages: AtomicU64::new(0f64.to_bits()),
             store: OnceLock::new(),
+            digests: hash::DigestMemo::default(),
         }
     }
 
@@ -271,7 +276,7 @@ impl KvAware {
                 }
                 continue;
             }
-            let digests = hash::page_digests(tokens, ps as usize);
+            let digests = self.digests.page_digests(tokens, ps as usize);
             let hashes: Vec<hash::BlockHash> = digests.iter().map(hash::block_hash).collect();
             let o = self.shared.index.read().overlap(&hashes, mask, MAX_SLOTS);
             let master = self.store.get().and_then(|s| s.master());

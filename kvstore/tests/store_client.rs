@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kvstore::client::Protocol;
+use kvstore::client::{Prefault, Protocol};
 use kvstore::master::ReplicateConfig;
 use kvstore::{BufRange, ClientConfig, MasterConfig, MasterServer, StoreClient, StoreError};
 
@@ -342,6 +342,50 @@ async fn a_failed_replica_write_revokes_the_put() {
     assert_eq!(m.master().reserved(), (1, 5056));
     assert_eq!(m.master().stats().allocated_bytes, 5056);
     assert_eq!(c.copy_buffer_in_use(), 0);
+}
+
+/// Waits (bounded) until `done`.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// A client closing while a heartbeat is under way leaves the master for good: a ping the
+/// master answers after the removal says "remount", and a segment remounted then would be
+/// handed out for puts with no one serving it (connection refused) until the client TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_closed_during_a_heartbeat_stays_gone() {
+    let m = master(MasterConfig::default()).await;
+    let cfg = |segment| ClientConfig {
+        heartbeat_interval_ms: 1,
+        prefault: Prefault::Off,
+        ..ClientConfig::local(&m.url(), segment)
+    };
+    // Pings as often as the closed ones did: once it has pinged a few more times, a
+    // heartbeat that outlived its client's close would have run too.
+    let witness = StoreClient::connect(cfg(0)).await.unwrap();
+    for round in 0..30 {
+        let node = StoreClient::connect(cfg(MIB)).await.unwrap();
+        until("the node pings", || node.health().pings >= 2).await;
+        node.close().await.unwrap();
+        let seen = witness.health().pings;
+        until("the witness pings", || witness.health().pings >= seen + 5).await;
+        assert!(
+            m.master().segments().is_empty(),
+            "round {round}: a closed client's segment is mounted again"
+        );
+        assert_eq!(
+            m.master().clients().len(),
+            1,
+            "round {round}: only the witness"
+        );
+    }
+    witness.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

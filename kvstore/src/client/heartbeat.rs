@@ -82,7 +82,9 @@ impl HealthState {
     }
 }
 
-/// Pings every `period` until `stop`; remounts `segments` when told to.
+/// Pings every `period` until `stop`; remounts `segments` when told to (not once `stop`
+/// is set). A ping or remount under way when `stop` is set is finished, not dropped, so
+/// that none reaches the master after the client has left it.
 pub(crate) async fn run(
     rpc: MasterRpc,
     id: ClientId,
@@ -107,7 +109,8 @@ pub(crate) async fn run(
                 if old != 0 && old != p.view_version {
                     tracing::warn!(client = %id, "the master restarted (view version changed)");
                 }
-                if p.status == ClientStatus::NeedRemount {
+                // Closing: the client is leaving the master, not coming back.
+                if p.status == ClientStatus::NeedRemount && !stop.is_cancelled() {
                     health.set_mounted(false);
                     remount(&rpc, id, &segments, &health).await;
                 }

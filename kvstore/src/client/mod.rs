@@ -116,6 +116,8 @@ struct Inner {
     health: Arc<HealthState>,
     reserved: reserve::Pool,
     stop: CancellationToken,
+    /// The heartbeat task, awaited by [`StoreClient::close`].
+    heartbeat: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
@@ -280,7 +282,7 @@ impl StoreClient {
         let health = Arc::new(HealthState::new(segment.is_some()));
         health.set_mounted(mounted);
         let stop = CancellationToken::new();
-        tokio::spawn(heartbeat::run(
+        let heartbeat = tokio::spawn(heartbeat::run(
             rpc.clone(),
             id,
             segment.iter().map(|(_, s)| s.clone()).collect(),
@@ -306,6 +308,7 @@ impl StoreClient {
                 health,
                 reserved: reserve::Pool::new(config_reserve),
                 stop,
+                heartbeat: parking_lot::Mutex::new(Some(heartbeat)),
             }),
             replicate,
         })
@@ -487,10 +490,18 @@ impl StoreClient {
         r
     }
 
-    /// Graceful shutdown: stops heartbeating, unmounts the segment (the master drops the
-    /// replicas on it) and drains the transfer engine. Other clones stop working.
+    /// Graceful shutdown: stops heartbeating (a heartbeat under way is finished first, at
+    /// most the RPC timeout), unmounts the segment (the master drops the replicas on it) and
+    /// drains the transfer engine. Other clones stop working.
     pub async fn close(&self) -> StoreResult<()> {
         self.inner.stop.cancel();
+        // A heartbeat under way ends first: a ping the master answers after the removal
+        // below would be told to remount, and a remount that landed after it would leave
+        // this client's segment mounted with no one serving it, until the client TTL.
+        let heartbeat = self.inner.heartbeat.lock().take();
+        if let Some(h) = heartbeat {
+            let _ = h.await;
+        }
         let r = self.inner.rpc.remove_client(self.inner.id).await;
         self.inner.health.set_mounted(false);
         self.inner.engine.shutdown().await;

@@ -395,8 +395,8 @@ fn special_tokens(config: &serde_json::Value) -> Vec<(Value, Value)> {
 /// The fields of a chat request that shape its prompt.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ChatPrompt {
-    /// `messages`, as sent.
-    pub messages: Vec<Value>,
+    /// `messages`, as sent (the fields a template may see).
+    pub messages: Vec<Message>,
     /// `tools`, as sent.
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
@@ -502,18 +502,75 @@ const MESSAGE_FIELDS: [&str; 7] = [
     "tools",
 ];
 
-/// One message as SGLang hands it to the template (see the module doc).
-fn prepare_message(m: &Value, format: ContentFormat) -> Result<Value, TokenizerError> {
-    if m.kind() != ValueKind::Map {
-        return Err(TokenizerError::Request(
-            "each message must be an object".to_owned(),
-        ));
-    }
-    let field = |k: &str| {
-        m.get_attr(k)
-            .ok()
+/// A message of a chat request: the fields SGLang's `model_dump()` keeps (`role`, `content`,
+/// `tool_call_id`, `name`, `reasoning_content`, `tool_calls`, `tools`), read straight from
+/// the body (any other field is skipped unread; of a field sent twice, the last counts, as
+/// in Python).
+#[derive(Debug, Clone, Default)]
+pub struct Message {
+    fields: [Option<Value>; MESSAGE_FIELDS.len()],
+}
+
+impl Message {
+    /// Field `k` (one of [`MESSAGE_FIELDS`]), none when absent or null.
+    fn field(&self, k: &str) -> Option<Value> {
+        let i = MESSAGE_FIELDS.iter().position(|f| *f == k)?;
+        self.fields[i]
+            .clone()
             .filter(|v| !v.is_none() && !v.is_undefined())
-    };
+    }
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Message;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("each message to be an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Message, A::Error> {
+                let mut m = Message::default();
+                while let Some(FieldName(i)) = map.next_key()? {
+                    match i {
+                        Some(i) => m.fields[i] = Some(map.next_value()?),
+                        None => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(m)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A message's key: its place in [`MESSAGE_FIELDS`], if there.
+struct FieldName(Option<usize>);
+
+impl<'de> Deserialize<'de> for FieldName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = FieldName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<FieldName, E> {
+                Ok(FieldName(MESSAGE_FIELDS.iter().position(|f| *f == v)))
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+/// One message as SGLang hands it to the template (see the module doc).
+fn prepare_message(m: &Message, format: ContentFormat) -> Result<Value, TokenizerError> {
+    let field = |k: &str| m.field(k);
     let role = field("role")
         .and_then(|r| r.as_str().map(str::to_ascii_lowercase))
         .ok_or_else(|| TokenizerError::Request("each message needs a role".to_owned()))?;

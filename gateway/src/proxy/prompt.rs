@@ -134,13 +134,14 @@ pub fn routing_key(
 /// the tokenizer's path, so with a tokenizer its text key is read only if that path fails.
 enum TextKey<'a> {
     Read(Option<Vec<u8>>),
-    Unread(Endpoint, &'a [u8]),
+    /// A chat body's.
+    Unread(&'a [u8]),
 }
 
 impl<'a> TextKey<'a> {
     fn new(endpoint: Endpoint, body: &'a [u8], tokenizer: bool) -> Self {
         if tokenizer && endpoint == Endpoint::ChatCompletions {
-            TextKey::Unread(endpoint, body)
+            TextKey::Unread(body)
         } else {
             TextKey::Read(prompt_key(endpoint, body))
         }
@@ -159,7 +160,7 @@ impl<'a> TextKey<'a> {
     fn read(self) -> Option<Vec<u8>> {
         match self {
             TextKey::Read(key) => key,
-            TextKey::Unread(endpoint, body) => prompt_key(endpoint, body),
+            TextKey::Unread(body) => prompt_key(Endpoint::ChatCompletions, body),
         }
     }
 }

@@ -512,9 +512,8 @@ pub struct Message {
 }
 
 impl Message {
-    /// Field `k` (one of [`MESSAGE_FIELDS`]), none when absent or null.
-    fn field(&self, k: &str) -> Option<Value> {
-        let i = MESSAGE_FIELDS.iter().position(|f| *f == k)?;
+    /// Field `MESSAGE_FIELDS[i]`, none when absent or null.
+    fn field(&self, i: usize) -> Option<Value> {
         self.fields[i]
             .clone()
             .filter(|v| !v.is_none() && !v.is_undefined())
@@ -570,8 +569,8 @@ impl<'de> Deserialize<'de> for FieldName {
 
 /// One message as SGLang hands it to the template (see the module doc).
 fn prepare_message(m: &Message, format: ContentFormat) -> Result<Value, TokenizerError> {
-    let field = |k: &str| m.field(k);
-    let role = field("role")
+    let role = m
+        .field(0)
         .and_then(|r| r.as_str().map(str::to_ascii_lowercase))
         .ok_or_else(|| TokenizerError::Request("each message needs a role".to_owned()))?;
     let mut parts: Option<Value> = None;
@@ -581,13 +580,12 @@ fn prepare_message(m: &Message, format: ContentFormat) -> Result<Value, Tokenize
         MESSAGE_FIELDS.len()
     };
     let mut fields: Vec<(&str, Value)> = Vec::with_capacity(kept);
-    for k in &MESSAGE_FIELDS[..kept] {
-        let k = *k;
+    for (i, &k) in MESSAGE_FIELDS[..kept].iter().enumerate() {
         if k == "role" {
             fields.push((k, Value::from(role.as_str())));
             continue;
         }
-        let Some(v) = field(k) else {
+        let Some(v) = m.field(i) else {
             if k == "content" {
                 fields.push((k, Value::from("")));
             }

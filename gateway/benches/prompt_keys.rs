@@ -6,9 +6,13 @@
 //!   `tests/fixtures/tokenizer` (a byte-level BPE of 600 tokens: more tokens per byte than
 //!   a real model's, so an upper bound on the encoding).
 //!
-//! - `tokens_cached`: the same with the gateway's pieces cache (`--tokenizer-cache-size`),
-//!   every piece seen before (a conversation's earlier turns, a shared system prompt);
-//! - `tokens_next_turn`: with the cache, a conversation whose last turn is new each time
+//! - `tokens_cached`: the same with the gateway's caches (`--tokenizer-cache-size`), the
+//!   same prompt sent again: its ids come from the memo of chat prompts (a rollout
+//!   group's samples, `n` requests for one prompt, a retry);
+//! - `tokens_rendered`: with the caches, a prompt never sent before whose every piece was
+//!   (a conversation's earlier turns, a shared system prompt): rendered, then encoded from
+//!   the pieces cache (a template variable the template ignores changes each time);
+//! - `tokens_next_turn`: with the caches, a conversation whose last turn is new each time
 //!   (only that piece is encoded).
 //!
 //! All over the same chat bodies (a system prompt and 2, 8 and 32 turns), in one run: the
@@ -55,13 +59,21 @@ fn body_with(turns: usize, last: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true})).unwrap()
 }
 
+/// `body` with `chat_template_kwargs` `{"take": n}`: a prompt the memo has not met whose
+/// render is the same (the template does not read `take`).
+fn with_kwarg(body: &[u8], n: u64) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).unwrap();
+    v["chat_template_kwargs"] = json!({ "take": n });
+    serde_json::to_vec(&v).unwrap()
+}
+
 fn keys(c: &mut Criterion) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
     let tok = Tokenizer::load(&dir, None).expect("the test tokenizer");
     let cached = Tokenizer::load(&dir, None)
         .expect("the test tokenizer")
         .with_cache(64 << 20);
-    assert!(cached.caches_pieces());
+    assert!(cached.caches_pieces() && cached.remembers_chats());
     let mut g = c.benchmark_group("prompt_keys");
     // The body of `bench/gateway_bench.sh` (`bench/lua/chat.lua`): one user message of 1 KiB.
     let wrk = serde_json::to_vec(&json!({
@@ -78,6 +90,17 @@ fn keys(c: &mut Criterion) {
     g.bench_function("tokens_cached/wrk", |x| {
         x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&wrk), Some(&cached)))
     });
+    let mut n = 0u64;
+    g.bench_function("tokens_rendered/wrk", |x| {
+        x.iter_batched(
+            || {
+                n += 1;
+                with_kwarg(&wrk, n)
+            },
+            |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     for turns in [2, 8, 32] {
         let b = body(turns);
         g.throughput(Throughput::Bytes(b.len() as u64));
@@ -89,6 +112,17 @@ fn keys(c: &mut Criterion) {
         });
         g.bench_function(format!("tokens_cached/{turns}"), |x| {
             x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)))
+        });
+        let mut n = 0u64;
+        g.bench_function(format!("tokens_rendered/{turns}"), |x| {
+            x.iter_batched(
+                || {
+                    n += 1;
+                    with_kwarg(&b, n)
+                },
+                |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
+                criterion::BatchSize::SmallInput,
+            )
         });
         // A new last turn each time: bodies made ahead, outside the timing.
         let mut n = 0u64;

@@ -308,9 +308,10 @@ pub struct ServeConfig {
     /// A chat template file (Jinja) that replaces the tokenizer's own.
     #[arg(long, env = env::CHAT_TEMPLATE)]
     pub chat_template: Option<std::path::PathBuf>,
-    /// Bytes of the tokenizer's cache of encoded pieces (the text between special tokens:
-    /// a conversation's earlier turns, a shared system prompt), so a prompt is encoded only
-    /// where it is new (0: every prompt encoded whole).
+    /// Bytes of the tokenizer's caches (0: none, every prompt rendered and encoded whole):
+    /// 7/8 for encoded pieces (the text between special tokens: a conversation's earlier
+    /// turns, a shared system prompt), so a prompt is encoded only where it is new; 1/8
+    /// for the ids of whole chat prompts, so one sent again is not rendered again either.
     #[arg(long, env = env::TOKENIZER_CACHE_SIZE, default_value_t = ServeConfig::default().tokenizer_cache_size)]
     pub tokenizer_cache_size: usize,
     /// PD: send a request to the decode worker alone when fewer than this many of its

@@ -41,6 +41,8 @@
 //!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
 //! - [`kv_events`]: SGLang's KV-cache events: page hashes, the msgpack wire format, the ZMQ
 //!   publisher (simulated workers) and subscriber (`kv_aware`).
+//! - [`memo`]: bounded memos found by a secret 128-bit hash (the page digests of
+//!   `kv_aware`, the ids of chat prompts met before).
 //! - [`tokenizer`]: prompt token ids as the worker computes them (`--tokenizer-path`: a
 //!   Hugging Face tokenizer and the model's chat template), for `kv_aware` and the
 //!   simulated workers.
@@ -60,6 +62,7 @@ pub mod hosting;
 pub mod kv_events;
 pub mod listen;
 pub mod logging;
+pub mod memo;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;

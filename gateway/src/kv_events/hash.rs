@@ -5,11 +5,10 @@
 //! two's complement. Equal hashes mean equal prefixes, so an index keyed by them is a
 //! radix tree over pages. Only full pages are hashed (a partial last page is never cached).
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-
 use kvstore::hicache::{PageHash, page_hash};
 use parking_lot::Mutex;
+
+use crate::memo::{Generations, KeyedHash};
 
 /// A page's KV-event block hash.
 pub type BlockHash = i64;
@@ -61,41 +60,20 @@ pub const MEMO_PAGES: usize = 28 * 1024;
 /// hashed again: SHA-256 costs 100-200 ns a page of 16 to 64 tokens, a lookup here about a
 /// quarter of that (`cargo bench -p gateway --bench kv_index -- match/`).
 ///
-/// A page is found by a 128-bit keyed hash of its tokens chained through its prefix's
-/// (two [`foldhash`] quality hashes with seeds drawn at start), so a hit means the same
-/// tokens from the prompt's first page to this one, up to a chance no sender can steer:
-/// the seeds are secret, and a wrong digest would only mislead routing, never what a
-/// worker computes. Bounded by generations: lookups and inserts go to the newer of two
-/// maps, a hit in the older moves forward, and when the newer holds [`MEMO_PAGES`] it
-/// becomes the older and the older is dropped (an LRU at the grain of a generation).
-#[derive(Default)]
+/// A page is found by a [`KeyedHash`] of its tokens chained through its prefix's, so a hit
+/// means the same tokens from the prompt's first page to this one (see [`crate::memo`]);
+/// the pages are held in two [`Generations`] of at most [`MEMO_PAGES`] each.
 pub struct DigestMemo {
-    seeds: [foldhash::quality::RandomState; 2],
-    maps: Mutex<Generations>,
+    hash: KeyedHash,
+    maps: Mutex<Generations<PageDigest>>,
 }
 
-#[derive(Default)]
-struct Generations {
-    newer: HashMap<u128, PageDigest, foldhash::fast::RandomState>,
-    older: HashMap<u128, PageDigest, foldhash::fast::RandomState>,
-}
-
-impl Generations {
-    fn get(&mut self, link: u128) -> Option<PageDigest> {
-        if let Some(d) = self.newer.get(&link) {
-            return Some(*d);
+impl Default for DigestMemo {
+    fn default() -> Self {
+        DigestMemo {
+            hash: KeyedHash::default(),
+            maps: Mutex::new(Generations::new(MEMO_PAGES, |_| 1)),
         }
-        let d = self.older.remove(&link)?;
-        self.insert(link, d);
-        Some(d)
-    }
-
-    fn insert(&mut self, link: u128, digest: PageDigest) {
-        if self.newer.len() >= MEMO_PAGES {
-            std::mem::swap(&mut self.newer, &mut self.older);
-            self.newer.clear();
-        }
-        self.newer.insert(link, digest);
     }
 }
 
@@ -139,13 +117,11 @@ impl DigestMemo {
 
     /// The keyed chain of `tokens`' full pages (`page_size` > 0).
     fn links(&self, tokens: &[u32], page_size: usize) -> Vec<u128> {
-        let [a, b] = &self.seeds;
         let mut link = 0u128;
         tokens
             .chunks_exact(page_size)
             .map(|page| {
-                link = u128::from(a.hash_one((link, page))) << 64
-                    | u128::from(b.hash_one((link, page)));
+                link = self.hash.key(&(link, page));
                 link
             })
             .collect()
@@ -153,8 +129,7 @@ impl DigestMemo {
 
     /// Pages held.
     pub fn len(&self) -> usize {
-        let maps = self.maps.lock();
-        maps.newer.len() + maps.older.len()
+        self.maps.lock().len()
     }
 
     /// Whether no page is held.
@@ -240,8 +215,7 @@ mod tests {
         // The page used every round is still held; the first cold ones are gone.
         let held = |t: &[u32]| {
             let l = memo.links(t, 4)[0];
-            let maps = memo.maps.lock();
-            maps.newer.contains_key(&l) || maps.older.contains_key(&l)
+            memo.maps.lock().contains(l)
         };
         assert!(held(&hot));
         assert!(!held(&[1, 1, 1, u32::MAX]));

@@ -27,7 +27,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use super::Endpoint;
 use super::inspect::KeyName;
-use crate::tokenizer::{ChatPrompt, Tokenizer};
+use crate::tokenizer::{ChatText, Tokenizer};
 
 /// Longest key kept, in bytes.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
@@ -89,7 +89,7 @@ pub async fn routing_key_off_thread(
     // the hop to the blocking pool; any other goes there to be encoded (what was parsed
     // and rendered here goes with it).
     let mut prepared = None;
-    if body.len() <= MAX_INLINE_BODY_BYTES && t.caches_pieces() {
+    if body.len() <= MAX_INLINE_BODY_BYTES && (t.caches_pieces() || t.remembers_chats()) {
         let p = match prepare(endpoint, body, t) {
             Ok(p) => p,
             Err(e) => return or_text_key(Err(e), key),
@@ -207,11 +207,17 @@ pub fn token_key(
 /// A prompt read from its body, ready to encode.
 #[derive(Debug)]
 enum Prepared {
-    /// Its key already (a chat request's own token ids).
+    /// Its key already (a chat request's own token ids, or those kept from an earlier
+    /// render of the same prompt).
     Key(Vec<u8>),
-    /// Its text (a text prompt, or the rendered chat) and whether the tokenizer's
-    /// post-processor adds its ids (text prompts).
-    Text { text: String, special: bool },
+    /// Its text (a text prompt, or the rendered chat), whether the tokenizer's
+    /// post-processor adds its ids (text prompts), and the key to keep a chat's ids
+    /// under ([`Tokenizer::remember_chat_ids`]).
+    Text {
+        text: String,
+        special: bool,
+        memo: Option<u128>,
+    },
     /// No text to key.
     Nothing,
 }
@@ -223,17 +229,14 @@ fn prepare(
     tokenizer: &Tokenizer,
 ) -> Result<Prepared, crate::tokenizer::TokenizerError> {
     match endpoint {
-        Endpoint::ChatCompletions => {
-            let prompt = ChatPrompt::from_body(body)?;
-            // SGLang skips the template for a chat request that brings its ids.
-            if let Some(ids) = prompt.given_ids() {
-                return Ok(Prepared::Key(id_key(ids.iter().copied())));
-            }
-            Ok(Prepared::Text {
-                text: tokenizer.render_chat(&prompt)?,
+        Endpoint::ChatCompletions => Ok(match tokenizer.chat_text(body)? {
+            ChatText::Ids(ids) => Prepared::Key(id_key(ids.iter().copied())),
+            ChatText::Render { text, memo } => Prepared::Text {
+                text,
                 special: false,
-            })
-        }
+                memo,
+            },
+        }),
         Endpoint::Completions | Endpoint::Generate => {
             #[derive(serde::Deserialize)]
             struct Text {
@@ -255,24 +258,33 @@ fn prepare(
             Ok(Prepared::Text {
                 text,
                 special: true,
+                memo: None,
             })
         }
     }
 }
 
-/// The `i` key of a [`prepare`]d prompt, its text through `encode` ([`Tokenizer::encode`],
-/// or [`Tokenizer::encode_cached`]).
+/// The key of a prepared prompt, encoded by `encode` (a chat's ids kept for the next
+/// time when encoded whole).
 fn encode_prepared(
     prepared: &Prepared,
     tokenizer: &Tokenizer,
     encode: fn(&Tokenizer, &str, bool) -> Result<Vec<u32>, crate::tokenizer::TokenizerError>,
 ) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
-    let (text, special) = match prepared {
+    let (text, special, memo) = match prepared {
         Prepared::Key(k) => return Ok(Some(k.clone())),
         Prepared::Nothing => return Ok(None),
-        Prepared::Text { text, special } => (text, *special),
+        Prepared::Text {
+            text,
+            special,
+            memo,
+        } => (text, *special, *memo),
     };
     let ids = encode_cut(text, |t| encode(tokenizer, t, special))?;
+    // A cut text's ids are not the prompt's.
+    if let Some(key) = memo.filter(|_| text.len() <= MAX_KEY_BYTES) {
+        tokenizer.remember_chat_ids(key, &ids);
+    }
     if ids.is_empty() {
         return Ok(None);
     }
@@ -495,6 +507,7 @@ impl<'de> Visitor<'de> for Flatten<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::ChatPrompt;
 
     fn key(ep: Endpoint, body: &str) -> Option<Vec<u8>> {
         prompt_key(ep, body.as_bytes())
@@ -673,6 +686,14 @@ mod tests {
             );
             if want.as_deref().is_some_and(|k| k[0] == b'i') {
                 assert!(from_cache().is_ok());
+                if ep == Endpoint::ChatCompletions {
+                    // The chat's ids were kept: the same prompt is neither rendered nor
+                    // encoded again.
+                    match prepare(ep, &b, &cached) {
+                        Ok(Prepared::Key(k)) => assert_eq!(Some(k), want),
+                        other => panic!("{other:?}"),
+                    }
+                }
             }
             assert_eq!(
                 routing_key_off_thread(ep, &b, Some(&cached)).await,
@@ -680,6 +701,21 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_chat_cut_to_the_key_cap_is_not_kept_as_the_prompts_ids() {
+        let tok = Arc::new(tokenizer().with_cache(16 << 20));
+        let long = "tree ".repeat(MAX_KEY_BYTES / 5 + 10);
+        let body = bytes::Bytes::from(format!(
+            r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#
+        ));
+        let key = routing_key_off_thread(Endpoint::ChatCompletions, &body, Some(&tok)).await;
+        assert!(key.is_some_and(|k| k[0] == b'i' && k.len() <= MAX_KEY_BYTES));
+        assert!(matches!(
+            tok.chat_text(&body),
+            Ok(ChatText::Render { memo: Some(_), .. })
+        ));
     }
 
     #[test]

@@ -28,7 +28,6 @@ use super::state::{SimState, unix_now};
 use super::stream::{
     Answer, Clock, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
 };
-use crate::tokenizer::ChatPrompt;
 
 /// The handler.
 pub async fn chat_completions(State(st): State<Arc<SimState>>, body: Bytes) -> Response {
@@ -60,7 +59,7 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
     let mut prompt = PromptInfo::chat(&req.messages)?;
     let tokenized: Option<Arc<[u32]>> = match st.tokenizer() {
         Some(t) => {
-            let ids = t.chat_ids(&ChatPrompt::from_body(body)?)?;
+            let ids = t.chat_body_ids(body)?;
             prompt = PromptInfo::ids(&ids);
             Some(Arc::from(ids))
         }

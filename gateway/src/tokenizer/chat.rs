@@ -39,8 +39,10 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::{TokenizerError, pyjson};
+use crate::memo::KeyedHash;
 
 /// The special tokens `transformers` passes to a template, when the tokenizer sets them.
 pub const SPECIAL_TOKENS: [&str; 7] = [
@@ -95,6 +97,8 @@ pub struct ChatTemplate {
     names: Vec<String>,
     format: ContentFormat,
     special: Vec<(Value, Value)>,
+    /// Whether a template calls `strftime_now` (its render changes with the date).
+    reads_clock: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -153,6 +157,7 @@ impl ChatTemplate {
         }
         sources.sort_by_key(|(n, _)| n != "default");
         let format = ContentFormat::detect(&sources[0].1);
+        let reads_clock = sources.iter().any(|(_, t)| t.contains("strftime_now"));
         let env = environment(&sources)?;
         let special = config.map(special_tokens).unwrap_or_default();
         Ok(Some(ChatTemplate {
@@ -160,7 +165,14 @@ impl ChatTemplate {
             names: sources.into_iter().map(|(n, _)| n).collect(),
             format,
             special,
+            reads_clock,
         }))
+    }
+
+    /// Whether its render of a prompt may change with the time (it calls `strftime_now`),
+    /// so that what it rendered must not be kept.
+    pub fn reads_clock(&self) -> bool {
+        self.reads_clock
     }
 
     /// The content format its default template expects.
@@ -393,34 +405,108 @@ fn special_tokens(config: &serde_json::Value) -> Vec<(Value, Value)> {
 }
 
 /// The fields of a chat request that shape its prompt.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct ChatPrompt {
     /// `messages`, as sent (the fields a template may see).
     pub messages: Vec<Message>,
     /// `tools`, as sent.
-    #[serde(default)]
     pub tools: Option<Vec<Value>>,
     /// `tool_choice`.
-    #[serde(default)]
     pub tool_choice: Option<Value>,
     /// `chat_template_kwargs` (SGLang's extension): more template variables.
-    #[serde(default)]
     pub chat_template_kwargs: Option<Value>,
     /// `reasoning_effort`, passed to the template.
-    #[serde(default)]
     pub reasoning_effort: Option<Value>,
     /// `continue_final_message` (SGLang's extension): continue the last assistant message.
-    #[serde(default)]
     pub continue_final_message: Option<bool>,
     /// `input_ids` (SGLang's extension): the prompt's ids, given; no template then.
-    #[serde(default)]
     pub input_ids: Option<Vec<u32>>,
+}
+
+/// The fields of a chat request that shape its prompt, as the body's raw JSON: what a
+/// [`ChatPrompt`] is read from, and what a prompt met before is recognized by
+/// ([`RawChat::hash`]) before it is read or rendered.
+#[derive(Debug, Deserialize)]
+pub struct RawChat<'a> {
+    #[serde(borrow)]
+    messages: &'a RawValue,
+    #[serde(default, borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    chat_template_kwargs: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    reasoning_effort: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    continue_final_message: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input_ids: Option<&'a RawValue>,
+}
+
+impl<'a> RawChat<'a> {
+    /// The chat fields of a `/v1/chat/completions` body (the rest is skipped unread).
+    pub fn from_body(body: &'a [u8]) -> Result<Self, TokenizerError> {
+        serde_json::from_slice(body).map_err(request_error)
+    }
+
+    /// The fields, read.
+    pub fn prompt(&self) -> Result<ChatPrompt, TokenizerError> {
+        Ok(ChatPrompt {
+            messages: serde_json::from_str(self.messages.get()).map_err(request_error)?,
+            tools: read(self.tools)?,
+            tool_choice: read(self.tool_choice)?,
+            chat_template_kwargs: read(self.chat_template_kwargs)?,
+            reasoning_effort: read(self.reasoning_effort)?,
+            continue_final_message: read(self.continue_final_message)?,
+            input_ids: self.input_ids()?,
+        })
+    }
+
+    /// The prompt's ids when the request brings them (`input_ids`, not empty): SGLang then
+    /// skips the template.
+    pub fn given_ids(&self) -> Result<Option<Vec<u32>>, TokenizerError> {
+        Ok(self.input_ids()?.filter(|i| !i.is_empty()))
+    }
+
+    fn input_ids(&self) -> Result<Option<Vec<u32>>, TokenizerError> {
+        read(self.input_ids)
+    }
+
+    /// These fields' key under `hash`: equal for bodies whose fields are the same bytes
+    /// (other fields, and where these stand, do not count).
+    pub fn hash(&self, hash: &KeyedHash) -> u128 {
+        let get = |r: Option<&'a RawValue>| r.map(RawValue::get);
+        hash.key(&(
+            self.messages.get(),
+            get(self.tools),
+            get(self.tool_choice),
+            get(self.chat_template_kwargs),
+            get(self.reasoning_effort),
+            get(self.continue_final_message),
+            get(self.input_ids),
+        ))
+    }
+}
+
+/// A field of a [`RawChat`] read (absent or null: `None`).
+fn read<T: serde::de::DeserializeOwned>(
+    raw: Option<&RawValue>,
+) -> Result<Option<T>, TokenizerError> {
+    match raw {
+        None => Ok(None),
+        Some(r) => serde_json::from_str(r.get()).map_err(request_error),
+    }
+}
+
+fn request_error(e: serde_json::Error) -> TokenizerError {
+    TokenizerError::Request(e.to_string())
 }
 
 impl ChatPrompt {
     /// The chat fields of a `/v1/chat/completions` body.
     pub fn from_body(body: &[u8]) -> Result<Self, TokenizerError> {
-        serde_json::from_slice(body).map_err(|e| TokenizerError::Request(e.to_string()))
+        RawChat::from_body(body)?.prompt()
     }
 
     /// The prompt's ids when the request brings them (`input_ids`, not empty): SGLang then

@@ -17,7 +17,9 @@
 //!
 //! The gateway keeps the ids of the pieces of text between special tokens it has encoded
 //! (`pieces`, `--tokenizer-cache-size`): a conversation's earlier turns and a shared
-//! system prompt are not encoded again on every request.
+//! system prompt are not encoded again on every request. It also keeps the ids of whole
+//! chat prompts by their fields' bytes ([`Tokenizer::chat_text`]): a prompt sent again
+//! whole is not rendered again either.
 //!
 //! Layout: this file loads the files and encodes; [`chat`] prepares messages and renders
 //! templates; [`pyjson`] is `transformers`' `tojson` filter (Python's `json.dumps`);
@@ -28,8 +30,13 @@ mod pieces;
 pub mod pyjson;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-pub use chat::{ChatPrompt, ChatTemplate};
+use parking_lot::Mutex;
+
+pub use chat::{ChatPrompt, ChatTemplate, RawChat};
+
+use crate::memo::{Generations, KeyedHash};
 
 /// The files a tokenizer directory holds.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -121,6 +128,35 @@ pub struct Tokenizer {
     source: PathBuf,
     /// The pieces cache, when on and this tokenizer allows it.
     pieces: Option<pieces::Pieces>,
+    /// The memo of chat prompts' ids, when on and the template allows it.
+    chats: Option<ChatMemo>,
+}
+
+/// The ids of chat prompts met before, by their [`RawChat::hash`]: a prompt sent again
+/// whole (a rollout group's samples, `n` requests for one prompt, a retried request) is
+/// neither rendered nor encoded again. Bounded in bytes (see [`Tokenizer::with_cache`]).
+#[derive(Debug)]
+struct ChatMemo {
+    hash: KeyedHash,
+    ids: Mutex<Generations<Arc<[u32]>>>,
+}
+
+/// Bytes a [`ChatMemo`] entry costs beyond its ids (its slot, the allocation's header).
+const CHAT_ENTRY_OVERHEAD: usize = 64;
+
+/// What a chat body's ids come from ([`Tokenizer::chat_text`]).
+#[derive(Debug)]
+pub enum ChatText {
+    /// Its ids: given by the request (`input_ids`), or kept from an earlier render.
+    Ids(Arc<[u32]>),
+    /// The template's render, to encode; keep the ids under `memo` once encoded
+    /// ([`Tokenizer::remember_chat_ids`]).
+    Render {
+        /// The rendered prompt.
+        text: String,
+        /// Its memo key (none: this tokenizer keeps no memo).
+        memo: Option<u128>,
+    },
 }
 
 impl Tokenizer {
@@ -177,18 +213,22 @@ impl Tokenizer {
             chat,
             source: path.to_path_buf(),
             pieces: None,
+            chats: None,
         })
     }
 
-    /// This tokenizer keeping the ids of the pieces of text it encodes, in about
-    /// `cache_bytes` (0: none; see the `pieces` module). A tokenizer whose ids are not those of its
-    /// pieces keeps none, and says why in the log.
+    /// This tokenizer keeping, in about `cache_bytes` (0: none), the ids of the pieces of
+    /// text it encodes (7/8 of it; see the `pieces` module) and of whole chat prompts
+    /// (1/8, in two generations: [`Tokenizer::chat_text`]). A tokenizer whose ids are not
+    /// those of its pieces keeps no pieces, and says why in the log; one whose template
+    /// reads the clock keeps no chat prompts.
     pub fn with_cache(mut self, cache_bytes: usize) -> Self {
         self.pieces = None;
+        self.chats = None;
         if cache_bytes == 0 {
             return self;
         }
-        match pieces::Pieces::new(&self.inner, cache_bytes) {
+        match pieces::Pieces::new(&self.inner, cache_bytes - cache_bytes / 8) {
             Ok(p) => self.pieces = Some(p),
             Err(why) => tracing::info!(
                 path = %self.source.display(),
@@ -196,7 +236,60 @@ impl Tokenizer {
                 "the tokenizer encodes every prompt whole (no pieces cache)"
             ),
         }
+        if self.chat.as_ref().is_some_and(|c| !c.reads_clock()) {
+            self.chats = Some(ChatMemo {
+                hash: KeyedHash::default(),
+                ids: Mutex::new(Generations::new(cache_bytes / 16, |ids: &Arc<[u32]>| {
+                    4 * ids.len() + CHAT_ENTRY_OVERHEAD
+                })),
+            });
+        }
         self
+    }
+
+    /// Whether chat prompts met before are kept ([`Tokenizer::with_cache`]).
+    pub fn remembers_chats(&self) -> bool {
+        self.chats.is_some()
+    }
+
+    /// A chat body's ids when known without encoding (given, or kept from an earlier
+    /// render of the same fields), else its template's render to encode.
+    pub fn chat_text(&self, body: &[u8]) -> Result<ChatText, TokenizerError> {
+        let raw = RawChat::from_body(body)?;
+        // SGLang skips the template for a chat request that brings its ids.
+        if let Some(ids) = raw.given_ids()? {
+            return Ok(ChatText::Ids(ids.into()));
+        }
+        let memo = self.chats.as_ref().map(|m| raw.hash(&m.hash));
+        if let (Some(m), Some(key)) = (&self.chats, memo)
+            && let Some(ids) = m.ids.lock().get(key)
+        {
+            return Ok(ChatText::Ids(ids));
+        }
+        let text = self.render_chat(&raw.prompt()?)?;
+        Ok(ChatText::Render { text, memo })
+    }
+
+    /// Keeps `ids`, the encoding of a [`ChatText::Render`], under its `memo` key.
+    pub fn remember_chat_ids(&self, memo: u128, ids: &[u32]) {
+        if let Some(m) = &self.chats {
+            m.ids.lock().insert(memo, ids.into());
+        }
+    }
+
+    /// Token ids of a chat body, as SGLang's chat route computes them
+    /// ([`Tokenizer::chat_ids`]), kept for the next time the same prompt comes.
+    pub fn chat_body_ids(&self, body: &[u8]) -> Result<Vec<u32>, TokenizerError> {
+        match self.chat_text(body)? {
+            ChatText::Ids(ids) => Ok(ids.to_vec()),
+            ChatText::Render { text, memo } => {
+                let ids = self.encode(&text, false)?;
+                if let Some(key) = memo {
+                    self.remember_chat_ids(key, &ids);
+                }
+                Ok(ids)
+            }
+        }
     }
 
     /// Whether encodings go piece by piece through a cache ([`Tokenizer::with_cache`]).

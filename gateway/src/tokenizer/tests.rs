@@ -508,3 +508,89 @@ fn tokenizers_whose_pieces_are_not_independent_encode_whole() {
     // No cache asked for.
     assert!(!tokenizer().with_cache(0).caches_pieces());
 }
+
+#[test]
+fn a_chat_prompt_sent_again_is_neither_rendered_nor_encoded_again() {
+    let tok = tokenizer().with_cache(1 << 20);
+    assert!(tok.remembers_chats());
+    let body =
+        br#"{"model":"m","messages":[{"role":"user","content":"Hello there"}],"max_tokens":4}"#;
+    let want = tokenizer()
+        .chat_ids(&ChatPrompt::from_body(body).unwrap())
+        .unwrap();
+    let Ok(ChatText::Render {
+        text,
+        memo: Some(key),
+    }) = tok.chat_text(body)
+    else {
+        panic!("a prompt never met is rendered");
+    };
+    assert!(
+        matches!(tok.chat_text(body), Ok(ChatText::Render { .. })),
+        "nothing is kept before its ids are"
+    );
+    tok.remember_chat_ids(key, &tok.encode(&text, false).unwrap());
+    let Ok(ChatText::Ids(ids)) = tok.chat_text(body) else {
+        panic!("kept");
+    };
+    assert_eq!(&ids[..], &want[..]);
+    // Fields the template does not see, and the order of the fields, do not count.
+    let other = br#"{"max_tokens":99,"stream":true,"messages":[{"role":"user","content":"Hello there"}],"model":"x"}"#;
+    assert!(matches!(tok.chat_text(other), Ok(ChatText::Ids(_))));
+    // Every field it sees does.
+    let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{}}}]"#;
+    for changed in [
+        r#""messages":[{"role":"user","content":"Hello there!"}]"#.to_owned(),
+        format!(r#""messages":[{{"role":"user","content":"Hello there"}}],{tools}"#),
+        format!(
+            r#""messages":[{{"role":"user","content":"Hello there"}}],{tools},"tool_choice":"none""#
+        ),
+        r#""messages":[{"role":"user","content":"Hello there"}],"reasoning_effort":"none""#
+            .to_owned(),
+        r#""messages":[{"role":"user","content":"Hello there"}],"chat_template_kwargs":{"enable_thinking":false}"#
+            .to_owned(),
+        r#""messages":[{"role":"user","content":"Hello there"}],"continue_final_message":false"#
+            .to_owned(),
+    ] {
+        let body = format!("{{{changed}}}");
+        assert!(
+            matches!(tok.chat_text(body.as_bytes()), Ok(ChatText::Render { .. })),
+            "{body}"
+        );
+    }
+    // `chat_body_ids` keeps what it encodes.
+    let second = br#"{"messages":[{"role":"user","content":"Second"}]}"#;
+    let ids = tok.chat_body_ids(second).unwrap();
+    assert!(matches!(tok.chat_text(second), Ok(ChatText::Ids(_))));
+    assert_eq!(tok.chat_body_ids(second).unwrap(), ids);
+    // Given ids are the prompt; a bad body is a typed error.
+    let given = tok.chat_text(br#"{"messages":[],"input_ids":[4,5]}"#);
+    assert!(matches!(given, Ok(ChatText::Ids(i)) if i[..] == [4, 5]));
+    for bad in [
+        &b"{"[..],
+        br#"{"messages":5}"#,
+        br#"{"messages":[],"input_ids":"x"}"#,
+    ] {
+        assert!(matches!(
+            tok.chat_text(bad),
+            Err(TokenizerError::Request(_))
+        ));
+    }
+    // No memo without a cache, or for a template whose render reads the clock.
+    assert!(!tokenizer().with_cache(0).remembers_chats());
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock.jinja");
+    std::fs::write(
+        &clock,
+        "{{ strftime_now('%d %b %Y') }} {{ messages | length }}",
+    )
+    .unwrap();
+    let dated = Tokenizer::load(&fixture(), Some(&clock))
+        .unwrap()
+        .with_cache(1 << 20);
+    assert!(!dated.remembers_chats() && dated.caches_pieces());
+    assert!(matches!(
+        dated.chat_text(body),
+        Ok(ChatText::Render { memo: None, .. })
+    ));
+}

@@ -20,7 +20,8 @@
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use gateway::proxy::Endpoint;
 use gateway::proxy::prompt::{prompt_key, routing_key};
 use gateway::tokenizer::Tokenizer;
@@ -67,6 +68,27 @@ fn with_kwarg(body: &[u8], n: u64) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap()
 }
 
+/// `name`: the routing key through `tok` of the body `make(n)` gives for the `n`-th
+/// iteration (each made ahead, outside the timing).
+fn fresh(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: String,
+    tok: &Tokenizer,
+    mut make: impl FnMut(u64) -> Vec<u8>,
+) {
+    let mut n = 0u64;
+    g.bench_function(name, |x| {
+        x.iter_batched(
+            || {
+                n += 1;
+                make(n)
+            },
+            |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(tok)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+}
+
 fn keys(c: &mut Criterion) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
     let tok = Tokenizer::load(&dir, None).expect("the test tokenizer");
@@ -90,16 +112,8 @@ fn keys(c: &mut Criterion) {
     g.bench_function("tokens_cached/wrk", |x| {
         x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&wrk), Some(&cached)))
     });
-    let mut n = 0u64;
-    g.bench_function("tokens_rendered/wrk", |x| {
-        x.iter_batched(
-            || {
-                n += 1;
-                with_kwarg(&wrk, n)
-            },
-            |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
-            criterion::BatchSize::SmallInput,
-        )
+    fresh(&mut g, "tokens_rendered/wrk".into(), &cached, |n| {
+        with_kwarg(&wrk, n)
     });
     for turns in [2, 8, 32] {
         let b = body(turns);
@@ -113,28 +127,12 @@ fn keys(c: &mut Criterion) {
         g.bench_function(format!("tokens_cached/{turns}"), |x| {
             x.iter(|| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)))
         });
-        let mut n = 0u64;
-        g.bench_function(format!("tokens_rendered/{turns}"), |x| {
-            x.iter_batched(
-                || {
-                    n += 1;
-                    with_kwarg(&b, n)
-                },
-                |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
-                criterion::BatchSize::SmallInput,
-            )
+        fresh(&mut g, format!("tokens_rendered/{turns}"), &cached, |n| {
+            with_kwarg(&b, n)
         });
-        // A new last turn each time: bodies made ahead, outside the timing.
-        let mut n = 0u64;
-        g.bench_function(format!("tokens_next_turn/{turns}"), |x| {
-            x.iter_batched(
-                || {
-                    n += 1;
-                    body_with(turns, &format!(" (take {n})"))
-                },
-                |b| routing_key(Endpoint::ChatCompletions, black_box(&b), Some(&cached)),
-                criterion::BatchSize::SmallInput,
-            )
+        // A new last turn each time.
+        fresh(&mut g, format!("tokens_next_turn/{turns}"), &cached, |n| {
+            body_with(turns, &format!(" (take {n})"))
         });
     }
     g.finish();

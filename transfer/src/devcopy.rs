@@ -28,6 +28,7 @@ use std::time::Duration;
 use crate::device::{DeviceCtx, Devices, Fence};
 use crate::engine::batch::{BatchState, Landing, Op};
 use crate::error::{Result, TransferError};
+use crate::home::Home;
 use crate::memory::{Access, lock_all};
 use crate::shm::{CopyJob, CopyTarget};
 
@@ -35,7 +36,8 @@ use crate::shm::{CopyJob, CopyTarget};
 pub(crate) const FENCE_GRACE: Duration = Duration::from_secs(10);
 
 /// Starts the device copies of `jobs` and completes their requests as they finish.
-pub(crate) fn run(devices: &Devices, batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
+/// Their waits run on the engine's `home` runtime (they outlive the submitting call).
+pub(crate) fn run(devices: &Devices, home: &Home, batch: &Arc<BatchState>, jobs: Vec<CopyJob>) {
     if jobs.is_empty() {
         return;
     }
@@ -50,7 +52,7 @@ pub(crate) fn run(devices: &Devices, batch: &Arc<BatchState>, jobs: Vec<CopyJob>
     };
     let batch = batch.clone();
     if jobs.iter().any(|j| has_host_side(&batch, j)) {
-        tokio::spawn(async move {
+        home.spawn(async move {
             let b = batch.clone();
             match tokio::task::spawn_blocking(move || start_all(&ctx, &b, jobs)).await {
                 Ok(started) => wait(batch, started).await,
@@ -61,7 +63,7 @@ pub(crate) fn run(devices: &Devices, batch: &Arc<BatchState>, jobs: Vec<CopyJob>
     } else {
         let started = start_all(&ctx, &batch, jobs);
         if !started.is_empty() {
-            tokio::spawn(wait(batch, started));
+            home.spawn(wait(batch, started));
         }
     }
 }

@@ -28,6 +28,8 @@
 //!   completion), routing, `notify` (notifications), shutdown.
 //! - [`tcp`]: TCP transport: `frame` (pure wire codec), raw socket I/O, target server,
 //!   initiator pool with lanes and slicing.
+//! - `home`: the runtime an engine was built on, where its connections and background
+//!   tasks live whichever runtime drives its calls.
 //! - `shm`: shared-memory transport (same-host peers) and local copy targets.
 //! - `hostcopy`: a batch's host memory copies, spread over the runtime's worker threads.
 //! - `copier`: synchronous copies (the engine's mapped reads and writes) spread over the
@@ -54,6 +56,7 @@ pub mod tls;
 mod copier;
 mod devcopy;
 mod engine;
+mod home;
 mod hostcopy;
 mod registry;
 mod shm;

@@ -3,6 +3,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use rand::{Rng, SeedableRng};
@@ -336,4 +337,49 @@ fn connections_outlive_the_runtime_that_opened_them() {
         write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20).await;
         drop(target);
     });
+}
+
+/// Connections opened from a runtime that runs only during its caller's calls (a thread's
+/// own current-thread runtime, as the Python store drives its calls) are served by the
+/// engine's runtime: a transfer from elsewhere over them completes while that runtime
+/// sits idle, its thread away.
+#[test]
+fn connections_opened_from_a_callers_runtime_are_served_by_the_engines_own() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (target, initiator, remote, local) = main.block_on(async {
+        let target = engine(false).await;
+        let initiator = engine(false).await;
+        let remote = target.alloc(1 << 20).unwrap();
+        let local = initiator.alloc(1 << 20).unwrap();
+        fill(&local, 67);
+        (target, initiator, remote, local)
+    });
+    let caller = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The first connections (the descriptor's control call, then the data) are asked for
+    // from the caller's runtime.
+    let seg = caller.block_on(async {
+        let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+        initiator
+            .transfer(TransferRequest::write(&local, 0, &seg, remote.addr(), 4096))
+            .await
+            .unwrap();
+        seg
+    });
+    assert_eq!(initiator.runtime().id(), main.handle().id());
+    // The caller's runtime is alive but nothing drives it now.
+    main.block_on(async {
+        let write = write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20);
+        tokio::time::timeout(Duration::from_secs(20), write)
+            .await
+            .expect("a transfer over connections the idle runtime asked for completed");
+        drop(target);
+    });
+    drop(caller);
 }

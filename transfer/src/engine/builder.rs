@@ -18,6 +18,7 @@ use super::{Counters, Inner, TransferEngine};
 use crate::auth::ClusterSecret;
 use crate::device::{DeviceBackend, Devices};
 use crate::error::{Result, TransferError};
+use crate::home::Home;
 use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
 use crate::registry::LocalRegions;
 use crate::segment::{DESCRIPTOR_VERSION, Endpoints, SegmentDescriptor, host_id};
@@ -105,6 +106,7 @@ impl EngineBuilder {
             ),
             config.device_ipc,
         ));
+        let home = Home::current();
         let tcp = Arc::new(TcpClient::new(ClientConfig {
             devices: devices.clone(),
             secret: secret.clone(),
@@ -114,6 +116,7 @@ impl EngineBuilder {
             max_inflight: config.max_inflight_per_lane,
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
+            home: home.clone(),
         }));
         let metadata: Arc<dyn Metadata> = match (self.metadata, &config.metadata) {
             (Some(m), _) => m,
@@ -208,6 +211,7 @@ impl EngineBuilder {
                 counters: Counters::default(),
                 secret,
                 devices,
+                home,
                 config,
             }),
         })

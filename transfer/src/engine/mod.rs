@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::ClusterSecret;
 use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
+use crate::home::Home;
 use crate::metadata::Metadata;
 use crate::registry::LocalRegions;
 use crate::segment::SegmentDescriptor;
@@ -111,6 +112,8 @@ struct Inner {
     counters: Counters,
     secret: ClusterSecret,
     devices: Arc<Devices>,
+    /// The runtime the engine was built on (`crate::home`).
+    home: Home,
 }
 
 impl Drop for Inner {
@@ -220,7 +223,18 @@ impl TransferEngine {
     /// peer-to-peer metadata, where peers always get the live descriptor).
     pub async fn publish(&self) -> Result<()> {
         self.check_open()?;
-        self.inner.metadata.publish(&self.descriptor()).await
+        let (metadata, desc) = (self.inner.metadata.clone(), self.descriptor());
+        self.inner
+            .home
+            .run(async move { metadata.publish(&desc).await })
+            .await
+    }
+
+    /// The runtime this engine was built on: its connections are opened there and their
+    /// tasks run there, whichever runtime submits transfers (one that runs only during its
+    /// calls, such as a thread's own current-thread runtime, included).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        self.inner.home.handle()
     }
 
     /// Number of regions currently registered.
@@ -267,9 +281,12 @@ impl TransferEngine {
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        // At home: a metadata client's pooled connections must not live on a caller's
+        // runtime (`crate::home`).
+        let (metadata, owned) = (self.inner.metadata.clone(), name.to_owned());
         self.inner
-            .metadata
-            .fetch(name)
+            .home
+            .run(async move { metadata.fetch(&owned).await })
             .await?
             .ok_or_else(|| TransferError::UnknownSegment {
                 segment: name.to_owned(),
@@ -350,7 +367,7 @@ impl TransferEngine {
             }
         }
         crate::hostcopy::run(&state, copies).await;
-        crate::devcopy::run(&self.inner.devices, &state, device_copies);
+        crate::devcopy::run(&self.inner.devices, &self.inner.home, &state, device_copies);
         Ok(Batch { state })
     }
 

@@ -340,7 +340,7 @@ impl Transport {
         &self,
         peer_engine: u64,
         path: &RdmaPath,
-        control: &Peer,
+        control: &Arc<Peer>,
     ) -> Result<Arc<Qp>> {
         let key = (peer_engine, path.local, path.remote.clone());
         if let Some(q) = self.conns.lock().get(&key)

@@ -28,6 +28,7 @@ use crate::device::Devices;
 use crate::device::staging::StagingBuf;
 use crate::engine::batch::{Abort, BatchState, Completion, Landing, Op};
 use crate::error::{RemoteRange, Result, TransferError};
+use crate::home::Home;
 use crate::tcp::frame::{
     MAX_CONTROL_LEN, MAX_DESCRIPTOR_LEN, Opcode, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
     RequestHeader, ResponseHeader, Status,
@@ -60,6 +61,8 @@ pub(crate) struct ClientConfig {
     pub(crate) io_timeout: Duration,
     /// Device memory: staging buffers and copy streams.
     pub(crate) devices: Arc<Devices>,
+    /// Where connections are opened and their lanes' tasks run (`crate::home`).
+    pub(crate) home: Home,
 }
 
 /// One data frame: a slice of a request.
@@ -182,12 +185,24 @@ impl Peer {
         c.0
     }
 
-    async fn lane(&self, i: usize) -> Result<Arc<Lane>> {
+    /// Lane `i`, connected first if it is not up. Connecting runs on the engine's home
+    /// runtime (`crate::home`), whichever runtime asks, and to its end there: the lane
+    /// is in its slot even if the caller stopped waiting.
+    async fn lane(self: &Arc<Self>, i: usize) -> Result<Arc<Lane>> {
         if let Some(l) = self.slots[i].load_full()
             && !l.is_dead()
         {
             return Ok(l);
         }
+        let me = self.clone();
+        self.cfg
+            .home
+            .run(async move { me.establish(i).await })
+            .await
+    }
+
+    /// The slow path of [`Peer::lane`]: one connection attempt per slot at a time.
+    async fn establish(&self, i: usize) -> Result<Arc<Lane>> {
         let _guard = self.connecting[i].lock().await;
         if let Some(l) = self.slots[i].load_full()
             && !l.is_dead()
@@ -278,7 +293,12 @@ impl Peer {
     /// whose local buffer is device memory is cut to staging chunks: each slice of a write
     /// is copied into a pinned buffer before it is queued (while the lanes send the slices
     /// before it), each slice of a read lands in one and is copied to the device.
-    pub(crate) async fn send_request(&self, batch: &Arc<BatchState>, idx: usize, token: u64) {
+    pub(crate) async fn send_request(
+        self: &Arc<Self>,
+        batch: &Arc<BatchState>,
+        idx: usize,
+        token: u64,
+    ) {
         let req = &batch.requests[idx];
         let len = req.len as u64;
         let device = req.local.region().location().device();
@@ -346,7 +366,7 @@ impl Peer {
 
     /// Sends a control request and waits for its answer (status and payload).
     pub(crate) async fn call(
-        &self,
+        self: &Arc<Self>,
         op: Opcode,
         payload: Vec<u8>,
         deadline: Instant,

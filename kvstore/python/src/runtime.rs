@@ -3,8 +3,13 @@
 //! One multi-threaded runtime serves every engine and store of the process; it starts on
 //! first use (so a process that forks before using Moongate gives each child its own).
 //! Python threads call [`block`] concurrently: each waits on its own future while the GIL
-//! is free for the others. Calls that only ask the master use [`block_here`] instead: each
-//! thread's own current-thread runtime, whose thread does the waiting and the reading.
+//! is free for the others. The store's calls use [`block_here`] instead: each thread's own
+//! current-thread runtime, whose thread does the waiting, reads the master's answers and
+//! copies the bytes of same-host values itself (with its runtime's helper threads). The
+//! connections those calls open still live on the shared runtime, where every engine
+//! opens its connections whatever runtime asks (`TransferEngine::runtime`). The transfer
+//! engine's own calls use [`block`]: their batches may outlive the call that started
+//! them (`batch_transfer_async_*`).
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -59,12 +64,14 @@ thread_local! {
         .ok();
 }
 
-/// Runs `fut`, a future of master calls only, to completion on this thread's own runtime
-/// with the GIL released: the thread that waits for the master's answer reads it itself,
-/// rather than waiting for a runtime worker to read it and wake it (see
-/// `kvstore::client::caller_driven`). Calls that move bytes, or that start tasks meant to
-/// outlive them, use [`block`]: their connections must be served while this thread is in
-/// Python. Falls back to [`block`] where the thread's runtime cannot start.
+/// Runs `fut`, a store call, to completion on this thread's own runtime with the GIL
+/// released: the thread that waits for the master's answer reads it itself, rather than
+/// waiting for a runtime worker to read it and wake it (see
+/// `kvstore::client::caller_driven`), and copies same-host bytes itself. Nothing it starts
+/// may need this runtime once it returns: the store's engine opens its connections on the
+/// shared runtime and waits there for what outlives a call, and a store call waits for
+/// its transfers. Calls that start work meant to outlive them use [`block`]. Falls back
+/// to [`block`] where the thread's runtime cannot start.
 pub fn block_here<F>(py: Python<'_>, fut: F) -> F::Output
 where
     F: Future + Send,

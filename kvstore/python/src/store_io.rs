@@ -18,7 +18,7 @@ use transfer::RegisteredBuffer;
 
 use crate::codes::{self, INVALID_PARAMS, OK};
 use crate::replicate::ReplicateConfig;
-use crate::runtime::block;
+use crate::runtime::block_here;
 use crate::store::{MooncakeDistributedStore, StoreState};
 
 /// A value read by `get_buffer`: registered memory holding it (`ptr()`, `size()`,
@@ -176,7 +176,7 @@ impl MooncakeDistributedStore {
                 .map(String::as_str)
                 .zip(values.iter().map(|v| &**v))
                 .collect();
-            block(py, async {
+            block_here(py, async {
                 let mut out = client.batch_put(&items).await;
                 if upsert {
                     replace_existing(&client, &mut out, |i| client.put(items[i].0, items[i].1))
@@ -214,7 +214,7 @@ impl MooncakeDistributedStore {
                 .iter()
                 .map(|(_, (k, b, o, l))| (k.as_str(), BufRange::new(b, *o, *l)))
                 .collect();
-            let results = block(py, async {
+            let results = block_here(py, async {
                 let mut r = client.batch_put_from(&items).await;
                 if upsert {
                     replace_existing(&client, &mut r, |i| client.put_from(items[i].0, items[i].1))
@@ -249,7 +249,7 @@ impl MooncakeDistributedStore {
                 .iter()
                 .map(|(_, (k, b, o, l))| (k.as_str(), BufRange::new(b, *o, *l)))
                 .collect();
-            let results = block(py, s.client.batch_get_into(&items));
+            let results = block_here(py, s.client.batch_get_into(&items));
             for ((i, _), r) in ok.iter().zip(results) {
                 out[*i] = match r {
                     Ok(len) => i64::try_from(len).unwrap_or(i64::MAX),
@@ -275,7 +275,7 @@ impl MooncakeDistributedStore {
                     keys.len()
                 ];
             }
-            block(py, s.client.batch_get(keys))
+            block_here(py, s.client.batch_get(keys))
                 .into_iter()
                 .map(|r| r.map_err(|e| codes::store_code(op, &e)))
                 .collect()
@@ -413,7 +413,7 @@ impl MooncakeDistributedStore {
     fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<BufferHandle>> {
         let n = keys.len();
         self.with_state("batch_get_buffer", (0..n).map(|_| None).collect(), |s| {
-            block(py, async {
+            block_here(py, async {
                 let mut out = Vec::with_capacity(n);
                 for key in &keys {
                     let got = async {

@@ -3,6 +3,7 @@ store` node and read by the Rust `StoreClient` (the `kv` example), and the rever
 Python `TransferEngine` and a Rust engine (`transfer-bench`) move bytes both ways."""
 
 import subprocess
+import threading
 
 import numpy as np
 
@@ -41,6 +42,49 @@ def test_store_bytes_cross_between_python_rust_and_a_storage_node():
         assert py.register_buffer(pool.ctypes.data, pool.nbytes) == 0
         assert py.get_into("rust-to-py", pool.ctypes.data, pool.nbytes) == 1000
         assert pool[:1000].tobytes() == value[:1000]
+        assert py.close() == 0
+    finally:
+        node.stop()
+        master.stop()
+
+
+def test_connections_one_thread_opened_serve_another_while_it_is_away():
+    """A store call runs on its thread's own runtime; the connections to a node that it
+    opens live on the shared one. So a thread that opened them and then went back to Python
+    (here: waiting on an event) does not hold up another thread's puts and gets over them."""
+    master = Master()
+    node = Proc([binary("MOONGATE_BIN", "moongate"), "store", "--master", master.url,
+                 "--segment-size", "32M", "--listen", "127.0.0.1:0", "--protocol", "tcp",
+                 "--http-listen", "127.0.0.1:0"],
+                r"moongate store ready: segment (\S+) .* mounted true")
+    try:
+        py = new_store(master, segment=0)  # every value on the node, over TCP
+        value = bytes(range(256)) * 4096
+        opened, away, errors = threading.Event(), threading.Event(), []
+
+        def opener():
+            try:
+                assert py.put("opened-by-a", value) == 0
+                assert py.get("opened-by-a") == value
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+            opened.set()
+            away.wait(60)
+
+        a = threading.Thread(target=opener)
+        a.start()
+        try:
+            assert opened.wait(30) and not errors, errors
+            got = []
+            b = threading.Thread(target=lambda: got.append(
+                (py.put("from-b", value), py.get("from-b"), py.get("opened-by-a"))))
+            b.start()
+            b.join(20)
+            assert not b.is_alive(), "the other thread's calls waited for the first thread"
+            assert got == [(0, value, value)]
+        finally:
+            away.set()
+            a.join(10)
         assert py.close() == 0
     finally:
         node.stop()

@@ -19,6 +19,13 @@
 //! that only this thread drives and that outlives the [`crate::StoreClient`] (or is never
 //! used again after it is gone). A connection made there is idle between calls, since its
 //! task runs only while the thread is in the runtime; another thread never takes it.
+//!
+//! Data calls may run caller-driven too (the Python store's do): the client's transfer
+//! engine opens its connections, and runs what outlives a call, on the runtime it was
+//! built on (`transfer::TransferEngine::runtime`), and so does the copy buffer's
+//! quarantine. What the calling thread then does itself is read the master's answers and
+//! copy same-host values (a current-thread runtime spreads a batch's copies over its
+//! thread and its blocking pool).
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -185,18 +185,16 @@ impl Drop for Slot {
             staging.alloc.lock().free(a);
             return;
         }
-        // A transfer may still write here: keep the range out of use until it cannot.
+        // A transfer may still write here: keep the range out of use until it cannot. The
+        // wait runs on the engine's runtime, not the caller's (which may run only during
+        // its calls, see `caller_driven`); if that runtime is gone (the process is exiting)
+        // the task is dropped unrun and the range stays allocated, which is safe.
         let wait = staging.quarantine;
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    staging.alloc.lock().free(a);
-                });
-            }
-            // No runtime (the process is exiting): the range stays allocated, which is safe.
-            Err(_) => drop(staging),
-        }
+        let rt = staging.engine.runtime().clone();
+        drop(rt.spawn(async move {
+            tokio::time::sleep(wait).await;
+            staging.alloc.lock().free(a);
+        }));
     }
 }
 

@@ -54,30 +54,45 @@ def store_bench(a):
         print(f"memory resident {'after' if done else 'still not after'} "
               f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
     tag = f"{os.getpid()}-{time.time_ns()}"
-    pool = np.zeros(2 * BATCH * M, dtype=np.uint8)
-    pool[: BATCH * M] = np.resize(np.arange(251, dtype=np.uint8), BATCH * M)
+    pool = np.ones(2 * BATCH * M, dtype=np.uint8)
     assert s.register_buffer(pool.ctypes.data, pool.nbytes) == 0
     src, dst = pool.ctypes.data, pool.ctypes.data + BATCH * M
+    words = pool.view(np.uint64)
+    idx = np.arange(BATCH, dtype=np.uint64)
     try:
         for size in (4 * K, 1 * M):
+            # Checked as the Rust store-bench checks (untimed): every value is one body with
+            # its round and index stamped in its first and last 8 bytes, and each value read
+            # is compared with them. A get that wrote nothing, or the wrong value, is caught
+            # without clearing the destination between calls (which left 64 MiB dirty in the
+            # cache for the next timed get, a cost the Rust bench has not).
+            body = np.resize(np.arange(251, dtype=np.uint8), size)
+            pool[: BATCH * size].reshape(BATCH, size)[:] = body
+            head = (idx * size) // 8
+            tail = head + size // 8 - 1
+            got_values = pool[BATCH * M: BATCH * M + BATCH * size].reshape(BATCH, size)
             # All the puts, then all the gets of the same keys in the same order, as the
             # Rust store-bench does (a get right after the put of the same values measured
             # 12-15 GB/s at 1 MiB here where a get after all the puts measured 18-20).
             put, get = [], []
             keys = [[f"pb-{tag}-{size}-{r}-{i}" for i in range(BATCH)] for r in range(a.rounds)]
             for r in range(a.rounds):
+                marks = (np.uint64(r) << np.uint64(32)) | idx
+                words[head], words[tail] = marks, ~marks
                 ptrs = [src + i * size for i in range(BATCH)]
                 t = time.perf_counter()
                 rs = s.batch_put_from(keys[r], ptrs, [size] * BATCH)
                 put.append(time.perf_counter() - t)
                 assert rs == [0] * BATCH, rs
+            dwords = words[BATCH * M // 8:]
             for r in range(a.rounds):
                 t = time.perf_counter()
                 got = s.batch_get_into(keys[r], [dst + i * size for i in range(BATCH)], [size] * BATCH)
                 get.append(time.perf_counter() - t)
                 assert got == [size] * BATCH, got
-                assert np.array_equal(pool[BATCH * M:BATCH * M + BATCH * size], pool[:BATCH * size])
-                pool[BATCH * M:] = 0
+                marks = (np.uint64(r) << np.uint64(32)) | idx
+                assert np.array_equal(dwords[head], marks) and np.array_equal(dwords[tail], ~marks)
+                assert all(np.array_equal(v[8:-8], body[8:-8]) for v in got_values)
             for op, times in (("batch_put_from", put), ("batch_get_into", get)):
                 med = statistics.median(times)
                 emit(wheel=wheel(), op=op, value_bytes=size, batch=BATCH,

@@ -69,13 +69,25 @@ pass() {
   echo "$got" | sed "s/^/{\"round\":$r,\"system\":\"$sys\",\"r\":/; s/\$/}/" >> "$OUT/results.jsonl"
 }
 
+# One system's store pass. Each round takes the three in a rotated order, so that none always
+# runs right after the same other one (a process that just exited leaves its 2 GiB to be
+# freed, and the next one faults its own 2 GiB in).
+store_pass() {
+  case $1 in
+    mooncake) pass mooncake-py "$MC_PY" $BENCH_PY store --metadata "http://127.0.0.1:$MC_META/metadata" --master "127.0.0.1:$MC_RPC" --rounds "$INNER" ;;
+    moongate) pass moongate-py "$MG_PY" $BENCH_PY store --metadata P2PHANDSHAKE --master "127.0.0.1:$MG_PORT" --rounds "$INNER" ;;
+    rust)
+      pass rust "$STORE_BENCH" --master "http://127.0.0.1:$MG_PORT" --storage self --protocol tcp --segment-size 2G \
+        --sizes 4K,1M --batch 64 --ops 320 --rounds 1 --only batch_put_from,batch_get_into --json
+      pass rust "$KV" --master "http://127.0.0.1:$MG_PORT" --segment-size 64M --listen 127.0.0.1:0 --protocol tcp bench-exists --calls 50 ;;
+  esac
+}
+systems=(mooncake moongate rust)
+
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r/$ROUNDS" >&2
-  pass mooncake-py "$MC_PY" $BENCH_PY store --metadata "http://127.0.0.1:$MC_META/metadata" --master "127.0.0.1:$MC_RPC" --rounds "$INNER"
-  pass moongate-py "$MG_PY" $BENCH_PY store --metadata P2PHANDSHAKE --master "127.0.0.1:$MG_PORT" --rounds "$INNER"
-  pass rust "$STORE_BENCH" --master "http://127.0.0.1:$MG_PORT" --storage self --protocol tcp --segment-size 2G \
-    --sizes 4K,1M --batch 64 --ops 320 --rounds 1 --only batch_put_from,batch_get_into --json
-  pass rust "$KV" --master "http://127.0.0.1:$MG_PORT" --segment-size 64M --listen 127.0.0.1:0 --protocol tcp bench-exists --calls 50
+  k=$(( (r - 1) % ${#systems[@]} ))
+  for who in "${systems[@]:k}" "${systems[@]:0:k}"; do store_pass "$who"; done
   pass mooncake-py "$MC_PY" $BENCH_PY te --rounds "$INNER"
   pass moongate-py "$MG_PY" $BENCH_PY te --rounds "$INNER"
   "$TRANSFER_BENCH" --mode target --listen 127.0.0.1:0 --buffer-size 64M --protocol tcp > "$OUT/tb-target.log" 2>&1 &

@@ -12,10 +12,15 @@
 //! waited on in the background). The bytes of a local or same-host copy still move on the
 //! calling thread and its runtime's helpers (`hostcopy`), which is the point of driving a
 //! call from its own thread.
+//!
+//! A current-thread home is the exception: it runs only while its own thread drives it, so
+//! work sent there from another runtime could wait forever. An engine built on one (a
+//! single-threaded tool) does its work in place when called from elsewhere, as every engine
+//! did before it had a home.
 
 use std::future::Future;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeFlavor};
 
 use crate::error::{Result, TransferError};
 
@@ -39,16 +44,22 @@ impl Home {
         Handle::try_current().is_ok_and(|h| h.id() == self.0.id())
     }
 
-    /// Runs `fut` on the home runtime and waits for it: in place when already there,
-    /// otherwise as a task of its own there (which runs to its end even if the caller stops
-    /// waiting, so what it opens is never left half set up). `Shutdown` when the home
-    /// runtime is gone.
+    /// Whether work sent home from elsewhere is sure to run: a multi-threaded runtime's
+    /// workers run it; a current-thread runtime only while its thread drives it.
+    fn serves_others(&self) -> bool {
+        self.0.runtime_flavor() != RuntimeFlavor::CurrentThread
+    }
+
+    /// Runs `fut` on the home runtime and waits for it: in place when already there (or
+    /// when home is a current-thread runtime, see the module doc), otherwise as a task of
+    /// its own there (which runs to its end even if the caller stops waiting, so what it
+    /// opens is never left half set up). `Shutdown` when the home runtime is gone.
     pub(crate) async fn run<T, F>(&self, fut: F) -> Result<T>
     where
         F: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        if self.is_here() {
+        if self.is_here() || !self.serves_others() {
             return fut.await;
         }
         self.0
@@ -57,12 +68,18 @@ impl Home {
             .map_err(|_| TransferError::Shutdown)?
     }
 
-    /// Starts `fut` as a task of the home runtime (dropped unrun if the runtime is gone).
+    /// Starts `fut` as a task of the home runtime (dropped unrun if the runtime is gone); of
+    /// the caller's runtime instead when home is a current-thread runtime and the caller
+    /// runs elsewhere.
     pub(crate) fn spawn<F>(&self, fut: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        drop(self.0.spawn(fut));
+        let here = Handle::try_current();
+        match here {
+            Ok(h) if !self.serves_others() => drop(h.spawn(fut)),
+            _ => drop(self.0.spawn(fut)),
+        }
     }
 }
 
@@ -103,5 +120,30 @@ mod tests {
         let r = other.block_on(home.run(async { Ok(()) }));
         assert!(matches!(r, Err(TransferError::Shutdown)), "{r:?}");
         other.block_on(async { home.spawn(async {}) }); // no panic
+    }
+
+    #[test]
+    fn a_current_thread_home_lets_work_from_elsewhere_run_in_place() {
+        let home_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let home = home_rt.block_on(async { Home::current() });
+        // Nothing drives `home_rt` from here on: work sent there would never run.
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ran_on = other.block_on(home.run(async { Ok(Handle::current().id()) }));
+        assert_eq!(ran_on.unwrap(), other.handle().id());
+        let (tx, rx) = std::sync::mpsc::channel();
+        other.block_on(async {
+            home.spawn(async move { tx.send(Handle::current().id()).unwrap() });
+        });
+        assert_eq!(rx.recv().unwrap(), other.handle().id());
+        // At home, in place as ever.
+        let at_home = home_rt.block_on(home.run(async { Ok(Handle::current().id()) }));
+        assert_eq!(at_home.unwrap(), home_rt.handle().id());
     }
 }

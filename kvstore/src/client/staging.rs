@@ -186,20 +186,55 @@ impl Drop for Slot {
             return;
         }
         // A transfer may still write here: keep the range out of use until it cannot. The
-        // wait runs on the engine's runtime, not the caller's (which may run only during
-        // its calls, see `caller_driven`); if that runtime is gone (the process is exiting)
-        // the task is dropped unrun and the range stays allocated, which is safe.
+        // wait runs where the engine runs its background work, not on the caller's runtime
+        // (which may run only during its calls, see `caller_driven`); if that runtime is
+        // gone (the process is exiting) the task is dropped unrun and the range stays
+        // allocated, which is safe.
         let wait = staging.quarantine;
-        let rt = staging.engine.runtime().clone();
-        drop(rt.spawn(async move {
+        let engine = staging.engine.clone();
+        engine.spawn(async move {
             tokio::time::sleep(wait).await;
             staging.alloc.lock().free(a);
-        }));
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
+    /// A slot dropped while armed (its transfer abandoned) on a runtime that runs only
+    /// during its caller's calls is still freed once its quarantine is over: the wait runs
+    /// on the engine's runtime, not on the caller's, which nothing drives afterwards.
+    #[test]
+    fn a_quarantine_begun_on_a_callers_runtime_ends_on_the_engines() {
+        use std::time::{Duration, Instant};
+        let engine_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let staging = engine_rt.block_on(async {
+            let cfg = transfer::EngineConfig::listening_on("127.0.0.1:0".parse().unwrap());
+            let engine = transfer::TransferEngine::new(cfg).await.unwrap();
+            super::Staging::new(&engine, 1 << 20, false, Duration::from_millis(20)).unwrap()
+        });
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        caller.block_on(async {
+            let mut slot = staging.slot(4096).unwrap();
+            slot.arm();
+            drop(slot); // armed: quarantined, not freed
+        });
+        assert!(staging.used_bytes() > 0, "freed before its quarantine");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while staging.used_bytes() > 0 {
+            assert!(Instant::now() < deadline, "the quarantine never ended");
+            std::thread::yield_now();
+        }
+        drop(caller);
+    }
+
     #[test]
     fn parts_hold_at_most_max_bytes_and_every_value_once() {
         use super::parts;

@@ -232,9 +232,21 @@ impl TransferEngine {
 
     /// The runtime this engine was built on: its connections are opened there and their
     /// tasks run there, whichever runtime submits transfers (one that runs only during its
-    /// calls, such as a thread's own current-thread runtime, included).
+    /// calls, such as a thread's own current-thread runtime, included). An engine built on
+    /// a current-thread runtime opens them in place when called from another runtime.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         self.inner.home.handle()
+    }
+
+    /// Starts `task` where this engine runs its own background work: on
+    /// [`TransferEngine::runtime`] (on the caller's runtime instead when that is a
+    /// current-thread runtime and the caller runs elsewhere). For work that outlives a call
+    /// made from a runtime that runs only during its calls.
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.home.spawn(task);
     }
 
     /// Number of regions currently registered.

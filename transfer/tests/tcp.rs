@@ -302,36 +302,66 @@ async fn graceful_shutdown_drains_in_flight_requests() {
     target.shutdown().await;
 }
 
-/// Connections opened from a runtime that later shuts down are replaced, not reused dead.
-#[test]
-fn connections_outlive_the_runtime_that_opened_them() {
+/// A multi-threaded runtime of one worker, and on it a target and an initiator engine with
+/// a 1 MiB buffer each (the initiator's filled from `seed`).
+#[allow(clippy::type_complexity)]
+fn pair_on_own_runtime(
+    seed: u64,
+) -> (
+    tokio::runtime::Runtime,
+    (
+        transfer::TransferEngine,
+        transfer::TransferEngine,
+        transfer::RegisteredBuffer,
+        transfer::RegisteredBuffer,
+    ),
+) {
     let main = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let (target, initiator, remote, local) = main.block_on(async {
+    let engines = main.block_on(async {
         let target = engine(false).await;
         let initiator = engine(false).await;
         let remote = target.alloc(1 << 20).unwrap();
         let local = initiator.alloc(1 << 20).unwrap();
-        fill(&local, 61);
+        fill(&local, seed);
         (target, initiator, remote, local)
     });
+    (main, engines)
+}
+
+/// Opens `target`'s segment and writes 4 KiB to it from `rt`: the first connections to the
+/// target are asked for there.
+fn first_write_from(
+    rt: &tokio::runtime::Runtime,
+    initiator: &transfer::TransferEngine,
+    target: &transfer::TransferEngine,
+    local: &transfer::RegisteredBuffer,
+    remote: &transfer::RegisteredBuffer,
+) -> transfer::Segment {
+    rt.block_on(async {
+        let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+        initiator
+            .transfer(TransferRequest::write(local, 0, &seg, remote.addr(), 4096))
+            .await
+            .unwrap();
+        seg
+    })
+}
+
+/// Connections opened from a runtime that later shuts down are replaced, not reused dead.
+#[test]
+fn connections_outlive_the_runtime_that_opened_them() {
+    let (main, (target, initiator, remote, local)) = pair_on_own_runtime(61);
     let seg = {
         // The first connection to the target is opened (and served) by this runtime.
         let other = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        other.block_on(async {
-            let seg = initiator.open_segment(target.segment_name()).await.unwrap();
-            initiator
-                .transfer(TransferRequest::write(&local, 0, &seg, remote.addr(), 4096))
-                .await
-                .unwrap();
-            seg
-        })
+        first_write_from(&other, &initiator, &target, &local, &remote)
     };
     main.block_on(async {
         write_checked(&initiator, &local, 0, &seg, &remote, 0, 1 << 20).await;
@@ -345,33 +375,14 @@ fn connections_outlive_the_runtime_that_opened_them() {
 /// sits idle, its thread away.
 #[test]
 fn connections_opened_from_a_callers_runtime_are_served_by_the_engines_own() {
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (target, initiator, remote, local) = main.block_on(async {
-        let target = engine(false).await;
-        let initiator = engine(false).await;
-        let remote = target.alloc(1 << 20).unwrap();
-        let local = initiator.alloc(1 << 20).unwrap();
-        fill(&local, 67);
-        (target, initiator, remote, local)
-    });
+    let (main, (target, initiator, remote, local)) = pair_on_own_runtime(67);
     let caller = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     // The first connections (the descriptor's control call, then the data) are asked for
     // from the caller's runtime.
-    let seg = caller.block_on(async {
-        let seg = initiator.open_segment(target.segment_name()).await.unwrap();
-        initiator
-            .transfer(TransferRequest::write(&local, 0, &seg, remote.addr(), 4096))
-            .await
-            .unwrap();
-        seg
-    });
+    let seg = first_write_from(&caller, &initiator, &target, &local, &remote);
     assert_eq!(initiator.runtime().id(), main.handle().id());
     // The caller's runtime is alive but nothing drives it now.
     main.block_on(async {

@@ -239,8 +239,8 @@ impl TransferEngine {
     }
 
     /// Starts `task` where this engine runs its own background work: on
-    /// [`TransferEngine::runtime`] (on the caller's runtime instead when that is a
-    /// current-thread runtime and the caller runs elsewhere). For work that outlives a call
+    /// [`TransferEngine::runtime`], or on the caller's runtime when the engine's is a
+    /// current-thread runtime and the caller runs on another. For work that outlives a call
     /// made from a runtime that runs only during its calls.
     pub fn spawn<F>(&self, task: F)
     where

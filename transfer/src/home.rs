@@ -75,8 +75,7 @@ impl Home {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let here = Handle::try_current();
-        match here {
+        match Handle::try_current() {
             Ok(h) if !self.serves_others() => drop(h.spawn(fut)),
             _ => drop(self.0.spawn(fut)),
         }
@@ -102,7 +101,8 @@ mod tests {
         };
         // From the home runtime: in place, on it.
         assert_eq!(home_rt.block_on(where_it_ran(&home)), home_id);
-        // From a current-thread runtime of another thread: still on the home runtime.
+        // From another runtime (a current-thread one, as a Python thread's): still on the
+        // home runtime.
         let other = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

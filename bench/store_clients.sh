@@ -10,8 +10,9 @@
 # get_into, zero-copy, one call at a time per client; every client its own engine and
 # connections, as one SGLang TP rank each). Reference: `transfer-bench` with NODES targets
 # and, for each, CLIENTS/NODES initiator threads writing (then reading) SIZE blocks one at
-# a time over PER_NODE x LANES connections, i.e. the same bytes per request and the same
-# connections per node, with no master round trips. Both on PROTOCOL (default tcp: the
+# a time over CLIENTS x LANES connections: the same bytes per request and the same
+# connections per node as the store (each of its clients opens LANES to every node, since
+# the master spreads every client's values over all of them), with no master round trips. Both on PROTOCOL (default tcp: the
 # figure a cluster of hosts sees; `auto` lets the store use shared memory, which
 # transfer-bench calls `shm`). Both sides' memory is resident before timing
 # (transfer-bench's target fills its buffer; the storage nodes run `--prefault start`): this
@@ -61,7 +62,7 @@ te_pass() {
   done
   for n in $(seq 1 "$NODES"); do
     "$TB" --mode initiator --segment "${segs[$((n - 1))]}" --protocol "$TB_PROTO" --op "$op" \
-      --block-size "$SIZE" --batch-size 1 --threads "$PER_NODE" --lanes "$((PER_NODE * LANES))" --duration "$DURATION" \
+      --block-size "$SIZE" --batch-size 1 --threads "$PER_NODE" --lanes "$((CLIENTS * LANES))" --duration "$DURATION" \
       --buffer-size 256M --json > "$OUT/init$n.log" 2>&1 &
     ipids+=($!)
   done

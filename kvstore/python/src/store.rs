@@ -5,6 +5,7 @@
 //! (existence, size, removal); `store_io` the data path. A store used before `setup` or
 //! after `close` answers `INVALID_PARAMS` (-600), as Mooncake's does.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use kvstore::StoreClient;
@@ -15,7 +16,7 @@ use pyo3::types::PyDict;
 
 use crate::codes::{self, OK};
 use crate::memory::{Regions, register_raw};
-use crate::runtime::{block, block_here};
+use crate::runtime::{block, block_here, runtime};
 use crate::setup::{DEFAULT_SIZE, SetupArgs, listen_ports};
 use kvstore::client::parse_size;
 
@@ -40,6 +41,13 @@ impl MooncakeDistributedStore {
     /// The set-up state, or `None` (the caller answers `INVALID_PARAMS`).
     pub(crate) fn state(&self) -> Option<Arc<StoreState>> {
         self.state.read().clone()
+    }
+
+    /// Leaves with `s`: its registered buffers are forgotten, its segment unmounted (its
+    /// objects go) and its heartbeat stopped.
+    fn leave(s: &StoreState) -> impl Future<Output = kvstore::StoreResult<()>> + Send + '_ {
+        s.regions.clear();
+        s.client.close()
     }
 
     fn open(&self, py: Python<'_>, args: SetupArgs) -> i32 {
@@ -71,6 +79,23 @@ impl MooncakeDistributedStore {
                 OK
             }
             Err(e) => codes::store_code("setup", &e),
+        }
+    }
+}
+
+/// A store freed while set up leaves, as Mooncake's does (its destructor tears the client
+/// down), and Mooncake's own tests count on it: one they drop without `close` would
+/// otherwise stay mounted until the master's client TTL, and the master would go on placing
+/// other clients' new values in a segment nobody serves any more (their puts answer
+/// `TRANSFER_FAIL`). This runs inside Python's deallocation with the GIL held, as Mooncake's
+/// destructor does: the wait is one master request, and the GIL is not released here,
+/// where the interpreter may be shutting down.
+impl Drop for MooncakeDistributedStore {
+    fn drop(&mut self) {
+        if let Some(s) = self.state.get_mut().take()
+            && let Err(e) = runtime().block_on(Self::leave(&s))
+        {
+            codes::store_code("close", &e);
         }
     }
 }
@@ -202,8 +227,7 @@ impl MooncakeDistributedStore {
         let Some(s) = self.state.write().take() else {
             return OK;
         };
-        s.regions.clear();
-        match block(py, s.client.close()) {
+        match block(py, Self::leave(&s)) {
             Ok(()) => OK,
             Err(e) => codes::store_code("close", &e),
         }

@@ -3,6 +3,7 @@ with Mooncake's return codes, and bad input (wrong types, unregistered or null p
 sizes past a buffer, a closed store, a dead master)."""
 
 import ctypes
+import gc
 import threading
 
 import numpy as np
@@ -174,6 +175,28 @@ def rss_bytes() -> int:
     with open("/proc/self/status") as f:
         kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return kib * 1024
+
+
+def test_a_store_freed_without_close_leaves_the_master(master):
+    """Mooncake's store leaves when its object is freed (its destructor tears the client
+    down), and Mooncake's own tests drop stores without `close`. A freed store must unmount
+    its segment then, not at the client TTL: until then the master would go on placing
+    other clients' values in a segment nobody serves."""
+    names = lambda: {s["name"] for s in master.segments()["segments"]}  # noqa: E731
+    before = names()
+    s = new_store(master)
+    mine = names() - before
+    assert len(mine) == 1, mine
+    assert s.put("freed-store", b"v") == 0
+    del s
+    gc.collect()  # CPython frees it at `del` already; the collect only makes sure
+    # At once: the object's deallocation waited for the master's answer.
+    assert not (names() & mine), names()
+    other = new_store(master, segment=0)
+    try:
+        assert other.get("freed-store") == b""  # its objects went with its segment
+    finally:
+        assert other.close() == 0
 
 
 def test_waiting_for_resident_memory(master):

@@ -190,11 +190,9 @@ unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
 
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_copy_sse2(src: *const u8, dst: *mut u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    // Head: bring dst to a 16-byte boundary with an ordinary copy.
-    let head = dst.align_offset(16).min(len);
-    // SAFETY: head <= len; caller contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    // SAFETY: forwarded caller contract.
+    let head = unsafe { stream_head(src, dst, len, 16) };
     let mut off = head;
     while off + 64 <= len {
         for k in 0..4 {
@@ -209,14 +207,8 @@ unsafe fn stream_copy_sse2(src: *const u8, dst: *mut u8, len: usize) {
         }
         off += 64;
     }
-    // SAFETY: the tail lies inside both ranges.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.wrapping_add(off), dst.wrapping_add(off), len - off)
-    };
-    // Streaming stores are weakly ordered: fence so later stores (and the caller's release of
-    // the completion) are ordered after them.
-    // SAFETY: sfence has no preconditions.
-    unsafe { _mm_sfence() };
+    // SAFETY: off <= len; caller contract.
+    unsafe { stream_tail(src, dst, off, len) };
 }
 
 /// [`stream_copy_sse2`] with 32-byte stores and the source prefetched 1 KiB ahead.
@@ -227,14 +219,12 @@ unsafe fn stream_copy_sse2(src: *const u8, dst: *mut u8, len: usize) {
 #[target_feature(enable = "avx2")]
 unsafe fn stream_copy_avx2(src: *const u8, dst: *mut u8, len: usize) {
     use std::arch::x86_64::{
-        __m256i, _MM_HINT_NTA, _mm_prefetch, _mm_sfence, _mm256_loadu_si256, _mm256_stream_si256,
+        __m256i, _MM_HINT_NTA, _mm_prefetch, _mm256_loadu_si256, _mm256_stream_si256,
     };
     /// How far ahead of the loads the source is prefetched.
     const AHEAD: usize = 1024;
-    // Head: bring dst to a 32-byte boundary with an ordinary copy.
-    let head = dst.align_offset(32).min(len);
-    // SAFETY: head <= len; caller contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    // SAFETY: forwarded caller contract.
+    let head = unsafe { stream_head(src, dst, len, 32) };
     let mut off = head;
     while off + 128 <= len {
         // A prefetch is a hint that never faults, so one past the end of `src` is harmless;
@@ -254,13 +244,38 @@ unsafe fn stream_copy_avx2(src: *const u8, dst: *mut u8, len: usize) {
         }
         off += 128;
     }
-    // SAFETY: the tail lies inside both ranges.
+    // SAFETY: off <= len; caller contract.
+    unsafe { stream_tail(src, dst, off, len) };
+}
+
+/// Starts a streaming copy: copies the bytes before `dst`'s first `align`-byte boundary
+/// (at most `len`) the ordinary way, and returns how many, so that the streaming stores
+/// from there on are aligned.
+///
+/// # Safety
+/// As [`copy_nonoverlapping_part`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_head(src: *const u8, dst: *mut u8, len: usize, align: usize) -> usize {
+    let head = dst.align_offset(align).min(len);
+    // SAFETY: head <= len; caller contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    head
+}
+
+/// Ends a streaming copy: copies the bytes from `off` to `len` the ordinary way, then fences.
+/// Streaming stores are weakly ordered: the fence orders later stores (and the caller's
+/// release of the completion) after them.
+///
+/// # Safety
+/// As [`copy_nonoverlapping_part`], and `off <= len`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_tail(src: *const u8, dst: *mut u8, off: usize, len: usize) {
+    // SAFETY: off <= len, so the tail lies inside both ranges.
     unsafe {
         std::ptr::copy_nonoverlapping(src.wrapping_add(off), dst.wrapping_add(off), len - off)
     };
-    // Streaming stores are weakly ordered: fence so later stores (and the caller's release of
-    // the completion) are ordered after them.
-    _mm_sfence();
+    // SAFETY: sfence has no preconditions (SSE is part of the x86-64 baseline).
+    unsafe { std::arch::x86_64::_mm_sfence() };
 }
 
 /// Faults every page of a fresh private mapping in (`MADV_POPULATE_WRITE`, or by touching

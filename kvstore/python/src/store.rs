@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvstore::StoreClient;
 use parking_lot::RwLock;
@@ -83,19 +84,37 @@ impl MooncakeDistributedStore {
     }
 }
 
+/// Longest a store freed without `close` waits for the master to unmount it (the GIL held,
+/// see the `Drop` below). Past it the segment is left to the master's client TTL, as a crash
+/// leaves it: a master that accepts connections but does not answer held a `del` for the
+/// whole master-call timeout (10 s), every Python thread with it.
+const LEAVE_ON_DROP: Duration = Duration::from_secs(2);
+
 /// A store freed while set up leaves, as Mooncake's does (its destructor tears the client
-/// down), and Mooncake's own tests count on it: one they drop without `close` would
-/// otherwise stay mounted until the master's client TTL, and the master would go on placing
-/// other clients' new values in a segment nobody serves any more (their puts answer
-/// `TRANSFER_FAIL`). This runs inside Python's deallocation with the GIL held, as Mooncake's
-/// destructor does: the wait is one master request, and the GIL is not released here,
-/// where the interpreter may be shutting down.
+/// down). Mooncake's own tests and SGLang's HiCache backend (whose `close` does nothing)
+/// count on it: a store dropped without `close` would otherwise stay mounted until the
+/// master's client TTL, and the master would go on placing other clients' new values in a
+/// segment nobody serves any more (their puts answer `TRANSFER_FAIL`). This runs inside
+/// Python's deallocation with the GIL held, as Mooncake's destructor does (the GIL is not
+/// released here, where the interpreter may be shutting down), so the wait is bounded by
+/// [`LEAVE_ON_DROP`].
 impl Drop for MooncakeDistributedStore {
     fn drop(&mut self) {
-        if let Some(s) = self.state.get_mut().take()
-            && let Err(e) = runtime().block_on(Self::leave(&s))
+        let Some(s) = self.state.get_mut().take() else {
+            return;
+        };
+        match runtime()
+            .block_on(async { tokio::time::timeout(LEAVE_ON_DROP, Self::leave(&s)).await })
         {
-            codes::store_code("close", &e);
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                codes::store_code("close", &e);
+            }
+            Err(_) => tracing::warn!(
+                client = %s.hostname,
+                wait_ms = LEAVE_ON_DROP.as_millis() as u64,
+                "a store freed without close() could not leave the master in time; its segment stays mounted until the master's client TTL"
+            ),
         }
     }
 }

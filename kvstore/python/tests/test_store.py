@@ -4,7 +4,10 @@ sizes past a buffer, a closed store, a dead master)."""
 
 import ctypes
 import gc
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -197,6 +200,24 @@ def test_a_store_freed_without_close_leaves_the_master(master):
         assert other.get("freed-store") == b""  # its objects went with its segment
     finally:
         assert other.close() == 0
+
+
+def test_a_store_freed_while_its_master_hangs_lets_go_in_time():
+    """Freeing runs with the GIL held: against a master that accepts connections and never
+    answers (stopped with SIGSTOP), it must give up after its bound (2 s), not hold every
+    Python thread for the whole master-call timeout (10 s)."""
+    m = Master()
+    try:
+        s = new_store(m)
+        os.kill(m.p.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        del s
+        gc.collect()
+        took = time.monotonic() - t
+        assert took < 6, f"freeing took {took:.1f} s"
+    finally:
+        os.kill(m.p.pid, signal.SIGCONT)
+        m.stop()
 
 
 def test_waiting_for_resident_memory(master):

@@ -46,20 +46,30 @@ pub fn word_after(line: &str, key: &str) -> Option<String> {
 /// outgoing connection (a client retrying `127.0.0.1:P` can even be given local port P and
 /// connect to itself). With a port from `bind(0)`, CI saw the restart fail with `Address
 /// already in use`.
+///
+/// No port is handed out twice in one test binary. The probe's listener is closed before
+/// the server binds, and while one of a concurrent test's servers is down (killed, to be
+/// restarted) its port is free too, so two tests could otherwise be given one port: one
+/// test's server then fails to bind, and its cluster's client talks to the other test's
+/// master (they share a store key). That fits a CI run in which two HA tests failed at
+/// once, one losing an acknowledged value and the other reading 67 of 95 back with the
+/// wrong bytes; it did not recur in the runs of those tests that followed.
 pub fn restartable_loopback_addr() -> String {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
     let span = (low / 2).max(1);
     let start = rand::random_range(0..span);
-    (0..span)
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let port = (0..span)
         .map(|i| low - span + (start + i) % span)
-        .find_map(|port| {
-            let l = std::net::TcpListener::bind(("127.0.0.1", port)).ok()?;
-            Some(l.local_addr().ok()?.to_string())
-        })
-        .expect("a free loopback port below the ephemeral range")
+        .filter(|port| !given.contains(port))
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free loopback port below the ephemeral range");
+    given.push(port);
+    format!("127.0.0.1:{port}")
 }
 
 /// Starts a worker with `cfg` on a free loopback port.

@@ -39,7 +39,15 @@
 //!
 //! Not durable (lost on failover, rebuilt by the clients): puts started and not ended
 //! (their writer's `put_end` fails and it puts again), the transfer-metadata store (nodes
-//! publish their descriptors again; peers default to fetching them peer-to-peer).
+//! publish their descriptors again; peers default to fetching them peer-to-peer). Reserved
+//! space would be lost the same way, and worse: a client writes into a reservation for up
+//! to its `use_within_ms`, longer than a failover takes, while the new leader hands the
+//! space out again; so a journaled master reserves nothing (`crate::master::reserve`).
+//!
+//! Open: the space of a put started and not ended is free to the new leader at once. A
+//! write into it that lands after the election (a remote write slower than the failover)
+//! can overwrite a value the new leader placed there since. Closing it means journaling
+//! allocations, or keeping new leaders off the space until such writes are over.
 
 mod config;
 #[cfg(feature = "etcd")]

@@ -14,9 +14,18 @@
 //! - A client uses a reservation only within `use_within_ms` of receiving it (a tenth of
 //!   the master's `reservation_ttl_ms`); the master releases an unused one after the whole
 //!   TTL, so a write begun in time has finished long before its space can be handed out
-//!   again. The same rule bounds writes made after a master restart or an HA failover (the
-//!   new master knows no reservation: commits fail with `RESERVATION_NOT_FOUND`, and the
-//!   client puts the value the two-request way).
+//!   again.
+//! - Ids are unique across master instances (each starts at a random point of a 52-bit
+//!   space), so a reservation is committed only at the master that made it: a restarted
+//!   master answers another one's ids `RESERVATION_NOT_FOUND` (the client puts the value
+//!   the two-request way) even where it has handed out as many ids itself. With ids that
+//!   every master counted from 1, a client committing a reservation of the master before
+//!   a restart could commit one of the new master's, at a place it never wrote.
+//! - A journaled (HA) master reserves nothing. Reservations are not journaled, so a new
+//!   leader would hand out as free the space its predecessor reserved, while a client
+//!   still writes into it (for up to `use_within_ms`, which outlasts a failover): the bytes
+//!   of an acknowledged object would be overwritten. HA puts take two requests; journaling
+//!   the reservations a leader grants is what would bring the one-request put back.
 //! - A commit whose key exists answers `OBJECT_ALREADY_EXISTS` and frees the reservation;
 //!   one whose segment was unmounted answers `RESERVATION_NOT_FOUND`.
 //! - Each client holds at most `reservation_max_bytes` of reserved space (`0` turns
@@ -46,11 +55,25 @@ impl Reserved {
 }
 
 /// Every live reservation, and the bytes each client holds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ReservationTable {
     by_id: HashMap<u64, Reserved>,
     held: HashMap<ClientId, u64>,
+    /// The last id handed out; starts at a random point (see the module doc).
     next_id: u64,
+}
+
+/// Ids stay below 2^53, exact in every JSON reader; a table starts in the lower half.
+const ID_START_BITS: u32 = 52;
+
+impl Default for ReservationTable {
+    fn default() -> Self {
+        Self {
+            by_id: HashMap::new(),
+            held: HashMap::new(),
+            next_id: rand::random::<u64>() >> (64 - ID_START_BITS),
+        }
+    }
 }
 
 /// A reservation handed to a client: its id and where to write.
@@ -81,6 +104,10 @@ impl Master {
         count: u32,
     ) -> MasterResult<Vec<Reservation>> {
         self.check_put(length, cfg)?;
+        if self.journal.is_some() {
+            // See the module doc: a new leader could not know what this one reserved.
+            return Ok(Vec::new());
+        }
         let count = (count as usize).min(self.config.max_batch_items);
         let units = self.units(length);
         let per_object = (units << self.align_shift).saturating_mul(u64::from(cfg.replica_num));

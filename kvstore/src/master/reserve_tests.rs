@@ -47,6 +47,31 @@ fn a_committed_reservation_is_a_readable_object_where_it_was_reserved() {
 }
 
 #[test]
+fn a_reservation_is_committed_only_at_the_master_that_made_it() {
+    // Two instances, as before and after a restart: each hands out as many ids, and
+    // neither takes the other's (ids counted from 1 at both would all meet).
+    let (before, _) = mounted(small_config());
+    let (after, _) = mounted(small_config());
+    let old = before.reserve(client(7), 4096, &one(), 64).unwrap();
+    let new = after.reserve(client(7), 4096, &one(), 64).unwrap();
+    assert_eq!((old.len(), new.len()), (64, 64));
+    for r in &old {
+        assert!(matches!(
+            after.put_commit(client(7), "k", r.id, 4096),
+            Err(MasterError::ReservationNotFound(_))
+        ));
+    }
+    assert_eq!(
+        after.reserved(),
+        (64, 64 * 4096),
+        "none of its own was taken"
+    );
+    after.put_commit(client(7), "k", new[0].id, 4096).unwrap();
+    // Ids stay exact in any JSON reader.
+    assert!(old.iter().chain(&new).all(|r| r.id < 1 << 53));
+}
+
+#[test]
 fn only_its_client_may_commit_a_reservation_and_only_at_its_length() {
     let (m, _) = mounted(small_config());
     let r = m.reserve(client(7), 4096, &one(), 2).unwrap();

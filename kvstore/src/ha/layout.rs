@@ -149,8 +149,14 @@ impl Replica {
         self.objects.remove(key);
     }
 
-    /// Applies one watch response's events; `revision` is the response header's.
-    pub(crate) fn apply(&mut self, layout: &Layout, events: &[etcd_client::Event], revision: i64) {
+    /// Applies one watch response's events. Only the events move [`Replica::revision`],
+    /// never the response header: etcd answers a watch's creation with the store's current
+    /// revision before it sends the history from the start revision (and a catch-up batch
+    /// with it before the rest of a long history), so a copy that took the header would
+    /// claim changes it has not applied, and a new leader would restore without them. The
+    /// leader key is under the prefix, so a new leader's own campaign event is what brings
+    /// its copy to its term.
+    pub(crate) fn apply(&mut self, layout: &Layout, events: &[etcd_client::Event]) {
         for ev in events {
             let Some(kv) = ev.kv() else { continue };
             match ev.event_type() {
@@ -159,7 +165,6 @@ impl Replica {
             }
             self.revision = self.revision.max(kv.mod_revision());
         }
-        self.revision = self.revision.max(revision);
     }
 
     /// Loads every key of the prefix at one revision, page by page.

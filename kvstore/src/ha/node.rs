@@ -586,8 +586,7 @@ async fn follow(
                     break;
                 }
                 Ok(Some(resp)) => {
-                    let rev = resp.header().map_or(0, |h| h.revision());
-                    replica.lock().apply(&layout, resp.events(), rev);
+                    replica.lock().apply(&layout, resp.events());
                     caught_up.notify_waiters();
                 }
                 Ok(None) | Err(_) => break,

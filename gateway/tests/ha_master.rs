@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvstore::{ClientConfig, Secret, StoreClient};
+use kvstore::{ClientConfig, MasterError, Secret, StoreClient, StoreError};
 use parking_lot::Mutex;
 
 const STORE_KEY: &str = "ha-test-store-key";
@@ -247,6 +247,16 @@ impl Drop for MasterProc {
             self.signal("-CONT");
         }
         self.kill9();
+        // A failed test shows what each master did (its log goes with the temporary dir).
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!("--- last lines of {} ({}):", self.log.display(), self.addr);
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
     }
 }
 
@@ -399,12 +409,18 @@ async fn check_manifest(c: &StoreClient, manifest: &Manifest) -> usize {
     keys.len()
 }
 
-/// Puts (and reads back) a probe until it succeeds; returns how long that took.
+/// Puts (and reads back) a probe until it succeeds; returns how long that took. A put
+/// whose answer was lost (a timeout across the failover) may have been made durable all the
+/// same: its retry answers "already exists", and the probe is read back like any other.
 async fn served_again(c: &StoreClient, key: &str, since: Instant) -> Duration {
     let v = value(u64::MAX);
     let deadline = since + Duration::from_secs(30);
     loop {
-        let last = match c.put(key, &v).await {
+        let put = match c.put(key, &v).await {
+            Err(StoreError::Master(MasterError::ObjectAlreadyExists(_))) => Ok(()),
+            other => other,
+        };
+        let last = match put {
             Ok(()) => match c.get(key).await {
                 Ok(g) if g == v => return since.elapsed(),
                 other => format!("get: {:?}", other.map(|g| g.len())),

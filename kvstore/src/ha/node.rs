@@ -556,10 +556,7 @@ async fn follow(
 ) {
     while !stop.is_cancelled() {
         let from = replica.lock().revision + 1;
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from)
-            .with_progress_notify();
+        let opts = WatchOptions::new().with_prefix().with_start_revision(from);
         let mut stream = match client.watch(layout.prefix(), Some(opts)).await {
             Ok(s) => s,
             Err(e) => {

@@ -95,7 +95,8 @@ pub struct MasterConfig {
         default_value_t = MasterConfig::default().reservation_ttl_ms)]
     pub reservation_ttl_ms: u64,
     /// Most bytes of reserved space one client may hold (every replica counted); 0 turns
-    /// reservations off (every put takes two requests). Moongate's own. Default 256 MiB.
+    /// reservations off (every put takes two requests), as it is on an HA master (`--ha`),
+    /// whose successor would not know them. Moongate's own. Default 256 MiB.
     #[arg(id = "master.reservation_max_bytes", long = "master-reservation-max-bytes", env = env::RESERVATION_MAX_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().reservation_max_bytes)]
     pub reservation_max_bytes: u64,

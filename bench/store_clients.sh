@@ -5,14 +5,18 @@
 #   bench/store_clients.sh                    # 8 clients, 2 nodes, 1 MiB values, 3 rounds
 #   CLIENTS=4 NODES=1 SIZE=4M ROUNDS=1 bench/store_clients.sh
 #   SB_EXTRA='--rpc-busy-poll-us 0' bench/store_clients.sh   # more store-bench flags
+#   BATCH=16 bench/store_clients.sh           # batch forms, 16 values a call (HiCache's shape)
 #
 # Store side: `store-bench --storage node --nodes NODES --clients CLIENTS` (put_from and
 # get_into, zero-copy, one call at a time per client; every client its own engine and
-# connections, as one SGLang TP rank each). Reference: `transfer-bench` with NODES targets
-# and, for each, CLIENTS/NODES initiator threads writing (then reading) SIZE blocks one at
-# a time over CLIENTS x LANES connections: the same bytes per request and the same
-# connections per node as the store (each of its clients opens LANES to every node, since
-# the master spreads every client's values over all of them), with no master round trips. Both on PROTOCOL (default tcp: the
+# connections, as one SGLang TP rank each). With BATCH > 1, batch_put_from and
+# batch_get_into of BATCH values a call instead: SGLang's HiCache writes and reads its
+# pages that way, one call per batch of pages. Reference: `transfer-bench` with NODES
+# targets and, for each, CLIENTS/NODES initiator threads writing (then reading) batches of
+# BATCH SIZE blocks, one batch at a time, over CLIENTS x LANES connections: the same bytes
+# per request and the same connections per node as the store (each of its clients opens
+# LANES to every node, since the master spreads every client's values over all of them),
+# with no master round trips. Both on PROTOCOL (default tcp: the
 # figure a cluster of hosts sees; `auto` lets the store use shared memory, which
 # transfer-bench calls `shm`). Both sides' memory is resident before timing
 # (transfer-bench's target fills its buffer; the storage nodes run `--prefault start`): this
@@ -24,6 +28,7 @@ ROUNDS=${ROUNDS:-3}
 CLIENTS=${CLIENTS:-8}
 NODES=${NODES:-2}
 SIZE=${SIZE:-1M}
+BATCH=${BATCH:-1}
 PROTOCOL=${PROTOCOL:-tcp}
 DURATION=${DURATION:-3}
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -38,6 +43,8 @@ mkdir -p "$OUT"
 TB_PROTO=$PROTOCOL; [ "$PROTOCOL" = auto ] && TB_PROTO=shm
 PER_NODE=$(( (CLIENTS + NODES - 1) / NODES ))
 LANES=${LANES:-2}   # TCP connections per peer of each client's engine (the engine's default)
+SB_OPS=put_from,get_into
+if [ "$BATCH" -gt 1 ]; then SB_OPS=batch_put_from,batch_get_into; fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -62,7 +69,7 @@ te_pass() {
   done
   for n in $(seq 1 "$NODES"); do
     "$TB" --mode initiator --segment "${segs[$((n - 1))]}" --protocol "$TB_PROTO" --op "$op" \
-      --block-size "$SIZE" --batch-size 1 --threads "$PER_NODE" --lanes "$((CLIENTS * LANES))" --duration "$DURATION" \
+      --block-size "$SIZE" --batch-size "$BATCH" --threads "$PER_NODE" --lanes "$((CLIENTS * LANES))" --duration "$DURATION" \
       --buffer-size 256M --json > "$OUT/init$n.log" 2>&1 &
     ipids+=($!)
   done
@@ -81,12 +88,12 @@ for r in $(seq 1 "$ROUNDS"); do
   w=$(te_pass write); rd=$(te_pass read)
   echo "{\"round\":$r,\"system\":\"transfer-bench\",\"put_from\":$w,\"get_into\":$rd}" >> "$OUT/results.jsonl"
   "$SB" --json --rounds 1 --storage node --nodes "$NODES" --clients "$CLIENTS" --protocol "$PROTOCOL" \
-    --moongate "$MG" --sizes "$SIZE" --only put_from,get_into --segment-size 2G --prefault start ${SB_EXTRA:-} 2>>"$OUT/store.err" \
+    --moongate "$MG" --sizes "$SIZE" --only "$SB_OPS" --batch "$BATCH" --segment-size 2G --prefault start ${SB_EXTRA:-} 2>>"$OUT/store.err" \
     | grep '^RESULT' | cut -d' ' -f2- \
     | sed "s/^/{\"round\":$r,\"system\":\"store\",\"r\":/; s/\$/}/" >> "$OUT/results.jsonl"
 done
 
-python3 - "$OUT/results.jsonl" "$CLIENTS" "$NODES" "$SIZE" "$PROTOCOL" <<'EOF'
+python3 - "$OUT/results.jsonl" "$CLIENTS" "$NODES" "$SIZE" "$PROTOCOL" "$BATCH" <<'EOF'
 import json, statistics, sys
 from collections import defaultdict
 te, st, mn = defaultdict(list), defaultdict(list), defaultdict(list)
@@ -98,12 +105,16 @@ for line in open(sys.argv[1]):
     else:
         r = d["r"]
         ok = r["errors"] == 0 and r["bad"] == 0
-        st[r["op"]].append(r["GBps"] if ok else 0.0)
-        mn[r["op"]].append(r["client_min_GBps"])
-print(f"{sys.argv[2]} clients, {sys.argv[3]} nodes, {sys.argv[4]} values, protocol {sys.argv[5]}; medians over rounds, GB/s")
-print(f"{'op':<10}{'transfer-bench':>15}{'store (all)':>13}{'slowest client':>16}{'ratio':>7}")
+        op = r["op"].removeprefix("batch_")
+        st[op].append(r["GBps"] if ok else 0.0)
+        mn[op].append(r["client_min_GBps"])
+batch = int(sys.argv[6])
+shape = "one value a call" if batch == 1 else f"batches of {batch} values"
+print(f"{sys.argv[2]} clients, {sys.argv[3]} nodes, {sys.argv[4]} values, {shape}, protocol {sys.argv[5]}; medians over rounds, GB/s")
+print(f"{'op':<16}{'transfer-bench':>15}{'store (all)':>13}{'slowest client':>16}{'ratio':>7}")
 for op in ("put_from", "get_into"):
     a, b, c = statistics.median(te[op]), statistics.median(st[op]), statistics.median(mn[op])
-    print(f"{op:<10}{a:>15.2f}{b:>13.2f}{c:>16.3f}{b / a:>7.2f}")
+    name = op if batch == 1 else f"batch_{op}"
+    print(f"{name:<16}{a:>15.2f}{b:>13.2f}{c:>16.3f}{b / a:>7.2f}")
 EOF
 echo "raw results: $OUT/results.jsonl" >&2

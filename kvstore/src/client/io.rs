@@ -1,6 +1,7 @@
-//! The put and get pipelines. Single operations are batches of one, so every form shares
-//! one path: one master request per step (the single-key route for one item, the batch
-//! route for more) and one transfer batch for all the bytes of a step.
+//! The put pipeline, and what it shares with the get pipeline (`read`). Single operations
+//! are batches of one, so every form shares one path: one master request per step (the
+//! single-key route for one item, the batch route for more) and one transfer batch for all
+//! the bytes of a step.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,7 +40,7 @@ impl Side<'_> {
         }
     }
 
-    fn buf_offset(&self) -> (&RegisteredBuffer, usize) {
+    pub(super) fn buf_offset(&self) -> (&RegisteredBuffer, usize) {
         match self {
             Side::Copy(s) | Side::Bytes(_, Some(s)) => (s.buf(), s.offset()),
             Side::Registered(b, o) => (b, *o),
@@ -59,7 +60,7 @@ impl Side<'_> {
         Ok((b.clone(), o))
     }
 
-    fn arm(&mut self) {
+    pub(super) fn arm(&mut self) {
         if let Side::Copy(s) | Side::Bytes(_, Some(s)) = self {
             s.arm();
         }
@@ -67,7 +68,7 @@ impl Side<'_> {
 
     /// The transfers touching this side are over: unless one of them was `abandoned`
     /// (timed out or cancelled: late bytes may still move), its slot may be reused at once.
-    fn settle(&mut self, abandoned: bool) {
+    pub(super) fn settle(&mut self, abandoned: bool) {
         if let (Side::Copy(s) | Side::Bytes(_, Some(s)), false) = (self, abandoned) {
             s.disarm();
         }
@@ -75,7 +76,7 @@ impl Side<'_> {
 }
 
 /// Whether a transfer that failed with `e` may still move bytes (timed out, cancelled).
-fn abandoned(e: &TransferError) -> bool {
+pub(super) fn abandoned(e: &TransferError) -> bool {
     matches!(
         e,
         TransferError::TimedOut { .. } | TransferError::Cancelled { .. }
@@ -145,13 +146,6 @@ enum Kind {
     Started,
     /// Written into this reservation: committed at the end.
     Reserved(u64),
-}
-
-/// Replicas of an object to read, with the lease that protects the read.
-pub(super) struct Lookup {
-    pub(super) length: u64,
-    pub(super) lease_ms: u64,
-    pub(super) replicas: Vec<wire::Replica>,
 }
 
 /// Segments opened during one call, by endpoint: a batch touches few segments, so each is
@@ -232,7 +226,10 @@ impl StoreClient {
     }
 
     /// Submits `reqs` as one transfer batch; the outcome of each, in order.
-    async fn run_transfers(&self, reqs: Vec<TransferRequest>) -> Vec<Result<(), TransferError>> {
+    pub(super) async fn run_transfers(
+        &self,
+        reqs: Vec<TransferRequest>,
+    ) -> Vec<Result<(), TransferError>> {
         let n = reqs.len();
         if n == 0 {
             return Vec::new();
@@ -321,41 +318,6 @@ impl StoreClient {
                 };
                 key_results(keys.len(), r)
             }
-        }
-    }
-
-    /// Looks objects up (granting read leases): single-key or batch route.
-    pub(super) async fn lookups(&self, keys: &[&str]) -> Vec<StoreResult<Lookup>> {
-        let rpc = &self.inner.rpc;
-        if let [key] = keys {
-            return vec![rpc.replicas(key).await.map(|r| Lookup {
-                length: r.length,
-                lease_ms: r.lease_ttl_ms,
-                replicas: r.replicas,
-            })];
-        }
-        let body = wire::BatchKeysRequest {
-            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-        };
-        match rpc.batch_replicas(&body).await {
-            Ok(r) => align(keys.len(), r.results, |r| {
-                match (r.error, r.length, r.lease_ttl_ms, r.replicas) {
-                    (Some(e), ..) => Err(item_error(e)),
-                    (None, Some(length), Some(lease_ms), Some(replicas)) => Ok(Lookup {
-                        length,
-                        lease_ms,
-                        replicas,
-                    }),
-                    _ => Err(StoreError::Rpc {
-                        url: rpc.base().to_owned(),
-                        reason: format!(
-                            "replicas of {:?} answered without length, lease or replicas",
-                            r.key
-                        ),
-                    }),
-                }
-            }),
-            Err(e) => fail_all(keys.len(), e),
         }
     }
 
@@ -603,134 +565,6 @@ impl StoreClient {
         out
     }
 
-    /// The get pipeline: looks every key up, reads each from its nearest replica (trying
-    /// the next replica of those that fail), then checks every lease held to the end.
-    /// `dest(i, length)` says where object `i` goes once its length is known.
-    async fn get_pipeline<'a>(
-        &self,
-        keys: &[&'a str],
-        dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
-    ) -> Vec<StoreResult<(u64, Side<'a>)>> {
-        let granted = Instant::now();
-        let looked = self.lookups(keys).await;
-        self.read_looked(keys, looked, granted, dest).await
-    }
-
-    /// The get pipeline after its lookups (`looked`, granted at `granted`): reads each
-    /// object from its nearest replica (trying the next replica of those that fail), then
-    /// checks every lease held to the end.
-    pub(super) async fn read_looked<'a>(
-        &self,
-        keys: &[&'a str],
-        looked: Vec<StoreResult<Lookup>>,
-        granted: Instant,
-        mut dest: impl FnMut(usize, u64) -> StoreResult<Side<'a>>,
-    ) -> Vec<StoreResult<(u64, Side<'a>)>> {
-        let t_lookup = granted.elapsed();
-        let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
-        let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
-        let mut opened = Opened::default();
-        for (i, r) in looked.into_iter().enumerate() {
-            let item = r.and_then(|l| {
-                let side = dest(i, l.length)?;
-                Ok((l, side))
-            });
-            match item {
-                Ok((l, mut side)) => {
-                    side.arm();
-                    out.push(Ok((l.length, side)));
-                    pending.push((
-                        i,
-                        self.candidates(&mut opened, &l.replicas).await,
-                        0usize,
-                        l.lease_ms,
-                    ));
-                }
-                Err(e) => out.push(Err(e)),
-            }
-        }
-        let t_prep = granted.elapsed();
-        // Rounds: each pending object's next candidate, all in one transfer batch.
-        let mut last_err: Vec<Option<TransferError>> = vec![None; keys.len()];
-        // Whether any round's transfer of an object was abandoned (see `Side::settle`).
-        let mut gone = vec![false; keys.len()];
-        while !pending.is_empty() {
-            let mut reqs = Vec::new();
-            let mut round = Vec::new();
-            for (i, cands, next, _) in pending.iter_mut() {
-                while *next < cands.len() {
-                    let c = &cands[*next];
-                    *next += 1;
-                    match c {
-                        Ok((seg, addr)) => {
-                            let Ok((len, side)) = &out[*i] else { break };
-                            let (buf, off) = side.buf_offset();
-                            reqs.push(TransferRequest::new(
-                                Op::Read,
-                                buf,
-                                off,
-                                seg,
-                                *addr,
-                                *len as usize,
-                            ));
-                            round.push(*i);
-                            break;
-                        }
-                        Err(e) => last_err[*i] = Some(e.clone()),
-                    }
-                }
-            }
-            let mut done = vec![false; keys.len()];
-            for (r, i) in self.run_transfers(reqs).await.into_iter().zip(&round) {
-                match r {
-                    Ok(()) => done[*i] = true,
-                    Err(e) => {
-                        gone[*i] |= abandoned(&e);
-                        last_err[*i] = Some(e);
-                    }
-                }
-            }
-            pending.retain(|(i, cands, next, lease_ms)| {
-                let i = *i;
-                let r = if done[i] {
-                    lease_check(keys[i], granted, *lease_ms)
-                } else if *next < cands.len() {
-                    return true;
-                } else {
-                    let e = last_err[i]
-                        .take()
-                        .unwrap_or_else(|| TransferError::UnknownSegment {
-                            segment: String::new(),
-                            reason: "no replica to read".into(),
-                        });
-                    Err(StoreError::transfer(keys[i], e))
-                };
-                if let Ok((_, side)) = &mut out[i] {
-                    side.settle(gone[i]);
-                }
-                if let Err(e) = r {
-                    out[i] = Err(e);
-                }
-                false
-            });
-        }
-        tracing::debug!(
-            items = keys.len(),
-            lookup_us = t_lookup.as_micros() as u64,
-            prep_us = (t_prep - t_lookup).as_micros() as u64,
-            transfer_us = (granted.elapsed() - t_prep).as_micros() as u64,
-            "get pipeline"
-        );
-        out
-    }
-
-    pub(super) fn copy_side(&self, len: u64) -> StoreResult<Side<'static>> {
-        let len = usize::try_from(len).map_err(|_| {
-            StoreError::InvalidArgument(format!("{len} bytes do not fit in memory"))
-        })?;
-        Ok(Side::Copy(self.inner.staging.slot(len)?))
-    }
-
     /// Stores many values (copied): one put-start request, one transfer batch, one put-end
     /// request (and one put-revoke request for failures) per part of at most
     /// `STAGE_BYTES` (see `parts`); two parts are under way at once. A replica in memory
@@ -789,35 +623,6 @@ impl StoreClient {
             .collect();
         let out = self.put_pipeline(sides).await;
         crate::metrics::record_client_batch(label(items.len(), "put_from", "batch_put_from"), &out);
-        out
-    }
-
-    /// Reads many values straight into registered memory (zero-copy); each destination
-    /// must have room for its value. Returns each value's length.
-    pub async fn batch_get_into<K: AsRef<str>>(
-        &self,
-        items: &[(K, BufRange<'_>)],
-    ) -> Vec<StoreResult<u64>> {
-        if items.is_empty() {
-            return Vec::new();
-        }
-        let ks: Vec<&str> = items.iter().map(|(k, _)| k.as_ref()).collect();
-        let got = self
-            .get_pipeline(&ks, |i, len| {
-                let (key, r) = (ks[i], &items[i].1);
-                r.check(key)?;
-                if len > r.len as u64 {
-                    return Err(StoreError::BufferOverflow {
-                        key: key.to_owned(),
-                        need: len,
-                        have: r.len as u64,
-                    });
-                }
-                Ok(Side::Registered(r.buf, r.offset))
-            })
-            .await;
-        let out: Vec<_> = got.into_iter().map(|r| r.map(|(len, _)| len)).collect();
-        crate::metrics::record_client_batch(label(items.len(), "get_into", "batch_get_into"), &out);
         out
     }
 }

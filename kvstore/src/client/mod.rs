@@ -28,7 +28,8 @@
 //! - `rpc`: typed calls to the master's REST routes (pooled keep-alive HTTP/1.1), following
 //!   the leader of an HA cluster of masters.
 //! - `staging`: the registered copy buffer and its slots.
-//! - `io`: the put and get pipelines shared by single and batch forms.
+//! - `io`: the put pipeline shared by single and batch forms, and what gets share with it.
+//! - `read`: the get pipeline (lookups, reads, lease checks) and `batch_get_into`.
 //! - `reserve`: space held reserved at the master, so a put is one request (a commit).
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
@@ -38,6 +39,7 @@ mod config;
 mod error;
 mod heartbeat;
 mod io;
+mod read;
 mod reserve;
 mod rpc;
 mod staging;

@@ -37,7 +37,8 @@ use transfer::{Segment, TransferEngine};
 
 use super::StoreClient;
 use super::error::{StoreError, StoreResult};
-use super::io::{Lookup, Opened, label, lease_check};
+use super::io::{Opened, label, lease_check};
+use super::read::Lookup;
 use super::staging::{STAGE_BYTES, parts};
 
 /// Smallest batch (in bytes) whose values share one pooled buffer: below it, a vector per

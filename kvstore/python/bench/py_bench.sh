@@ -26,6 +26,7 @@ MC_PY="$PEERS/venv/bin/python"
 TGT=${CARGO_TARGET_DIR:-$PWD/target}
 MG_VENV=${MG_VENV:-$TGT/py-bench-venv}
 OUT=${OUT:-$(mktemp -d /tmp/py_bench.XXXXXX)}
+mkdir -p "$OUT"
 BENCH_PY=kvstore/python/bench/py_bench.py
 MC_RPC=$((BASE_PORT + 51)); MC_META=$((BASE_PORT + 80)); MC_METRICS=$((BASE_PORT + 3)); MG_PORT=$((BASE_PORT + 100))
 export MC_TCP_BIND_ADDRESS=127.0.0.1   # keep Mooncake's transfer engine on loopback

@@ -356,13 +356,35 @@ async fn a_node_waits_for_its_master_and_remounts_after_a_restart() {
     )
     .await;
     m.stop(Duration::from_secs(2)).await;
-    let m = master(10_000, &addr).await;
+    // Reservations of 5 s: a remounted segment takes no values for their use window,
+    // 500 ms, since a client may still write into space reserved before the restart.
+    let m = MasterServer::start(
+        MasterConfig {
+            client_ttl_ms: 10_000,
+            reservation_ttl_ms: 5_000,
+            ..MasterConfig::default()
+        },
+        addr.parse().unwrap(),
+    )
+    .await
+    .unwrap();
     until("the node to remount", Duration::from_secs(5), async || {
         m.master().segments().len() == 1
     })
     .await;
     let c = client(&url, Protocol::Tcp).await;
-    c.put("after-restart", &value(5, 70_000)).await.unwrap();
+    until(
+        "the remounted segment to take values",
+        Duration::from_secs(10),
+        async || match c.put("after-restart", &value(5, 70_000)).await {
+            Ok(()) => true,
+            Err(e) if e.name() == "NO_AVAILABLE_HANDLE" && e.to_string().contains("remounted") => {
+                false
+            }
+            Err(e) => panic!("put after the remount: {e}"),
+        },
+    )
+    .await;
     assert_eq!(c.get("after-restart").await.unwrap(), value(5, 70_000));
     let (_, body) = node.get("/health").await;
     let h: openapi::store::NodeHealth = serde_json::from_str(&body).unwrap();

@@ -1,7 +1,7 @@
 //! The store client against a real master over real HTTP on loopback, with real transfer
 //! engines (shared memory and TCP): round trips, the zero-copy and batch forms, errors.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvstore::client::{Prefault, Protocol};
 use kvstore::master::ReplicateConfig;
@@ -405,9 +405,17 @@ async fn clients_remount_after_a_master_restart_and_go_on() {
     let e = c.put("during", b"x").await.unwrap_err();
     assert_eq!(name(&e), "RPC_FAIL");
     assert!(e.is_retryable());
-    let m2 = MasterServer::start(MasterConfig::default(), addr)
-        .await
-        .unwrap();
+    // Reservations of 5 s, so a reservation's use window, and with it the time a
+    // remounted segment takes no values, is 500 ms.
+    let m2 = MasterServer::start(
+        MasterConfig {
+            reservation_ttl_ms: 5_000,
+            ..MasterConfig::default()
+        },
+        addr,
+    )
+    .await
+    .unwrap();
     // The node is told to remount at its next heartbeat. (Waiting for the master's side
     // alone raced with the node counting its remount once the answer arrived.)
     for _ in 0..100 {
@@ -425,8 +433,26 @@ async fn clients_remount_after_a_master_restart_and_go_on() {
         name(&c.get("before").await.unwrap_err()),
         "OBJECT_NOT_FOUND"
     );
-    c.put("after", b"new master").await.unwrap();
+    // The remounted segment takes values once a reservation made before the restart can
+    // no longer be written (the master tests check that it takes none before).
+    put_once_held_segments_take_values(&c, "after", b"new master").await;
     assert_eq!(node.get("after").await.unwrap(), &b"new master"[..]);
+}
+
+/// Puts `value` under `key`, while the only segments are freshly remounted ones (which
+/// answer `NO_AVAILABLE_HANDLE` for a reservation's use window): for at most 10 s.
+async fn put_once_held_segments_take_values(c: &StoreClient, key: &str, value: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.put(key, value).await {
+            Ok(()) => return,
+            Err(e) if name(&e) == "NO_AVAILABLE_HANDLE" && e.to_string().contains("remounted") => {
+                assert!(Instant::now() < deadline, "still held after 10 s: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("put after the remount: {e}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -385,8 +385,9 @@ impl StoreClient {
         let mut started = if starts.is_empty() {
             Vec::new()
         } else {
+            let asked = Instant::now();
             let (r, got) = self.put_starts(&starts, ask.take()).await;
-            pool.add(got, &self.replicate, maker);
+            pool.add(got, &self.replicate, maker, asked);
             r
         }
         .into_iter();

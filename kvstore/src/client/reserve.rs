@@ -3,7 +3,9 @@
 //! and commits, one master request instead of two.
 //!
 //! A reservation is used only
-//! - within its `use_within_ms` of arriving (the master releases it long after that), and
+//! - within its `use_within_ms` of the request that brought it being sent (the master
+//!   releases it long after that, and a segment remounted since takes no new values for
+//!   that long), and
 //! - while the master that made it is the one calls go to and has not restarted since (the
 //!   same HA index and view version), since no other master knows it.
 //!
@@ -107,15 +109,23 @@ impl Pool {
         })
     }
 
-    /// Keeps `got`, made by `maker` for values placed as `config`, within the budget (what
-    /// does not fit, or carries no replica, is dropped and left to the master's TTL). A
-    /// `use_within_ms` past what the clock can hold makes the reservation unusable, not a
-    /// panic.
-    pub(super) fn add(&self, got: Vec<wire::Reservation>, config: &ReplicateConfig, maker: Maker) {
+    /// Keeps `got`, made by `maker` for values placed as `config` in answer to a request
+    /// sent at `asked`, within the budget (what does not fit, or carries no replica, is
+    /// dropped and left to the master's TTL). Each is usable until `use_within_ms` after
+    /// `asked`, not after its arrival: the master's promises (see the module doc) count
+    /// from before it answered. A `use_within_ms` past what the clock can hold makes the
+    /// reservation unusable, not a panic.
+    pub(super) fn add(
+        &self,
+        got: Vec<wire::Reservation>,
+        config: &ReplicateConfig,
+        maker: Maker,
+        asked: Instant,
+    ) {
         if got.is_empty() {
             return;
         }
-        let now = Instant::now();
+        let now = asked;
         let mut held = self.held.lock();
         let mut used: u64 = held.iter().map(Held::bytes).sum();
         for r in got {
@@ -175,11 +185,12 @@ impl StoreClient {
             reserve: ask,
             config: self.replicate.clone(),
         };
+        let asked = Instant::now();
         match self.inner.rpc.batch_put_commit(&body).await {
             Ok(r) => {
                 self.inner
                     .reserved
-                    .add(r.reservations, &self.replicate, maker);
+                    .add(r.reservations, &self.replicate, maker, asked);
                 key_results(
                     items.len(),
                     Ok(wire::BatchKeyResponse { results: r.results }),
@@ -214,7 +225,7 @@ mod tests {
     fn takes_only_matching_fresh_reservations_of_the_same_master() {
         let pool = Pool::new(64 << 20);
         let cfg = ReplicateConfig::default();
-        pool.add(vec![reservation(1, 4096, 60_000)], &cfg, M);
+        pool.add(vec![reservation(1, 4096, 60_000)], &cfg, M, Instant::now());
         // Another length, another config, another master: none.
         assert!(pool.take(8192, &cfg, M).is_none());
         let pinned = ReplicateConfig {
@@ -226,7 +237,7 @@ mod tests {
         assert!(pool.take(4096, &cfg, Maker { view: 8, ..M }).is_none());
         // That look dropped it: it was made by a master that has since restarted.
         assert_eq!(pool.len(), 0);
-        pool.add(vec![reservation(2, 4096, 60_000)], &cfg, M);
+        pool.add(vec![reservation(2, 4096, 60_000)], &cfg, M, Instant::now());
         assert_eq!(pool.take(4096, &cfg, M).map(|h| h.id), Some(2));
         assert!(pool.take(4096, &cfg, M).is_none());
     }
@@ -235,9 +246,25 @@ mod tests {
     fn an_aged_reservation_is_never_used() {
         let pool = Pool::new(64 << 20);
         let cfg = ReplicateConfig::default();
-        pool.add(vec![reservation(1, 4096, 0)], &cfg, M);
+        pool.add(vec![reservation(1, 4096, 0)], &cfg, M, Instant::now());
         assert!(pool.take(4096, &cfg, M).is_none());
         assert_eq!(pool.len(), 0);
+    }
+
+    #[test]
+    fn the_use_window_counts_from_the_ask_not_the_arrival() {
+        // An answer read 2 s after its request was sent (a slow or descheduled reader)
+        // brings a reservation of 1 s that is already over: the master counted from before
+        // it answered, and may have handed the space out again since a restart.
+        let pool = Pool::new(64 << 20);
+        let cfg = ReplicateConfig::default();
+        let asked = Instant::now()
+            .checked_sub(Duration::from_secs(2))
+            .expect("the clock has run 2 s");
+        pool.add(vec![reservation(1, 4096, 1000)], &cfg, M, asked);
+        assert!(pool.take(4096, &cfg, M).is_none());
+        pool.add(vec![reservation(2, 4096, 60_000)], &cfg, M, asked);
+        assert_eq!(pool.take(4096, &cfg, M).map(|h| h.id), Some(2));
     }
 
     #[test]
@@ -249,15 +276,26 @@ mod tests {
             (1..=1000).map(|i| reservation(i, 4096, 60_000)).collect(),
             &cfg,
             M,
+            Instant::now(),
         );
         assert_eq!(pool.len(), 256);
         assert!(pool.ask(4096, 1, &cfg).is_none(), "no room left");
         // The longest use-by time a master can write: no panic.
         let pool = Pool::new(1 << 20);
-        pool.add(vec![reservation(1, 4096, u64::MAX)], &cfg, M);
+        pool.add(
+            vec![reservation(1, 4096, u64::MAX)],
+            &cfg,
+            M,
+            Instant::now(),
+        );
         assert_eq!(pool.len(), 1);
         // One length past the budget alone: dropped.
-        pool.add(vec![reservation(2, 2 << 20, 60_000)], &cfg, M);
+        pool.add(
+            vec![reservation(2, 2 << 20, 60_000)],
+            &cfg,
+            M,
+            Instant::now(),
+        );
         assert_eq!(pool.len(), 1);
     }
 
@@ -272,6 +310,7 @@ mod tests {
             (1..=60).map(|i| reservation(i, 4096, 60_000)).collect(),
             &cfg,
             M,
+            Instant::now(),
         );
         assert_eq!(pool.ask(4096, 64, &cfg).map(|a| a.count), Some(4));
         // The budget caps it: 1 MiB holds 256 values of 4 KiB, 60 are held.

@@ -1,6 +1,7 @@
 //! Replica placement: distinct segments, the caller's preferred segments first (in order),
 //! then spread over the rest starting at a position derived from the key hash, so keys
-//! land evenly without a shared cursor or a random number per put.
+//! land evenly without a shared cursor or a random number per put. A segment remounted
+//! less than a reservation's use window ago takes nothing yet (see `reserve`).
 
 use std::sync::Arc;
 
@@ -20,12 +21,18 @@ impl Master {
         let table = self.segments.read();
         let want = cfg.replica_num as usize;
         let mut out: Vec<Replica> = Vec::with_capacity(want);
+        let now = self.clock.now_ms();
+        let mut held = false;
         // Takes a replica on `seg` unless it already holds one of this object.
-        let try_take = |out: &mut Vec<Replica>, seg: &Arc<Segment>| {
-            if out.len() < want
-                && !out.iter().any(|r| Arc::ptr_eq(&r.segment, seg))
-                && let Some(alloc) = seg.try_alloc(units)
-            {
+        let mut try_take = |out: &mut Vec<Replica>, seg: &Arc<Segment>| {
+            if out.len() >= want || out.iter().any(|r| Arc::ptr_eq(&r.segment, seg)) {
+                return;
+            }
+            if !seg.takes_values(now) {
+                held = true;
+                return;
+            }
+            if let Some(alloc) = seg.try_alloc(units) {
                 out.push(Replica {
                     segment: seg.clone(),
                     alloc,
@@ -50,6 +57,14 @@ impl Master {
         if out.is_empty() {
             let why = if n == 0 {
                 "no segment is mounted".to_string()
+            } else if held {
+                format!(
+                    "no segment has {} free bytes but those remounted less than {} ms ago, \
+                     which take no values yet (clients may still write into space reserved \
+                     under their mount before)",
+                    units << self.align_shift,
+                    self.reservation_use_within_ms()
+                )
             } else {
                 format!(
                     "no segment has {} free bytes; consider mounting more segments",

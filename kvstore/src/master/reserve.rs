@@ -11,10 +11,17 @@
 //! Rules, so that no byte is written where it does not belong:
 //! - A reservation belongs to the client it was made for; any other client committing it
 //!   is told it does not exist.
-//! - A client uses a reservation only within `use_within_ms` of receiving it (a tenth of
-//!   the master's `reservation_ttl_ms`); the master releases an unused one after the whole
-//!   TTL, so a write begun in time has finished long before its space can be handed out
-//!   again.
+//! - A client uses a reservation only within `use_within_ms` of sending the request that
+//!   brought it (a tenth of the master's `reservation_ttl_ms`); the master releases an
+//!   unused one after the whole TTL, so a write begun in time has finished long before its
+//!   space can be handed out again.
+//! - A segment remounted (the client was told to: the master restarted, or the client's
+//!   TTL ran out and its segments were unmounted) takes no new values for `use_within_ms`
+//!   (`crate::master::placement`). The master does not know what was reserved in it under
+//!   the mount before, while the holders may still write into that space: within one
+//!   master their reservations were dropped with the unmount, across a restart they were
+//!   never known. Before, a client's write into such a reservation, up to a heartbeat
+//!   after the restart, could overwrite a value placed there since.
 //! - Ids are unique across master instances (each starts at a random point of a 52-bit
 //!   space), so a reservation is committed only at the master that made it: a restarted
 //!   master answers another one's ids `RESERVATION_NOT_FOUND` (the client puts the value

@@ -202,3 +202,50 @@ fn pins_and_replicas_of_the_reservation_carry_over() {
     assert_eq!(v.replicas.len(), 2);
     assert!(v.hard_pinned);
 }
+
+#[test]
+fn a_remounted_segment_takes_no_values_while_reservations_made_before_may_be_written() {
+    // As after a restart: the master knows nothing of what was reserved in the segment
+    // under its mount before, and the holders of those reservations may still write into
+    // them for their use window. Placing values there meanwhile could see them overwritten.
+    let (m, clock) = master_with(small_config());
+    let within = m.reservation_use_within_ms();
+    assert!(within > 1);
+    m.remount_segments(client(1), vec![spec("s0", 0x10_0000_0000, SEG)])
+        .unwrap();
+    match m.put_start(client(7), "k", 4096, &one()) {
+        Err(MasterError::NoAvailableHandle(why)) => {
+            assert!(why.contains("remounted"), "{why}")
+        }
+        other => panic!("a put into a segment remounted just now: {other:?}"),
+    }
+    assert!(m.reserve(client(7), 4096, &one(), 4).unwrap().is_empty());
+    clock.advance(within - 1);
+    assert!(m.put_start(client(7), "k", 4096, &one()).is_err());
+    clock.advance(1);
+    m.put_start(client(7), "k", 4096, &one()).unwrap();
+    assert_eq!(m.reserve(client(7), 4096, &one(), 4).unwrap().len(), 4);
+}
+
+#[test]
+fn a_fresh_mount_takes_values_at_once_next_to_a_held_remount() {
+    // A first mount is new memory: nobody can hold reservations in it.
+    let (m, _) = master_with(small_config());
+    m.remount_segments(client(1), vec![spec("old", 0x10_0000_0000, SEG)])
+        .unwrap();
+    m.mount_segment(client(2), spec("new", 0x20_0000_0000, SEG))
+        .unwrap();
+    for i in 0..8 {
+        let at = m
+            .put_start(client(7), &format!("k{i}"), 4096, &one())
+            .unwrap();
+        assert_eq!(at[0].segment.name(), "new");
+    }
+    // Asking for the held one by name changes nothing.
+    let prefer_old = ReplicateConfig {
+        preferred_segments: vec!["old".into()],
+        ..one()
+    };
+    let at = m.put_start(client(7), "p", 4096, &prefer_old).unwrap();
+    assert_eq!(at[0].segment.name(), "new");
+}

@@ -38,6 +38,9 @@ pub struct Segment {
     alloc: Mutex<OffsetAllocator>,
     allocated: AtomicU64,
     mounted: AtomicBool,
+    /// Master clock (ms) before which the segment takes no new values: set on a remount,
+    /// while a client may still write into space reserved under the mount before (0: none).
+    held_until_ms: u64,
 }
 
 /// A snapshot of one segment for admin reads.
@@ -106,7 +109,19 @@ impl Segment {
             alloc: Mutex::new(alloc),
             allocated: AtomicU64::new(allocated),
             mounted: AtomicBool::new(true),
+            held_until_ms: 0,
         }
+    }
+
+    /// The segment, taking no new values before `ms` on the master's clock.
+    pub(crate) fn held_until(mut self, ms: u64) -> Self {
+        self.held_until_ms = ms;
+        self
+    }
+
+    /// Whether the segment takes new values at `now_ms` (see [`Segment::held_until`]).
+    pub(crate) fn takes_values(&self, now_ms: u64) -> bool {
+        now_ms >= self.held_until_ms
     }
 
     /// Mount id: unique per mount (a remount of the name gets a new one).

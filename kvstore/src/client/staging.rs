@@ -27,6 +27,11 @@ const UNIT_SHIFT: u32 = 6;
 /// the CPU's cache when the transfer reads them back.
 pub(crate) const STAGE_BYTES: usize = 4 << 20;
 
+/// Most bytes copied straight into or out of mapped memory (the own segment, a same-host
+/// node's shared memory) in one go, spread over two threads: the copies of such a part
+/// hold the runtime's thread (and their CPU stripes) until they are over.
+pub(crate) const MAPPED_PART: usize = 64 << 20;
+
 /// Splits values of `lens` into consecutive parts of at most `max` bytes in all (a value
 /// longer than that is a part alone). A copying batch of large values is put part by part:
 /// staging 64 MiB and then writing it out read every byte back from memory, while a 4 MiB

@@ -39,15 +39,11 @@ use super::StoreClient;
 use super::error::{StoreError, StoreResult};
 use super::io::{Opened, label, lease_check};
 use super::read::Lookup;
-use super::staging::{STAGE_BYTES, parts};
+use super::staging::{MAPPED_PART, STAGE_BYTES, parts};
 
 /// Smallest batch (in bytes) whose values share one pooled buffer: below it, a vector per
 /// value costs less than the pool's lock.
 pub(crate) const POOLED_MIN: usize = 64 << 10;
-
-/// Most bytes a `batch_get` copies straight out of mapped memory in one go (spread over two
-/// threads) before it lets the runtime's other tasks run.
-const MAPPED_PART: usize = 64 << 20;
 
 /// Idle bytes the pool keeps in buffers smaller than [`BULK_VEC_MIN`], on top of its cap.
 const SMALL_IDLE: usize = 4 * BULK_VEC_MIN;

@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-3}
-INNER=${INNER:-5}
+INNER=${INNER:-5}   # calls per pass and size, for every system (at most 24: 24 x 64 MiB fill a 2 GiB segment)
 BASE_PORT=${BASE_PORT:-46000}
 PEERS="${PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/moongate-peers}"
 MC_PY="$PEERS/venv/bin/python"
@@ -79,7 +79,7 @@ store_pass() {
     moongate) pass moongate-py "$MG_PY" $BENCH_PY store --metadata P2PHANDSHAKE --master "127.0.0.1:$MG_PORT" --rounds "$INNER" ;;
     rust)
       pass rust "$STORE_BENCH" --master "http://127.0.0.1:$MG_PORT" --storage self --protocol tcp --segment-size 2G \
-        --sizes 4K,1M --batch 64 --ops 320 --rounds 1 --only batch_put_from,batch_get_into --json
+        --sizes 4K,1M --batch 64 --ops $((64 * INNER)) --rounds 1 --only batch_put_from,batch_get_into --json
       pass rust "$KV" --master "http://127.0.0.1:$MG_PORT" --segment-size 64M --listen 127.0.0.1:0 --protocol tcp bench-exists --calls 50 ;;
   esac
 }

@@ -90,7 +90,9 @@ pub struct MasterConfig {
     pub put_start_release_timeout_ms: u64,
     /// Space reserved for a client's future puts (so each is one commit request) is
     /// released this long after it was reserved if still unused; clients use a reservation
-    /// only within a tenth of this. Moongate's own. Default 30 s.
+    /// only within a tenth of this, and a segment remounted takes no new values for that
+    /// tenth (clients may still write into space reserved in it before). Moongate's own.
+    /// Default 30 s.
     #[arg(id = "master.reservation_ttl_ms", long = "master-reservation-ttl-ms", env = env::RESERVATION_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().reservation_ttl_ms)]
     pub reservation_ttl_ms: u64,

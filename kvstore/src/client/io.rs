@@ -599,13 +599,13 @@ impl StoreClient {
                 })
                 .collect()
         };
-        let lens: Vec<usize> = items.iter().map(|(_, v)| v.as_ref().len()).collect();
-        let mut ranges = parts(lens.iter().copied(), STAGE_BYTES);
+        let lens = |from: usize| items[from..].iter().map(|(_, v)| v.as_ref().len());
+        let mut ranges = parts(lens(0), STAGE_BYTES);
         let first = ranges.remove(0);
         let rest = first.end;
         let (mut out, mapped) = self.put_items(sides(first), true).await;
         if mapped {
-            for r in parts(lens[rest..].iter().copied(), MAPPED_PART) {
+            for r in parts(lens(rest), MAPPED_PART) {
                 let r = r.start + rest..r.end + rest;
                 out.extend(self.put_pipeline(sides(r)).await);
             }

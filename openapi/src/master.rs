@@ -130,6 +130,10 @@ fn one() -> u32 {
     1
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// Placement options of a put (Mooncake's `ReplicateConfig`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +183,12 @@ pub struct PutStartRequest {
     /// Space to reserve for this client's next puts, placed with the same options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve: Option<ReserveRequest>,
+    /// The writer's id for this put (0: none). A put-start that finds its key still
+    /// unfinished, started by the same client with the same nonzero id and length, is a
+    /// retry whose first answer was lost: it answers the same replicas again instead of
+    /// `OBJECT_ALREADY_EXISTS`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub put_id: u32,
 }
 
 /// Space to reserve for future puts of one length: each reservation is later filled and
@@ -446,6 +456,11 @@ pub struct BatchPutStartRequest {
     /// Space to reserve for this client's next puts, placed with the same options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve: Option<ReserveRequest>,
+    /// The writer's id for these puts (0: none), as [`PutStartRequest::put_id`] is for one:
+    /// an item whose key is still unfinished by this client under the same id and length
+    /// answers its replicas again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub put_id: u32,
 }
 
 /// Result of one batch put-start item.

@@ -4,6 +4,7 @@
 //! the bytes of a step.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -242,6 +243,22 @@ impl StoreClient {
 
     /// Starts puts: the single-key route for one item, the batch route for more; asks for
     /// `reserve` along (what it got comes second).
+    /// A new nonzero id for one put-start request. Its RPC may send the request to more
+    /// than one master (HA: the first did not answer in time, yet may have done it); the
+    /// id lets the master recognise the repeat and answer the same replicas.
+    fn next_put_id(&self) -> u32 {
+        loop {
+            let id = self
+                .inner
+                .put_ids
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
     async fn put_starts(
         &self,
         items: &[(&str, u64)],
@@ -249,12 +266,14 @@ impl StoreClient {
     ) -> (Vec<StoreResult<Vec<wire::Replica>>>, Vec<wire::Reservation>) {
         let rpc = &self.inner.rpc;
         let client_id = self.inner.id.to_string();
+        let put_id = self.next_put_id();
         if let [(key, length)] = items {
             let body = wire::PutStartRequest {
                 client_id,
                 length: *length,
                 config: self.replicate.clone(),
                 reserve,
+                put_id,
             };
             return match rpc.put_start(key, &body).await {
                 Ok(r) => (vec![Ok(r.replicas)], r.reservations),
@@ -272,6 +291,7 @@ impl StoreClient {
                 .collect(),
             config: self.replicate.clone(),
             reserve,
+            put_id,
         };
         match rpc.batch_put_start(&body).await {
             Ok(r) => {

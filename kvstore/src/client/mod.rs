@@ -8,7 +8,8 @@
 //! - **put** = `put-start` (the master allocates replicas), write every replica (one copy
 //!   into the memory the engine maps, own segment or a same-host node's shared memory;
 //!   through `transfer` in one batch otherwise), `put-end`; any failure revokes the put
-//!   and the error says why.
+//!   and the error says why. Each put-start request carries a new `put_id`: sent on to
+//!   another master after a timeout (HA), it is recognised where it was already done.
 //!   A value of a length the client holds reserved space for skips put-start: written
 //!   into the reservation, then one `put-commit` (see `reserve`).
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete
@@ -117,6 +118,9 @@ struct Inner {
     values: Arc<values::ValuePool>,
     health: Arc<HealthState>,
     reserved: reserve::Pool,
+    /// The last put id given (see `io`: a put-start sent again after a lost answer
+    /// carries the same id, so the master answers it instead of refusing the key).
+    put_ids: std::sync::atomic::AtomicU32,
     stop: CancellationToken,
     /// The heartbeat task, awaited by [`StoreClient::close`].
     heartbeat: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -309,6 +313,7 @@ impl StoreClient {
                 values,
                 health,
                 reserved: reserve::Pool::new(config_reserve),
+                put_ids: std::sync::atomic::AtomicU32::new(0),
                 stop,
                 heartbeat: parking_lot::Mutex::new(Some(heartbeat)),
             }),

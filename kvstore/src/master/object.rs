@@ -148,6 +148,10 @@ pub(crate) struct Object {
     /// While processing: when `put_start` ran. Once complete: soft-pin end (0 = none).
     pub(crate) aux: u64,
     pub(crate) client: Uuid,
+    /// While processing: the writer's id for the put (0: none), so that a retried
+    /// put-start is recognised (`Master::put_start_with_id`). Sits in the padding after
+    /// `flags`: it costs no memory.
+    pub(crate) put_id: u32,
     flags: u8,
 }
 
@@ -176,6 +180,7 @@ impl Object {
             lease_until: 0,
             aux: now,
             client,
+            put_id: 0,
             flags,
         }
     }

@@ -19,6 +19,26 @@ pub struct ReplicaSet {
     pub replicas: Vec<ReplicaLocation>,
 }
 
+/// Who asks for a key in a put-start, so that a retry of its own is recognised.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Put {
+    pub(super) client: ClientId,
+    pub(super) length: u64,
+    pub(super) put_id: u32,
+}
+
+/// What a put may do with a key ([`Master::claim_key`]).
+#[derive(Debug)]
+pub(super) enum Claim {
+    /// No object has it.
+    Free,
+    /// The object at this index is an unfinished put past its discard timeout, to be
+    /// taken over ([`Master::take_over`]).
+    Abandoned(u32),
+    /// The object at this index is the asking put's own, started before (a retry).
+    Again(u32),
+}
+
 /// Most preferred segments a put may name.
 const MAX_PREFERRED: usize = 64;
 
@@ -83,12 +103,33 @@ impl Master {
         length: u64,
         cfg: &ReplicateConfig,
     ) -> MasterResult<Vec<ReplicaLocation>> {
+        self.put_start_with_id(client, key, length, cfg, 0)
+    }
+
+    /// [`Master::put_start`] of a put its writer names `put_id` (0: none). When `key` is
+    /// still unfinished, started by `client` under the same nonzero id and length, this is
+    /// that put-start again (a retry whose answer was lost, e.g. one an HA client sent on
+    /// to another master after a timeout): it answers the same replicas, not
+    /// `OBJECT_ALREADY_EXISTS`, and allocates nothing.
+    pub fn put_start_with_id(
+        &self,
+        client: ClientId,
+        key: &str,
+        length: u64,
+        cfg: &ReplicateConfig,
+        put_id: u32,
+    ) -> MasterResult<Vec<ReplicaLocation>> {
         self.check_key(key)?;
         self.check_put(length, cfg)?;
         let hash = self.hash(key);
-        match self.try_put_start(client, key, hash, length, cfg) {
+        let put = Put {
+            client,
+            length,
+            put_id,
+        };
+        match self.try_put_start(put, key, hash, cfg) {
             Err(MasterError::NoAvailableHandle(_)) if self.evict_for_allocation() => {
-                self.try_put_start(client, key, hash, length, cfg)
+                self.try_put_start(put, key, hash, cfg)
             }
             other => other,
         }
@@ -96,55 +137,74 @@ impl Master {
 
     fn try_put_start(
         &self,
-        client: ClientId,
+        put: Put,
         key: &str,
         hash: u64,
-        length: u64,
         cfg: &ReplicateConfig,
     ) -> MasterResult<Vec<ReplicaLocation>> {
         let now = self.clock.now_ms();
         let mut shard = self.lock_shard(self.shard_of(hash));
-        let zombie = self.claim_key(&shard, hash, key, now)?;
-        let units = self.units(length);
+        let zombie = match self.claim_key(&shard, hash, key, now, Some(put))? {
+            Claim::Again(i) => {
+                let o = shard.get(i);
+                let locations = o.replicas.as_slice().iter();
+                return Ok(locations.map(|r| r.location(o.length)).collect());
+            }
+            Claim::Free => None,
+            Claim::Abandoned(i) => Some(i),
+        };
+        let units = self.units(put.length);
         let replicas = self.place(hash, units, cfg)?;
-        let locations = replicas.iter().map(|r| r.location(length)).collect();
+        let locations = replicas.iter().map(|r| r.location(put.length)).collect();
         if let Some(i) = zombie {
             self.take_over(&mut shard, hash, i);
         }
-        let obj = Object::new(
+        let mut obj = Object::new(
             key,
             Replicas::from_vec(replicas),
-            length,
+            put.length,
             units << self.align_shift,
             now,
-            client,
+            put.client,
             cfg,
         );
+        obj.put_id = put.put_id;
         shard.insert(hash, obj, self);
         Ok(locations)
     }
 
-    /// Whether a new put may have `key`: `Ok(None)` when no object has it, `Ok(Some(i))`
-    /// when the object at `i` is an unfinished put past its discard timeout (to be taken
-    /// over with [`Master::take_over`]), else `ObjectAlreadyExists`.
+    /// Whether a new put may have `key` ([`Claim`]), else `ObjectAlreadyExists`. `put`
+    /// names the put-start asking, if one is, so that its own retry is recognised.
     pub(super) fn claim_key(
         &self,
         shard: &super::ShardGuard<'_>,
         hash: u64,
         key: &str,
         now: u64,
-    ) -> MasterResult<Option<u32>> {
+        put: Option<Put>,
+    ) -> MasterResult<Claim> {
         let Some(i) = shard.find(hash, key) else {
-            return Ok(None);
+            return Ok(Claim::Free);
         };
         let o = shard.get(i);
+        if o.is_complete() || o.is_ending() {
+            return Err(MasterError::ObjectAlreadyExists(key.to_string()));
+        }
+        if let Some(p) = put
+            && p.put_id != 0
+            && p.put_id == o.put_id
+            && p.client == o.client
+            && p.length == o.length
+        {
+            return Ok(Claim::Again(i));
+        }
         let discard_at = o
             .aux
             .saturating_add(self.config.put_start_discard_timeout_ms);
-        if o.is_complete() || o.is_ending() || now < discard_at {
+        if now < discard_at {
             return Err(MasterError::ObjectAlreadyExists(key.to_string()));
         }
-        Ok(Some(i))
+        Ok(Claim::Abandoned(i))
     }
 
     /// Removes the abandoned put at `i`; its space stays allocated until its writer can no
@@ -405,17 +465,18 @@ impl Master {
         Ok(items.iter().map(op).collect())
     }
 
-    /// [`Master::put_start`] for many keys with one config (a config that cannot be used
-    /// fails the whole request, even one without items).
+    /// [`Master::put_start_with_id`] for many keys with one config and put id (a config
+    /// that cannot be used fails the whole request, even one without items).
     pub fn batch_put_start<K: AsRef<str>>(
         &self,
         client: ClientId,
         items: &[(K, u64)],
         cfg: &ReplicateConfig,
+        put_id: u32,
     ) -> MasterResult<Vec<MasterResult<Vec<ReplicaLocation>>>> {
         self.check_config(cfg)?;
         self.batch(items, |(k, len)| {
-            self.put_start(client, k.as_ref(), *len, cfg)
+            self.put_start_with_id(client, k.as_ref(), *len, cfg, put_id)
         })
     }
 

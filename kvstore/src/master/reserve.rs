@@ -41,6 +41,7 @@
 use std::collections::HashMap;
 
 use super::object::{Object, Replica, ReplicaLocation, Replicas, ReplicateConfig};
+use super::ops::Claim;
 use super::{ClientId, Master, MasterError, MasterResult};
 
 /// Space held for one future object of a fixed length.
@@ -201,16 +202,20 @@ impl Master {
         }
         let hash = self.hash(key);
         let mut shard = self.lock_shard(self.shard_of(hash));
-        let zombie = match self.claim_key(&shard, hash, key, now) {
-            Ok(z) => z,
-            Err(e) => {
-                drop(shard);
-                release(r.replicas);
-                return Err(e);
+        let refused = match self.claim_key(&shard, hash, key, now, None) {
+            Ok(Claim::Free) => None,
+            Ok(Claim::Abandoned(i)) => {
+                self.take_over(&mut shard, hash, i);
+                None
             }
+            // Only a put-start is recognised as its own retry (`None` above asks for none).
+            Ok(Claim::Again(_)) => Some(MasterError::ObjectAlreadyExists(key.to_string())),
+            Err(e) => Some(e),
         };
-        if let Some(i) = zombie {
-            self.take_over(&mut shard, hash, i);
+        if let Some(e) = refused {
+            drop(shard);
+            release(r.replicas);
+            return Err(e);
         }
         let cfg = ReplicateConfig {
             replica_num: r.replicas.len() as u32,

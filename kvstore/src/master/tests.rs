@@ -111,6 +111,48 @@ fn revoke_frees_space_and_the_key() {
 }
 
 #[test]
+fn a_put_start_sent_again_under_its_put_id_answers_the_same_replicas() {
+    let (m, _) = with_segments(1);
+    let first = m.put_start_with_id(client(7), "k", 100, &one(), 5).unwrap();
+    let used = m.stats().allocated_bytes;
+    let again = m.put_start_with_id(client(7), "k", 100, &one(), 5).unwrap();
+    let at = |l: &[ReplicaLocation]| l.iter().map(|r| r.address).collect::<Vec<_>>();
+    assert_eq!(at(&again), at(&first));
+    assert_eq!(
+        m.stats().allocated_bytes,
+        used,
+        "a repeat allocates nothing"
+    );
+    // Anything else that finds the key unfinished is refused, as before.
+    for (who, len, id) in [(7, 100, 6), (7, 100, 0), (7, 101, 5), (8, 100, 5)] {
+        assert!(
+            matches!(
+                m.put_start_with_id(client(who), "k", len, &one(), id),
+                Err(MasterError::ObjectAlreadyExists(_))
+            ),
+            "client {who}, {len} bytes, put id {id}"
+        );
+    }
+    // Once ended, the put is done: its id names nothing any more.
+    m.put_end(client(7), "k").unwrap();
+    assert!(matches!(
+        m.put_start_with_id(client(7), "k", 100, &one(), 5),
+        Err(MasterError::ObjectAlreadyExists(_))
+    ));
+    // The batch form, item by item.
+    let items = [("b1", 64u64), ("b2", 64)];
+    let r = m.batch_put_start(client(7), &items, &one(), 9).unwrap();
+    let r2 = m.batch_put_start(client(7), &items, &one(), 9).unwrap();
+    for (a, b) in r.iter().zip(&r2) {
+        assert_eq!(at(a.as_ref().unwrap()), at(b.as_ref().unwrap()));
+    }
+    assert!(matches!(
+        &m.batch_put_start(client(7), &items, &one(), 10).unwrap()[0],
+        Err(MasterError::ObjectAlreadyExists(_))
+    ));
+}
+
+#[test]
 fn replicas_go_to_distinct_segments_preferred_first() {
     let (m, _) = with_segments(3);
     let cfg = ReplicateConfig {
@@ -537,7 +579,7 @@ fn allocation_failure_triggers_eviction() {
 fn batches_answer_per_item() {
     let (m, _) = with_segments(1);
     let items = [("a", 64u64), ("b", 0), ("a", 64)];
-    let r = m.batch_put_start(client(7), &items, &one()).unwrap();
+    let r = m.batch_put_start(client(7), &items, &one(), 0).unwrap();
     assert!(r[0].is_ok());
     assert!(matches!(r[1], Err(MasterError::InvalidParams(_))));
     assert!(matches!(r[2], Err(MasterError::ObjectAlreadyExists(_))));

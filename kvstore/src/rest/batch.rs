@@ -39,8 +39,10 @@ pub async fn put_start(
 ) -> ApiResult<Json<wire::BatchPutStartResponse>> {
     let cfg = req.config;
     let pairs: Vec<(String, u64)> = req.items.into_iter().map(|i| (i.key, i.length)).collect();
-    let r =
-        client_id(&req.client_id).and_then(|c| m.batch_put_start(c, &pairs, &cfg).map(|r| (c, r)));
+    let r = client_id(&req.client_id).and_then(|c| {
+        m.batch_put_start(c, &pairs, &cfg, req.put_id)
+            .map(|r| (c, r))
+    });
     let (c, results) = observed("batch_put_start", r)?;
     items("put_start", &results);
     let results = pairs

@@ -26,8 +26,10 @@ pub async fn put_start(
     ApiJson(req): ApiJson<wire::PutStartRequest>,
 ) -> ApiResult<Json<wire::PutStartResponse>> {
     let cfg = req.config;
-    let r = client_id(&req.client_id)
-        .and_then(|c| m.put_start(c, &key, req.length, &cfg).map(|l| (c, l)));
+    let r = client_id(&req.client_id).and_then(|c| {
+        m.put_start_with_id(c, &key, req.length, &cfg, req.put_id)
+            .map(|l| (c, l))
+    });
     let (c, locs) = observed("put_start", r)?;
     Ok(Json(wire::PutStartResponse {
         key,

@@ -9,7 +9,9 @@
 //! in it, and none can follow: their fence names an older term), restore a master from it,
 //! start the journal and the background tick, and only then serve -> keep the lease alive;
 //! when it is lost, expires locally, or a write is refused, stop serving at once, step
-//! down, and start a new cycle.
+//! down (revoking the lease, so a successor need not wait for it to expire; when etcd
+//! cannot be reached then, the next campaign that finds the leader key still on that lease
+//! revokes it), and start a new cycle.
 //!
 //! A leader serves only while its lease is live by its own clock (the deadline is counted
 //! from when a keep-alive was *sent*, so it ends before etcd's): a master frozen past its
@@ -265,8 +267,10 @@ async fn run(inner: Arc<Inner>, stop: CancellationToken) {
         }
     };
     tokio::spawn(register(inner.clone(), client.clone(), stop.clone()));
+    // The lease of a term this master led, if revoking it failed when it stepped down.
+    let mut old_lease = None;
     while !stop.is_cancelled() {
-        if let Err(e) = cycle(&inner, &mut client, &stop).await {
+        if let Err(e) = cycle(&inner, &mut client, &stop, &mut old_lease).await {
             inner.set(State::Candidate);
             tracing::warn!(error = %e, "HA cycle failed; starting over");
             tokio::select! {
@@ -277,7 +281,12 @@ async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken) -> CycleResult {
+async fn cycle(
+    inner: &Arc<Inner>,
+    client: &mut Client,
+    stop: &CancellationToken,
+    old_lease: &mut Option<i64>,
+) -> CycleResult {
     let layout = &inner.layout;
     let fail = |what: &str, e: etcd_client::Error| format!("{what}: {e}");
     // 1. Stand by with the state loaded.
@@ -332,12 +341,31 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
             _ => None,
         });
         let Some(kv) = current else { continue };
+        if old_lease.is_some_and(|l| l == kv.lease()) {
+            // This master's own key from a term it no longer leads (etcd was unreachable
+            // when it stepped down): no one to follow; end it now, not at its TTL.
+            if revoke(client, kv.lease()).await {
+                *old_lease = None;
+                tracing::info!(term = kv.create_revision(), "ended this master's old term");
+                continue;
+            }
+        }
         let leader_url = String::from_utf8_lossy(kv.value()).into_owned();
-        tracing::info!(leader = %leader_url, term = kv.create_revision(), "following");
-        inner.set(State::Follower {
-            leader_url,
-            term: kv.create_revision(),
-        });
+        if leader_url == inner.cfg.advertise_url {
+            // A term of this master's that it could not end: it leads no more, and a
+            // redirect to itself would send clients round in circles.
+            tracing::info!(
+                term = kv.create_revision(),
+                "waiting for this master's old term to expire"
+            );
+            inner.set(State::Candidate);
+        } else {
+            tracing::info!(leader = %leader_url, term = kv.create_revision(), "following");
+            inner.set(State::Follower {
+                leader_url,
+                term: kv.create_revision(),
+            });
+        }
         wait_deleted(client, &leader_key, kv.mod_revision(), stop).await?;
     };
     // 3. Catch up to the term, then restore.
@@ -419,10 +447,21 @@ async fn cycle(inner: &Arc<Inner>, client: &mut Client, stop: &CancellationToken
     lead.cancel();
     journal.close();
     tracing::warn!(term, reason = why, "stepped down");
-    if stop.is_cancelled() {
-        let _ = client.lease_revoke(lease).await;
-    }
+    // The successor need not wait for the lease to expire; and no write of this term can
+    // commit any more (their fence names a key that is gone).
+    *old_lease = (!revoke(client, lease).await).then_some(lease);
     Ok(())
+}
+
+/// Revokes `lease` (and so deletes the keys on it); whether it is gone now. A lease etcd
+/// no longer knows is gone.
+async fn revoke(client: &mut Client, lease: i64) -> bool {
+    let answer = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    match answer {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.to_string().contains("lease not found"),
+        Err(_) => false,
+    }
 }
 
 /// Keeps the lease alive while leading; returns why leading ended.

@@ -161,8 +161,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
-            tracing::error!(error = %self.0, "master request failed");
+        match &self.0 {
+            // Between leaders, or behind a follower, every request answers this: the HA
+            // node logs the role changes themselves.
+            MasterError::Unavailable(_) => tracing::debug!(error = %self.0, "master unavailable"),
+            _ if status.is_server_error() => {
+                tracing::error!(error = %self.0, "master request failed")
+            }
+            _ => {}
         }
         (
             status,

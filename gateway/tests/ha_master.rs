@@ -435,6 +435,22 @@ async fn served_again(c: &StoreClient, key: &str, since: Instant) -> Duration {
     }
 }
 
+/// Gets `key` (acknowledged before) until it is served; returns how long that took.
+async fn read_again(c: &StoreClient, key: &str, since: Instant) -> Duration {
+    let deadline = since + Duration::from_secs(30);
+    loop {
+        let got = c.get(key).await;
+        if got.is_ok() {
+            return since.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} not read again within 30 s; last error: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A raw put-start at `url` with the store key: its HTTP status.
 async fn raw_put_start(url: &str) -> u16 {
     let c = reqwest::Client::builder()
@@ -604,6 +620,8 @@ async fn etcd_lost_and_back_under_load_acknowledges_nothing_meanwhile() {
     );
     let up = Instant::now();
     etcd.run();
+    let first = format!("k{}", manifest.acked.lock()[0]);
+    let read = read_again(&c, &first, up).await;
     let took = served_again(&c, "after-etcd", up).await;
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
@@ -616,7 +634,8 @@ async fn etcd_lost_and_back_under_load_acknowledges_nothing_meanwhile() {
     assert_eq!(lied, 0, "puts acknowledged while etcd was down");
     let total = check_manifest(&c, &manifest).await;
     eprintln!(
-        "etcd down {:?}: {total} acknowledged puts all read back; served again {took:?} after etcd returned",
+        "etcd down {:?}: {total} acknowledged puts all read back; after etcd returned, \
+         read again in {read:?}, put and read again in {took:?}",
         up - down
     );
     let _ = c.close().await;

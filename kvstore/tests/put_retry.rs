@@ -1,11 +1,18 @@
-//! A put-start whose answer is lost. A client of several masters (HA) that gets no answer
-//! in time sends the request on to the next master; the first may have done it all the
-//! same. Here the first URL is a front that hands every request to a real master and
-//! passes the answer back, except the first put-start's, which it keeps: the client's
-//! retry reaches the same master, which must recognise its own put (by its put id) and
-//! answer the same replicas, not `OBJECT_ALREADY_EXISTS` for a value no one will finish.
+//! A put-start whose answer is lost or late.
+//!
+//! Lost: a client of several masters (HA) that gets no answer in time sends the request on
+//! to the next master; the first may have done it all the same. Here the first URL is a
+//! front that hands every request to a real master and passes the answer back, except the
+//! first put-start's, which it keeps: the client's retry reaches the same master, which
+//! must recognise its own put (by its put id) and answer the same replicas, not
+//! `OBJECT_ALREADY_EXISTS` for a value no one will finish.
+//!
+//! Late: an answer that arrives after the master's `write_within_ms` (a master that took
+//! over since may give that space out again) must not be written: the put fails, is
+//! revoked, and the key is free for the next put.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
@@ -20,8 +27,9 @@ struct Kept {
     status: Mutex<Option<u16>>,
 }
 
-/// A front of the master at `to`; keeps the answer of the first put-start it forwards.
-async fn front(to: String) -> (String, Arc<Kept>) {
+/// A front of the master at `to`. The answer of the first put-start it forwards is kept
+/// for `delay`, or for ever (`None`).
+async fn front(to: String, delay: Option<Duration>) -> (String, Arc<Kept>) {
     let kept = Arc::new(Kept::default());
     let k = kept.clone();
     let http = reqwest::Client::new();
@@ -46,9 +54,11 @@ async fn front(to: String) -> (String, Arc<Kept>) {
                     s.get_or_insert(status);
                     first
                 };
-                if first {
-                    // Done at the master; the answer never comes back.
-                    std::future::pending::<()>().await;
+                match delay {
+                    // Done at the master; the answer comes back late, or never.
+                    Some(d) if first => tokio::time::sleep(d).await,
+                    None if first => std::future::pending::<()>().await,
+                    _ => {}
                 }
             }
             let bytes = answer.bytes().await.unwrap();
@@ -67,7 +77,7 @@ async fn front(to: String) -> (String, Arc<Kept>) {
 
 /// A writer listing the front first and the master second (no segment of its own).
 async fn writer(master: &MasterServer) -> (StoreClient, Arc<Kept>) {
-    let (front, kept) = front(master.url()).await;
+    let (front, kept) = front(master.url(), None).await;
     let cfg = ClientConfig {
         // Each master gets half of it; far more than the front needs to forward.
         rpc_timeout_ms: 2000,
@@ -117,5 +127,47 @@ async fn a_put_start_answered_too_late_is_sent_again_and_the_put_completes() {
         3,
         "one object each, none left unfinished"
     );
+    node.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_start_answered_after_its_write_window_writes_nothing_and_is_revoked() {
+    // A write window of 100 ms (a tenth of the reservation TTL).
+    let config = MasterConfig {
+        reservation_ttl_ms: 1000,
+        ..MasterConfig::default()
+    };
+    let m = MasterServer::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let node = StoreClient::connect(ClientConfig {
+        local_buffer_size: 8 * MIB,
+        ..ClientConfig::local(&m.url(), 64 * MIB)
+    })
+    .await
+    .unwrap();
+    let (front, kept) = front(m.url(), Some(Duration::from_millis(300))).await;
+    let c = StoreClient::connect(ClientConfig {
+        local_buffer_size: 8 * MIB,
+        ..ClientConfig::local(&front, 0)
+    })
+    .await
+    .unwrap();
+    // Bytes held by objects (reservations the put-start brought aside).
+    let held = || {
+        let s = m.master().stats();
+        s.allocated_bytes - s.reserved_bytes
+    };
+    let used = held();
+    let e = c.put("late", &[9u8; 4096]).await.unwrap_err();
+    assert_eq!(*kept.status.lock(), Some(200), "the master did start it");
+    assert_eq!(e.name(), "RPC_FAIL", "{e}");
+    assert!(e.to_string().contains("too late to write"), "{e}");
+    assert!(e.is_retryable());
+    // Revoked: its space is free and the key too; nothing of it is readable.
+    assert_eq!(held(), used);
+    assert_eq!(c.get("late").await.unwrap_err().name(), "OBJECT_NOT_FOUND");
+    c.put("late", &[1u8; 4096]).await.unwrap();
+    assert_eq!(c.get("late").await.unwrap().as_ref(), &[1u8; 4096][..]);
     node.close().await.unwrap();
 }

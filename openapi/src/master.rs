@@ -134,6 +134,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Placement options of a put (Mooncake's `ReplicateConfig`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -240,6 +244,12 @@ pub struct PutStartResponse {
     /// Space reserved as the request's `reserve` asked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// Start writing within this many ms of sending the request, or not at all (revoke
+    /// the put): space a master gave out is safe to write only that long, since a master
+    /// that restarts or takes over as leader holds its segments back that long and then
+    /// gives out what it does not know to be in use. 0: no limit (an older master).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub write_within_ms: u64,
 }
 
 /// Body of put-end and put-revoke.
@@ -484,6 +494,9 @@ pub struct BatchPutStartResponse {
     /// Space reserved as the request's `reserve` asked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// As [`PutStartResponse::write_within_ms`], for every item.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub write_within_ms: u64,
 }
 
 /// One value written into a reservation, to commit under its key.

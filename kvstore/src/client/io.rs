@@ -259,11 +259,17 @@ impl StoreClient {
         }
     }
 
+    /// Put-starts of `items`, one request: per item its replicas, the reservations the
+    /// answer brought, and the master's `write_within_ms` (0: none given).
     async fn put_starts(
         &self,
         items: &[(&str, u64)],
         reserve: Option<wire::ReserveRequest>,
-    ) -> (Vec<StoreResult<Vec<wire::Replica>>>, Vec<wire::Reservation>) {
+    ) -> (
+        Vec<StoreResult<Vec<wire::Replica>>>,
+        Vec<wire::Reservation>,
+        u64,
+    ) {
         let rpc = &self.inner.rpc;
         let client_id = self.inner.id.to_string();
         let put_id = self.next_put_id();
@@ -276,8 +282,8 @@ impl StoreClient {
                 put_id,
             };
             return match rpc.put_start(key, &body).await {
-                Ok(r) => (vec![Ok(r.replicas)], r.reservations),
-                Err(e) => (vec![Err(e)], Vec::new()),
+                Ok(r) => (vec![Ok(r.replicas)], r.reservations, r.write_within_ms),
+                Err(e) => (vec![Err(e)], Vec::new(), 0),
             };
         }
         let body = wire::BatchPutStartRequest {
@@ -306,9 +312,9 @@ impl StoreClient {
                         ),
                     }),
                 });
-                (results, r.reservations)
+                (results, r.reservations, r.write_within_ms)
             }
-            Err(e) => (fail_all(items.len(), e), Vec::new()),
+            Err(e) => (fail_all(items.len(), e), Vec::new(), 0),
         }
     }
 
@@ -403,12 +409,17 @@ impl StoreClient {
             .filter(|(_, h)| h.is_none())
             .map(|((_, key, len, _), _)| (*key, *len))
             .collect();
+        // Until when the started values' replicas may be written, if the master said.
+        let mut write_by = None;
         let mut started = if starts.is_empty() {
             Vec::new()
         } else {
             let asked = Instant::now();
-            let (r, got) = self.put_starts(&starts, ask.take()).await;
+            let (r, got, within) = self.put_starts(&starts, ask.take()).await;
             pool.add(got, &self.replicate, maker, asked);
+            if within > 0 {
+                write_by = asked.checked_add(std::time::Duration::from_millis(within));
+            }
             r
         }
         .into_iter();
@@ -449,6 +460,17 @@ impl StoreClient {
                     Err(e) => out[*i] = Err(StoreError::transfer(key, e)),
                 }
             }
+        }
+        if write_by.is_some_and(|by| Instant::now() >= by) {
+            // Too late to write what the put-starts gave: a master that took over since
+            // may hand that space out again. Nothing is written; the puts are revoked.
+            let late = late_put_start(&self.inner.rpc, t0.elapsed());
+            for (j, (i, ..)) in live.iter().enumerate() {
+                if matches!(kind[j], Kind::Started) {
+                    out[*i] = Err(late.clone());
+                }
+            }
+            targets.retain(|(j, ..)| !matches!(kind[*j], Kind::Started));
         }
         // The replicas this engine maps of values in the caller's memory: written straight
         // from it, one copy each, all at once (spread over two threads).
@@ -660,6 +682,20 @@ impl StoreClient {
         let out = self.put_pipeline(sides).await;
         crate::metrics::record_client_batch(label(items.len(), "put_from", "batch_put_from"), &out);
         out
+    }
+}
+
+/// The error of puts whose put-start answered after its write window (`elapsed` after the
+/// pipeline began).
+fn late_put_start(rpc: &super::rpc::MasterRpc, elapsed: std::time::Duration) -> StoreError {
+    StoreError::Rpc {
+        url: rpc.base().to_owned(),
+        reason: format!(
+            "put-start answered too late to write ({} ms into the put): its space is safe \
+             to write only within the master's write_within_ms of the request; not written, \
+             revoked",
+            elapsed.as_millis()
+        ),
     }
 }
 

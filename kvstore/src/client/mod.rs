@@ -10,6 +10,9 @@
 //!   through `transfer` in one batch otherwise), `put-end`; any failure revokes the put
 //!   and the error says why. Each put-start request carries a new `put_id`: sent on to
 //!   another master after a timeout (HA), it is recognised where it was already done.
+//!   Its replicas are written only if the answer came within the master's
+//!   `write_within_ms` of the request (else the put is revoked, `RPC_FAIL`): past it, a
+//!   master that restarted or took over may give the space out again.
 //!   A value of a length the client holds reserved space for skips put-start: written
 //!   into the reservation, then one `put-commit` (see `reserve`).
 //! - **get** = `replicas` (the master grants a read lease), read the nearest complete

@@ -44,10 +44,14 @@
 //! to its `use_within_ms`, longer than a failover takes, while the new leader hands the
 //! space out again; so a journaled master reserves nothing (`crate::master::reserve`).
 //!
-//! Open: the space of a put started and not ended is free to the new leader at once. A
-//! write into it that lands after the election (a remote write slower than the failover)
-//! can overwrite a value the new leader placed there since. Closing it means journaling
-//! allocations, or keeping new leaders off the space until such writes are over.
+//! The space of a put started and not ended looks free to the new leader, while its writer
+//! may still write into it. So a new leader keeps every restored segment from taking new
+//! values for the write window (`use_within_ms`, a tenth of `reservation_ttl_ms`: 3 s by
+//! default), and a client starts writing a put-start's replicas only within that window of
+//! sending the request, or revokes the put (`write_within_ms` in the answer). Reads are
+//! served at once; puts answer `NO_AVAILABLE_HANDLE` until the window is over. Left: a
+//! write begun inside the window and still landing after it (the window is counted from the
+//! new leader's restore, so it would have to take longer than the failover itself).
 
 mod config;
 #[cfg(feature = "etcd")]

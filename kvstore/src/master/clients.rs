@@ -338,7 +338,7 @@ impl Master {
                     // clients may hold reservations in it, made before, and write into them
                     // for up to their use window. It takes no new values until that is over.
                     let seg = Segment::new(spec, client, self.align_shift, new_mount_id())
-                        .held_until(now.saturating_add(self.reservation_use_within_ms()));
+                        .held_until(now.saturating_add(self.use_within_ms()));
                     let seg = Arc::new(seg);
                     table.insert(seg.clone());
                     entry.add_segment(seg.name_arc());

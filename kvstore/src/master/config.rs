@@ -89,10 +89,11 @@ pub struct MasterConfig {
         default_value_t = MasterConfig::default().put_start_release_timeout_ms)]
     pub put_start_release_timeout_ms: u64,
     /// Space reserved for a client's future puts (so each is one commit request) is
-    /// released this long after it was reserved if still unused; clients use a reservation
-    /// only within a tenth of this, and a segment remounted takes no new values for that
-    /// tenth (clients may still write into space reserved in it before). Moongate's own.
-    /// Default 30 s.
+    /// released this long after it was reserved if still unused. A tenth of it is the
+    /// write window: clients start writing a reservation or a put-start's replicas only
+    /// within it of their request, and a segment remounted, or restored by a new HA
+    /// leader, takes no new values for it (clients may still write into space given out
+    /// in it before). Moongate's own. Default 30 s.
     #[arg(id = "master.reservation_ttl_ms", long = "master-reservation-ttl-ms", env = env::RESERVATION_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().reservation_ttl_ms)]
     pub reservation_ttl_ms: u64,

@@ -227,6 +227,16 @@ fn a_restored_master_serves_exactly_what_was_committed() {
         n.remove("x", false),
         Err(MasterError::ObjectHasLease(_))
     ));
+    // The old leader's unfinished put is in no record, yet its writer may still write:
+    // restored segments take no new values until the write window is over.
+    let held = n.put_start(client(7), "new", 1000, &one()).unwrap_err();
+    assert!(
+        matches!(&held, MasterError::NoAvailableHandle(why) if why.contains("restored")),
+        "{held}"
+    );
+    clock2.advance(n.use_within_ms() - 1);
+    assert!(n.put_start(client(7), "new", 1000, &one()).is_err());
+    clock2.advance(1);
     // New puts never land on restored bytes.
     let taken: Vec<(u64, u64)> = before.values().flatten().map(|&a| (a, a + 1024)).collect();
     for i in 0..50 {
@@ -243,6 +253,35 @@ fn a_restored_master_serves_exactly_what_was_committed() {
     }
     let stats = n.stats();
     assert_eq!(stats.segments, 2);
+}
+
+#[test]
+fn puts_refused_while_restored_segments_are_held_evict_nothing() {
+    let (m, j, _) = journaled_with_s0(SEG);
+    for k in ["a", "b", "c"] {
+        m.put_start(client(7), k, 1000, &one()).unwrap();
+        m.put_end(client(7), k).unwrap();
+    }
+    j.commit(&m);
+    // Read leases shorter than the hold: the restored objects are evictable meanwhile.
+    let cfg = MasterConfig {
+        lease_ttl_ms: 10,
+        ..small_config()
+    };
+    let clock = Arc::new(ManualClock::new(5_000));
+    let n = Master::restore(cfg, clock.clone(), None, &j.snapshot())
+        .unwrap()
+        .master;
+    clock.advance(n.use_within_ms() / 2);
+    for i in 0..20 {
+        let e = n.put_start(client(7), &format!("new{i}"), 1000, &one());
+        assert!(matches!(e, Err(MasterError::NoAvailableHandle(_))), "{e:?}");
+    }
+    // Room in a held segment helps no one: nothing was evicted for those puts.
+    assert_eq!(n.stats().evicted_objects, 0);
+    for k in ["a", "b", "c"] {
+        n.get_replicas(k).unwrap();
+    }
 }
 
 #[test]

@@ -95,7 +95,8 @@ impl Master {
     /// Starts a put: allocates replicas and records the object as PROCESSING (invisible to
     /// readers). A put left unfinished past the discard timeout is taken over; its space
     /// is released at its release timeout. If no segment has room, one eviction round runs
-    /// and the allocation is tried once more.
+    /// and the allocation is tried once more (not when every segment is held: evicting
+    /// would make room in none that takes values).
     pub fn put_start(
         &self,
         client: ClientId,
@@ -128,7 +129,10 @@ impl Master {
             put_id,
         };
         match self.try_put_start(put, key, hash, cfg) {
-            Err(MasterError::NoAvailableHandle(_)) if self.evict_for_allocation() => {
+            // Evicting frees nothing a held segment would take (see `placement`).
+            Err(MasterError::NoAvailableHandle(_))
+                if self.some_segment_takes_values() && self.evict_for_allocation() =>
+            {
                 self.try_put_start(put, key, hash, cfg)
             }
             other => other,

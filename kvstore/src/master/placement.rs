@@ -1,7 +1,8 @@
 //! Replica placement: distinct segments, the caller's preferred segments first (in order),
 //! then spread over the rest starting at a position derived from the key hash, so keys
-//! land evenly without a shared cursor or a random number per put. A segment remounted
-//! less than a reservation's use window ago takes nothing yet (see `reserve`).
+//! land evenly without a shared cursor or a random number per put. A segment remounted, or
+//! restored by a new HA leader, less than `use_within_ms` ago takes nothing yet (see
+//! `reserve` and `restore`).
 
 use std::sync::Arc;
 
@@ -10,6 +11,16 @@ use super::segment::Segment;
 use super::{Master, MasterError, MasterResult};
 
 impl Master {
+    /// Whether any mounted segment takes new values now (is not held).
+    pub(crate) fn some_segment_takes_values(&self) -> bool {
+        let now = self.clock.now_ms();
+        self.segments
+            .read()
+            .list
+            .iter()
+            .any(|s| s.is_mounted() && s.takes_values(now))
+    }
+
     /// Allocates up to `cfg.replica_num` replicas of `units` units on distinct segments.
     /// Best effort like Mooncake: succeeds with at least one replica.
     pub(crate) fn place(
@@ -59,11 +70,11 @@ impl Master {
                 "no segment is mounted".to_string()
             } else if held {
                 format!(
-                    "no segment has {} free bytes but those remounted less than {} ms ago, \
-                     which take no values yet (clients may still write into space reserved \
-                     under their mount before)",
+                    "no segment has {} free bytes but those remounted or restored (by a new \
+                     leader) less than {} ms ago, which take no values yet (clients may still \
+                     write into space given out under the mount or the leader before)",
                     units << self.align_shift,
-                    self.reservation_use_within_ms()
+                    self.use_within_ms()
                 )
             } else {
                 format!(

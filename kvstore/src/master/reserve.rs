@@ -16,8 +16,10 @@
 //!   unused one after the whole TTL, so a write begun in time has finished long before its
 //!   space can be handed out again.
 //! - A segment remounted (the client was told to: the master restarted, or the client's
-//!   TTL ran out and its segments were unmounted) takes no new values for `use_within_ms`
-//!   (`crate::master::placement`). The master does not know what was reserved in it under
+//!   TTL ran out and its segments were unmounted), or restored by a new HA leader
+//!   (`crate::master::restore`), takes no new values for `use_within_ms`
+//!   (`crate::master::placement`). A put-start's replicas come with the same window
+//!   (`write_within_ms`): a client whose answer arrives later writes nothing and revokes. The master does not know what was reserved in it under
 //!   the mount before, while the holders may still write into that space: within one
 //!   master their reservations were dropped with the unmount, across a restart they were
 //!   never known. Before, a client's write into such a reservation, up to a heartbeat
@@ -96,8 +98,11 @@ pub struct Reservation {
 }
 
 impl Master {
-    /// How long after receiving a reservation a client may still write into it.
-    pub fn reservation_use_within_ms(&self) -> u64 {
+    /// How long after sending a request a client may still start writing into the space
+    /// it answered: a put-start's replicas, a reservation (a tenth of
+    /// `reservation_ttl_ms`). Segments this master cannot know the use of (remounted, or
+    /// restored by a new HA leader) take no values for as long.
+    pub fn use_within_ms(&self) -> u64 {
         self.config.reservation_ttl_ms / 10
     }
 

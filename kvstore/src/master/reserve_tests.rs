@@ -112,7 +112,7 @@ fn committing_an_existing_key_frees_the_reservation_and_keeps_the_object() {
 fn unused_reservations_are_released_at_their_ttl_and_refused_after_it() {
     let (m, clock) = mounted(small_config());
     let ttl = m.config().reservation_ttl_ms;
-    assert_eq!(m.reservation_use_within_ms(), ttl / 10);
+    assert_eq!(m.use_within_ms(), ttl / 10);
     let r = m.reserve(client(7), 4096, &one(), 2).unwrap();
     clock.advance(ttl - 1);
     m.ping(client(1));
@@ -209,7 +209,7 @@ fn a_remounted_segment_takes_no_values_while_reservations_made_before_may_be_wri
     // under its mount before, and the holders of those reservations may still write into
     // them for their use window. Placing values there meanwhile could see them overwritten.
     let (m, clock) = master_with(small_config());
-    let within = m.reservation_use_within_ms();
+    let within = m.use_within_ms();
     assert!(within > 1);
     m.remount_segments(client(1), vec![spec("s0", 0x10_0000_0000, SEG)])
         .unwrap();

@@ -6,6 +6,12 @@
 //! its soft pin restarted. Clients owning segments come back alive (their TTL restarts):
 //! a client whose segments survived is answered `ok`, not `need_remount`.
 //!
+//! Every restored segment takes no new values for `use_within_ms`
+//! ([`Master::use_within_ms`]): the puts the old leader started and had not ended are in no
+//! record, so their space looks free, while their writers may still start writing into it
+//! for as long (a client starts writing a put-start's replicas within that window of
+//! sending the request, or not at all).
+//!
 //! Records that no longer describe anything are reported as stale, not loaded: an object
 //! whose every replica sits on a mount that has ended (its segment unmounted, or remounted
 //! under a new id), or whose range collides with one kept already.
@@ -83,6 +89,9 @@ impl Master {
                 rec.mount,
                 &ranges,
             );
+            // Puts its predecessor started and did not end are not in the records: their
+            // writers may still be writing into what looks free now.
+            let seg = seg.held_until(now.saturating_add(master.use_within_ms()));
             let slot = allocs
                 .entry((rec.spec.name.as_str(), rec.mount))
                 .or_default();

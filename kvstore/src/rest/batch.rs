@@ -64,6 +64,7 @@ pub async fn put_start(
     Ok(Json(wire::BatchPutStartResponse {
         results,
         reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+        write_within_ms: m.use_within_ms(),
     }))
 }
 

@@ -162,9 +162,13 @@ impl IntoResponse for ApiError {
         let status =
             StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         match &self.0 {
-            // Between leaders, or behind a follower, every request answers this: the HA
-            // node logs the role changes themselves.
-            MasterError::Unavailable(_) => tracing::debug!(error = %self.0, "master unavailable"),
+            // States, not faults, that every request meets while they last (between HA
+            // leaders, behind a follower; a full store, segments held after a failover):
+            // the HA node logs its role changes, and the failure counters (by error name)
+            // count these.
+            MasterError::Unavailable(_) | MasterError::NoAvailableHandle(_) => {
+                tracing::debug!(error = %self.0, "master request refused")
+            }
             _ if status.is_server_error() => {
                 tracing::error!(error = %self.0, "master request failed")
             }
@@ -342,7 +346,7 @@ fn reserve(
     let Some(ask) = ask else {
         return Vec::new();
     };
-    let use_within_ms = m.reservation_use_within_ms();
+    let use_within_ms = m.use_within_ms();
     m.reserve(client, ask.length, cfg, ask.count)
         .unwrap_or_default()
         .into_iter()

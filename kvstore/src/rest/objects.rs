@@ -35,6 +35,7 @@ pub async fn put_start(
         key,
         replicas: replicas(&locs),
         reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+        write_within_ms: m.use_within_ms(),
     }))
 }
 

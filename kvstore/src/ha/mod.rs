@@ -45,8 +45,9 @@
 //! space out again; so a journaled master reserves nothing (`crate::master::reserve`).
 //!
 //! The space of a put started and not ended looks free to the new leader, while its writer
-//! may still write into it. So a new leader keeps every restored segment from taking new
-//! values for the write window (`use_within_ms`, a tenth of `reservation_ttl_ms`: 3 s by
+//! may still write into it. So a new leader keeps every restored segment (and any leader a
+//! segment remounted after its client's TTL ran out) from taking new values for the write
+//! window (`use_within_ms`, a tenth of `reservation_ttl_ms`: 3 s by
 //! default), and a client starts writing a put-start's replicas only within that window of
 //! sending the request, or revokes the put (`write_within_ms` in the answer). Reads are
 //! served at once; puts answer `NO_AVAILABLE_HANDLE` until the window is over. Left: a

@@ -141,6 +141,15 @@ impl ClientEntry {
     }
 }
 
+/// How a journaled mount came about.
+#[derive(Clone, Copy, Debug)]
+enum MountKind {
+    /// A first mount: new memory, no one writes into it yet.
+    First,
+    /// One segment of a remount; the last of the request ends the client's remount.
+    Remount { last: bool },
+}
+
 impl Master {
     fn check_spec(&self, spec: &SegmentSpec) -> MasterResult<()> {
         let bad = |m: String| Err(MasterError::InvalidParams(m));
@@ -226,7 +235,7 @@ impl Master {
         clients: &mut ClientTable,
         client: ClientId,
         spec: &SegmentSpec,
-        ends_remount: bool,
+        kind: MountKind,
     ) -> Change {
         let mount = new_mount_id();
         clients.pending.insert(
@@ -244,12 +253,13 @@ impl Master {
         });
         let name = spec.name.clone();
         Change::then(record, move |m: &Master| {
-            m.finish_mount(client, &name, mount, ends_remount)
+            m.finish_mount(client, &name, mount, kind)
         })
     }
 
-    /// A journaled mount's apply step: the committed segment is mounted.
-    fn finish_mount(&self, client: ClientId, name: &str, mount: u64, ends_remount: bool) {
+    /// A journaled mount's apply step: the committed segment is mounted (a remounted one
+    /// held for the write window, as on a plain master).
+    fn finish_mount(&self, client: ClientId, name: &str, mount: u64, kind: MountKind) {
         let now = self.clock.now_ms();
         let mut clients = self.clients.lock();
         let Some(p) = clients.pending.remove(name) else {
@@ -259,11 +269,15 @@ impl Master {
             clients.pending.insert(name.to_owned(), p);
             return;
         }
-        let seg = Arc::new(Segment::new(&p.spec, client, self.align_shift, mount));
+        let mut seg = Segment::new(&p.spec, client, self.align_shift, mount);
+        if let MountKind::Remount { .. } = kind {
+            seg = seg.held_until(now.saturating_add(self.use_within_ms()));
+        }
+        let seg = Arc::new(seg);
         self.segments.write().insert(seg.clone());
         let entry = clients.seen(client, now);
         entry.add_segment(seg.name_arc());
-        if ends_remount {
+        if let MountKind::Remount { last: true } = kind {
             entry.status = ClientStatus::Ok;
         }
     }
@@ -279,7 +293,7 @@ impl Master {
             (Found::Mounted(seg), _) => seg,
             (Found::Pending, _) => return Ok(fresh_view(&spec, client, self.align_shift)),
             (Found::Free, Some(journal)) => {
-                let change = self.journal_mount(&mut clients, client, &spec, false);
+                let change = self.journal_mount(&mut clients, client, &spec, MountKind::First);
                 journal.append(vec![change]);
                 return Ok(fresh_view(&spec, client, self.align_shift));
             }
@@ -332,11 +346,13 @@ impl Master {
             match found {
                 Found::Mounted(seg) => entry.add_segment(seg.name_arc()),
                 Found::Pending => {}
+                // Held from its commit on (see `finish_mount`).
                 Found::Free if self.journal.is_some() => fresh.push(spec),
                 Found::Free => {
                     // Mounted before (at this master, or at one before a restart): other
-                    // clients may hold reservations in it, made before, and write into them
-                    // for up to their use window. It takes no new values until that is over.
+                    // clients may hold reservations or started puts in it, made before, and
+                    // write into them for up to the write window. It takes no new values
+                    // until that is over.
                     let seg = Segment::new(spec, client, self.align_shift, new_mount_id())
                         .held_until(now.saturating_add(self.use_within_ms()));
                     let seg = Arc::new(seg);
@@ -352,7 +368,10 @@ impl Master {
                 let changes = fresh
                     .into_iter()
                     .enumerate()
-                    .map(|(i, spec)| self.journal_mount(&mut clients, client, spec, i == last))
+                    .map(|(i, spec)| {
+                        let kind = MountKind::Remount { last: i == last };
+                        self.journal_mount(&mut clients, client, spec, kind)
+                    })
                     .collect();
                 journal.append(changes);
                 Ok(view)

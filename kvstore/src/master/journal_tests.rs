@@ -285,6 +285,33 @@ fn puts_refused_while_restored_segments_are_held_evict_nothing() {
 }
 
 #[test]
+fn a_journaled_remount_is_held_for_the_write_window_once_committed() {
+    let (m, j, clock) = journaled_with_s0(SEG);
+    // A put under way when the client's TTL runs out and its segment goes.
+    m.put_start(client(7), "unfinished", 100, &one()).unwrap();
+    clock.advance(m.config().client_ttl_ms + 1);
+    assert_eq!(m.tick().expired_clients, 1);
+    j.commit(&m);
+    assert_eq!(m.ping(client(1)).status, ClientStatus::NeedRemount);
+    m.remount_segments(client(1), vec![spec("s0", 0x1000_0000, SEG)])
+        .unwrap();
+    j.commit(&m);
+    assert_eq!(m.ping(client(1)).status, ClientStatus::Ok);
+    // Its writer may still write where it was told: nothing new goes there yet.
+    let Err(held) = m.put_start(client(7), "new", 100, &one()) else {
+        panic!("the remounted segment takes values at once");
+    };
+    assert!(
+        matches!(&held, MasterError::NoAvailableHandle(why) if why.contains("remounted")),
+        "{held}"
+    );
+    clock.advance(m.use_within_ms() - 1);
+    assert!(m.put_start(client(7), "new", 100, &one()).is_err());
+    clock.advance(1);
+    m.put_start(client(7), "new", 100, &one()).unwrap();
+}
+
+#[test]
 fn records_of_ended_mounts_are_stale_after_a_restore() {
     let (m, j, _) = journaled_with_s0(SEG);
     m.put_start(client(7), "k", 100, &one()).unwrap();

@@ -75,6 +75,20 @@ async fn front(to: String, delay: Option<Duration>) -> (String, Arc<Kept>) {
     (format!("http://{addr}"), kept)
 }
 
+/// A master on loopback and a storage node with a 64 MiB segment.
+async fn master_and_node(config: MasterConfig) -> (MasterServer, StoreClient) {
+    let m = MasterServer::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let node = StoreClient::connect(ClientConfig {
+        local_buffer_size: 8 * MIB,
+        ..ClientConfig::local(&m.url(), 64 * MIB)
+    })
+    .await
+    .unwrap();
+    (m, node)
+}
+
 /// A writer listing the front first and the master second (no segment of its own).
 async fn writer(master: &MasterServer) -> (StoreClient, Arc<Kept>) {
     let (front, kept) = front(master.url(), None).await;
@@ -88,16 +102,8 @@ async fn writer(master: &MasterServer) -> (StoreClient, Arc<Kept>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_put_start_answered_too_late_is_sent_again_and_the_put_completes() {
-    let m = MasterServer::start(MasterConfig::default(), "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let node = StoreClient::connect(ClientConfig {
-        local_buffer_size: 8 * MIB,
-        ..ClientConfig::local(&m.url(), 64 * MIB)
-    })
-    .await
-    .unwrap();
+async fn a_put_start_whose_answer_is_lost_is_sent_again_and_the_put_completes() {
+    let (m, node) = master_and_node(MasterConfig::default()).await;
 
     let (c, kept) = writer(&m).await;
     let v = vec![7u8; 5000];
@@ -137,15 +143,7 @@ async fn a_put_start_answered_after_its_write_window_writes_nothing_and_is_revok
         reservation_ttl_ms: 1000,
         ..MasterConfig::default()
     };
-    let m = MasterServer::start(config, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let node = StoreClient::connect(ClientConfig {
-        local_buffer_size: 8 * MIB,
-        ..ClientConfig::local(&m.url(), 64 * MIB)
-    })
-    .await
-    .unwrap();
+    let (m, node) = master_and_node(config).await;
     let (front, kept) = front(m.url(), Some(Duration::from_millis(300))).await;
     let c = StoreClient::connect(ClientConfig {
         local_buffer_size: 8 * MIB,

@@ -241,8 +241,6 @@ impl StoreClient {
         }
     }
 
-    /// Starts puts: the single-key route for one item, the batch route for more; asks for
-    /// `reserve` along (what it got comes second).
     /// A new nonzero id for one put-start request. Its RPC may send the request to more
     /// than one master (HA: the first did not answer in time, yet may have done it); the
     /// id lets the master recognise the repeat and answer the same replicas.
@@ -259,8 +257,9 @@ impl StoreClient {
         }
     }
 
-    /// Put-starts of `items`, one request: per item its replicas, the reservations the
-    /// answer brought, and the master's `write_within_ms` (0: none given).
+    /// Starts puts: the single-key route for one item, the batch route for more; asks for
+    /// `reserve` along. Answers per item its replicas, then the reservations it got, then
+    /// the master's `write_within_ms` (0: none given).
     async fn put_starts(
         &self,
         items: &[(&str, u64)],

@@ -98,6 +98,21 @@ fn one() -> ReplicateConfig {
     ReplicateConfig::default()
 }
 
+/// `m`'s segments take no value (refusals naming `why`) until exactly the write window
+/// has passed from now; the clock is then at its end.
+fn held_for_the_write_window(m: &Master, clock: &ManualClock, why: &str) {
+    let Err(e) = m.put_start(client(7), "held", 100, &one()) else {
+        panic!("a held segment took a value");
+    };
+    assert!(
+        matches!(&e, MasterError::NoAvailableHandle(w) if w.contains(why)),
+        "{e}"
+    );
+    clock.advance(m.use_within_ms() - 1);
+    assert!(m.put_start(client(7), "held", 100, &one()).is_err());
+    clock.advance(1);
+}
+
 #[test]
 fn a_mount_is_usable_only_once_committed_and_is_idempotent_meanwhile() {
     let (m, j, _) = journaled();
@@ -229,14 +244,7 @@ fn a_restored_master_serves_exactly_what_was_committed() {
     ));
     // The old leader's unfinished put is in no record, yet its writer may still write:
     // restored segments take no new values until the write window is over.
-    let held = n.put_start(client(7), "new", 1000, &one()).unwrap_err();
-    assert!(
-        matches!(&held, MasterError::NoAvailableHandle(why) if why.contains("restored")),
-        "{held}"
-    );
-    clock2.advance(n.use_within_ms() - 1);
-    assert!(n.put_start(client(7), "new", 1000, &one()).is_err());
-    clock2.advance(1);
+    held_for_the_write_window(&n, &clock2, "restored");
     // New puts never land on restored bytes.
     let taken: Vec<(u64, u64)> = before.values().flatten().map(|&a| (a, a + 1024)).collect();
     for i in 0..50 {
@@ -298,16 +306,7 @@ fn a_journaled_remount_is_held_for_the_write_window_once_committed() {
     j.commit(&m);
     assert_eq!(m.ping(client(1)).status, ClientStatus::Ok);
     // Its writer may still write where it was told: nothing new goes there yet.
-    let Err(held) = m.put_start(client(7), "new", 100, &one()) else {
-        panic!("the remounted segment takes values at once");
-    };
-    assert!(
-        matches!(&held, MasterError::NoAvailableHandle(why) if why.contains("remounted")),
-        "{held}"
-    );
-    clock.advance(m.use_within_ms() - 1);
-    assert!(m.put_start(client(7), "new", 100, &one()).is_err());
-    clock.advance(1);
+    held_for_the_write_window(&m, &clock, "remounted");
     m.put_start(client(7), "new", 100, &one()).unwrap();
 }
 

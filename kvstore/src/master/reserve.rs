@@ -19,7 +19,8 @@
 //!   TTL ran out and its segments were unmounted), or restored by a new HA leader
 //!   (`crate::master::restore`), takes no new values for `use_within_ms`
 //!   (`crate::master::placement`). A put-start's replicas come with the same window
-//!   (`write_within_ms`): a client whose answer arrives later writes nothing and revokes. The master does not know what was reserved in it under
+//!   (`write_within_ms`): a client whose answer arrives later writes nothing and revokes.
+//!   The master does not know what was reserved in it under
 //!   the mount before, while the holders may still write into that space: within one
 //!   master their reservations were dropped with the unmount, across a restart they were
 //!   never known. Before, a client's write into such a reservation, up to a heartbeat

@@ -130,12 +130,9 @@ fn one() -> u32 {
     1
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
+/// Whether a number field holds its default, 0 (left out of a serialized body).
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// Placement options of a put (Mooncake's `ReplicateConfig`).
@@ -248,7 +245,7 @@ pub struct PutStartResponse {
     /// the put): space a master gave out is safe to write only that long, since a master
     /// that restarts or takes over as leader holds its segments back that long and then
     /// gives out what it does not know to be in use. 0: no limit (an older master).
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub write_within_ms: u64,
 }
 
@@ -495,7 +492,7 @@ pub struct BatchPutStartResponse {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
     /// As [`PutStartResponse::write_within_ms`], for every item.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub write_within_ms: u64,
 }
 

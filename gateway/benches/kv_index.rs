@@ -17,8 +17,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gateway::kv_events::hash;
-use gateway::kv_events::wire::{EventBatch, KvEvent};
+use sglang::kv_events::hash;
+use sglang::kv_events::wire::{EventBatch, KvEvent};
 use gateway::select::kv_aware::index::KvIndex;
 use gateway::select::kv_aware::store::{KeyFormat, Probe};
 use kvstore::master::{ClientId, ReplicateConfig, SegmentSpec};

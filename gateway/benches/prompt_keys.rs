@@ -24,7 +24,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use gateway::proxy::Endpoint;
 use gateway::proxy::prompt::{prompt_key, routing_key};
-use gateway::tokenizer::Tokenizer;
+use sglang::tokenizer::Tokenizer;
 use serde_json::json;
 
 fn body(turns: usize) -> Vec<u8> {

@@ -35,34 +35,16 @@
 //!   body deadlines (408).
 //! - [`tls`]: TLS on the listeners of `serve` and `master` (`--tls-cert-file`, `--tls-key-file`).
 //! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
-//! - [`bench`](mod@bench): `moongate bench-routing`: a Mooncake trace replayed through gateways and
-//!   simulated workers, per policy (hit rate, TTFT, throughput).
-//! - [`demo`]: `moongate demo`: a gateway and simulated workers in one process, with curl
-//!   examples (`--pd`: a simulated prefill and decode moving real KV pages).
-//! - [`kv_events`]: SGLang's KV-cache events: page hashes, the msgpack wire format, the ZMQ
-//!   publisher (simulated workers) and subscriber (`kv_aware`).
-//! - [`memo`]: bounded memos found by a secret 128-bit hash (the page digests of
-//!   `kv_aware`, the ids of chat prompts met before).
-//! - [`tokenizer`]: prompt token ids as the worker computes them (`--tokenizer-path`: a
-//!   Hugging Face tokenizer and the model's chat template), for `kv_aware` and the
-//!   simulated workers.
-//! - [`sim`]: a simulated SGLang worker (`moongate sim-worker`) with SGLang's endpoints
-//!   and response shapes and a deterministic stand-in for the model, for demos, tests and
-//!   benchmarks; as a PD prefill or decode worker it moves real KV pages (`sim::pd`).
 
 pub mod admission;
 pub mod auth;
-pub mod bench;
 pub mod client;
 pub mod config;
-pub mod demo;
 pub mod docs;
 pub mod error;
 pub mod hosting;
-pub mod kv_events;
 pub mod listen;
 pub mod logging;
-pub mod memo;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;
@@ -71,7 +53,5 @@ pub mod request_id;
 pub mod select;
 pub mod serve;
 pub mod server;
-pub mod sim;
 pub mod tls;
-pub mod tokenizer;
 pub mod workers;

@@ -5,7 +5,6 @@
 //! - `master`: the master core, pure logic with an injectable clock ([`Master`]).
 //! - `client`: the store client ([`StoreClient`]): put / get and their zero-copy and batch
 //!   forms over the master's REST API and `transfer`.
-//! - `hicache`: SGLang HiCache page keys (chained SHA-256) and object names.
 //! - `metadata`: the Mooncake-compatible transfer-metadata store ([`MetadataStore`]).
 //! - `metrics`: `moongate_master_*` metric names and recording helpers.
 //! - `rest`: the REST API as self-contained `utoipa_axum` routers, one per plane
@@ -35,7 +34,6 @@ mod background;
 pub mod busy_poll;
 pub mod client;
 pub mod ha;
-pub mod hicache;
 mod hosting;
 pub mod master;
 pub mod metadata;

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use gateway::kv_events::KvEventsConfig;
+use sglang::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
-use gateway::sim::{self, SimConfig, SimHandle};
+use sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
@@ -329,7 +329,7 @@ async fn chat_prompts_are_routed_by_the_tokens_the_workers_cache() {
     eventually("workers ready", || gw.state().registry().counts().0 == 3).await;
     let router = gw.state().router();
     let kv = router.policy().kv_aware().expect("kv_aware");
-    let tok: &gateway::tokenizer::Tokenizer = router
+    let tok: &sglang::tokenizer::Tokenizer = router
         .policy()
         .tokenizer()
         .expect("the gateway loaded the tokenizer");
@@ -375,7 +375,7 @@ async fn chat_prompts_are_routed_by_the_tokens_the_workers_cache() {
         // Through the gateway: the worker that holds it answers, from its cache.
         let first = tok
             .chat_ids(
-                &gateway::tokenizer::ChatPrompt::from_body(
+                &sglang::tokenizer::ChatPrompt::from_body(
                     &serde_json::to_vec(&firsts[i]).unwrap(),
                 )
                 .unwrap(),

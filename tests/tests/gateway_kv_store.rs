@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use gateway::kv_events::KvEventsConfig;
+use sglang::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
-use gateway::sim::config::WritePolicy;
-use gateway::sim::l3::L3Stats;
-use gateway::sim::{self, SimConfig, SimHandle};
+use sim::config::WritePolicy;
+use sim::l3::L3Stats;
+use sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
-use kvstore::hicache::{KeyLayout, page_hashes};
+use sglang::hicache::{KeyLayout, page_hashes};
 use kvstore::{ClientConfig, StoreClient};
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};

@@ -1,10 +1,10 @@
-//! The gateway in front of real simulated SGLang workers (`gateway::sim`), over sockets:
+//! The gateway in front of real simulated SGLang workers (`sim`), over sockets:
 //! every inference route streamed and not, SSE order and `[DONE]`, and the demo.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gateway::sim::{self, SimConfig, SimHandle};
+use sim::{self, SimConfig, SimHandle};
 use moongate_tests::{eventually, fast_config, get_json, post_json, start_gateway};
 use openapi::openai::chat::{ChatCompletionChunk, ChatCompletionResponse};
 use serde_json::json;
@@ -209,7 +209,7 @@ async fn tokens_reach_the_client_as_the_worker_produces_them() {
 
 #[tokio::test]
 async fn the_demo_serves_what_it_prints() {
-    let demo = gateway::demo::Demo::start(gateway::demo::DemoConfig {
+    let demo = sim::demo::Demo::start(sim::demo::DemoConfig {
         port: 0,
         tpot: Duration::ZERO,
         ..Default::default()

@@ -362,7 +362,7 @@ async fn a_storage_nodes_transfer_port_refuses_outsiders() {
 /// A simulated prefill worker's KV transfer engine.
 #[tokio::test]
 async fn a_sim_prefills_transfer_port_refuses_outsiders() {
-    use gateway::sim::{self, SimConfig, SimMode};
+    use sim::{self, SimConfig, SimMode};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let prefill = sim::spawn(
         SimConfig {

@@ -135,7 +135,7 @@ impl ServeConfig {
             errs.extend(self.ha.problems());
         }
         errs.extend(self.discovery.problems(self.pd_disaggregation));
-        errs.extend(crate::tokenizer::flags_problem(
+        errs.extend(sglang::tokenizer::flags_problem(
             self.tokenizer_path.as_deref(),
             self.chat_template.as_deref(),
         ));

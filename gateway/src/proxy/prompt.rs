@@ -15,7 +15,7 @@
 //!
 //! With a tokenizer (`--tokenizer-path`, for `kv_aware`), [`routing_key`] gives text and
 //! chat prompts an `i` key too: the token ids the worker computes for them
-//! ([`crate::tokenizer`]), from at most [`MAX_KEY_BYTES`] of the text (or the rendered
+//! ([`sglang::tokenizer`]), from at most [`MAX_KEY_BYTES`] of the text (or the rendered
 //! chat; when cut, its last id is dropped), or a chat request's own `input_ids`. A batch
 //! of text prompts is keyed by its first. A prompt the tokenizer cannot take (a template
 //! that refuses its roles, a body over [`MAX_TOKENIZE_BODY_BYTES`]) keeps the key above.
@@ -27,7 +27,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use super::Endpoint;
 use super::inspect::KeyName;
-use crate::tokenizer::{ChatText, Tokenizer};
+use sglang::tokenizer::{ChatText, Tokenizer};
 
 /// Longest key kept, in bytes.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
@@ -95,7 +95,7 @@ pub async fn routing_key_off_thread(
             Err(e) => return or_text_key(Err(e), key),
         };
         match encode_prepared(&p, t, Tokenizer::encode_cached) {
-            Err(crate::tokenizer::TokenizerError::NotCached) => prepared = Some(p),
+            Err(sglang::tokenizer::TokenizerError::NotCached) => prepared = Some(p),
             tokens => return or_text_key(tokens, key),
         }
     }
@@ -169,7 +169,7 @@ impl<'a> TextKey<'a> {
 /// cannot take is logged as a warning (by kind only: the error may quote the prompt);
 /// later ones at debug.
 fn or_text_key(
-    tokens: Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError>,
+    tokens: Result<Option<Vec<u8>>, sglang::tokenizer::TokenizerError>,
     key: TextKey<'_>,
 ) -> Option<Vec<u8>> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -196,7 +196,7 @@ pub fn token_key(
     endpoint: Endpoint,
     body: &[u8],
     tokenizer: &Tokenizer,
-) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
+) -> Result<Option<Vec<u8>>, sglang::tokenizer::TokenizerError> {
     encode_prepared(
         &prepare(endpoint, body, tokenizer)?,
         tokenizer,
@@ -227,7 +227,7 @@ fn prepare(
     endpoint: Endpoint,
     body: &[u8],
     tokenizer: &Tokenizer,
-) -> Result<Prepared, crate::tokenizer::TokenizerError> {
+) -> Result<Prepared, sglang::tokenizer::TokenizerError> {
     match endpoint {
         Endpoint::ChatCompletions => Ok(match tokenizer.chat_text(body)? {
             ChatText::Ids(ids) => Prepared::Key(id_key(ids.iter().copied())),
@@ -246,7 +246,7 @@ fn prepare(
                 text: Option<FirstText>,
             }
             let fields: Text = serde_json::from_slice(body)
-                .map_err(|e| crate::tokenizer::TokenizerError::Request(e.to_string()))?;
+                .map_err(|e| sglang::tokenizer::TokenizerError::Request(e.to_string()))?;
             let field = match endpoint {
                 Endpoint::Completions => fields.prompt,
                 _ => fields.text,
@@ -269,8 +269,8 @@ fn prepare(
 fn encode_prepared(
     prepared: &Prepared,
     tokenizer: &Tokenizer,
-    encode: fn(&Tokenizer, &str, bool) -> Result<Vec<u32>, crate::tokenizer::TokenizerError>,
-) -> Result<Option<Vec<u8>>, crate::tokenizer::TokenizerError> {
+    encode: fn(&Tokenizer, &str, bool) -> Result<Vec<u32>, sglang::tokenizer::TokenizerError>,
+) -> Result<Option<Vec<u8>>, sglang::tokenizer::TokenizerError> {
     let (text, special, memo) = match prepared {
         Prepared::Key(k) => return Ok(Some(k.clone())),
         Prepared::Nothing => return Ok(None),
@@ -306,8 +306,8 @@ fn id_key(ids: impl ExactSizeIterator<Item = u32>) -> Vec<u8> {
 /// cut, the last id is dropped (the cut may split what the whole text encodes as one).
 fn encode_cut(
     text: &str,
-    encode: impl FnOnce(&str) -> Result<Vec<u32>, crate::tokenizer::TokenizerError>,
-) -> Result<Vec<u32>, crate::tokenizer::TokenizerError> {
+    encode: impl FnOnce(&str) -> Result<Vec<u32>, sglang::tokenizer::TokenizerError>,
+) -> Result<Vec<u32>, sglang::tokenizer::TokenizerError> {
     if text.len() <= MAX_KEY_BYTES {
         return encode(text);
     }
@@ -507,7 +507,7 @@ impl<'de> Visitor<'de> for Flatten<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::ChatPrompt;
+    use sglang::tokenizer::ChatPrompt;
 
     fn key(ep: Endpoint, body: &str) -> Option<Vec<u8>> {
         prompt_key(ep, body.as_bytes())
@@ -676,8 +676,8 @@ mod tests {
             // First off the runtime (pieces encoded and kept), then from the cache inline.
             assert!(matches!(
                 from_cache(),
-                Err(crate::tokenizer::TokenizerError::NotCached)
-                    | Err(crate::tokenizer::TokenizerError::Render(_))
+                Err(sglang::tokenizer::TokenizerError::NotCached)
+                    | Err(sglang::tokenizer::TokenizerError::Render(_))
             ));
             assert_eq!(
                 routing_key_off_thread(ep, &b, Some(&cached)).await,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
-use crate::tokenizer::Tokenizer;
+use sglang::tokenizer::Tokenizer;
 use crate::workers::{Worker, registry::WorkerSet};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};

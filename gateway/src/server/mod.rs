@@ -45,7 +45,7 @@ use crate::request_id::RequestIds;
 use crate::select::Policy;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
-use crate::tokenizer::Tokenizer;
+use sglang::tokenizer::Tokenizer;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvstore::Master;

@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 
-use crate::kv_events::hash::BlockHash;
-use crate::kv_events::wire::{EventBatch, KvEvent, Medium};
+use sglang::kv_events::hash::BlockHash;
+use sglang::kv_events::wire::{EventBatch, KvEvent, Medium};
 
 /// Workers one index tracks at most (a worker beyond them is routed by the fallback).
 pub const MAX_SLOTS: usize = 64;

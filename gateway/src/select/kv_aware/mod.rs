@@ -1,5 +1,5 @@
 //! The `kv_aware` policy: route by what the workers really hold in their KV caches, as
-//! their SGLang KV events ([`crate::kv_events`]) report it (the approach of NVIDIA Dynamo's
+//! their SGLang KV events ([`sglang::kv_events`]) report it (the approach of NVIDIA Dynamo's
 //! KV router and llm-d's precise prefix-cache scorer).
 //!
 //! - **Events.** [`KvAware::sync`] (the gateway's upkeep task, every second) subscribes to
@@ -7,10 +7,10 @@
 //!   worker's host, or what the worker reports in `/get_server_info` (`kv_events_config`; a
 //!   wildcard host becomes the worker's). One [`index::KvIndex`] holds every worker's pages;
 //!   a worker gone is forgotten, a gap in its events is replayed or its pages forgotten
-//!   until it reports them again ([`crate::kv_events::subscribe`]).
+//!   until it reports them again ([`sglang::kv_events::subscribe`]).
 //! - **Tokens.** The prompt's token ids come from the prompt key ([`crate::proxy::prompt`]):
 //!   `/generate` and `/v1/completions` with token ids need no tokenizer; text and chat
-//!   prompts get theirs from `--tokenizer-path` ([`crate::tokenizer`], the worker's own
+//!   prompts get theirs from `--tokenizer-path` ([`sglang::tokenizer`], the worker's own
 //!   tokenizer and chat template), and without one are routed by the fallback. Their page
 //!   hashes come from a memo of the pages met before ([`hash::DigestMemo`]): a shared
 //!   prefix is hashed once.
@@ -51,9 +51,9 @@ use tokio_util::sync::CancellationToken;
 use super::cache_aware::{CacheAware, CacheAwareConfig};
 use crate::client::HttpClient;
 use crate::config::ServeConfig;
-use crate::kv_events::hash;
-use crate::kv_events::subscribe::{self, EventSink, Source};
-use crate::kv_events::wire::{EventBatch, KvEvent};
+use sglang::kv_events::hash;
+use sglang::kv_events::subscribe::{self, EventSink, Source};
+use sglang::kv_events::wire::{EventBatch, KvEvent};
 use crate::metrics;
 use crate::outcome::KvDecision;
 use crate::workers::Worker;

@@ -1,6 +1,6 @@
 //! The third tier: prompt pages in the KV master's store. SGLang HiCache's Mooncake
 //! backend writes a worker's pages there under their chained page hash
-//! ([`kvstore::hicache`], the same chain as the KV events' block hashes), and any worker
+//! ([`sglang::hicache`], the same chain as the KV events' block hashes), and any worker
 //! of the deployment can load them instead of computing them. A page there continues
 //! every worker's cached prefix alike, so it narrows the lead of the worker that holds the
 //! prefix in its GPU cache by what loading costs against computing.
@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kvstore::Master;
 
-use crate::kv_events::hash::PageDigest;
+use sglang::kv_events::hash::PageDigest;
 
 /// Where the policy finds the store's index: the master this process hosts.
 pub trait StoreSource: Send + Sync + fmt::Debug {

@@ -1,0 +1,196 @@
+//! The simulated worker's prefix cache over real sockets: cached tokens in both APIs'
+//! answers, prefill time proportional to the uncached part, eviction when the pool is full,
+//! and SGLang's KV events read by a real ZMQ subscriber (ours) and replayed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sglang::kv_events::KvEventsConfig;
+use sglang::kv_events::hash;
+use sglang::kv_events::subscribe::{self, EventSink, Source};
+use sglang::kv_events::wire::{EventBatch, KvEvent};
+use sim::SimConfig;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+mod common;
+
+async fn generate(url: &str, ids: &[u32]) -> Value {
+    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 2}});
+    common::post(&format!("{url}/generate"), &body).await.1
+}
+
+fn ids(from: u32, n: u32) -> Vec<u32> {
+    (from..from + n).collect()
+}
+
+#[tokio::test]
+async fn repeated_prompts_report_cached_tokens() {
+    let w = common::start(SimConfig {
+        port: 0,
+        page_size: 4,
+        enable_cache_report: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let first = generate(&w.url(), &ids(300, 10)).await;
+    assert_eq!(first["meta_info"]["cached_tokens"], 0);
+    let second = generate(&w.url(), &ids(300, 10)).await;
+    assert_eq!(
+        second["meta_info"]["cached_tokens"], 8,
+        "two whole pages of four"
+    );
+    let chat = json!({"messages": [{"role": "user", "content": "one two three four five six"}]});
+    let mut cached = Vec::new();
+    for _ in 0..2 {
+        let (status, r) = common::post(&format!("{}/v1/chat/completions", w.url()), &chat).await;
+        assert_eq!(status, 200, "{r}");
+        cached.push(
+            r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(cached[0], 0);
+    assert!(cached[1] >= 8, "{cached:?}");
+    let stats = common::get_json(&format!("{}/sim/prefix", w.url())).await;
+    assert_eq!(stats["page_size"], 4);
+}
+
+#[tokio::test]
+async fn prefill_time_follows_the_uncached_tokens() {
+    let w = common::start(SimConfig {
+        port: 0,
+        page_size: 16,
+        prefill_compute_per_token: Duration::from_millis(5),
+        ..SimConfig::default()
+    })
+    .await;
+    let prompt = ids(1000, 400);
+    let t = Instant::now();
+    generate(&w.url(), &prompt).await;
+    let cold = t.elapsed();
+    let t = Instant::now();
+    let warm = generate(&w.url(), &prompt).await;
+    let hot = t.elapsed();
+    assert_eq!(warm["meta_info"]["cached_tokens"], 400);
+    // 400 tokens x 5 ms = 2 s cold; warm computes nothing.
+    assert!(cold >= Duration::from_secs(2), "{cold:?}");
+    assert!(hot < cold / 2, "cold {cold:?} hot {hot:?}");
+}
+
+#[derive(Default)]
+struct Collect {
+    batches: Mutex<Vec<EventBatch>>,
+    resyncs: Mutex<usize>,
+    up: Notify,
+    got: Notify,
+}
+
+impl EventSink for Collect {
+    fn apply(&self, b: &EventBatch) {
+        self.batches.lock().push(b.clone());
+        self.got.notify_one();
+    }
+    fn resync(&self) {
+        *self.resyncs.lock() += 1;
+    }
+    fn connected(&self, up: bool) {
+        if up {
+            self.up.notify_one();
+        }
+    }
+}
+
+impl Collect {
+    async fn wait_for(&self, n: usize) -> Vec<EventBatch> {
+        loop {
+            let notified = self.got.notified();
+            if self.batches.lock().len() >= n {
+                return self.batches.lock().clone();
+            }
+            tokio::time::timeout(Duration::from_secs(10), notified)
+                .await
+                .expect("events did not arrive");
+        }
+    }
+}
+
+#[tokio::test]
+async fn events_tell_what_is_cached_and_evicted() {
+    // Two pages of 4 tokens fit: the third prompt page evicts the oldest.
+    let cfg = SimConfig {
+        port: 0,
+        page_size: 4,
+        kv_pool_size: 2 * 4 * 131_072,
+        kv_events_config: Some(KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            topic: "kv-events".into(),
+            ..KvEventsConfig::default()
+        }),
+        ..SimConfig::default()
+    };
+    let w = common::start(cfg).await;
+    let (endpoint, replay) = w.kv_events().unwrap();
+    assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+    // One request before anyone listens: the subscriber gets it through the replay socket.
+    generate(&w.url(), &ids(1, 8)).await;
+    let sink = Arc::new(Collect::default());
+    let stop = CancellationToken::new();
+    let src = Source {
+        endpoint: endpoint.to_owned(),
+        replay_endpoint: replay.map(str::to_owned),
+        topic: "kv-events".into(),
+    };
+    tokio::spawn(subscribe::run(src, sink.clone(), stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), sink.up.notified())
+        .await
+        .unwrap();
+    // Keep publishing until the subscription is live (PUB drops what it sends before).
+    let mut k = 0;
+    while sink.batches.lock().len() < 2 {
+        generate(&w.url(), &ids(100 + 4 * k, 4)).await;
+        k += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(k < 200, "no events");
+    }
+    let got = sink.wait_for(2).await;
+    let first = &got[0].events[0];
+    let KvEvent::BlockStored {
+        block_hashes,
+        parent_block_hash,
+        token_ids,
+        block_size,
+        ..
+    } = first
+    else {
+        panic!("{first:?}")
+    };
+    assert_eq!(block_hashes, &hash::block_hashes(&ids(1, 8), 4));
+    assert_eq!(
+        (*parent_block_hash, token_ids.clone(), *block_size),
+        (None, ids(1, 8), 4)
+    );
+    let removed = got
+        .iter()
+        .flat_map(|b| &b.events)
+        .any(|e| matches!(e, KvEvent::BlockRemoved { .. }));
+    assert!(removed, "the pool of two pages evicted: {got:?}");
+    assert_eq!(*sink.resyncs.lock(), 0);
+    // /flush_cache clears everything.
+    let n = sink.batches.lock().len();
+    reqwest::Client::new()
+        .post(format!("{}/flush_cache", w.url()))
+        .send()
+        .await
+        .unwrap();
+    let all = sink.wait_for(n + 1).await;
+    assert!(matches!(
+        all.last().unwrap().events[..],
+        [KvEvent::AllBlocksCleared]
+    ));
+    stop.cancel();
+}

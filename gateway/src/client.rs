@@ -13,7 +13,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture, connect::HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-pub use transfer::tls::{ca_certificates, describe};
+pub use trust::tls::{ca_certificates, describe};
 
 /// Largest control-plane response read (health, model discovery).
 const SMALL_BODY_LIMIT: usize = 1024 * 1024;
@@ -31,9 +31,9 @@ impl Default for HttpClient {
 }
 
 /// The trust roots for `https://` workers: the system's, plus every certificate in the PEM
-/// file `extra` (`--worker-ca-cert`, a private CA); see [`transfer::tls::trust_roots`].
+/// file `extra` (`--worker-ca-cert`, a private CA); see [`trust::tls::trust_roots`].
 pub fn worker_roots(extra: Option<&Path>) -> Result<rustls::RootCertStore, String> {
-    transfer::tls::trust_roots(extra)
+    trust::tls::trust_roots(extra)
 }
 
 impl HttpClient {
@@ -49,7 +49,7 @@ impl HttpClient {
         conn.set_nodelay(true);
         conn.set_keepalive(Some(Duration::from_secs(60)));
         conn.set_connect_timeout(Some(Duration::from_secs(5)));
-        let https = transfer::tls::https_or_http(conn, transfer::tls::client_config(roots));
+        let https = trust::tls::https_or_http(conn, trust::tls::client_config(roots));
         let inner = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))

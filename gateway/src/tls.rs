@@ -6,7 +6,7 @@
 //! [`HANDSHAKE_TIMEOUT`] to finish its handshake; one that stalls is dropped, so an open TCP
 //! connection that never speaks TLS holds nothing for long.
 //!
-//! The client side (trust roots, `https://` URLs) lives in [`transfer::tls`].
+//! The client side (trust roots, `https://` URLs) lives in [`trust::tls`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

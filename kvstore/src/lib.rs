@@ -49,4 +49,4 @@ pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;
 /// A setting never printed (API keys): the transfer crate's, shared by every config.
-pub use transfer::Secret;
+pub use trust::Secret;

@@ -145,10 +145,10 @@ fn store_bench_presents_the_store_key_of_its_secret_file_or_the_given_one() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     let other = dir.path().join("other");
-    let key = transfer::ClusterSecret::load_or_create(&secret)
+    let key = trust::ClusterSecret::load_or_create(&secret)
         .unwrap()
         .store_api_key();
-    transfer::ClusterSecret::load_or_create(&other).unwrap();
+    trust::ClusterSecret::load_or_create(&other).unwrap();
     let url = keyed_master(key.clone());
     let bench = |extra: &[&std::ffi::OsStr]| {
         Command::new(env!("CARGO_BIN_EXE_store-bench"))

@@ -167,6 +167,12 @@ pub enum TransferError {
     },
 }
 
+impl From<trust::SecretError> for TransferError {
+    fn from(e: trust::SecretError) -> Self {
+        Self::Secret { reason: e.reason }
+    }
+}
+
 impl TransferError {
     /// Whether retrying the same request later (possibly after re-opening the segment) can
     /// succeed: connection loss, timeouts, a busy peer, a peer shutting down.

@@ -39,8 +39,6 @@
 //! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
 //!   (tested everywhere); `device` (verbs resources) and `verbs` (the data path), compiled
 //!   with the feature only.
-//! - [`tls`]: the trust roots and https-or-http connector of every HTTP client in the
-//!   workspace (system roots plus an operator's CA file).
 //! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
 
 pub mod auth;
@@ -51,7 +49,6 @@ pub mod metadata;
 pub mod rdma;
 pub mod segment;
 pub mod tcp;
-pub mod tls;
 
 mod copier;
 mod devcopy;
@@ -64,7 +61,9 @@ mod shm;
 pub use auth::ClusterSecret;
 pub use device::{DeviceBackend, Location, StagingStats};
 pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
-pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode, Secret};
+pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode};
+/// A setting that is never printed (API keys); the `trust` crate's.
+pub use trust::Secret;
 pub use engine::notify::{Notification, Notifications};
 pub use engine::segments::Segment;
 pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats};

@@ -223,7 +223,7 @@ pub struct SimConfig {
     pub heartbeat_max_failures: u32,
     /// PD: the cluster secret file the transfer engine authenticates peers with (default:
     /// the per-user `~/.config/moongate/transfer-secret`, created on first use).
-    #[arg(long, env = transfer::auth::SECRET_FILE_ENV)]
+    #[arg(long, env = trust::SECRET_FILE_ENV)]
     pub transfer_secret_file: Option<std::path::PathBuf>,
 }
 

@@ -82,7 +82,7 @@ pub const CLIENT_API_KEYS_FILE: &str = "MOONGATE_CLIENT_API_KEYS_FILE";
 pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
 /// `--transfer-secret-file` (the transfer engine's own variable: one setting for the engine
 /// and the store key).
-pub const TRANSFER_SECRET_FILE: &str = transfer::auth::SECRET_FILE_ENV;
+pub const TRANSFER_SECRET_FILE: &str = trust::SECRET_FILE_ENV;
 /// `--cors-allowed-origins` (comma-separated in the environment).
 pub const CORS_ALLOWED_ORIGINS: &str = "MOONGATE_CORS_ALLOWED_ORIGINS";
 /// `--log-json`.

@@ -42,7 +42,7 @@ fn secret_problem(name: &str, key: &Option<Secret>) -> Option<String> {
 
 /// An explicit secret file must be one the transfer engine would read.
 fn transfer_secret_problem(path: Option<&Path>) -> Option<String> {
-    let e = transfer::ClusterSecret::from_file(path?).err()?;
+    let e = trust::ClusterSecret::from_file(path?).err()?;
     Some(format!("transfer_secret_file: {e}"))
 }
 
@@ -74,7 +74,7 @@ fn store_key(explicit: &Option<Secret>, secret_file: Option<&Path>) -> anyhow::R
     if let Some(k) = explicit {
         return Ok(KeySet::single(k.expose()));
     }
-    let secret = transfer::ClusterSecret::resolve(secret_file)
+    let secret = trust::ClusterSecret::resolve(secret_file)
         .context("the store key is derived from the transfer secret (or give --store-api-key)")?;
     Ok(KeySet::single(&secret.store_api_key()))
 }
@@ -169,7 +169,7 @@ mod tests {
     fn an_explicit_store_key_wins_and_the_derived_one_follows_the_secret_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
-        let secret = transfer::ClusterSecret::load_or_create(&path).unwrap();
+        let secret = trust::ClusterSecret::load_or_create(&path).unwrap();
         let derived = store_key(&None, Some(&path)).unwrap();
         assert_eq!(derived, KeySet::single(&secret.store_api_key()));
         let explicit = store_key(&Some(Secret::new("st0re")), Some(&path)).unwrap();

@@ -46,7 +46,7 @@ pub mod env {
     /// the store key they accept, so one environment configures both ends.
     pub const STORE_API_KEY: &str = "MOONGATE_STORE_API_KEY";
     /// `--transfer-secret-file`: the variable the transfer engine itself reads.
-    pub const TRANSFER_SECRET_FILE: &str = transfer::auth::SECRET_FILE_ENV;
+    pub const TRANSFER_SECRET_FILE: &str = trust::SECRET_FILE_ENV;
     /// `--master-ca-cert`.
     pub const MASTER_CA_CERT: &str = "MOONGATE_STORE_MASTER_CA_CERT";
     /// `--http-listen` (storage node).
@@ -306,7 +306,7 @@ impl ClientConfig {
             }
         }
         if let Some(ca) = &self.master_ca_cert {
-            transfer::tls::ca_certificates(ca)
+            trust::tls::ca_certificates(ca)
                 .map_err(|e| StoreError::InvalidArgument(format!("master_ca_cert: {e}")))?;
         }
         Ok(())

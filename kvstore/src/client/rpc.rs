@@ -209,13 +209,13 @@ impl MasterRpc {
         let bases = master_urls(base)?;
         let store_auth = bearer("store_api_key", store_key)?;
         let admin_auth = admin_key.map(|k| bearer("admin_api_key", k)).transpose()?;
-        let roots = transfer::tls::trust_roots(ca_cert)
+        let roots = trust::tls::trust_roots(ca_cert)
             .map_err(|e| StoreError::InvalidArgument(format!("master_ca_cert: {e}")))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
         let connector =
-            transfer::tls::https_or_http(connector, transfer::tls::client_config(roots));
+            trust::tls::https_or_http(connector, trust::tls::client_config(roots));
         Ok(Self {
             http: http_client(connector.clone()),
             connector,
@@ -261,7 +261,7 @@ impl MasterRpc {
     /// A request that got no answer: the whole cause chain (a TLS refusal is only in the
     /// innermost cause), with a hint when the master's certificate did not verify.
     fn unreachable(&self, e: &hyper_util::client::legacy::Error) -> StoreError {
-        let mut why = transfer::tls::describe(e);
+        let mut why = trust::tls::describe(e);
         if why.contains("certificate") {
             why.push_str(
                 " (the master's certificate must verify against the system's roots or \

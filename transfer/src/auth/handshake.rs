@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ClusterSecret;
-use super::secret::random_bytes;
+use trust::secret::random_bytes;
 use crate::tcp::frame::{
     MAX_CONTROL_LEN, REQUEST_HEADER_LEN, REQUEST_MAGIC, RESPONSE_HEADER_LEN, RESPONSE_MAGIC,
     ResponseHeader, Status, VERSION,
@@ -133,7 +133,7 @@ fn tag(
     sn: &[u8; NONCE_LEN],
 ) -> hmac::Hmac<sha2::Sha256> {
     use hmac::Mac;
-    let mut m = secret.mac();
+    let mut m = secret.hmac();
     m.update(b"moongate transfer v2 ");
     m.update(role);
     m.update(&[0]);

@@ -49,12 +49,13 @@
 //! of that user could ptrace the owner anyway. What a mapper can be made to do by a
 //! malicious or dying owner is bounded by the memfd's seals (see `shm`).
 //!
+//! The secret itself (its file, checks, derived keys) is the `trust` crate's
+//! ([`trust::ClusterSecret`]), shared with the gateway and the store.
+//!
 //! # Layout
-//! - `secret`: the secret file: resolution, creation, checks, derived keys.
 //! - [`handshake`]: the handshake's codec and the two sides' exchanges.
 
 pub mod handshake;
-mod secret;
 
 pub use handshake::{HandshakeError, PeerIdentity};
-pub use secret::{ClusterSecret, MIN_SECRET_LEN, SECRET_FILE_ENV};
+pub use trust::{ClusterSecret, MIN_SECRET_LEN, SECRET_FILE_ENV};

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use trust::Secret;
+
 use crate::error::{Result, TransferError};
 use crate::tcp::frame::MAX_DATA_LEN;
 
@@ -33,38 +35,6 @@ impl FromStr for RdmaMode {
             "auto" => Ok(RdmaMode::Auto),
             other => Err(format!("unknown RDMA mode {other:?} (off, on, auto)")),
         }
-    }
-}
-
-/// A secret setting, such as an API key. `Debug` never shows the value, so a logged
-/// configuration cannot leak it; (de)serializes as the plain string, so configuration files
-/// and the environment carry it unchanged.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The value itself (to send or compare, never to print).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<hidden>)")
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
     }
 }
 

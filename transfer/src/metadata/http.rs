@@ -10,7 +10,7 @@
 //! | missing `key` | 400 |
 //!
 //! `https://` URLs are spoken to over TLS, verified against the system's trust roots plus an
-//! optional CA file ([`crate::tls`]). A configured bearer key (Moongate's master wants its
+//! optional CA file ([`trust::tls`]). A configured bearer key (Moongate's master wants its
 //! store key on `/metadata`) goes with every request to that URL and nowhere else: the
 //! client follows no redirect. Mooncake's own server ignores the header.
 
@@ -26,7 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::auth::ClusterSecret;
-use crate::engine::config::Secret;
+use trust::Secret;
 use crate::error::{Result, TransferError};
 use crate::metadata::{BoxFuture, Metadata, segment_key};
 use crate::segment::SegmentDescriptor;
@@ -95,11 +95,11 @@ impl HttpMetadata {
                     .map_err(|_| bad("the API key is not a valid header value".into()))
             })
             .transpose()?;
-        let roots = crate::tls::trust_roots(ca_cert_file).map_err(bad)?;
+        let roots = trust::tls::trust_roots(ca_cert_file).map_err(bad)?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
-        let connector = crate::tls::https_or_http(connector, crate::tls::client_config(roots));
+        let connector = trust::tls::https_or_http(connector, trust::tls::client_config(roots));
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self {
             base: url,
@@ -167,7 +167,7 @@ impl HttpMetadata {
                 err(format!(
                     "{} unreachable: {}",
                     self.base,
-                    crate::tls::describe(&e)
+                    trust::tls::describe(&e)
                 ))
             })?;
             let status = resp.status();

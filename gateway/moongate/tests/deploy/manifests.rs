@@ -18,7 +18,7 @@ pub fn test_secret_file() -> &'static Path {
     FILE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("a temporary directory").keep();
         let path = dir.join("transfer-secret");
-        transfer::ClusterSecret::load_or_create(&path).expect("a test secret file");
+        trust::ClusterSecret::load_or_create(&path).expect("a test secret file");
         path
     })
 }
@@ -181,12 +181,12 @@ impl Process {
         );
         let secret_file = env
             .iter()
-            .find(|(k, _)| k == transfer::auth::SECRET_FILE_ENV)
+            .find(|(k, _)| k == trust::SECRET_FILE_ENV)
             .map(|(_, v)| v.clone());
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| match k.as_str() {
-                transfer::auth::SECRET_FILE_ENV => {
+                trust::SECRET_FILE_ENV => {
                     (k.clone(), test_secret_file().to_string_lossy().into_owned())
                 }
                 _ => (k.clone(), v.clone()),
@@ -233,7 +233,7 @@ impl Process {
             panic!(
                 "{}: set {} to the cluster's shared transfer secret",
                 self.origin,
-                transfer::auth::SECRET_FILE_ENV
+                trust::SECRET_FILE_ENV
             )
         });
         let dir = Path::new(file).parent().expect("a file in a directory");

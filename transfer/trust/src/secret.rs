@@ -1,3 +1,5 @@
+//! The cluster secret and secret settings.
+//!
 //! The cluster secret: where it comes from (an explicit file, `MOONGATE_TRANSFER_SECRET_FILE`,
 //! or the per-user file made on first use), how it is checked, and what is derived from it.
 
@@ -7,10 +9,22 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::str::FromStr;
+
 use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::error::{Result, TransferError};
+/// Why the cluster secret could not be read, checked or created: the file and what is
+/// wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct SecretError {
+    /// The file and what is wrong with it.
+    pub reason: String,
+}
+
+type Result<T> = std::result::Result<T, SecretError>;
 
 /// Environment variable naming the secret file when no path is configured.
 pub const SECRET_FILE_ENV: &str = "MOONGATE_TRANSFER_SECRET_FILE";
@@ -21,10 +35,11 @@ const MAX_SECRET_FILE: u64 = 4096;
 /// Label of the store API key derived from the secret.
 const STORE_KEY_LABEL: &str = "moongate store api key v1";
 
-pub(crate) type HmacSha256 = Hmac<Sha256>;
+/// HMAC-SHA256, keyed with the secret by [`ClusterSecret::hmac`].
+pub type HmacSha256 = Hmac<Sha256>;
 
 /// The secret every node of a cluster holds. Transfer peers prove to each other that they
-/// hold it (see the module docs of [`crate::auth`]); the store plane's API key is derived
+/// hold it (the transfer engine's handshake); the store plane's API key is derived
 /// from it. `Debug` never shows it; cheap to clone.
 #[derive(Clone)]
 pub struct ClusterSecret {
@@ -48,8 +63,8 @@ impl PartialEq for ClusterSecret {
     }
 }
 
-fn bad(path: &Path, reason: impl fmt::Display) -> TransferError {
-    TransferError::Secret {
+fn bad(path: &Path, reason: impl fmt::Display) -> SecretError {
+    SecretError {
         reason: format!("{}: {reason}", path.display()),
     }
 }
@@ -80,7 +95,7 @@ impl ClusterSecret {
     /// keep it elsewhere.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < MIN_SECRET_LEN {
-            return Err(TransferError::Secret {
+            return Err(SecretError {
                 reason: format!(
                     "a secret of {} bytes is too short (at least {MIN_SECRET_LEN})",
                     bytes.len()
@@ -108,8 +123,7 @@ impl ClusterSecret {
         if !meta.is_file() {
             return Err(bad(path, "not a regular file"));
         }
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = rustix::process::geteuid().as_raw();
         let owner = meta.uid();
         if owner != me && owner != 0 {
             return Err(bad(
@@ -207,7 +221,7 @@ impl ClusterSecret {
     /// HMAC-SHA256 of `label` under the secret: a key for another purpose that reveals
     /// nothing about the secret.
     pub fn derive(&self, label: &[u8]) -> [u8; 32] {
-        let mut mac = self.mac();
+        let mut mac = self.hmac();
         mac.update(b"moongate derive v1\0");
         mac.update(label);
         mac.finalize().into_bytes().into()
@@ -219,7 +233,8 @@ impl ClusterSecret {
         hex_of(&self.derive(STORE_KEY_LABEL.as_bytes()))
     }
 
-    pub(crate) fn mac(&self) -> HmacSha256 {
+    /// An HMAC-SHA256 keyed with the secret (the transfer handshake's tags).
+    pub fn hmac(&self) -> HmacSha256 {
         HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length")
     }
 }
@@ -230,7 +245,7 @@ fn default_path_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Result<Path
         (Some(x), _) => x,
         (None, Some(h)) if !h.as_os_str().is_empty() => h.join(".config"),
         _ => {
-            return Err(TransferError::Secret {
+            return Err(SecretError {
                 reason: format!(
                     "neither XDG_CONFIG_HOME nor HOME is set: give the secret file with \
                      --transfer-secret-file or {SECRET_FILE_ENV}"
@@ -241,9 +256,10 @@ fn default_path_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Result<Path
     Ok(base.join("moongate").join("transfer-secret"))
 }
 
-pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+/// `N` bytes from the OS random number generator.
+pub fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
-    getrandom::fill(&mut b).map_err(|e| TransferError::Secret {
+    getrandom::fill(&mut b).map_err(|e| SecretError {
         reason: format!("the OS random number generator failed: {e}"),
     })?;
     Ok(b)
@@ -260,6 +276,38 @@ fn hex_of(b: &[u8]) -> String {
             let _ = write!(s, "{x:02x}");
             s
         })
+}
+
+/// A secret setting, such as an API key. `Debug` never shows the value, so a logged
+/// configuration cannot leak it; (de)serializes as the plain string, so configuration files
+/// and the environment carry it unchanged.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value itself (to send or compare, never to print).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<hidden>)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
 }
 
 #[cfg(test)]
@@ -329,8 +377,7 @@ mod tests {
         // load_or_create never overwrites an existing file it cannot use.
         assert!(ClusterSecret::load_or_create(&path).is_err());
         // Root-owned files may be group-readable (a mounted Kubernetes Secret), never more.
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if rustix::process::geteuid().is_root() {
             for (mode, ok) in [(0o640, true), (0o440, true), (0o660, false), (0o604, false)] {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
                 assert_eq!(ClusterSecret::from_file(&path).is_ok(), ok, "mode {mode:o}");

@@ -21,8 +21,8 @@ use sglang::kv_events::hash;
 use sglang::kv_events::wire::{EventBatch, KvEvent};
 use gateway::select::kv_aware::index::KvIndex;
 use gateway::select::kv_aware::store::{KeyFormat, Probe};
-use kvstore::master::{ClientId, ReplicateConfig, SegmentSpec};
-use kvstore::{Master, MasterConfig};
+use kvmaster::master::{ClientId, ReplicateConfig, SegmentSpec};
+use kvmaster::{Master, MasterConfig};
 
 const PAGES: usize = 32;
 const PAGE: usize = 64;

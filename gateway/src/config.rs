@@ -11,7 +11,7 @@
 //! --request-timeout-secs --log-level --health-*`), so an sglang-router command line keeps
 //! working.
 //!
-//! The hosted KV master's settings are [`kvstore::MasterConfig`] (defaults written there):
+//! The hosted KV master's settings are [`kvmaster::MasterConfig`] (defaults written there):
 //! a `[master]` table in the TOML file, `MOONGATE_MASTER_*` variables, `--master-*` flags.
 //! [`MasterHostConfig`] is `moongate master` (the master alone), through the same pipeline.
 
@@ -27,8 +27,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use clap::ArgMatches;
-use kvstore::MasterConfig;
-pub use kvstore::Secret;
+use kvmaster::MasterConfig;
+pub use trust::Secret;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{ALL_NAMESPACES, DiscoveryConfig, parse_label};
@@ -408,7 +408,7 @@ pub struct ServeConfig {
     pub master: MasterConfig,
     /// The hosted master as one of an HA cluster on etcd (`[ha]` in the TOML file).
     #[command(flatten)]
-    pub ha: kvstore::HaConfig,
+    pub ha: kvmaster::HaConfig,
     /// Workers found from Kubernetes pods (`[discovery]` in the TOML file).
     #[command(flatten)]
     pub discovery: DiscoveryConfig,
@@ -440,7 +440,7 @@ impl Default for ServeConfig {
             client_header_timeout_secs: 60,
             client_body_timeout_secs: 60,
             max_connections: 10_000,
-            busy_poll_us: kvstore::busy_poll::DEFAULT_BUSY_POLL_US,
+            busy_poll_us: kvmaster::busy_poll::DEFAULT_BUSY_POLL_US,
             request_timeout_secs: 1800,
             log_level: LogLevel::Info,
             health_check_interval_secs: 60,
@@ -509,7 +509,7 @@ impl Default for ServeConfig {
             cors_allowed_origins: Vec::new(),
             log_json: false,
             master: MasterConfig::default(),
-            ha: kvstore::HaConfig::default(),
+            ha: kvmaster::HaConfig::default(),
             discovery: DiscoveryConfig::default(),
         }
     }

@@ -120,7 +120,7 @@ const TAGS: &[(&str, &str)] = &[
     ),
     ("workers", "Worker registration and status (admin plane)"),
     (
-        kvstore::rest::TAG,
+        kvmaster::rest::TAG,
         "The KV-cache master: segments, objects, replicas, leases, eviction, and the \
          transfer-metadata store (store plane; cluster-wide reads and bulk removal: admin \
          plane; see each operation's x-moongate-plane)",

@@ -2,7 +2,7 @@
 //! routes (unless `--disable-master`), `moongate master` serves it alone.
 //!
 //! Either way the same pieces are used: [`HostedMaster`] builds the master from
-//! [`kvstore::MasterConfig`], hands out its REST routes, the store plane behind the store
+//! [`kvmaster::MasterConfig`], hands out its REST routes, the store plane behind the store
 //! key and the admin plane behind the admin key ([`HostedMaster::routes`]; refusals in the
 //! master's error envelope, see `crate::auth`), and runs its background task (client TTL
 //! sweep, zombie puts, eviction, gauges) until shutdown. Its metrics go to the process's one
@@ -23,7 +23,8 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use hyper::body::Incoming;
-use kvstore::{Master, MasterConfig, MasterError};
+use kvmaster::{Master, MasterConfig};
+use openapi::master::MasterError;
 use openapi::master::MasterHealth;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -48,16 +49,16 @@ pub struct HostedMaster {
     /// leader's master is [`HostedMaster::current`].
     master: Arc<Master>,
     #[cfg(feature = "etcd")]
-    ha: Option<kvstore::ha::HaNode>,
+    ha: Option<kvmaster::ha::HaNode>,
 }
 
 impl HostedMaster {
     /// Builds the master from `config` (validated again here), as one of the HA cluster
     /// `ha` names when it is enabled, and registers its metrics on the process's
     /// Prometheus recorder. Starts nothing: [`HostedMaster::spawn_background`] does.
-    pub fn new(config: MasterConfig, ha: &kvstore::HaConfig) -> Result<Self, MasterError> {
+    pub fn new(config: MasterConfig, ha: &kvmaster::HaConfig) -> Result<Self, MasterError> {
         crate::metrics::install();
-        kvstore::metrics::describe();
+        kvmaster::metrics::describe();
         let mut problems = ha.problems();
         problems.extend(ha.feature_problem());
         if !problems.is_empty() {
@@ -66,7 +67,7 @@ impl HostedMaster {
         let master = Arc::new(Master::new(config.clone())?);
         #[cfg(feature = "etcd")]
         let ha = match ha.enabled {
-            true => Some(kvstore::ha::HaNode::new(ha.clone(), config)?),
+            true => Some(kvmaster::ha::HaNode::new(ha.clone(), config)?),
             false => None,
         };
         let hosted = Self {
@@ -75,7 +76,7 @@ impl HostedMaster {
             ha,
         };
         if !hosted.is_ha() {
-            kvstore::metrics::publish(&hosted.master);
+            kvmaster::publish_gauges(&hosted.master);
         }
         Ok(hosted)
     }
@@ -105,9 +106,9 @@ impl HostedMaster {
             let status = node.status();
             return match status.role {
                 // A leader whose lease lapsed answers 503 until it steps down.
-                kvstore::ha::Role::Leader => node.leader_master().is_some(),
-                kvstore::ha::Role::Follower => status.leader_url.is_some(),
-                kvstore::ha::Role::Candidate => false,
+                kvmaster::ha::Role::Leader => node.leader_master().is_some(),
+                kvmaster::ha::Role::Follower => status.leader_url.is_some(),
+                kvmaster::ha::Role::Candidate => false,
             };
         }
         true
@@ -120,7 +121,7 @@ impl HostedMaster {
 
     /// The HA node, when this master is one of a cluster.
     #[cfg(feature = "etcd")]
-    pub fn ha(&self) -> Option<&kvstore::ha::HaNode> {
+    pub fn ha(&self) -> Option<&kvmaster::ha::HaNode> {
         self.ha.as_ref()
     }
 
@@ -129,19 +130,19 @@ impl HostedMaster {
     /// answered by the cluster's leader (a follower redirects there, a candidate answers
     /// 503), but for `/api/v1/ha`, which every master answers itself.
     pub fn routes(&self, auth: &Auth) -> OpenApiRouter {
-        let store = kvstore::rest::store_router(self.master.clone());
-        let admin = kvstore::rest::admin_router(self.master.clone());
+        let store = kvmaster::rest::store_router(self.master.clone());
+        let admin = kvmaster::rest::admin_router(self.master.clone());
         #[cfg(feature = "etcd")]
         let (store, admin, status) = match &self.ha {
             Some(node) => (
-                kvstore::ha::gated(store, node),
-                kvstore::ha::gated(admin, node),
-                kvstore::ha::status_router(node),
+                kvmaster::ha::gated(store, node),
+                kvmaster::ha::gated(admin, node),
+                kvmaster::ha::status_router(node),
             ),
-            None => (store, admin, kvstore::ha::standalone_router()),
+            None => (store, admin, kvmaster::ha::standalone_router()),
         };
         #[cfg(not(feature = "etcd"))]
-        let status = kvstore::ha::standalone_router();
+        let status = kvmaster::ha::standalone_router();
         // `/api/v1/ha` is answered by every master itself (never forwarded to the leader).
         auth.guard(Plane::Store, store.merge(status), master_rejection())
             .merge(auth.guard(Plane::Admin, admin, master_rejection()))
@@ -154,7 +155,7 @@ impl HostedMaster {
         if let Some(node) = &self.ha {
             return node.spawn(stop);
         }
-        tokio::spawn(kvstore::run_background(
+        tokio::spawn(kvmaster::run_background(
             self.master.clone(),
             stop.cancelled_owned(),
         ))
@@ -170,7 +171,7 @@ fn master_rejection() -> Rejection {
                 Refusal::Unauthorized(_) => MasterError::Unauthorized(refusal.message()),
                 Refusal::NotLoopback => MasterError::Forbidden(refusal.message()),
             };
-            kvstore::rest::ApiError(e).into_response()
+            kvmaster::rest::ApiError(e).into_response()
         },
         schema: "MasterErrorResponse",
     }
@@ -252,7 +253,7 @@ async fn readiness(State(hosted): State<HostedMaster>) -> Response {
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
 async fn metrics(State(hosted): State<HostedMaster>) -> Response {
     if let Some(master) = hosted.current() {
-        kvstore::metrics::publish(&master);
+        kvmaster::publish_gauges(&master);
     }
     (
         [(

@@ -55,7 +55,7 @@ pub struct ClientLimits {
     /// Connections open at once.
     pub max_connections: usize,
     /// How long an answered connection polls for its next request before sleeping
-    /// ([`kvstore::busy_poll`]).
+    /// ([`kvmaster::busy_poll`]).
     pub busy_poll: Duration,
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hyper_util::server::graceful::GracefulShutdown;
-use kvstore::Master;
+use kvmaster::Master;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
@@ -24,7 +24,7 @@ use crate::config::{ConfigError, ServeConfig};
 use crate::hosting::HostedMaster;
 use crate::listen::{self, ClientLimits, DeadlineBody};
 use crate::server::{self, AppState};
-use kvstore::busy_poll::BusyPoll;
+use kvmaster::busy_poll::BusyPoll;
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]

@@ -7,10 +7,10 @@ use moongate_tests::{fast_config, get_json};
 
 #[tokio::test]
 async fn the_master_router_mounts_behind_the_front_door() {
-    let master = Arc::new(kvstore::Master::new(kvstore::MasterConfig::default()).unwrap());
+    let master = Arc::new(kvmaster::Master::new(kvmaster::MasterConfig::default()).unwrap());
     let state = gateway::server::AppState::new(fast_config()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = gateway::serve::spawn_with(state, kvstore::router(master), listener)
+    let gw = gateway::serve::spawn_with(state, kvmaster::router(master), listener)
         .await
         .unwrap();
     let c = reqwest::Client::new();

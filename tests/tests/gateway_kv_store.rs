@@ -13,7 +13,7 @@ use sim::l3::L3Stats;
 use sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
 use sglang::hicache::{KeyLayout, page_hashes};
-use kvstore::{ClientConfig, StoreClient};
+use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;

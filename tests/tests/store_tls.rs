@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
 use gateway::hosting::MasterProcess;
-use kvstore::master::ReplicateConfig;
-use kvstore::node::StoreNodeConfig;
-use kvstore::{ClientConfig, StoreClient};
+use openapi::master::ReplicateConfig;
+use kvclient::node::StoreNodeConfig;
+use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::tls::fixture;
 use moongate_tests::{eventually, fast_config, start_gateway};
 use transfer::metadata::segment_key;
@@ -72,7 +72,7 @@ async fn a_node_and_a_client_use_a_tls_master_with_the_store_key_of_their_secret
         http_listen: "127.0.0.1:0".parse().unwrap(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let node = tokio::spawn(kvstore::node::run(node_cfg, String::new, async move {
+    let node = tokio::spawn(kvclient::node::run(node_cfg, String::new, async move {
         let _ = stopped.await;
     }));
     eventually("the node mounts over https", || {

@@ -337,19 +337,19 @@ async fn blind_request_is_refused(target: &TransferEngine) -> String {
 /// holds the stored values, is out of reach of outsiders, and the store works on.
 #[tokio::test]
 async fn a_storage_nodes_transfer_port_refuses_outsiders() {
-    let master = kvstore::MasterServer::start(
-        kvstore::MasterConfig::default(),
+    let master = kvmaster::MasterServer::start(
+        kvmaster::MasterConfig::default(),
         "127.0.0.1:0".parse().unwrap(),
     )
     .await
     .unwrap();
-    let node = kvstore::StoreClient::start(kvstore::ClientConfig::local(&master.url(), 16 << 20))
+    let node = kvclient::StoreClient::start(kvclient::ClientConfig::local(&master.url(), 16 << 20))
         .await
         .unwrap();
     let value = vec![0x6du8; 100_000];
     node.put("k", &value).await.unwrap();
     refuses_outsiders(node.engine()).await;
-    let reader = kvstore::StoreClient::start(kvstore::ClientConfig::local(&master.url(), 0))
+    let reader = kvclient::StoreClient::start(kvclient::ClientConfig::local(&master.url(), 0))
         .await
         .unwrap();
     assert_eq!(

@@ -8,8 +8,8 @@ use transfer::metadata::segment_key;
 use transfer::{EngineConfig, HttpMetadata, MetadataConfig, TransferEngine, TransferRequest};
 
 async fn master() -> String {
-    let master = Arc::new(kvstore::Master::new(kvstore::MasterConfig::default()).unwrap());
-    let (app, _doc) = kvstore::router(master).split_for_parts();
+    let master = Arc::new(kvmaster::Master::new(kvmaster::MasterConfig::default()).unwrap());
+    let (app, _doc) = kvmaster::router(master).split_for_parts();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

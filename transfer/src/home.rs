@@ -2,7 +2,7 @@
 //! tasks that serve them, live there, whichever runtime submits the transfers.
 //!
 //! Why: a caller may drive its calls on a runtime of its own that runs only while it is in
-//! a call (a Python thread's current-thread runtime, see `kvstore::client::caller_driven`:
+//! a call (a Python thread's current-thread runtime, see `kvclient::caller_driven`:
 //! the thread that waits for an answer then reads it itself, which saves two thread
 //! wake-ups a call). A TCP lane or a pooled HTTP connection opened from there would be
 //! served only while that thread is in a call, so another thread's transfer over it would

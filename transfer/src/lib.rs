@@ -39,9 +39,12 @@
 //! - [`rdma`]: RDMA transport (feature `rdma`): detection and fallback, handshake, slicing
 //!   (tested everywhere); `device` (verbs resources) and `verbs` (the data path), compiled
 //!   with the feature only.
+//! - [`busy_poll`]: polling a socket a bounded while before sleeping on it (the store
+//!   client's master calls, the master's listeners), held off while memory is faulted in.
 //! - `bin/transfer-bench`: the benchmark tool (target and initiator modes).
 
 pub mod auth;
+pub mod busy_poll;
 pub mod device;
 pub mod error;
 pub mod memory;

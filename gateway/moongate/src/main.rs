@@ -76,7 +76,7 @@ struct StoreArgs {
     #[arg(long)]
     print_config: bool,
     #[command(flatten)]
-    node: kvstore::node::StoreNodeConfig,
+    node: kvclient::node::StoreNodeConfig,
 }
 
 /// Which server's document to print.
@@ -186,7 +186,7 @@ fn main() -> anyhow::Result<()> {
         Command::Store(StoreArgs { print_config, node }) => {
             if print_config {
                 node.validate()?;
-                let shown = kvstore::node::StoreNodeConfig {
+                let shown = kvclient::node::StoreNodeConfig {
                     client: node.client.redacted(),
                     ..node
                 };
@@ -196,7 +196,7 @@ fn main() -> anyhow::Result<()> {
             let metrics = gateway::metrics::install();
             runtime(0)?.block_on(async move {
                 let shutdown = gateway::serve::shutdown_signal();
-                kvstore::node::run(node, move || metrics.render(), shutdown).await
+                kvclient::node::run(node, move || metrics.render(), shutdown).await
             })?;
             Ok(())
         }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gateway::config::ServeConfig;
 use sim::config::{KvTransport, ModelShape};
 use sim::{SimConfig, SimMode};
-use kvstore::{ClientConfig, StoreClient};
+use kvclient::{ClientConfig, StoreClient};
 use serde_json::json;
 
 fn pd_cfg(mode: SimMode) -> SimConfig {

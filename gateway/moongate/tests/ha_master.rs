@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvstore::{ClientConfig, MasterError, Secret, StoreClient, StoreError};
+use kvclient::{ClientConfig, StoreClient, StoreError};
+use openapi::master::MasterError;
+use trust::Secret;
 use parking_lot::Mutex;
 
 const STORE_KEY: &str = "ha-test-store-key";
@@ -654,7 +656,7 @@ async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     let want: std::collections::BTreeSet<String> = masters.iter().map(MasterProc::url).collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let found = kvstore::ha::discover_masters(&url).await;
+        let found = kvclient::discover::discover_masters(&url).await;
         let got: std::collections::BTreeSet<String> = found
             .as_deref()
             .unwrap_or_default()
@@ -699,7 +701,7 @@ async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     masters[old].kill9();
     served_again(&c, "after-kill", Instant::now()).await;
     assert_eq!(c.get("via-etcd").await.unwrap(), value(1));
-    let none = kvstore::ha::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
+    let none = kvclient::discover::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
     assert!(none.unwrap_err().contains("no master is registered"));
     let _ = c.close().await;
 }

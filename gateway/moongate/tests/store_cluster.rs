@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use kvstore::client::Protocol;
-use kvstore::master::ReplicateConfig;
-use kvstore::{ClientConfig, MasterConfig, MasterServer, StoreClient};
+use kvclient::Protocol;
+use openapi::master::ReplicateConfig;
+use kvmaster::{MasterConfig, MasterServer};
+use kvclient::{ClientConfig, StoreClient};
 
 /// A `moongate store` process, killed when dropped.
 struct Node {
@@ -175,11 +176,11 @@ async fn three_nodes_serve_byte_exact_round_trips() {
     let dst = tcp.alloc(64 * 4096).unwrap();
     let all = value(99, 64 * 4096);
     src.write_at(0, &all).unwrap();
-    let items: Vec<(String, kvstore::BufRange<'_>)> = (0..64)
+    let items: Vec<(String, kvclient::BufRange<'_>)> = (0..64)
         .map(|i| {
             (
                 format!("batch/{i}"),
-                kvstore::BufRange::new(&src, i * 4096, 4096),
+                kvclient::BufRange::new(&src, i * 4096, 4096),
             )
         })
         .collect();
@@ -193,11 +194,11 @@ async fn three_nodes_serve_byte_exact_round_trips() {
         })
         .collect();
     assert_eq!(segs.len(), 3, "puts spread over every node");
-    let back: Vec<(String, kvstore::BufRange<'_>)> = (0..64)
+    let back: Vec<(String, kvclient::BufRange<'_>)> = (0..64)
         .map(|i| {
             (
                 format!("batch/{i}"),
-                kvstore::BufRange::new(&dst, i * 4096, 4096),
+                kvclient::BufRange::new(&dst, i * 4096, 4096),
             )
         })
         .collect();

@@ -26,9 +26,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
-use kvstore::client::{Prefault, Protocol};
+use kvclient::{Prefault, Protocol};
 use sglang::hicache::{KeyLayout, PageHash};
-use kvstore::{BufRange, ClientConfig, MasterError, StoreClient, StoreError};
+use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
+use openapi::master::MasterError;
 use serde::Serialize;
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;

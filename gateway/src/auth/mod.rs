@@ -3,7 +3,7 @@
 //! | plane | routes | key |
 //! |---|---|---|
 //! | client | `POST /v1/chat/completions`, `POST /v1/completions`, `POST /generate`, `GET /v1/models`, `GET /get_server_info`, `GET /get_model_info` | a key from `--client-api-keys-file` (or the admin key), when the file is set; open without it |
-//! | store | the KV master's store plane (mount, remount, ping, unmount, leave; put/get/exists/remove of objects, single and batch; `/metadata`), see `kvstore::rest` | the store key (`--store-api-key`, else derived from the cluster's transfer secret) or the admin key; always |
+//! | store | the KV master's store plane (mount, remount, ping, unmount, leave; put/get/exists/remove of objects, single and batch; `/metadata`), see `kvmaster::rest` | the store key (`--store-api-key`, else derived from the cluster's transfer secret) or the admin key; always |
 //! | admin | the worker API (`/workers...`) and the master's admin plane (cluster-wide reads, bulk removal) | the admin key (`--admin-api-key`); without one, loopback callers only (403 for any other peer) unless `--insecure-open-admin` |
 //! | open | `GET /health`, `/liveness`, `/readiness`, `/metrics`, the API docs (`/api-docs/openapi.json`, `/openapi.json`, `/docs...`) | none |
 //!

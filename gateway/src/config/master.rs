@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use clap::ArgMatches;
-use kvstore::MasterConfig;
+use kvmaster::MasterConfig;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -17,7 +17,7 @@ use super::{
 
 /// Everything `moongate master` can be told. Field names are the TOML keys; flags are the
 /// field names in kebab case; environment variables are [`env`](mod@env)'s
-/// (`MOONGATE_HOST`, ...) and `kvstore::master::env`'s for the `[master]` table.
+/// (`MOONGATE_HOST`, ...) and `kvmaster::master::env`'s for the `[master]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct MasterHostConfig {
@@ -82,7 +82,7 @@ pub struct MasterHostConfig {
     pub master: MasterConfig,
     /// The master as one of an HA cluster on etcd (`[ha]` in the TOML file).
     #[command(flatten)]
-    pub ha: kvstore::HaConfig,
+    pub ha: kvmaster::HaConfig,
 }
 
 impl Default for MasterHostConfig {
@@ -136,7 +136,7 @@ impl MasterHostConfig {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
-        errs.extend(kvstore::busy_poll::window_problem(
+        errs.extend(kvmaster::busy_poll::window_problem(
             "busy_poll_us",
             self.busy_poll_us,
         ));

@@ -1,6 +1,6 @@
 //! [`ServeConfig::validate`]: every check of a merged configuration, each problem listed.
 
-use kvstore::MasterConfig;
+use kvmaster::MasterConfig;
 
 use super::{ConfigError, PrefillSpec, ServeConfig, security};
 
@@ -83,7 +83,7 @@ impl ServeConfig {
                 errs.push(format!("{name} must be at least 1"));
             }
         }
-        errs.extend(kvstore::busy_poll::window_problem(
+        errs.extend(kvmaster::busy_poll::window_problem(
             "busy_poll_us",
             self.busy_poll_us,
         ));
@@ -226,7 +226,7 @@ pub(super) fn parse_prefill(v: &[String]) -> Result<PrefillSpec, String> {
 /// The problem with the master's settings, if any.
 pub(super) fn master_problem(master: &MasterConfig) -> Option<String> {
     master.validate().err().map(|e| match e {
-        kvstore::MasterError::InvalidParams(m) => format!("master: {m}"),
+        kvmaster::MasterError::InvalidParams(m) => format!("master: {m}"),
         other => format!("master: {other}"),
     })
 }

@@ -48,7 +48,7 @@ use crate::select::kv_aware::store::StoreSource;
 use sglang::tokenizer::Tokenizer;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
-use kvstore::Master;
+use kvmaster::Master;
 use openapi::workers::WorkerType;
 
 /// Everything handlers share (cheap to clone).

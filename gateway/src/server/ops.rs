@@ -64,7 +64,7 @@ pub async fn readiness(State(st): State<AppState>) -> Response {
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
     if let Some(master) = st.master() {
-        kvstore::metrics::publish(master);
+        kvmaster::publish_gauges(master);
     }
     let extra = [(
         "moongate_gateway_admission_waiting",

@@ -34,11 +34,13 @@ use crate::error::{Result, TransferError};
 
 mod cpu;
 mod idle;
+pub mod offsets;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all, lock_every};
 pub(crate) use idle::{Upkeep, spawn_idle};
 pub use idle::{background_prefaults, wait_for_background_prefaults};
+pub use offsets::{Allocation, OffsetAllocator};
 use raw::populate_live;
 #[cfg(test)]
 pub(crate) use raw::resident_pages;

@@ -6,13 +6,13 @@
 //! prefix in its GPU cache by what loading costs against computing.
 //!
 //! The policy looks at the master this process hosts ([`StoreSource`]), in memory: no
-//! request, no read lease ([`kvstore::Master::readable`]). One object per page says it
+//! request, no read lease ([`kvmaster::Master::readable`]). One object per page says it
 //! is there (`--kv-l3-key-format`, K of TP rank 0 by default).
 
 use std::fmt;
 use std::sync::Arc;
 
-use kvstore::Master;
+use kvmaster::Master;
 
 use sglang::kv_events::hash::PageDigest;
 

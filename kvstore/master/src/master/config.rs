@@ -1,0 +1,281 @@
+//! Every tunable of the master, with its default, in one place. The gateway's CLI (flags,
+//! `MOONGATE_MASTER_*` environment, `[master]` TOML table), the docs and deploy/ read the
+//! defaults from here.
+
+use serde::{Deserialize, Serialize};
+
+use super::{MasterError, MasterResult};
+
+/// Environment variables, one per setting (`MOONGATE_MASTER_` + the field name in capitals).
+/// Hosts that read settings from the environment (`moongate serve`, `moongate master`) use
+/// these; flags are `--master-` + the field name in kebab case; TOML keys sit in a `[master]`
+/// table.
+pub mod env {
+    /// `--master-lease-ttl-ms`.
+    pub const LEASE_TTL_MS: &str = "MOONGATE_MASTER_LEASE_TTL_MS";
+    /// `--master-client-ttl-ms`.
+    pub const CLIENT_TTL_MS: &str = "MOONGATE_MASTER_CLIENT_TTL_MS";
+    /// `--master-put-start-discard-timeout-ms`.
+    pub const PUT_START_DISCARD_TIMEOUT_MS: &str = "MOONGATE_MASTER_PUT_START_DISCARD_TIMEOUT_MS";
+    /// `--master-put-start-release-timeout-ms`.
+    pub const PUT_START_RELEASE_TIMEOUT_MS: &str = "MOONGATE_MASTER_PUT_START_RELEASE_TIMEOUT_MS";
+    /// `--master-reservation-ttl-ms`.
+    pub const RESERVATION_TTL_MS: &str = "MOONGATE_MASTER_RESERVATION_TTL_MS";
+    /// `--master-reservation-max-bytes`.
+    pub const RESERVATION_MAX_BYTES: &str = "MOONGATE_MASTER_RESERVATION_MAX_BYTES";
+    /// `--master-eviction-high-watermark`.
+    pub const EVICTION_HIGH_WATERMARK: &str = "MOONGATE_MASTER_EVICTION_HIGH_WATERMARK";
+    /// `--master-eviction-ratio`.
+    pub const EVICTION_RATIO: &str = "MOONGATE_MASTER_EVICTION_RATIO";
+    /// `--master-allow-evict-soft-pinned`.
+    pub const ALLOW_EVICT_SOFT_PINNED: &str = "MOONGATE_MASTER_ALLOW_EVICT_SOFT_PINNED";
+    /// `--master-soft-pin-ttl-ms`.
+    pub const SOFT_PIN_TTL_MS: &str = "MOONGATE_MASTER_SOFT_PIN_TTL_MS";
+    /// `--master-shards`.
+    pub const SHARDS: &str = "MOONGATE_MASTER_SHARDS";
+    /// `--master-alignment`.
+    pub const ALIGNMENT: &str = "MOONGATE_MASTER_ALIGNMENT";
+    /// `--master-max-replicas`.
+    pub const MAX_REPLICAS: &str = "MOONGATE_MASTER_MAX_REPLICAS";
+    /// `--master-max-key-bytes`.
+    pub const MAX_KEY_BYTES: &str = "MOONGATE_MASTER_MAX_KEY_BYTES";
+    /// `--master-max-object-bytes`.
+    pub const MAX_OBJECT_BYTES: &str = "MOONGATE_MASTER_MAX_OBJECT_BYTES";
+    /// `--master-max-segment-bytes`.
+    pub const MAX_SEGMENT_BYTES: &str = "MOONGATE_MASTER_MAX_SEGMENT_BYTES";
+    /// `--master-max-batch-items`.
+    pub const MAX_BATCH_ITEMS: &str = "MOONGATE_MASTER_MAX_BATCH_ITEMS";
+    /// `--master-max-name-bytes`.
+    pub const MAX_NAME_BYTES: &str = "MOONGATE_MASTER_MAX_NAME_BYTES";
+    /// `--master-tick-interval-ms`.
+    pub const TICK_INTERVAL_MS: &str = "MOONGATE_MASTER_TICK_INTERVAL_MS";
+    /// `--master-list-default-limit`.
+    pub const LIST_DEFAULT_LIMIT: &str = "MOONGATE_MASTER_LIST_DEFAULT_LIMIT";
+    /// `--master-list-max-limit`.
+    pub const LIST_MAX_LIMIT: &str = "MOONGATE_MASTER_LIST_MAX_LIMIT";
+    /// `--master-metadata-max-entries`.
+    pub const METADATA_MAX_ENTRIES: &str = "MOONGATE_MASTER_METADATA_MAX_ENTRIES";
+    /// `--master-metadata-max-value-bytes`.
+    pub const METADATA_MAX_VALUE_BYTES: &str = "MOONGATE_MASTER_METADATA_MAX_VALUE_BYTES";
+}
+
+/// Configuration of the KV-cache master. Durations are in milliseconds. Defaults follow
+/// Mooncake Store (`types.h`, the master's flags) unless noted.
+///
+/// It is also a set of command-line flags (`clap::Args`, flattened into the host's command,
+/// under the "KV master" heading); their ids are `master.<field>`, which is how a host that
+/// nests this struct under a `master` key maps a given flag back to its field.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "KV master")]
+pub struct MasterConfig {
+    /// Read lease granted (or extended) by `get_replicas` and `exists`. Default 10 s.
+    #[arg(id = "master.lease_ttl_ms", long = "master-lease-ttl-ms", env = env::LEASE_TTL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().lease_ttl_ms)]
+    pub lease_ttl_ms: u64,
+    /// A client that neither pings nor mounts for this long loses its segments and is told
+    /// to remount. Default 10 s.
+    #[arg(id = "master.client_ttl_ms", long = "master-client-ttl-ms", env = env::CLIENT_TTL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().client_ttl_ms)]
+    pub client_ttl_ms: u64,
+    /// A put left unfinished this long may be taken over by a new `put_start` of the same
+    /// key. Default 30 s.
+    #[arg(id = "master.put_start_discard_timeout_ms", long = "master-put-start-discard-timeout-ms", env = env::PUT_START_DISCARD_TIMEOUT_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().put_start_discard_timeout_ms)]
+    pub put_start_discard_timeout_ms: u64,
+    /// The space of an unfinished (or taken-over) put is released this long after its
+    /// `put_start`. Must exceed the discard timeout. Default 600 s.
+    #[arg(id = "master.put_start_release_timeout_ms", long = "master-put-start-release-timeout-ms", env = env::PUT_START_RELEASE_TIMEOUT_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().put_start_release_timeout_ms)]
+    pub put_start_release_timeout_ms: u64,
+    /// Space reserved for a client's future puts (so each is one commit request) is
+    /// released this long after it was reserved if still unused. A tenth of it is the
+    /// write window: clients start writing a reservation or a put-start's replicas only
+    /// within it of their request, and a segment remounted, or restored by a new HA
+    /// leader, takes no new values for it (clients may still write into space given out
+    /// in it before). Moongate's own. Default 30 s.
+    #[arg(id = "master.reservation_ttl_ms", long = "master-reservation-ttl-ms", env = env::RESERVATION_TTL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().reservation_ttl_ms)]
+    pub reservation_ttl_ms: u64,
+    /// Most bytes of reserved space one client may hold (every replica counted); 0 turns
+    /// reservations off (every put takes two requests), as it is on an HA master (`--ha`),
+    /// whose successor would not know them. Moongate's own. Default 256 MiB.
+    #[arg(id = "master.reservation_max_bytes", long = "master-reservation-max-bytes", env = env::RESERVATION_MAX_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().reservation_max_bytes)]
+    pub reservation_max_bytes: u64,
+    /// Eviction starts when allocated / capacity passes this ratio. Default 0.90.
+    #[arg(id = "master.eviction_high_watermark", long = "master-eviction-high-watermark", env = env::EVICTION_HIGH_WATERMARK, value_name = "RATIO",
+        default_value_t = MasterConfig::default().eviction_high_watermark)]
+    pub eviction_high_watermark: f64,
+    /// Share of allocated bytes one eviction round frees. Default 0.05.
+    #[arg(id = "master.eviction_ratio", long = "master-eviction-ratio", env = env::EVICTION_RATIO, value_name = "RATIO",
+        default_value_t = MasterConfig::default().eviction_ratio)]
+    pub eviction_ratio: f64,
+    /// Whether soft-pinned objects may be evicted (second pass, after all others).
+    /// Default true.
+    #[arg(id = "master.allow_evict_soft_pinned", long = "master-allow-evict-soft-pinned", env = env::ALLOW_EVICT_SOFT_PINNED, value_name = "BOOL", action = clap::ArgAction::Set,
+        default_value_t = MasterConfig::default().allow_evict_soft_pinned)]
+    pub allow_evict_soft_pinned: bool,
+    /// How long a soft pin protects an object after its `put_end`. Default 30 min.
+    #[arg(id = "master.soft_pin_ttl_ms", long = "master-soft-pin-ttl-ms", env = env::SOFT_PIN_TTL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().soft_pin_ttl_ms)]
+    pub soft_pin_ttl_ms: u64,
+    /// Number of metadata shards (power of two); each has its own lock. Default 64.
+    #[arg(id = "master.shards", long = "master-shards", env = env::SHARDS, value_name = "N",
+        default_value_t = MasterConfig::default().shards)]
+    pub shards: usize,
+    /// Allocation granularity and alignment in bytes (power of two), relative to the
+    /// segment base. Default 64.
+    #[arg(id = "master.alignment", long = "master-alignment", env = env::ALIGNMENT, value_name = "BYTES",
+        default_value_t = MasterConfig::default().alignment)]
+    pub alignment: u64,
+    /// Largest `replica_num` a put may ask for. Default 8.
+    #[arg(id = "master.max_replicas", long = "master-max-replicas", env = env::MAX_REPLICAS, value_name = "N",
+        default_value_t = MasterConfig::default().max_replicas)]
+    pub max_replicas: u32,
+    /// Longest key in bytes. Default 4096.
+    #[arg(id = "master.max_key_bytes", long = "master-max-key-bytes", env = env::MAX_KEY_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().max_key_bytes)]
+    pub max_key_bytes: usize,
+    /// Largest object in bytes. Default 1 TiB (Mooncake's largest segment).
+    #[arg(id = "master.max_object_bytes", long = "master-max-object-bytes", env = env::MAX_OBJECT_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().max_object_bytes)]
+    pub max_object_bytes: u64,
+    /// Largest segment in bytes. Default 1 PiB.
+    #[arg(id = "master.max_segment_bytes", long = "master-max-segment-bytes", env = env::MAX_SEGMENT_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().max_segment_bytes)]
+    pub max_segment_bytes: u64,
+    /// Most items in one batch request. Default 4096.
+    #[arg(id = "master.max_batch_items", long = "master-max-batch-items", env = env::MAX_BATCH_ITEMS, value_name = "N",
+        default_value_t = MasterConfig::default().max_batch_items)]
+    pub max_batch_items: usize,
+    /// Longest segment name, client endpoint or regex, in bytes. Default 1024.
+    #[arg(id = "master.max_name_bytes", long = "master-max-name-bytes", env = env::MAX_NAME_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().max_name_bytes)]
+    pub max_name_bytes: usize,
+    /// Period of the background tick (client TTL sweep, zombie release, watermark check).
+    /// Default 100 ms.
+    #[arg(id = "master.tick_interval_ms", long = "master-tick-interval-ms", env = env::TICK_INTERVAL_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().tick_interval_ms)]
+    pub tick_interval_ms: u64,
+    /// Page size of key listings when the request gives none. Default 1000.
+    #[arg(id = "master.list_default_limit", long = "master-list-default-limit", env = env::LIST_DEFAULT_LIMIT, value_name = "N",
+        default_value_t = MasterConfig::default().list_default_limit)]
+    pub list_default_limit: usize,
+    /// Largest page size of key listings. Default 10 000.
+    #[arg(id = "master.list_max_limit", long = "master-list-max-limit", env = env::LIST_MAX_LIMIT, value_name = "N",
+        default_value_t = MasterConfig::default().list_max_limit)]
+    pub list_max_limit: usize,
+    /// Most entries in the transfer-metadata store. Default 65 536.
+    #[arg(id = "master.metadata_max_entries", long = "master-metadata-max-entries", env = env::METADATA_MAX_ENTRIES, value_name = "N",
+        default_value_t = MasterConfig::default().metadata_max_entries)]
+    pub metadata_max_entries: usize,
+    /// Largest value in the transfer-metadata store, in bytes. Default 1 MiB.
+    #[arg(id = "master.metadata_max_value_bytes", long = "master-metadata-max-value-bytes", env = env::METADATA_MAX_VALUE_BYTES, value_name = "BYTES",
+        default_value_t = MasterConfig::default().metadata_max_value_bytes)]
+    pub metadata_max_value_bytes: usize,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl_ms: 10_000,
+            client_ttl_ms: 10_000,
+            put_start_discard_timeout_ms: 30_000,
+            put_start_release_timeout_ms: 600_000,
+            reservation_ttl_ms: 30_000,
+            reservation_max_bytes: 256 << 20,
+            eviction_high_watermark: 0.90,
+            eviction_ratio: 0.05,
+            allow_evict_soft_pinned: true,
+            soft_pin_ttl_ms: 30 * 60 * 1000,
+            shards: 64,
+            alignment: 64,
+            max_replicas: 8,
+            max_key_bytes: 4096,
+            max_object_bytes: 1 << 40,
+            max_segment_bytes: 1 << 50,
+            max_batch_items: 4096,
+            max_name_bytes: 1024,
+            tick_interval_ms: 100,
+            list_default_limit: 1000,
+            list_max_limit: 10_000,
+            metadata_max_entries: 65_536,
+            metadata_max_value_bytes: 1 << 20,
+        }
+    }
+}
+
+impl MasterConfig {
+    /// Checks the values are usable together; the master refuses to start otherwise.
+    pub fn validate(&self) -> MasterResult<()> {
+        let bad = |m: &str| Err(MasterError::InvalidParams(m.to_string()));
+        if !(0.0..=1.0).contains(&self.eviction_high_watermark) {
+            return bad("eviction_high_watermark must be within [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.eviction_ratio) {
+            return bad("eviction_ratio must be within [0, 1]");
+        }
+        if self.put_start_release_timeout_ms <= self.put_start_discard_timeout_ms {
+            return bad("put_start_release_timeout_ms must exceed put_start_discard_timeout_ms");
+        }
+        if self.reservation_ttl_ms < 10 {
+            return bad("reservation_ttl_ms must be at least 10");
+        }
+        if !self.shards.is_power_of_two() || self.shards > 1 << 16 {
+            return bad("shards must be a power of two, at most 65536");
+        }
+        if !self.alignment.is_power_of_two() {
+            return bad("alignment must be a power of two");
+        }
+        if self.max_replicas == 0 {
+            return bad("max_replicas must be at least 1");
+        }
+        if self.lease_ttl_ms == 0 || self.client_ttl_ms == 0 || self.tick_interval_ms == 0 {
+            return bad("lease_ttl_ms, client_ttl_ms and tick_interval_ms must be positive");
+        }
+        if self.list_default_limit == 0 || self.list_default_limit > self.list_max_limit {
+            return bad("list_default_limit must be within 1..=list_max_limit");
+        }
+        if self.max_key_bytes == 0 || self.max_batch_items == 0 || self.max_name_bytes == 0 {
+            return bad("max_key_bytes, max_batch_items and max_name_bytes must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_round_trip() {
+        let c = MasterConfig::default();
+        c.validate().unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<MasterConfig>(&json).unwrap(), c);
+        let partial: MasterConfig = serde_json::from_str(r#"{"lease_ttl_ms": 5}"#).unwrap();
+        assert_eq!(partial.lease_ttl_ms, 5);
+        assert_eq!(partial.client_ttl_ms, 10_000);
+        assert!(serde_json::from_str::<MasterConfig>(r#"{"nope": 1}"#).is_err());
+    }
+
+    #[test]
+    fn validate_refuses_inconsistent_values() {
+        let mut c = MasterConfig {
+            put_start_release_timeout_ms: 1,
+            ..MasterConfig::default()
+        };
+        assert!(c.validate().is_err());
+        c = MasterConfig {
+            shards: 3,
+            ..MasterConfig::default()
+        };
+        assert!(c.validate().is_err());
+        c = MasterConfig {
+            eviction_ratio: 1.5,
+            ..MasterConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

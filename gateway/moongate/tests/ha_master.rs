@@ -62,7 +62,7 @@ struct Etcd {
 /// A file of the etcd TLS test fixtures (`tests/fixtures/etcd-tls`).
 fn etcd_tls(name: &str) -> String {
     format!(
-        "{}/../tests/fixtures/etcd-tls/{name}",
+        "{}/../../tests/fixtures/etcd-tls/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
 }

@@ -32,7 +32,7 @@ async fn text_of(c: &reqwest::Client, url: &str) -> String {
 }
 
 fn committed_openapi() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../openapi/openapi.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

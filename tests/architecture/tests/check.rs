@@ -126,6 +126,7 @@ fn arrows_point_down_the_layers_and_never_where_forbidden() {
     let bad = [
         krate("wire", Some(0), &["low"]),
         krate("low", Some(1), &["peer"]),
+        krate("peer", Some(1), &[]),
         krate("top", Some(2), &["low", "reqwest"]),
         krate("stray", None, &[]),
     ];

@@ -171,7 +171,7 @@ impl Drop for Proc {
 
 /// Every `moongate_*` metric the Grafana dashboards in deploy/grafana/dashboards query.
 pub fn dashboard_metrics() -> std::collections::BTreeSet<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/dashboards");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/dashboards");
     let mut names = std::collections::BTreeSet::new();
     for e in std::fs::read_dir(dir).expect("deploy/grafana/dashboards") {
         let text = std::fs::read_to_string(e.unwrap().path()).unwrap();

@@ -25,7 +25,7 @@ pub fn test_secret_file() -> &'static Path {
 
 /// The repository's deploy/ directory.
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
 /// The text of `deploy/<name>`.

@@ -11,7 +11,7 @@ while IFS='=' read -r name _; do
   if [[ $name == MOONGATE_* ]]; then unset "$name"; fi
 done < <(env)
 
-cargo build -q -p gateway
+cargo build -q -p moongate
 
 # write SUBCOMMAND FILE WHERE: the header, then the subcommand's --print-config output.
 write() {
@@ -27,11 +27,11 @@ write() {
       "# its keys. Settings that are off unless given (keys, optional ports and limits) do not" \
       "# appear; \`moongate $cmd --help\` lists every setting with its meaning." \
       ""
-    cargo run -q -p gateway -- "$cmd" --print-config
+    cargo run -q -p moongate -- "$cmd" --print-config
   } > "$file.tmp"
   mv "$file.tmp" "$file"
   echo "wrote $file"
 }
 
-write serve deploy/k8s/base/moongate.toml "gateway/src/config.rs; [master]: kvstore::MasterConfig"
-write master deploy/master.toml "gateway/src/config/master.rs; [master]: kvstore::MasterConfig"
+write serve deploy/k8s/base/moongate.toml "gateway/src/config.rs; [master]: kvmaster::MasterConfig"
+write master deploy/master.toml "gateway/src/config/master.rs; [master]: kvmaster::MasterConfig"

@@ -97,7 +97,7 @@ fn keys(c: &mut Criterion) {
         .with_cache(64 << 20);
     assert!(cached.caches_pieces() && cached.remembers_chats());
     let mut g = c.benchmark_group("prompt_keys");
-    // The body of `bench/gateway_bench.sh` (`bench/lua/chat.lua`): one user message of 1 KiB.
+    // The body of `gateway/bench/gateway_bench.sh` (`gateway/bench/lua/chat.lua`): one user message of 1 KiB.
     let wrk = serde_json::to_vec(&json!({
         "model": "moongate-sim",
         "messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. ".repeat(23)}],

@@ -10,8 +10,8 @@
 # Everything over TCP on loopback. Prints a table (medians over rounds) and keeps the raw
 # `RESULT` lines in $OUT/results.jsonl.
 #
-#   kvstore/python/bench/py_bench.sh            # builds release binaries and the wheel, 3 rounds
-#   ROUNDS=1 SKIP_BUILD=1 kvstore/python/bench/py_bench.sh
+#   kvstore/wheel/bench/py_bench.sh            # builds release binaries and the wheel, 3 rounds
+#   ROUNDS=1 SKIP_BUILD=1 kvstore/wheel/bench/py_bench.sh
 #
 # Needs the peers (../shared/bench/install_peers.sh: Mooncake's wheel in
 # ~/.cache/moongate-peers/venv). Binaries: STORE_BENCH_BIN, TRANSFER_BENCH_BIN, MOONGATE_BIN,
@@ -27,7 +27,7 @@ TGT=${CARGO_TARGET_DIR:-$PWD/target}
 MG_VENV=${MG_VENV:-$TGT/py-bench-venv}
 OUT=${OUT:-$(mktemp -d /tmp/py_bench.XXXXXX)}
 mkdir -p "$OUT"
-BENCH_PY=kvstore/python/bench/py_bench.py
+BENCH_PY=kvstore/wheel/bench/py_bench.py
 MC_RPC=$((BASE_PORT + 51)); MC_META=$((BASE_PORT + 80)); MC_METRICS=$((BASE_PORT + 3)); MG_PORT=$((BASE_PORT + 100))
 export MC_TCP_BIND_ADDRESS=127.0.0.1   # keep Mooncake's transfer engine on loopback
 # numpy is imported for its buffers only: keep OpenBLAS's thread pool (which spins after start on
@@ -36,10 +36,10 @@ export OPENBLAS_NUM_THREADS=1
 [ -x "$MC_PY" ] || { echo "Mooncake's wheel is not installed: run ../shared/bench/install_peers.sh" >&2; exit 1; }
 
 if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release -q -p kvstore --bin store-bench --example kv -p transfer --bin transfer-bench -p gateway --bin moongate
+  cargo build --release -q -p store-bench --bin store-bench -p kvclient --example kv -p transfer --bin transfer-bench -p moongate --bin moongate
   [ -x "$MG_VENV/bin/python" ] || python3 -m venv "$MG_VENV"
   "$MG_VENV/bin/pip" install -q maturin numpy
-  CARGO_TARGET_DIR="$TGT/wheel" "$MG_VENV/bin/pip" install -q --force-reinstall ./kvstore/python
+  CARGO_TARGET_DIR="$TGT/wheel" "$MG_VENV/bin/pip" install -q --force-reinstall ./kvstore/wheel
 fi
 STORE_BENCH=${STORE_BENCH_BIN:-$TGT/release/store-bench}
 TRANSFER_BENCH=${TRANSFER_BENCH_BIN:-$TGT/release/transfer-bench}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Durable puts with the HA master on, next to the same master with HA off, in one run:
 #
-#   bench/ha_bench.sh                       # 8 clients, 4 KiB values, 3 rounds
-#   CLIENTS=16 ROUNDS=1 bench/ha_bench.sh
+#   kvstore/bench/scripts/ha_bench.sh                       # 8 clients, 4 KiB values, 3 rounds
+#   CLIENTS=16 ROUNDS=1 kvstore/bench/scripts/ha_bench.sh
 #
 # One etcd member (Debian's `etcd-server`) on loopback with a fresh data dir; one
 # `moongate master --ha` on it and one plain `moongate master`, the same release binary.
@@ -11,14 +11,14 @@
 # `put_end` the HA master commits to etcd before answering (group commit: concurrent
 # put_ends share one transaction), so the HA figures are durable put_ends per second.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-3}
 CLIENTS=${CLIENTS:-8}
 SIZE=${SIZE:-4K}
 SEGMENT=${SEGMENT:-256M}   # each client's segment (the clients hold the store's memory)
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release -q -p kvstore --bin store-bench -p gateway --bin moongate --features gateway/etcd
+  cargo build --release -q -p store-bench --bin store-bench -p moongate --bin moongate --features moongate/etcd
 fi
 SB=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
 MG=${MOONGATE_BIN:-$TARGET/release/moongate}

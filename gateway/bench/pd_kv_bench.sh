@@ -4,9 +4,9 @@
 # engine's own figure (transfer-bench, 64 MiB writes over TCP), alternating in one run so
 # machine drift hits both alike.
 #
-#   bench/pd_kv_bench.sh                          # build release, 3 rounds
-#   ROUNDS=5 REQUESTS=8 bench/pd_kv_bench.sh
-#   MOONGATE_BIN=... TRANSFER_BENCH_BIN=... bench/pd_kv_bench.sh   # prebuilt binaries
+#   gateway/bench/pd_kv_bench.sh                          # build release, 3 rounds
+#   ROUNDS=5 REQUESTS=8 gateway/bench/pd_kv_bench.sh
+#   MOONGATE_BIN=... TRANSFER_BENCH_BIN=... gateway/bench/pd_kv_bench.sh   # prebuilt binaries
 #
 # Each round: transfer-bench (initiator against a target, 64 MiB writes, one batch at a
 # time, TCP, DURATION s), then REQUESTS /generate requests of 4,096 token ids (4 output
@@ -18,7 +18,7 @@
 # checks every page of every request (checksums and token headers). Nothing is pinned.
 # Ports: BASE_PORT..BASE_PORT+10 (default 46400).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}; REQUESTS=${REQUESTS:-12}; DURATION=${DURATION:-5}; TOKENS=${TOKENS:-4096}
 SHAPE=${SHAPE:-llama-3-8b}; POOL=${POOL:-1G}
 BASE_PORT=${BASE_PORT:-46400}
@@ -27,7 +27,7 @@ TB_PORT=$((BASE_PORT + 4))
 BIN=${MOONGATE_BIN:-${CARGO_TARGET_DIR:-target}/release/moongate}
 TB=${TRANSFER_BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/transfer-bench}
 if [ -z "${MOONGATE_BIN:-}" ] || [ -z "${TRANSFER_BENCH_BIN:-}" ]; then
-  cargo build --release -q -p gateway --bin moongate
+  cargo build --release -q -p moongate --bin moongate
   cargo build --release -q -p transfer --bin transfer-bench
 fi
 

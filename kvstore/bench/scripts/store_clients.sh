@@ -2,10 +2,10 @@
 # Many store clients against several storage nodes, next to what the transfer engine alone
 # moves with as many connections, in one run (taken in turn, round after round):
 #
-#   bench/store_clients.sh                    # 8 clients, 2 nodes, 1 MiB values, 3 rounds
-#   CLIENTS=4 NODES=1 SIZE=4M ROUNDS=1 bench/store_clients.sh
-#   SB_EXTRA='--rpc-busy-poll-us 0' bench/store_clients.sh   # more store-bench flags
-#   BATCH=16 bench/store_clients.sh           # batch forms, 16 values a call (HiCache's shape)
+#   kvstore/bench/scripts/store_clients.sh                    # 8 clients, 2 nodes, 1 MiB values, 3 rounds
+#   CLIENTS=4 NODES=1 SIZE=4M ROUNDS=1 kvstore/bench/scripts/store_clients.sh
+#   SB_EXTRA='--rpc-busy-poll-us 0' kvstore/bench/scripts/store_clients.sh   # more store-bench flags
+#   BATCH=16 kvstore/bench/scripts/store_clients.sh           # batch forms, 16 values a call (HiCache's shape)
 #
 # Store side: `store-bench --storage node --nodes NODES --clients CLIENTS` (put_from and
 # get_into, zero-copy, one call at a time per client; every client its own engine and
@@ -23,7 +23,7 @@
 # compares data paths, not the kernel's first touch (on this project's VMs 8-13 s a GiB,
 # which made cold nodes' 1 MiB puts stall up to 0.8 s).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-3}
 CLIENTS=${CLIENTS:-8}
 NODES=${NODES:-2}
@@ -33,7 +33,7 @@ PROTOCOL=${PROTOCOL:-tcp}
 DURATION=${DURATION:-3}
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release -q -p kvstore --bin store-bench -p transfer --bin transfer-bench -p gateway --bin moongate
+  cargo build --release -q -p store-bench --bin store-bench -p transfer --bin transfer-bench -p moongate --bin moongate
 fi
 SB=${STORE_BENCH_BIN:-$TARGET/release/store-bench}
 TB=${TRANSFER_BENCH_BIN:-$TARGET/release/transfer-bench}

@@ -3,9 +3,9 @@
 # Alternates the binaries case by case (and which goes first, round by round), so machine
 # drift hits both alike, and prints the median GB/s of each and their ratio.
 #
-#   bench/transfer_ab.sh OLD_BINARY NEW_BINARY
-#   ROUNDS=6 DURATION=3 bench/transfer_ab.sh /tmp/tb-old target/release/transfer-bench
-#   CASES="tcp:write:1M:4 shm:read:64K:16" bench/transfer_ab.sh A B
+#   transfer/bench/transfer_ab.sh OLD_BINARY NEW_BINARY
+#   ROUNDS=6 DURATION=3 transfer/bench/transfer_ab.sh /tmp/tb-old target/release/transfer-bench
+#   CASES="tcp:write:1M:4 shm:read:64K:16" transfer/bench/transfer_ab.sh A B
 #
 # Build the old binary from a worktree with its own target directory, e.g.
 #   git worktree add /tmp/old REV && (cd /tmp/old && CARGO_TARGET_DIR=/tmp/old-target \

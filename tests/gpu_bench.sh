@@ -3,9 +3,9 @@
 # GPU memory, against the host figures of the same run (alternating, so machine drift hits
 # both alike), and CUDA IPC against the device's own copy bandwidth.
 #
-#   bench/gpu_bench.sh                               # build release, 3 rounds
-#   ROUNDS=1 DURATION=3 bench/gpu_bench.sh
-#   TRANSFER_BENCH_BIN=... bench/gpu_bench.sh        # a prebuilt binary
+#   tests/gpu_bench.sh                               # build release, 3 rounds
+#   ROUNDS=1 DURATION=3 tests/gpu_bench.sh
+#   TRANSFER_BENCH_BIN=... tests/gpu_bench.sh        # a prebuilt binary
 #
 # Each round, two processes on loopback, 64 MiB writes then reads, one batch of 4 at a time,
 # 1 GiB buffers:

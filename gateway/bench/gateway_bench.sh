@@ -2,12 +2,12 @@
 # Gateway overhead benchmark: the same load sent straight to a simulated worker and through
 # `moongate serve`, alternating within one run, so machine drift hits both alike.
 #
-#   bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
-#   DURATION=5 ROUNDS=1 bench/gateway_bench.sh   # quick look
-#   COMPARE_BIN=/tmp/old/moongate bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
-#   CLIENT_KEYS=1 bench/gateway_bench.sh         # A/B: a second gateway with --client-api-keys-file
+#   gateway/bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
+#   DURATION=5 ROUNDS=1 gateway/bench/gateway_bench.sh   # quick look
+#   COMPARE_BIN=/tmp/old/moongate gateway/bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
+#   CLIENT_KEYS=1 gateway/bench/gateway_bench.sh         # A/B: a second gateway with --client-api-keys-file
 #                                                # ("gateway_keys", sent a valid key), and its CPU ratio
-#   KV_AWARE=1 bench/gateway_bench.sh            # A/B: gateways on cache_aware ("cache_aware") and on
+#   KV_AWARE=1 gateway/bench/gateway_bench.sh            # A/B: gateways on cache_aware ("cache_aware") and on
 #                                                # kv_aware with --tokenizer-path ("kv_aware"), the sim
 #                                                # workers tokenizing alike and publishing KV events;
 #                                                # UNIQUE=1 makes every prompt new (no cached pieces);
@@ -21,7 +21,7 @@
 # under test (utime+stime from /proc, all threads), peak RSS.
 # Installs wrk with apt-get when it is missing. Ports: 43100-43110 (override with BASE_PORT).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-10}; ROUNDS=${ROUNDS:-3}; CONC=${CONC:-64}
 SCENARIOS=${SCENARIOS:-"chat chat_stream"}
 CPU_SUT=${CPU_SUT:-1}; CPU_AUX=${CPU_AUX:-0}
@@ -34,7 +34,7 @@ if ! command -v wrk >/dev/null; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q wrk
 fi
-if [ -z "${MOONGATE_BIN:-}" ]; then cargo build --release -q -p gateway; fi
+if [ -z "${MOONGATE_BIN:-}" ]; then cargo build --release -q -p moongate; fi
 
 TMP=$(mktemp -d); PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
@@ -112,7 +112,7 @@ fi
 TCK=$(getconf CLK_TCK)
 run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
   local key=""; [ -n "${GWK_PORT:-}" ] && [ "$1" = "$GWK_PORT" ] && key=$CLIENT_KEY
-  UNIQUE=${UNIQUE:-0} AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s bench/lua/chat.lua \
+  UNIQUE=${UNIQUE:-0} AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s gateway/bench/lua/chat.lua \
     "http://127.0.0.1:$1" 2>&1 | awk '/^RESULT/{print $2, $3, $4, $5, $6}'
 }
 echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers cpu $CPU_AUX; wrk -t1 -c$CONC; ${DURATION}s x $ROUNDS rounds; $TOKENS tokens"

@@ -3,10 +3,10 @@
 # MooncakeDistributedStore (../shared/bench/mooncake/store_bench.py, protocol tcp) and
 # Moongate's store-bench, taken in turn, round after round, so machine drift hits both alike.
 #
-#   bench/store_bench.sh                 # build release, 3 rounds
-#   ROUNDS=1 bench/store_bench.sh        # quick look
-#   MOONGATE_PROTOCOL=tcp bench/store_bench.sh   # force Moongate onto TCP too (default: auto = shared memory on one host)
-#   MG_EXTRA=--prefault bench/store_bench.sh     # more store-bench flags (here: segment faulted in at start)
+#   kvstore/bench/scripts/store_bench.sh                 # build release, 3 rounds
+#   ROUNDS=1 kvstore/bench/scripts/store_bench.sh        # quick look
+#   MOONGATE_PROTOCOL=tcp kvstore/bench/scripts/store_bench.sh   # force Moongate onto TCP too (default: auto = shared memory on one host)
+#   MG_EXTRA=--prefault kvstore/bench/scripts/store_bench.sh     # more store-bench flags (here: segment faulted in at start)
 #
 # Modes, for both systems: "single-client" (the bench client holds the segment: every byte
 # stays in its process) and "remote-node" (another process holds the segment: Mooncake's
@@ -17,7 +17,7 @@
 # Needs the peers installed (../shared/bench/install_peers.sh). Ports: 45051/45080/45003
 # (Mooncake's master), 45100 (Moongate's master); BASE_PORT moves them all.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-3}
 BASE_PORT=${BASE_PORT:-45000}
 PROTO=${MOONGATE_PROTOCOL:-auto}
@@ -34,8 +34,8 @@ MC_RPC=$((BASE_PORT + 51)); MC_META=$((BASE_PORT + 80)); MC_METRICS=$((BASE_PORT
 export MC_TCP_BIND_ADDRESS=127.0.0.1   # keep Mooncake's transfer engine on loopback
 
 if [ -z "${STORE_BENCH_BIN:-}" ]; then
-  cargo build --release -q -p kvstore --bin store-bench
-  cargo build --release -q -p gateway --bin moongate
+  cargo build --release -q -p store-bench --bin store-bench
+  cargo build --release -q -p moongate --bin moongate
 fi
 TARGET=${CARGO_TARGET_DIR:-target}
 BENCH=${STORE_BENCH_BIN:-$TARGET/release/store-bench}

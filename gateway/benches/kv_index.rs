@@ -17,12 +17,12 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sglang::kv_events::hash;
-use sglang::kv_events::wire::{EventBatch, KvEvent};
 use gateway::select::kv_aware::index::KvIndex;
 use gateway::select::kv_aware::store::{KeyFormat, Probe};
 use kvmaster::master::{ClientId, ReplicateConfig, SegmentSpec};
 use kvmaster::{Master, MasterConfig};
+use sglang::kv_events::hash;
+use sglang::kv_events::wire::{EventBatch, KvEvent};
 
 const PAGES: usize = 32;
 const PAGE: usize = 64;

@@ -24,8 +24,8 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use gateway::proxy::Endpoint;
 use gateway::proxy::prompt::{prompt_key, routing_key};
-use sglang::tokenizer::Tokenizer;
 use serde_json::json;
+use sglang::tokenizer::Tokenizer;
 
 fn body(turns: usize) -> Vec<u8> {
     body_with(turns, "")

@@ -20,6 +20,7 @@ mod master;
 mod security;
 mod sources;
 mod validate;
+mod worker_url;
 
 use validate::{master_problem, parse_prefill};
 
@@ -28,12 +29,13 @@ use std::path::{Path, PathBuf};
 
 use clap::ArgMatches;
 use kvmaster::MasterConfig;
-pub use trust::Secret;
 use serde::{Deserialize, Serialize};
+pub use trust::Secret;
 
 pub use discovery::{ALL_NAMESPACES, DiscoveryConfig, parse_label};
 pub use master::MasterHostConfig;
 pub use sources::{merge_sources, overlay_given, read_toml};
+pub use worker_url::{UrlError, WorkerUrl};
 
 pub mod env;
 

@@ -10,7 +10,7 @@
 //!
 //! `moongate master` ([`spawn_master`], [`run_master`]) adds `/health`, `/metrics`, the
 //! OpenAPI document and Swagger UI, and serves it all with `moongate serve`'s accept loop
-//! ([`crate::serve::accept_loop`]: the same client limits, graceful shutdown, TLS with
+//! ([`crate::listen::accept_loop`]: the same client limits, graceful shutdown, TLS with
 //! `--tls-cert-file`).
 
 use std::sync::Arc;
@@ -342,7 +342,7 @@ pub async fn spawn_master(
     let background = hosted.spawn_background(stop.clone());
     crate::auth::spawn_open_admin_warning(&auth, stop.clone());
     let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
-    let serving = tokio::spawn(crate::serve::accept_loop(
+    let serving = tokio::spawn(crate::listen::accept_loop(
         listener,
         tls.clone(),
         svc,
@@ -368,7 +368,7 @@ pub async fn run_master(cfg: MasterHostConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
-    let stop = crate::serve::shutdown_signal();
+    let stop = crate::listen::shutdown_signal();
     let process = spawn_master(cfg, listener).await?;
     let s = process.auth().settings();
     tracing::info!(addr = %process.addr(), url = %process.url(), admin_key = s.admin.is_some(),

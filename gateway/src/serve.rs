@@ -10,21 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hyper_util::server::graceful::GracefulShutdown;
 use kvmaster::Master;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
+use tokio::task::JoinHandle;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::KeySet;
 use crate::config::{ConfigError, ServeConfig};
 use crate::hosting::HostedMaster;
-use crate::listen::{self, ClientLimits, DeadlineBody};
+use crate::listen::{ClientLimits, DeadlineBody, accept_loop, shutdown_signal};
 use crate::server::{self, AppState};
-use kvmaster::busy_poll::BusyPoll;
 
 /// A running gateway (for `serve`, the demo and tests).
 #[derive(Debug)]
@@ -199,142 +194,6 @@ pub async fn spawn_with(
         grace,
         master_task: None,
     })
-}
-
-/// Serves `svc` on `listener` (HTTP/1.1 keep-alive, or HTTP/2 with prior knowledge;
-/// TCP_NODELAY on every connection; with `tls`, each connection's TLS handshake first,
-/// bounded by [`crate::tls::HANDSHAKE_TIMEOUT`], then HTTP/1.1 or HTTP/2 by ALPN) under
-/// `limits` (connection cap, header and body deadlines: [`crate::listen`]) until `stop`
-/// fires; then stops accepting, asks every connection to finish its current request and
-/// close, waits up to `grace` for that, and aborts the connections still open. Connection
-/// tasks live in a [`JoinSet`], so none outlives this function.
-pub async fn accept_loop<S>(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    svc: S,
-    stop: CancellationToken,
-    grace: Duration,
-    limits: ClientLimits,
-) -> std::io::Result<()>
-where
-    S: tower::Service<
-            http::Request<DeadlineBody<hyper::body::Incoming>>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Unpin + Send + 'static,
-{
-    let builder = limits.builder();
-    let graceful = GracefulShutdown::new();
-    let slots = limits.slots();
-    let mut conns = JoinSet::new();
-    loop {
-        let (tcp, peer, slot) = tokio::select! {
-            // Reap finished connections so the set does not grow.
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            // A slot first: at the cap, new connections wait in the listen backlog.
-            r = accept_with_slot(&listener, &slots) => match r {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stop.cancelled() => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        // Every request of the connection carries the caller's address (`ConnectInfo`):
-        // the admin plane answers loopback callers only when no admin key is set.
-        let (svc, builder, watcher, tls) = (
-            listen::WithPeer::new(svc.clone(), peer),
-            builder.clone(),
-            graceful.watcher(),
-            tls.clone(),
-        );
-        conns.spawn(async move {
-            match tls {
-                None => {
-                    let conn = BusyPoll::new(tcp, limits.busy_poll);
-                    listen::serve_connection(conn, svc, limits, &builder, watcher).await
-                }
-                Some(acceptor) => {
-                    // The handshake counts against the header deadline's purpose too: it is
-                    // bounded on its own (a TLS client that never finishes holds nothing).
-                    if let Some(stream) = crate::tls::handshake(&acceptor, tcp).await {
-                        let conn = BusyPoll::new(stream, limits.busy_poll);
-                        listen::serve_connection(conn, svc, limits, &builder, watcher).await;
-                    }
-                }
-            }
-            drop(slot);
-        });
-    }
-    drop(listener);
-    let drained = tokio::time::timeout(grace, async {
-        graceful.shutdown().await;
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            connections = conns.len(),
-            grace_secs = grace.as_secs(),
-            "in-flight requests cut at the end of the grace period"
-        );
-        conns.shutdown().await;
-    }
-    Ok(())
-}
-
-/// The next connection, once a connection slot is free.
-async fn accept_with_slot(
-    listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> std::io::Result<(tokio::net::TcpStream, SocketAddr, OwnedSemaphorePermit)> {
-    // The semaphore is never closed.
-    let slot = slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(std::io::Error::other)?;
-    let (tcp, peer) = listener.accept().await?;
-    Ok((tcp, peer, slot))
-}
-
-/// A future that resolves when the process is asked to stop (Ctrl-C / SIGINT, or SIGTERM on
-/// Unix). The handlers are installed when this is called, not when the future is first
-/// polled, so call it before announcing readiness. Needs a tokio runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{Signal, SignalKind, signal};
-        let int = signal(SignalKind::interrupt()).ok();
-        let term = signal(SignalKind::terminate()).ok();
-        let recv = |s: Option<Signal>| async move {
-            match s {
-                Some(mut s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        async move {
-            tokio::select! {
-                _ = recv(int) => {}
-                _ = recv(term) => {}
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        async {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 /// `moongate serve`: serve `cfg` until Ctrl-C / SIGTERM. On SIGHUP, `reread` (when given)

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::openai::{Extra, FinishReason, MatchedStop};
-use crate::shapes::{InputIds, OneOrMany, StopSequences};
+use crate::shapes::{InputIds, OneOrMany, Routing, StopSequences};
 
 /// `POST /generate`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -67,25 +67,6 @@ impl GenerateRequest {
     pub fn is_stream(&self) -> bool {
         self.stream.unwrap_or(false)
     }
-}
-
-/// SGLang's request id and PD bootstrap fields, shared by `/generate`, chat completions
-/// and completions (flattened into each body). Each is a scalar for a single request or a
-/// list with one entry per batch item; the PD rewrite injects the bootstrap fields here.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct Routing {
-    /// Request id(s); for a batch, a string becomes `{rid}_{i}` per item.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rid: Option<OneOrMany<String>>,
-    /// PD: host of the prefill worker's bootstrap server.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bootstrap_host: Option<OneOrMany<String>>,
-    /// PD: bootstrap port (`null` for the prefill worker's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bootstrap_port: Option<OneOrMany<Option<u16>>>,
-    /// PD: the room pairing one prefill with one decode (random 63-bit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bootstrap_room: Option<OneOrMany<u64>>,
 }
 
 /// `sampling_params` of a `/generate` request. Only the parameters that shape the length

@@ -1,5 +1,6 @@
 //! Shapes shared by the OpenAI and SGLang bodies: a value or a list of values, stop
-//! sequences, and the four ways to spell a prompt.
+//! sequences, the four ways to spell a prompt, and SGLang's routing fields ([`Routing`]),
+//! which every generation body carries.
 //!
 //! Each type here has a hand-written `Deserialize` that looks at the JSON once (no
 //! buffering of large prompts) and names the accepted shapes when the input matches none.
@@ -16,6 +17,25 @@ use serde::de::value::{
 use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+/// SGLang's request id and PD bootstrap fields, shared by `/generate`, chat completions
+/// and completions (flattened into each body). Each is a scalar for a single request or a
+/// list with one entry per batch item; the PD rewrite injects the bootstrap fields here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Routing {
+    /// Request id(s); for a batch, a string becomes `{rid}_{i}` per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rid: Option<OneOrMany<String>>,
+    /// PD: host of the prefill worker's bootstrap server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_host: Option<OneOrMany<String>>,
+    /// PD: bootstrap port (`null` for the prefill worker's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<OneOrMany<Option<u16>>>,
+    /// PD: the room pairing one prefill with one decode (random 63-bit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_room: Option<OneOrMany<u64>>,
+}
 
 /// A field that is either one value (single request) or a list (one per item of a batch).
 ///

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use sglang::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
-use sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
+use sglang::kv_events::KvEventsConfig;
+use sim::{self, SimConfig, SimHandle};
 use tokio::net::TcpListener;
 
 /// A simulated worker of `mode` with a prefix cache (4-token pages) publishing its KV events
@@ -375,10 +375,8 @@ async fn chat_prompts_are_routed_by_the_tokens_the_workers_cache() {
         // Through the gateway: the worker that holds it answers, from its cache.
         let first = tok
             .chat_ids(
-                &sglang::tokenizer::ChatPrompt::from_body(
-                    &serde_json::to_vec(&firsts[i]).unwrap(),
-                )
-                .unwrap(),
+                &sglang::tokenizer::ChatPrompt::from_body(&serde_json::to_vec(&firsts[i]).unwrap())
+                    .unwrap(),
             )
             .unwrap();
         let r = post_chat(&c, &gw.url(), &next).await;

@@ -6,16 +6,16 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use sglang::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
-use sim::config::WritePolicy;
-use sim::l3::L3Stats;
-use sim::{self, SimConfig, SimHandle};
 use gateway::workers::Worker;
-use sglang::hicache::{KeyLayout, page_hashes};
 use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
+use sglang::hicache::{KeyLayout, page_hashes};
+use sglang::kv_events::KvEventsConfig;
+use sim::config::WritePolicy;
+use sim::l3::L3Stats;
+use sim::{self, SimConfig, SimHandle};
 use tokio::net::TcpListener;
 
 /// Tokens per page, and pages each worker's GPU cache holds.

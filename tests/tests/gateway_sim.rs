@@ -4,10 +4,10 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sim::{self, SimConfig, SimHandle};
 use moongate_tests::{eventually, fast_config, get_json, post_json, start_gateway};
 use openapi::openai::chat::{ChatCompletionChunk, ChatCompletionResponse};
 use serde_json::json;
+use sim::{self, SimConfig, SimHandle};
 
 async fn sims(n: usize, cfg: SimConfig) -> Vec<SimHandle> {
     let mut out = Vec::new();

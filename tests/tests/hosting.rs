@@ -7,8 +7,8 @@ use std::time::Duration;
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
 use gateway::hosting::MasterProcess;
 use http::Method;
-use kvmaster::MasterConfig;
 use kvclient::{ClientConfig, StoreClient};
+use kvmaster::MasterConfig;
 use moongate_tests::{
     call, check_planes, committed_openapi, eventually, fast_config, first_difference, get_json,
     get_text, operations, start_gateway,

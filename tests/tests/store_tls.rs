@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
 use gateway::hosting::MasterProcess;
-use openapi::master::ReplicateConfig;
 use kvclient::node::StoreNodeConfig;
 use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::tls::fixture;
 use moongate_tests::{eventually, fast_config, start_gateway};
+use openapi::master::ReplicateConfig;
 use transfer::metadata::segment_key;
 use transfer::{ClusterSecret, HttpMetadata, TransferError};
 

@@ -195,7 +195,7 @@ fn main() -> anyhow::Result<()> {
             gateway::logging::init(config::LogLevel::Info);
             let metrics = gateway::metrics::install();
             runtime(0)?.block_on(async move {
-                let shutdown = gateway::serve::shutdown_signal();
+                let shutdown = gateway::listen::shutdown_signal();
                 kvclient::node::run(node, move || metrics.render(), shutdown).await
             })?;
             Ok(())

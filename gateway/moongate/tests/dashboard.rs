@@ -12,10 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gateway::config::ServeConfig;
-use sim::config::{KvTransport, ModelShape};
-use sim::{SimConfig, SimMode};
 use kvclient::{ClientConfig, StoreClient};
 use serde_json::json;
+use sim::config::{KvTransport, ModelShape};
+use sim::{SimConfig, SimMode};
 
 fn pd_cfg(mode: SimMode) -> SimConfig {
     SimConfig {

@@ -20,8 +20,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use common::{Proc, moongate};
-use sim::{self, SimConfig, SimHandle};
 use serde_json::{Value, json};
+use sim::{self, SimConfig, SimHandle};
 use tokio::sync::mpsc;
 
 const TOKEN: &str = "fake-service-account-token";

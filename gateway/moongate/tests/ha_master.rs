@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use kvclient::{ClientConfig, StoreClient, StoreError};
 use openapi::master::MasterError;
-use trust::Secret;
 use parking_lot::Mutex;
+use trust::Secret;
 
 const STORE_KEY: &str = "ha-test-store-key";
 /// The masters' lease TTL: 2 s here (shorter failovers, shorter tests);
@@ -701,7 +701,8 @@ async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     masters[old].kill9();
     served_again(&c, "after-kill", Instant::now()).await;
     assert_eq!(c.get("via-etcd").await.unwrap(), value(1));
-    let none = kvclient::discover::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
+    let none =
+        kvclient::discover::discover_masters(&format!("etcd://{}/nobody", etcd.client)).await;
     assert!(none.unwrap_err().contains("no master is registered"));
     let _ = c.close().await;
 }

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use gateway::config::ServeConfig;
 use gateway::serve::Gateway;
+use serde_json::{Value, json};
 use sim::config::{KvTransport, ModelShape};
 use sim::{SimConfig, SimHandle, SimMode};
-use serde_json::{Value, json};
 
 /// Bytes per token of the tiny shape.
 const TOKEN_BYTES: u64 = 128;

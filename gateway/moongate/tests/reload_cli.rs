@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::moongate;
-use sim::SimConfig;
 use serde_json::{Value, json};
+use sim::SimConfig;
 
 /// A `moongate serve --log-json` process; its stderr lines, parsed.
 struct Serve {

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use kvclient::Protocol;
-use openapi::master::ReplicateConfig;
-use kvmaster::{MasterConfig, MasterServer};
 use kvclient::{ClientConfig, StoreClient};
+use kvmaster::{MasterConfig, MasterServer};
+use openapi::master::ReplicateConfig;
 
 /// A `moongate store` process, killed when dropped.
 struct Node {

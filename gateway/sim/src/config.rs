@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use super::pd::kv::ModelShape;
-
 /// Default bind host.
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 /// Default bind port (SGLang's own default, 30000, is left to the gateway).
@@ -373,6 +371,62 @@ mod human_duration {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Model shapes the simulator sizes its KV by: bytes per token = layers × KV heads ×
+/// head dim × 2 (K and V) × bytes per element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum ModelShape {
+    /// 2 layers × 1 KV head × 16 dims × 2 × 2 bytes = 128 bytes per token (tests).
+    #[value(name = "tiny")]
+    #[serde(rename = "tiny")]
+    Tiny,
+    /// Llama 3 8B: 32 layers × 8 KV heads × 128 dims × 2 × 2 bytes = 128 KiB per token.
+    #[value(name = "llama-3-8b")]
+    #[serde(rename = "llama-3-8b")]
+    Llama3_8b,
+    /// Llama 3 70B: 80 layers × 8 KV heads × 128 dims × 2 × 2 bytes = 320 KiB per token.
+    #[value(name = "llama-3-70b")]
+    #[serde(rename = "llama-3-70b")]
+    Llama3_70b,
+    /// Qwen2.5 7B: 28 layers × 4 KV heads × 128 dims × 2 × 2 bytes = 56 KiB per token.
+    #[value(name = "qwen2.5-7b")]
+    #[serde(rename = "qwen2.5-7b")]
+    Qwen25_7b,
+}
+
+impl ModelShape {
+    /// `(layers, kv_heads, head_dim, bytes_per_element)`.
+    pub fn dims(self) -> (usize, usize, usize, usize) {
+        match self {
+            ModelShape::Tiny => (2, 1, 16, 2),
+            ModelShape::Llama3_8b => (32, 8, 128, 2),
+            ModelShape::Llama3_70b => (80, 8, 128, 2),
+            ModelShape::Qwen25_7b => (28, 4, 128, 2),
+        }
+    }
+
+    /// KV bytes of one token (K and V of every layer).
+    pub fn bytes_per_token(self) -> usize {
+        let (layers, heads, dim, elem) = self.dims();
+        layers * heads * dim * 2 * elem
+    }
+
+    /// The preset's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelShape::Tiny => "tiny",
+            ModelShape::Llama3_8b => "llama-3-8b",
+            ModelShape::Llama3_70b => "llama-3-70b",
+            ModelShape::Qwen25_7b => "qwen2.5-7b",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -14,11 +14,11 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use gateway::config::{PolicyKind, ServeConfig};
-use gateway::serve::{self, Gateway};
 use crate::config::{KvTransport, ModelShape, WritePolicy};
 use crate::pd::KvEvent;
 use crate::{SimConfig, SimHandle, SimMode};
+use gateway::config::{PolicyKind, ServeConfig};
+use gateway::serve::{self, Gateway};
 
 /// `moongate demo` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
@@ -304,7 +304,7 @@ Ctrl-C stops the demo. KV moves:
 
 /// `moongate demo`: start, print the examples, run until Ctrl-C / SIGTERM.
 pub async fn run(cfg: DemoConfig) -> anyhow::Result<()> {
-    let stop = serve::shutdown_signal();
+    let stop = gateway::listen::shutdown_signal();
     let demo = Demo::start(cfg).await?;
     println!("{}", demo.instructions());
     if let Some(mut moves) = demo.kv_moves() {

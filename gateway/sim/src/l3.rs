@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
-use kvclient::{Prefault, Protocol};
-use sglang::hicache::{KeyLayout, PageHash};
 use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
+use kvclient::{Prefault, Protocol};
 use openapi::master::MasterError;
 use serde::Serialize;
+use sglang::hicache::{KeyLayout, PageHash};
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 use transfer::RegisteredBuffer;

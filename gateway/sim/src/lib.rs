@@ -234,7 +234,7 @@ pub async fn run(cfg: SimConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}:{}", bind.0, bind.1))?;
     let (model, mode) = (cfg.model.clone(), cfg.mode);
     let handle = spawn(cfg, listener).await?;
-    let stop = gateway::serve::shutdown_signal();
+    let stop = gateway::listen::shutdown_signal();
     // One machine-readable line on stdout (scripts and tests read the bound ports from it).
     let mut ready = format!(
         "moongate sim-worker ready http {} mode {}",

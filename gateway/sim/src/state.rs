@@ -186,7 +186,7 @@ impl SimState {
 
     /// Whether a request with `routing` moves KV (PD). A decode worker given no bootstrap
     /// fields computes the prompt itself (the gateway chose not to disaggregate).
-    pub fn moves_kv(&self, routing: &openapi::sglang::Routing) -> bool {
+    pub fn moves_kv(&self, routing: &openapi::shapes::Routing) -> bool {
         self.pd.is_some()
             && !(self.cfg.mode == SimMode::Decode
                 && routing.bootstrap_room.is_none()

@@ -13,11 +13,11 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
+use proptest::prelude::*;
+use serde_json::{Value, json};
 use sim::job::{MAX_SEQUENCES, MAX_TOP_LOGPROBS, ROLES};
 use sim::model::VOCAB_SIZE;
 use sim::{self, SimConfig};
-use proptest::prelude::*;
-use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const CHAT: &str = "/v1/chat/completions";

@@ -4,11 +4,11 @@
 mod common;
 
 use common::{post, post_raw, start, start_default, stream};
-use sim::SimConfig;
 use openapi::openai::FinishReason;
 use openapi::openai::chat::{ChatCompletionChunk, ChatCompletionResponse};
 use openapi::openai::completions::CompletionResponse;
 use serde_json::{Value, json};
+use sim::SimConfig;
 
 fn chat_body(content: &str) -> Value {
     json!({"model": "m", "messages": [{"role": "user", "content": content}]})

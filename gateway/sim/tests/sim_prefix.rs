@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+use serde_json::{Value, json};
 use sglang::kv_events::KvEventsConfig;
 use sglang::kv_events::hash;
 use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
 use sim::SimConfig;
-use parking_lot::Mutex;
-use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 

@@ -4,11 +4,11 @@
 mod common;
 
 use common::{get, get_json, post, post_raw, start, start_default, stream};
-use sim::SimConfig;
 use openapi::openai::ModelList;
 use openapi::sglang::server::{LoadReport, Loads, ModelInfo, ServerInfo};
 use openapi::sglang::{GenerateFinishReason, GenerateResponse};
 use serde_json::{Value, json};
+use sim::SimConfig;
 
 #[tokio::test]
 async fn generate_single_batch_and_n() {

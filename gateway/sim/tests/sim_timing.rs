@@ -9,9 +9,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use sim::{self, SimConfig};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use sim::{self, SimConfig};
 use tokio::time::Instant;
 use tower::ServiceExt;
 

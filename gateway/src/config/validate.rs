@@ -2,7 +2,7 @@
 
 use kvmaster::MasterConfig;
 
-use super::{ConfigError, PrefillSpec, ServeConfig, security};
+use super::{ConfigError, PrefillSpec, ServeConfig, WorkerUrl, security};
 
 impl ServeConfig {
     /// Checks every value; lists all problems, not just the first.
@@ -27,7 +27,7 @@ impl ServeConfig {
             errs.push(e.clone());
         }
         for url in self.worker_urls.iter().chain(pd_urls) {
-            match crate::workers::WorkerUrl::parse(url) {
+            match WorkerUrl::parse(url) {
                 Ok(u) if !seen.insert(u.as_str().to_string()) => {
                     errs.push(format!("worker url {url} is listed twice"))
                 }

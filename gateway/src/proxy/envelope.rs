@@ -21,7 +21,7 @@ use http::{HeaderMap, StatusCode, header};
 use openapi::error::ErrorResponse;
 use serde_json::Value;
 
-use super::respond::{Overflow, Whole};
+use super::body::{Overflow, Whole};
 use crate::error::status_kind;
 
 /// The most of a worker's error answer the gateway holds to wrap it.
@@ -117,7 +117,7 @@ fn compact(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::respond::Rewrite;
+    use crate::proxy::body::Rewrite;
     use serde_json::json;
 
     fn wrapped(status: u16, body: &[u8]) -> Value {

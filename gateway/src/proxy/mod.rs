@@ -4,12 +4,14 @@
 //! mode; the PD router injects bootstrap fields here) -> [`dispatch`] (send over the pooled
 //! client) -> [`retry`] (another worker after a backoff, while nothing reached the client)
 //! -> [`respond`] (relay the response, release the load guard at body end; a worker's error
-//! answer put into the OpenAI envelope by [`envelope`]).
+//! answer put into the OpenAI envelope by [`envelope`]; answers rewritten on their way by
+//! [`body`]).
 //!
 //! [`RegularRouter`] composes them for regular workers; [`pd::PdRouter`] for prefill/decode
 //! pairs (`select` twice, the bootstrap rewrite, `dispatch` to both, decode's response).
 //! Both record each attempt's outcome with the worker's circuit breaker.
 
+pub mod body;
 pub mod dispatch;
 pub mod envelope;
 pub mod inspect;

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
-use sglang::tokenizer::Tokenizer;
 use crate::workers::{Worker, registry::WorkerSet};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
+use sglang::tokenizer::Tokenizer;
 
 /// A load-balancing policy with its state (the round-robin cursor, the prefix trees).
 #[derive(Debug)]

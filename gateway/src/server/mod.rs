@@ -45,11 +45,11 @@ use crate::request_id::RequestIds;
 use crate::select::Policy;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
-use sglang::tokenizer::Tokenizer;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvmaster::Master;
 use openapi::workers::WorkerType;
+use sglang::tokenizer::Tokenizer;
 
 /// Everything handlers share (cheap to clone).
 #[derive(Clone, Debug)]

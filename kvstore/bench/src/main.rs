@@ -26,9 +26,9 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
 use kvclient::{Prefault, Protocol, parse_size};
 use kvmaster::{MasterConfig, MasterServer};
-use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 mod values;

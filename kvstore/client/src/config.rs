@@ -287,7 +287,8 @@ impl ClientConfig {
         if self.heartbeat_interval_ms == 0 || self.rpc_timeout_ms == 0 {
             return bad("heartbeat_interval_ms and rpc_timeout_ms must be positive".into());
         }
-        if let Some(p) = transfer::busy_poll::window_problem("rpc_busy_poll_us", self.rpc_busy_poll_us)
+        if let Some(p) =
+            transfer::busy_poll::window_problem("rpc_busy_poll_us", self.rpc_busy_poll_us)
         {
             return bad(p);
         }

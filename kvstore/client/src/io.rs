@@ -13,6 +13,7 @@ use transfer::{Op, RegisteredBuffer, Segment, TransferError, TransferRequest};
 
 use super::error::{StoreError, StoreResult};
 use super::reserve::{Held, Maker};
+use super::results::{align, fail_all, key_results};
 use super::rpc::item_error;
 use super::staging::{MAPPED_PART, STAGE_BYTES, Slot, Staging, parts};
 use super::{BufRange, StoreClient};
@@ -101,40 +102,6 @@ pub(super) fn lease_check(key: &str, granted: Instant, lease_ms: u64) -> StoreRe
             lease_ms,
             elapsed_ms: elapsed,
         })
-    }
-}
-
-/// The same failure for each of `n` items.
-pub(super) fn fail_all<T>(n: usize, e: StoreError) -> Vec<StoreResult<T>> {
-    (0..n).map(|_| Err(e.clone())).collect()
-}
-
-/// Lines a batch answer up with its request: one result per item, in order.
-pub(super) fn align<R, T>(
-    n: usize,
-    results: Vec<R>,
-    f: impl Fn(R) -> StoreResult<T>,
-) -> Vec<StoreResult<T>> {
-    if results.len() != n {
-        let e = StoreError::Rpc {
-            url: String::new(),
-            reason: format!("batch answer has {} results for {n} items", results.len()),
-        };
-        return fail_all(n, e);
-    }
-    results.into_iter().map(f).collect()
-}
-
-/// Per-key results of a batch put-end / put-revoke / remove.
-pub(super) fn key_results(
-    n: usize,
-    r: StoreResult<wire::BatchKeyResponse>,
-) -> Vec<StoreResult<()>> {
-    match r {
-        Ok(r) => align(n, r.results, |r| {
-            r.error.map_or(Ok(()), |e| Err(item_error(e)))
-        }),
-        Err(e) => fail_all(n, e),
     }
 }
 

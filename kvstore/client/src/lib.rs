@@ -38,6 +38,7 @@
 //! - `io`: the put pipeline shared by single and batch forms, and what gets share with it.
 //! - `read`: the get pipeline (lookups, reads, lease checks) and `batch_get_into`.
 //! - `reserve`: space held reserved at the master, so a put is one request (a commit).
+//! - `results`: per-item results of batch calls, in request order.
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
 //! - [`metrics`]: the `moongate_store_*` series.
@@ -53,6 +54,7 @@ pub mod metrics;
 pub mod node;
 mod read;
 mod reserve;
+mod results;
 mod rpc;
 mod staging;
 mod values;
@@ -78,11 +80,11 @@ pub use config::{
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;
 
-use openapi::master::{ReplicateConfig, SegmentSpec};
-use uuid::Uuid as ClientId;
 use heartbeat::HealthState;
+use openapi::master::{ReplicateConfig, SegmentSpec};
 use rpc::MasterRpc;
 use staging::Staging;
+use uuid::Uuid as ClientId;
 
 /// A range of caller-registered memory: the source of `put_from`, the destination of
 /// `get_into`.
@@ -445,11 +447,11 @@ impl StoreClient {
             keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
         };
         let out = match self.inner.rpc.batch_exists(&body).await {
-            Ok(r) => io::align(keys.len(), r.results, |r| match r.error {
+            Ok(r) => results::align(keys.len(), r.results, |r| match r.error {
                 Some(e) => Err(rpc::item_error(e)),
                 None => Ok(r.exists),
             }),
-            Err(e) => io::fail_all(keys.len(), e),
+            Err(e) => results::fail_all(keys.len(), e),
         };
         crate::metrics::record_client_batch("exists", &out);
         out
@@ -483,7 +485,7 @@ impl StoreClient {
             keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
             force,
         };
-        let out = io::key_results(keys.len(), self.inner.rpc.batch_remove(&body).await);
+        let out = results::key_results(keys.len(), self.inner.rpc.batch_remove(&body).await);
         crate::metrics::record_client_batch("remove", &out);
         out
     }

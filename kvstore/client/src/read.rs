@@ -14,7 +14,8 @@ use openapi::master as wire;
 use transfer::{Op, TransferError, TransferRequest};
 
 use super::error::{StoreError, StoreResult};
-use super::io::{Opened, Side, abandoned, align, fail_all, label, lease_check};
+use super::io::{Opened, Side, abandoned, label, lease_check};
+use super::results::{align, fail_all};
 use super::rpc::item_error;
 use super::{BufRange, StoreClient};
 

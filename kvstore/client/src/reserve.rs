@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use super::StoreClient;
 use super::error::StoreResult;
-use super::io::{fail_all, key_results};
+use super::results::{fail_all, key_results};
 use openapi::master::ReplicateConfig;
 
 /// Which master made a reservation: its index in the client's master list, and its view

@@ -37,9 +37,9 @@ use serde::Serialize;
 
 use super::caller::LocalClients;
 use super::error::{StoreError, StoreResult};
-use trust::Secret;
-use transfer::busy_poll::{self, Adaptive};
 use openapi::master::MasterError;
+use transfer::busy_poll::{self, Adaptive};
+use trust::Secret;
 use uuid::Uuid as ClientId;
 
 /// Which of the master's planes a call belongs to (which key it carries).
@@ -215,8 +215,7 @@ impl MasterRpc {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
-        let connector =
-            trust::tls::https_or_http(connector, trust::tls::client_config(roots));
+        let connector = trust::tls::https_or_http(connector, trust::tls::client_config(roots));
         Ok(Self {
             http: http_client(connector.clone()),
             connector,

@@ -3,9 +3,9 @@
 //! parts, every value lands whole and in its place, wherever its replica turned out to be.
 
 use kvclient::Protocol;
-use openapi::master::ReplicateConfig;
-use kvmaster::{MasterConfig, MasterServer};
 use kvclient::{ClientConfig, StoreClient};
+use kvmaster::{MasterConfig, MasterServer};
+use openapi::master::ReplicateConfig;
 
 const MIB: usize = 1 << 20;
 

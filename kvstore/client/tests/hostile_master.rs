@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
-use kvmaster::{MasterConfig, MasterServer};
 use kvclient::{ClientConfig, StoreClient};
+use kvmaster::{MasterConfig, MasterServer};
 
 const MIB: u64 = 1 << 20;
 const LIE: u64 = 1 << 50;

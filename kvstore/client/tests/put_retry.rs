@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
-use kvmaster::{MasterConfig, MasterServer};
 use kvclient::{ClientConfig, StoreClient};
+use kvmaster::{MasterConfig, MasterServer};
 use parking_lot::Mutex;
 
 const MIB: u64 = 1 << 20;

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use kvclient::{Prefault, Protocol};
-use openapi::master::ReplicateConfig;
-use kvmaster::{MasterConfig, MasterServer};
 use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
+use kvclient::{Prefault, Protocol};
+use kvmaster::{MasterConfig, MasterServer};
+use openapi::master::ReplicateConfig;
 
 const MIB: u64 = 1 << 20;
 

@@ -4,9 +4,9 @@
 
 use std::alloc::System;
 
+use kvclient::{BufRange, ClientConfig, StoreClient};
 use kvclient::{Prefault, Protocol};
 use kvmaster::{MasterConfig, MasterServer};
-use kvclient::{BufRange, ClientConfig, StoreClient};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]

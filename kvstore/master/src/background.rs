@@ -45,6 +45,7 @@ pub fn publish_gauges(master: &Master) {
     metrics::gauge!(crate::metrics::KEYS).set(s.keys as f64);
     metrics::gauge!(crate::metrics::SEGMENTS).set(s.segments as f64);
     metrics::gauge!(crate::metrics::CLIENTS, "status" => "ok").set(s.clients_ok as f64);
-    metrics::gauge!(crate::metrics::CLIENTS, "status" => "need_remount").set((s.clients - s.clients_ok) as f64);
+    metrics::gauge!(crate::metrics::CLIENTS, "status" => "need_remount")
+        .set((s.clients - s.clients_ok) as f64);
     metrics::gauge!(crate::metrics::METADATA_ENTRIES).set(master.metadata().len() as f64);
 }

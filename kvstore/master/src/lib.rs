@@ -40,13 +40,13 @@ pub mod rest;
 pub mod server;
 
 pub use background::{publish_gauges, run_background};
-/// How the master's listeners and its clients poll for the next message (the transfer
-/// crate's, where the prefaulting it waits for lives).
-pub use transfer::busy_poll;
 pub use ha::HaConfig;
 pub use master::{Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;
 pub use server::MasterServer;
+/// How the master's listeners and its clients poll for the next message (the transfer
+/// crate's, where the prefaulting it waits for lives).
+pub use transfer::busy_poll;
 /// A setting never printed (API keys): the `trust` crate's, shared by every config.
 pub use trust::Secret;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use transfer::busy_poll::BusyPoll;
 use tokio_util::sync::CancellationToken;
+use transfer::busy_poll::BusyPoll;
 
 use crate::master::{Master, MasterConfig, MasterResult};
 

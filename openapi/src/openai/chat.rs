@@ -9,7 +9,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{Extra, FinishReason, MatchedStop, StreamOptions, Usage};
-use crate::sglang::Routing;
+use crate::shapes::Routing;
 use crate::shapes::StopSequences;
 
 /// A chat completion request.

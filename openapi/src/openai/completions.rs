@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{Extra, FinishReason, MatchedStop, StreamOptions, Usage};
-use crate::sglang::Routing;
+use crate::shapes::Routing;
 use crate::shapes::{Prompt, StopSequences};
 
 /// A (legacy) text completion request.

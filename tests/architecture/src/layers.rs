@@ -67,7 +67,8 @@ pub fn read(root: &Path) -> Result<(Declared, Vec<Crate>)> {
         Some(v) => serde_json::from_value(v.clone()).context("[workspace.metadata.layers]")?,
         None => bail!("the root Cargo.toml declares no [workspace.metadata.layers]"),
     };
-    let mut packages: Vec<cargo_metadata::Package> = meta.workspace_packages().into_iter().cloned().collect();
+    let mut packages: Vec<cargo_metadata::Package> =
+        meta.workspace_packages().into_iter().cloned().collect();
     for m in &declared.manifests {
         let extra = MetadataCommand::new()
             .manifest_path(root.join(m))
@@ -95,7 +96,14 @@ pub fn read(root: &Path) -> Result<(Declared, Vec<Crate>)> {
                 .iter()
                 .filter(|t| {
                     t.kind.iter().any(|k| {
-                        matches!(k, TargetKind::Lib | TargetKind::Bin | TargetKind::CDyLib | TargetKind::RLib | TargetKind::ProcMacro)
+                        matches!(
+                            k,
+                            TargetKind::Lib
+                                | TargetKind::Bin
+                                | TargetKind::CDyLib
+                                | TargetKind::RLib
+                                | TargetKind::ProcMacro
+                        )
                     })
                 })
                 .map(|t| t.src_path.clone().into_std_path_buf())

@@ -94,21 +94,36 @@ fn long_files(root: &Path) -> Result<Vec<(PathBuf, usize)>> {
 pub fn render(f: &Findings, root: &Path) -> String {
     let mut s = String::new();
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
-    let _ = writeln!(s, "== crates (layer, lines of non-test code; at most {MAX_CRATE_LINES})");
+    let _ = writeln!(
+        s,
+        "== crates (layer, lines of non-test code; at most {MAX_CRATE_LINES})"
+    );
     let mut crates: Vec<_> = f.crates.iter().collect();
     crates.sort_by_key(|(c, _)| (c.layer, c.name.clone()));
     for (c, n) in crates {
         let layer = c.layer.map_or("-".into(), |l| l.to_string());
-        let flag = if *n > MAX_CRATE_LINES { "  TOO LARGE" } else { "" };
+        let flag = if *n > MAX_CRATE_LINES {
+            "  TOO LARGE"
+        } else {
+            ""
+        };
         let _ = writeln!(s, "  {layer:>2} {:<16} {n:>6}{flag}", c.name);
     }
-    let _ = writeln!(s, "== crate arrows pointing the wrong way: {}", f.wrong_arrows.len());
+    let _ = writeln!(
+        s,
+        "== crate arrows pointing the wrong way: {}",
+        f.wrong_arrows.len()
+    );
     for w in &f.wrong_arrows {
         let _ = writeln!(s, "  {} -> {}: {}", w.from, w.to, w.why);
     }
     let _ = writeln!(s, "== module cycles: {}", f.cycles.len());
     for (krate, c) in &f.cycles {
-        let under = if c.parent.is_empty() { "the root".into() } else { c.parent.join("::") };
+        let under = if c.parent.is_empty() {
+            "the root".into()
+        } else {
+            c.parent.join("::")
+        };
         let _ = writeln!(s, "  {krate}, under {under}: {}", c.members.join(" <-> "));
         for r in &c.arrows {
             let _ = writeln!(
@@ -121,10 +136,22 @@ pub fn render(f: &Findings, root: &Path) -> String {
             );
         }
     }
-    let _ = writeln!(s, "== files over {MAX_FILE_LINES} lines: {}", f.long_files.len());
+    let _ = writeln!(
+        s,
+        "== files over {MAX_FILE_LINES} lines: {}",
+        f.long_files.len()
+    );
     for (p, n) in &f.long_files {
         let _ = writeln!(s, "  {} ({n})", p.display());
     }
-    let _ = writeln!(s, "== {}", if f.ok() { "architecture check passed" } else { "architecture check FAILED" });
+    let _ = writeln!(
+        s,
+        "== {}",
+        if f.ok() {
+            "architecture check passed"
+        } else {
+            "architecture check FAILED"
+        }
+    );
     s
 }

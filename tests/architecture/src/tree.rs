@@ -70,8 +70,8 @@ impl Tree {
 
     /// Reads a module written in file `file`, whose submodule files live in `dir`.
     fn read_file(&mut self, path: ModPath, file: &Path, dir: &Path) -> Result<()> {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("reading {}", file.display()))?;
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         let ast = syn::parse_file(&text).with_context(|| format!("parsing {}", file.display()))?;
         self.files.insert(
             file.to_path_buf(),
@@ -130,8 +130,7 @@ impl Tree {
                 Some((_, items)) => self.read_items(child, file, &child_dir, items)?,
                 None => {
                     let child_file = module_file(file, dir, &m)?;
-                    let child_dir = if child_file.ends_with("mod.rs") || path_attr(&m).is_some()
-                    {
+                    let child_dir = if child_file.ends_with("mod.rs") || path_attr(&m).is_some() {
                         child_file.parent().unwrap_or(dir).to_path_buf()
                     } else {
                         child_dir

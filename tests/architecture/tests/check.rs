@@ -33,7 +33,10 @@ fn sibling_subtrees_that_use_each_other_are_a_cycle_even_through_different_files
         ("engine/batch.rs", "pub struct Batch;"),
         ("engine/route.rs", "use crate::tcp::client::Client;"),
         ("tcp/mod.rs", "pub mod client;"),
-        ("tcp/client.rs", "pub struct Client(crate::engine::batch::Batch);"),
+        (
+            "tcp/client.rs",
+            "pub struct Client(crate::engine::batch::Batch);",
+        ),
     ]);
     assert_eq!(
         cycle_members(&t),
@@ -49,7 +52,10 @@ fn a_child_and_its_parent_may_use_each_other() {
             "engine/mod.rs",
             "mod batch; pub struct Engine; pub use batch::Batch; fn f(_: batch::Batch) {}",
         ),
-        ("engine/batch.rs", "use super::Engine; pub struct Batch(Engine);"),
+        (
+            "engine/batch.rs",
+            "use super::Engine; pub struct Batch(Engine);",
+        ),
     ]);
     assert!(cycle_members(&t).is_empty());
 }
@@ -61,7 +67,10 @@ fn test_only_code_neither_counts_as_code_nor_makes_cycles() {
             "lib.rs",
             "mod a; mod b;\n#[cfg(test)]\nmod tests;\n#[cfg(all(test, unix))]\nfn x() {}\n",
         ),
-        ("a.rs", "pub struct A;\n#[cfg(test)]\nmod t {\n    use crate::b::B;\n}\n"),
+        (
+            "a.rs",
+            "pub struct A;\n#[cfg(test)]\nmod t {\n    use crate::b::B;\n}\n",
+        ),
         ("b.rs", "pub struct B(crate::a::A);"),
         ("tests.rs", "use crate::a::A;\nuse crate::b::B;\n"),
     ]);
@@ -74,9 +83,15 @@ fn test_only_code_neither_counts_as_code_nor_makes_cycles() {
 fn nested_use_groups_super_and_self_paths_resolve_to_the_deepest_module() {
     let (_d, t) = tree(&[
         ("lib.rs", "mod x; mod y;"),
-        ("x/mod.rs", "mod inner { use super::super::y::{deep::{D}, Y}; }"),
+        (
+            "x/mod.rs",
+            "mod inner { use super::super::y::{deep::{D}, Y}; }",
+        ),
         ("y/mod.rs", "pub mod deep; pub struct Y;"),
-        ("y/deep.rs", "pub struct D; fn f() { self::g(); crate::x::h(); } fn g() {}"),
+        (
+            "y/deep.rs",
+            "pub struct D; fn f() { self::g(); crate::x::h(); } fn g() {}",
+        ),
     ]);
     let refs = refs::collect(&t);
     let pairs: Vec<(String, String)> = refs
@@ -112,8 +127,16 @@ fn krate(name: &str, layer: Option<usize>, deps: &[&str]) -> Crate {
 #[test]
 fn arrows_point_down_the_layers_and_never_where_forbidden() {
     let declared = Declared {
-        order: vec![vec!["wire".into()], vec!["low".into(), "peer".into()], vec!["top".into()]],
-        forbid: [("top".to_string(), vec!["low".to_string(), "reqwest".to_string()])].into(),
+        order: vec![
+            vec!["wire".into()],
+            vec!["low".into(), "peer".into()],
+            vec!["top".into()],
+        ],
+        forbid: [(
+            "top".to_string(),
+            vec!["low".to_string(), "reqwest".to_string()],
+        )]
+        .into(),
         manifests: vec![],
     };
     let ok = [
@@ -151,5 +174,9 @@ fn arrows_point_down_the_layers_and_never_where_forbidden() {
 fn the_workspace_holds_its_architecture() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let findings = architecture::report::check(&root).unwrap();
-    assert!(findings.ok(), "{}", architecture::report::render(&findings, &root));
+    assert!(
+        findings.ok(),
+        "{}",
+        architecture::report::render(&findings, &root)
+    );
 }

@@ -16,7 +16,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-
 /// The `moongate` binary, with no `MOONGATE_*` or `RUST_LOG` variable of this environment.
 pub fn moongate() -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_moongate"));
@@ -171,7 +170,8 @@ impl Drop for Proc {
 
 /// Every `moongate_*` metric the Grafana dashboards in deploy/grafana/dashboards query.
 pub fn dashboard_metrics() -> std::collections::BTreeSet<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/dashboards");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/dashboards");
     let mut names = std::collections::BTreeSet::new();
     for e in std::fs::read_dir(dir).expect("deploy/grafana/dashboards") {
         let text = std::fs::read_to_string(e.unwrap().path()).unwrap();

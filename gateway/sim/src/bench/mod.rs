@@ -41,13 +41,13 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use crate::{ModelShape, SimConfig, SimHandle, SimMode};
 use gateway::client::HttpClient;
 use gateway::config::{MasterHostConfig, PolicyKind, ServeConfig};
 use gateway::hosting::MasterProcess;
-use sglang::kv_events::KvEventsConfig;
 use gateway::serve::Gateway;
-use crate::{ModelShape, SimConfig, SimHandle, SimMode};
 use report::{Sample, Summary};
+use sglang::kv_events::KvEventsConfig;
 use trace::TraceRequest;
 
 /// Default simulated workers.

@@ -298,8 +298,8 @@ fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway::client::HttpClient;
     use crate::pd::bootstrap::Heartbeat;
+    use gateway::client::HttpClient;
     use tokio_util::sync::CancellationToken;
 
     #[tokio::test(start_paused = true)]

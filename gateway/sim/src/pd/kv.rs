@@ -1,5 +1,5 @@
-//! The simulated KV cache: how big a token's KV is (model-shape presets) and what its
-//! bytes are, derived from the token ids alone so both sides can check them.
+//! The simulated KV cache: what a token's KV bytes are (their size is the model shape's,
+//! [`crate::config::ModelShape`]), derived from the token ids alone so both sides can check them.
 //!
 //! Each token has a slot of `bytes_per_token` bytes. Its first 16 bytes are a header:
 //! the token id (u32 LE), its position (u32 LE) and the prefix chain (u64 LE), where
@@ -8,8 +8,6 @@
 //! derived from the chain. Pages hold `page_size` consecutive slots; a page's checksum is
 //! CRC-32 over its used bytes.
 
-use serde::{Deserialize, Serialize};
-
 use crate::model::mix;
 
 /// Bytes of a slot's header (id, position, chain).
@@ -17,62 +15,6 @@ pub const HEADER_BYTES: usize = 16;
 
 /// The chain value before the first token.
 const CHAIN_SEED: u64 = 0x6b76_5f63_6861_696e;
-
-/// Model shapes the simulator sizes its KV by: bytes per token = layers × KV heads ×
-/// head dim × 2 (K and V) × bytes per element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-pub enum ModelShape {
-    /// 2 layers × 1 KV head × 16 dims × 2 × 2 bytes = 128 bytes per token (tests).
-    #[value(name = "tiny")]
-    #[serde(rename = "tiny")]
-    Tiny,
-    /// Llama 3 8B: 32 layers × 8 KV heads × 128 dims × 2 × 2 bytes = 128 KiB per token.
-    #[value(name = "llama-3-8b")]
-    #[serde(rename = "llama-3-8b")]
-    Llama3_8b,
-    /// Llama 3 70B: 80 layers × 8 KV heads × 128 dims × 2 × 2 bytes = 320 KiB per token.
-    #[value(name = "llama-3-70b")]
-    #[serde(rename = "llama-3-70b")]
-    Llama3_70b,
-    /// Qwen2.5 7B: 28 layers × 4 KV heads × 128 dims × 2 × 2 bytes = 56 KiB per token.
-    #[value(name = "qwen2.5-7b")]
-    #[serde(rename = "qwen2.5-7b")]
-    Qwen25_7b,
-}
-
-impl ModelShape {
-    /// `(layers, kv_heads, head_dim, bytes_per_element)`.
-    pub fn dims(self) -> (usize, usize, usize, usize) {
-        match self {
-            ModelShape::Tiny => (2, 1, 16, 2),
-            ModelShape::Llama3_8b => (32, 8, 128, 2),
-            ModelShape::Llama3_70b => (80, 8, 128, 2),
-            ModelShape::Qwen25_7b => (28, 4, 128, 2),
-        }
-    }
-
-    /// KV bytes of one token (K and V of every layer).
-    pub fn bytes_per_token(self) -> usize {
-        let (layers, heads, dim, elem) = self.dims();
-        layers * heads * dim * 2 * elem
-    }
-
-    /// The preset's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelShape::Tiny => "tiny",
-            ModelShape::Llama3_8b => "llama-3-8b",
-            ModelShape::Llama3_70b => "llama-3-70b",
-            ModelShape::Qwen25_7b => "qwen2.5-7b",
-        }
-    }
-}
-
-impl std::fmt::Display for ModelShape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The chain value of every prefix of `tokens` (`out[i]` covers tokens `0..=i`).
 pub fn chains(tokens: &[u32]) -> Vec<u64> {
@@ -184,6 +126,7 @@ pub fn group_checksums(page_crcs: &[u32], group: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelShape;
 
     #[test]
     fn presets_have_the_documented_sizes() {

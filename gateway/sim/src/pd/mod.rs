@@ -61,13 +61,13 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use transfer::{EngineConfig, TransferEngine};
 
-use super::config::{DEFAULT_BOOTSTRAP_PORT, KvTransport, SimConfig, SimMode};
+use super::config::{DEFAULT_BOOTSTRAP_PORT, KvTransport, ModelShape, SimConfig, SimMode};
 use super::error::SimError;
-use gateway::client::HttpClient;
 use bootstrap::{Heartbeat, Links};
 use decode::Decode;
+use gateway::client::HttpClient;
 use kv::Layout;
-use openapi::sglang::Routing;
+use openapi::shapes::Routing;
 use pool::{KvPool, PageLease};
 use prefill::Prefill;
 
@@ -278,7 +278,7 @@ impl KvHold {
 pub struct PdState {
     side: Side,
     engine: TransferEngine,
-    shape: kv::ModelShape,
+    shape: ModelShape,
     layout: Layout,
     stats: Arc<Stats>,
     events: broadcast::Sender<KvEvent>,

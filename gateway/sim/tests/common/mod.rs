@@ -77,4 +77,3 @@ pub async fn stream(url: &str, body: &Value) -> (String, Vec<Value>) {
         .collect();
     (ctype, json)
 }
-

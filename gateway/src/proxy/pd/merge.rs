@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 
 use super::fields::MergeKind;
 use super::raw::{self, Members};
-use crate::proxy::respond::Rewrite;
+use crate::proxy::body::Rewrite;
 
 const LOGPROB_KEYS: [&str; 4] = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
 const META_KEYS: [&str; 2] = ["input_token_logprobs", "input_top_logprobs"];

@@ -51,13 +51,13 @@ use tokio_util::sync::CancellationToken;
 use super::cache_aware::{CacheAware, CacheAwareConfig};
 use crate::client::HttpClient;
 use crate::config::ServeConfig;
-use sglang::kv_events::hash;
-use sglang::kv_events::subscribe::{self, EventSink, Source};
-use sglang::kv_events::wire::{EventBatch, KvEvent};
 use crate::metrics;
 use crate::outcome::KvDecision;
 use crate::workers::Worker;
 use index::{KvIndex, MAX_SLOTS, SlotSet};
+use sglang::kv_events::hash;
+use sglang::kv_events::subscribe::{self, EventSink, Source};
+use sglang::kv_events::wire::{EventBatch, KvEvent};
 use store::{KeyFormat, Probe, StoreSource};
 
 /// What a page held in host memory or storage is worth against one on the device (it

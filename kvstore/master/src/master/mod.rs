@@ -47,12 +47,12 @@ pub use admin::{KeyPage, MasterStats, ObjectView};
 pub use clients::{ClientStatus, ClientView, PingReply};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use config::MasterConfig;
-pub use openapi::master::{MasterError, MasterResult};
 pub use evict::{EvictReport, TickReport};
 pub use journal::{
     Apply, Change, Durable, Journal, ObjectRecord, Record, ReplicaRecord, SegmentRecord,
 };
 pub use object::{ObjectStatus, ReplicaLocation, ReplicateConfig};
+pub use openapi::master::{MasterError, MasterResult};
 pub use ops::ReplicaSet;
 pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use hashbrown::HashTable;
 use uuid::Uuid;
 
-use transfer::memory::Allocation;
 use super::segment::Segment;
 pub use openapi::master::ReplicateConfig;
+use transfer::memory::Allocation;
 
 /// Where one replica lives: what a client needs to read or write it with `transfer`.
 #[derive(Clone, Debug)]

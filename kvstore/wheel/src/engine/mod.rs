@@ -11,15 +11,16 @@
 //!
 //! # Layout
 //! - `config`: `initialize`'s arguments as an engine configuration.
-//! - `state`: the started engine and the shared transfer path.
-//! - `types`: `TransferOpcode`, `TransferNotify`, `InnerTransferEngine`.
+//! - `state`: the started engine, the shared transfer path, and `InnerTransferEngine` (it).
+//! - `types`: `TransferOpcode`, `TransferNotify`.
 
 mod config;
 mod state;
 mod types;
 
 pub use state::EngineState;
-pub use types::{InnerTransferEngine, TransferNotify, TransferOpcode};
+pub use state::InnerTransferEngine;
+pub use types::{TransferNotify, TransferOpcode};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! addresses, open the segment, submit, wait, notify.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -141,4 +142,19 @@ pub(super) fn triples(
         .zip(lengths)
         .map(|((&b, &p), &l)| (b, p, l))
         .collect())
+}
+
+/// The object `get_engine()` returns (Mooncake: the inner C++ engine), accepted by
+/// `MooncakeDistributedStore.setup(engine=...)`.
+#[pyclass(module = "moongate.engine", frozen)]
+pub struct InnerTransferEngine {
+    #[allow(dead_code)]
+    pub(crate) state: Arc<EngineState>,
+}
+
+#[pymethods]
+impl InnerTransferEngine {
+    fn __repr__(&self) -> String {
+        format!("InnerTransferEngine({})", self.state.engine.segment_name())
+    }
 }

@@ -1,12 +1,8 @@
 //! The small classes of `moongate.engine`: `TransferOpcode`, `TransferNotify` (and its
-//! wire form), `InnerTransferEngine`.
-
-use std::sync::Arc;
+//! wire form).
 
 use pyo3::prelude::*;
 use transfer::Op;
-
-use super::state::EngineState;
 
 /// Direction of a transfer (`TransferOpcode.Read` = 0, `TransferOpcode.Write` = 1).
 #[pyclass(module = "moongate.engine", eq, eq_int, from_py_object)]
@@ -88,21 +84,6 @@ pub(super) fn decode_notify(from: &str, message: &[u8]) -> TransferNotify {
             name: from.to_owned(),
             msg: String::from_utf8_lossy(message).into_owned(),
         },
-    }
-}
-
-/// The object `get_engine()` returns (Mooncake: the inner C++ engine), accepted by
-/// `MooncakeDistributedStore.setup(engine=...)`.
-#[pyclass(module = "moongate.engine", frozen)]
-pub struct InnerTransferEngine {
-    #[allow(dead_code)]
-    pub(crate) state: Arc<EngineState>,
-}
-
-#[pymethods]
-impl InnerTransferEngine {
-    fn __repr__(&self) -> String {
-        format!("InnerTransferEngine({})", self.state.engine.segment_name())
     }
 }
 

@@ -15,8 +15,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use kvclient::{Protocol, env};
 use kvclient::ClientConfig;
+use kvclient::{Protocol, env};
 use trust::Secret;
 
 /// Mooncake's defaults for the dict form's sizes (16 MB each).

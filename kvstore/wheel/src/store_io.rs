@@ -370,7 +370,9 @@ async fn replace_existing<F, Fut>(
     Fut: std::future::Future<Output = Result<(), StoreError>>,
 {
     for (i, slot) in out.iter_mut().enumerate() {
-        if let Err(StoreError::Master(openapi::master::MasterError::ObjectAlreadyExists(key))) = slot {
+        if let Err(StoreError::Master(openapi::master::MasterError::ObjectAlreadyExists(key))) =
+            slot
+        {
             let key = key.clone();
             *slot = match client.remove(&key, false).await {
                 Ok(()) => put(i).await,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rewrites deploy/k8s/base/moongate.toml and deploy/master.toml from the binary: a comment header, then
 # exactly what `moongate serve --print-config` and `moongate master --print-config` print with
-# no --config file, no MOONGATE_* variable and no flag. gateway/tests/deploy.rs fails while
+# no --config file, no MOONGATE_* variable and no flag. gateway/moongate/tests/deploy.rs fails while
 # either file differs from that output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ write() {
       "# Every \`moongate $cmd\` setting at its default: exactly what \`moongate $cmd --print-config\`" \
       "# prints with no --config, no MOONGATE_* variable and no flag. The defaults live in the" \
       "# config structs ($where), not here." \
-      "# After changing one, run deploy/regenerate.sh (gateway/tests/deploy.rs fails while this" \
+      "# After changing one, run deploy/regenerate.sh (gateway/moongate/tests/deploy.rs fails while this" \
       "# file differs from the binary's defaults)." \
       "# Use: \`moongate $cmd --config $(basename "$file")\`; MOONGATE_* variables and flags win over" \
       "# its keys. Settings that are off unless given (keys, optional ports and limits) do not" \

@@ -185,7 +185,8 @@ fn json_response(docs: &Docs) -> Response {
 }
 
 /// This OpenAPI document.
-#[utoipa::path(get, path = "/api-docs/openapi.json", tag = TAG,
+#[utoipa::path(get, operation_id = openapi::routes::docs::OpenapiJson::OPERATION_ID,
+    path = openapi::routes::docs::OpenapiJson::PATH, tag = TAG,
     responses((status = 200, description = "The OpenAPI document of every route this process serves",
                body = Object, content_type = "application/json")))]
 async fn openapi_json(State(docs): State<Arc<Docs>>) -> Response {
@@ -193,7 +194,8 @@ async fn openapi_json(State(docs): State<Arc<Docs>>) -> Response {
 }
 
 /// The same document at its earlier address.
-#[utoipa::path(get, path = "/openapi.json", tag = TAG,
+#[utoipa::path(get, operation_id = openapi::routes::docs::OpenapiJsonAlias::OPERATION_ID,
+    path = openapi::routes::docs::OpenapiJsonAlias::PATH, tag = TAG,
     responses((status = 200, description = "The same bytes as /api-docs/openapi.json",
                body = Object, content_type = "application/json")))]
 async fn openapi_json_alias(State(docs): State<Arc<Docs>>) -> Response {
@@ -201,7 +203,8 @@ async fn openapi_json_alias(State(docs): State<Arc<Docs>>) -> Response {
 }
 
 /// Swagger UI's address; redirects to `/docs/`.
-#[utoipa::path(get, path = "/docs", tag = TAG,
+#[utoipa::path(get, operation_id = openapi::routes::docs::SwaggerUiRoot::OPERATION_ID,
+    path = openapi::routes::docs::SwaggerUiRoot::PATH, tag = TAG,
     responses((status = 303, description = "Redirect to /docs/",
                headers(("location" = String, description = "/docs/")))))]
 async fn swagger_ui_root() -> Redirect {
@@ -209,14 +212,16 @@ async fn swagger_ui_root() -> Redirect {
 }
 
 /// Swagger UI over this document.
-#[utoipa::path(get, path = "/docs/", tag = TAG,
+#[utoipa::path(get, operation_id = openapi::routes::docs::SwaggerUiIndex::OPERATION_ID,
+    path = openapi::routes::docs::SwaggerUiIndex::PATH, tag = TAG,
     responses((status = 200, description = "Swagger UI (HTML)", content_type = "text/html")))]
 async fn swagger_ui_index(State(docs): State<Arc<Docs>>) -> Response {
     swagger_file(&docs, "")
 }
 
 /// A file of Swagger UI (scripts, styles, icons), compiled into the binary.
-#[utoipa::path(get, path = "/docs/{file}", tag = TAG,
+#[utoipa::path(get, operation_id = openapi::routes::docs::SwaggerUiFile::OPERATION_ID,
+    path = openapi::routes::docs::SwaggerUiFile::PATH, tag = TAG,
     params(("file" = String, Path, description = "File name, e.g. swagger-ui-bundle.js")),
     responses(
         (status = 200, description = "The file"),

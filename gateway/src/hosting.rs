@@ -214,7 +214,8 @@ async fn not_found(req: Request) -> Response {
 }
 
 /// The process is up.
-#[utoipa::path(get, path = "/health", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::master_ops::Health::OPERATION_ID,
+    path = openapi::routes::master_ops::Health::PATH, tag = "ops",
     responses((status = 200, description = "Alive", body = MasterHealth)))]
 async fn health() -> Json<MasterHealth> {
     Json(MasterHealth {
@@ -224,7 +225,8 @@ async fn health() -> Json<MasterHealth> {
 }
 
 /// The process is up (the liveness probe; the same answer as `/health`).
-#[utoipa::path(get, path = "/liveness", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::master_ops::Liveness::OPERATION_ID,
+    path = openapi::routes::master_ops::Liveness::PATH, tag = "ops",
     responses((status = 200, description = "Alive", body = MasterHealth)))]
 async fn liveness() -> Json<MasterHealth> {
     health().await
@@ -233,7 +235,8 @@ async fn liveness() -> Json<MasterHealth> {
 /// Whether this master answers master calls (the readiness probe): alone, always; in an HA
 /// cluster, while it leads or follows a known leader (it redirects there), not while there
 /// is no leader (every call would get 503).
-#[utoipa::path(get, path = "/readiness", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::master_ops::Readiness::OPERATION_ID,
+    path = openapi::routes::master_ops::Readiness::PATH, tag = "ops",
     responses((status = 200, description = "Serving or redirecting", body = MasterHealth),
               (status = 503, description = "No leader known yet", body = MasterHealth)))]
 async fn readiness(State(hosted): State<HostedMaster>) -> Response {
@@ -249,7 +252,8 @@ async fn readiness(State(hosted): State<HostedMaster>) -> Response {
 }
 
 /// Prometheus text exposition (`moongate_master_*`), gauges refreshed first.
-#[utoipa::path(get, path = "/metrics", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::master_ops::Metrics::OPERATION_ID,
+    path = openapi::routes::master_ops::Metrics::PATH, tag = "ops",
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
 async fn metrics(State(hosted): State<HostedMaster>) -> Response {
     if let Some(master) = hosted.current() {

@@ -105,15 +105,16 @@ const STATUS_LABELS: [&str; 20] = [
 impl Route {
     /// The route of a request path.
     pub fn of(path: &str) -> Self {
+        use openapi::routes::{docs, gateway as gw, master};
         match path {
-            "/v1/chat/completions" => Self::ChatCompletions,
-            "/v1/completions" => Self::Completions,
-            "/generate" => Self::Generate,
-            "/v1/models" => Self::Models,
-            "/health" | "/liveness" | "/readiness" => Self::Health,
-            "/metrics" => Self::Ops,
-            "/metadata" => Self::Master,
-            "/openapi.json" | "/docs" => Self::Docs,
+            gw::ChatCompletions::PATH => Self::ChatCompletions,
+            gw::Completions::PATH => Self::Completions,
+            gw::Generate::PATH => Self::Generate,
+            gw::Models::PATH => Self::Models,
+            gw::Health::PATH | gw::Liveness::PATH | gw::Readiness::PATH => Self::Health,
+            gw::Metrics::PATH => Self::Ops,
+            master::GetMetadata::PATH => Self::Master,
+            docs::OpenapiJsonAlias::PATH | docs::SwaggerUiRoot::PATH => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,
             p if p.starts_with("/api/v1/") => Self::Master,
             p if p.starts_with("/docs/") || p.starts_with("/api-docs/") => Self::Docs,

@@ -15,6 +15,8 @@
 //!   ([`shapes::OneOrMany`]), stop sequences, the four prompt forms, `input_ids`.
 //! - [`openai`]: the OpenAI-compatible API as SGLang serves it: chat completions
 //!   ([`openai::chat`]), completions ([`openai::completions`]), models, usage.
+//! - [`routes`]: every route the servers serve, declared once (method, path, plane, body
+//!   and answer types): read by the servers' routers and documents and by the store client.
 //! - [`sglang`]: SGLang's native `/generate` (batches, sampling parameters, logprobs,
 //!   finish reasons) and, in [`sglang::server`], its info, load and error bodies.
 //!
@@ -25,6 +27,7 @@ pub mod bounded;
 pub mod error;
 pub mod master;
 pub mod openai;
+pub mod routes;
 pub mod sglang;
 pub mod shapes;
 pub mod store;

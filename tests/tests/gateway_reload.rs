@@ -1,6 +1,6 @@
 //! Configuration reload, in process (`gateway::reload`): what changes, what needs a
 //! restart, an invalid configuration changing nothing, and requests in flight surviving it.
-//! The SIGHUP path of a real `moongate serve` is `gateway/tests/reload_cli.rs`.
+//! The SIGHUP path of a real `moongate serve` is `gateway/moongate/tests/reload_cli.rs`.
 
 use std::sync::atomic::Ordering;
 

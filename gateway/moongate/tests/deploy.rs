@@ -339,7 +339,7 @@ fn kubernetes_command_lines_are_accepted_and_agree() {
 }
 
 /// kubectl's own kustomize renders each overlay to the resources and command lines that
-/// gateway/tests/deploy/kustomize.rs reads (run by .ci/run where kubectl is installed:
+/// gateway/moongate/tests/deploy/kustomize.rs reads (run by .ci/run where kubectl is installed:
 /// `cargo test -p gateway --test deploy -- --ignored kubectl`).
 #[test]
 #[ignore = "needs kubectl"]

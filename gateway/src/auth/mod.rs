@@ -57,40 +57,16 @@ use utoipa_axum::router::OpenApiRouter;
 
 pub use keys::{KeySet, KeysFileError, Presented};
 
-/// Which key a route takes (see the module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Plane {
-    /// Inference: client keys, when configured.
-    Client,
-    /// The KV master's store plane: the store key.
-    Store,
-    /// The worker API and the master's admin plane: the admin key, or loopback.
-    Admin,
-}
+/// Which key a route takes (see the module doc): the route declarations' plane.
+pub use ::openapi::routes::Plane;
 
-impl Plane {
-    /// `client`, `store` or `admin` (the document's `x-moongate-plane`, metric labels).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Client => "client",
-            Self::Store => "store",
-            Self::Admin => "admin",
-        }
-    }
-
-    /// The key this plane takes, in words (error messages).
-    pub fn key_name(self) -> &'static str {
-        match self {
-            Self::Client => "client API key",
-            Self::Store => "store API key",
-            Self::Admin => "admin API key",
-        }
-    }
-}
-
-impl fmt::Display for Plane {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The key `plane` takes, in words (error messages).
+pub fn key_name(plane: Plane) -> &'static str {
+    match plane {
+        Plane::Open => "no key",
+        Plane::Client => "client API key",
+        Plane::Store => "store API key",
+        Plane::Admin => "admin API key",
     }
 }
 
@@ -133,7 +109,7 @@ impl Refusal {
             Self::Unauthorized(plane) => {
                 format!(
                     "missing or wrong {} (Authorization: Bearer <key>)",
-                    plane.key_name()
+                    key_name(plane)
                 )
             }
             Self::NotLoopback => NOT_LOOPBACK.to_string(),
@@ -216,6 +192,7 @@ impl Auth {
     ) -> Result<(), Refusal> {
         let s = self.settings();
         let accepted: [Option<&KeySet>; 2] = match plane {
+            Plane::Open => return Ok(()),
             Plane::Client => match &s.client {
                 None => return Ok(()),
                 Some(keys) => [Some(keys), s.admin.as_ref()],

@@ -98,7 +98,7 @@ pub fn apply(doc: &mut OpenApi, s: &AuthSettings) {
                 );
                 let what = format!(
                     "Missing or wrong {} (`Authorization: Bearer <key>`)",
-                    plane.key_name()
+                    super::key_name(plane)
                 );
                 add_response(op, "401", &what, &schema);
             }
@@ -123,7 +123,7 @@ pub fn apply(doc: &mut OpenApi, s: &AuthSettings) {
 fn schemes_for(plane: Plane, s: &AuthSettings) -> Vec<&'static str> {
     let own = match plane {
         Plane::Client if s.client.is_some() => Some(CLIENT_SCHEME),
-        Plane::Client => return Vec::new(),
+        Plane::Client | Plane::Open => return Vec::new(),
         Plane::Store => s.store.is_some().then_some(STORE_SCHEME),
         Plane::Admin => None,
     };

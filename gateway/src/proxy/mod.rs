@@ -20,6 +20,7 @@ pub mod prompt;
 pub mod respond;
 pub mod retry;
 
+use openapi::routes::gateway as routes;
 use std::sync::Arc;
 
 use axum::response::Response;
@@ -53,9 +54,9 @@ impl Endpoint {
     /// The route path (also the path on the worker).
     pub fn path(self) -> &'static str {
         match self {
-            Self::ChatCompletions => "/v1/chat/completions",
-            Self::Completions => "/v1/completions",
-            Self::Generate => "/generate",
+            Self::ChatCompletions => routes::ChatCompletions::PATH,
+            Self::Completions => routes::Completions::PATH,
+            Self::Generate => routes::Generate::PATH,
         }
     }
 }

@@ -59,7 +59,8 @@ fn worker_id(id: Result<Path<String>, PathRejection>) -> Result<String, GatewayE
 }
 
 /// Registers a worker.
-#[utoipa::path(post, path = "/workers", tag = "workers",
+#[utoipa::path(post, operation_id = openapi::routes::gateway::CreateWorker::OPERATION_ID,
+    path = openapi::routes::gateway::CreateWorker::PATH, tag = "workers",
     request_body = CreateWorkerRequest,
     responses(
         (status = 201, description = "Registered (pending until its first health probe succeeds)", body = WorkerInfo,
@@ -84,7 +85,8 @@ pub async fn create_worker(
 }
 
 /// Lists every worker.
-#[utoipa::path(get, path = "/workers", tag = "workers",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::ListWorkers::OPERATION_ID,
+    path = openapi::routes::gateway::ListWorkers::PATH, tag = "workers",
     responses((status = 200, description = "All workers", body = WorkerList)))]
 pub async fn list_workers(State(st): State<AppState>) -> Json<WorkerList> {
     let workers: Vec<WorkerInfo> = st.registry().list().iter().map(|w| w.info()).collect();
@@ -100,7 +102,8 @@ pub async fn list_workers(State(st): State<AppState>) -> Json<WorkerList> {
 }
 
 /// One worker.
-#[utoipa::path(get, path = "/workers/{id}", tag = "workers",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::GetWorker::OPERATION_ID,
+    path = openapi::routes::gateway::GetWorker::PATH, tag = "workers",
     params(("id" = String, Path, description = "Worker id")),
     responses(
         (status = 200, description = "The worker", body = WorkerInfo),
@@ -118,7 +121,8 @@ pub async fn get_worker(
 }
 
 /// Changes labels, priority or api key.
-#[utoipa::path(patch, path = "/workers/{id}", tag = "workers",
+#[utoipa::path(patch, operation_id = openapi::routes::gateway::UpdateWorker::OPERATION_ID,
+    path = openapi::routes::gateway::UpdateWorker::PATH, tag = "workers",
     params(("id" = String, Path, description = "Worker id")),
     request_body = UpdateWorkerRequest,
     responses(
@@ -140,7 +144,8 @@ pub async fn update_worker(
 }
 
 /// Drains and removes a worker.
-#[utoipa::path(delete, path = "/workers/{id}", tag = "workers",
+#[utoipa::path(delete, operation_id = openapi::routes::gateway::DeleteWorker::OPERATION_ID,
+    path = openapi::routes::gateway::DeleteWorker::PATH, tag = "workers",
     params(("id" = String, Path, description = "Worker id")),
     responses(
         (status = 202, description = "Draining; removed when its in-flight requests finish", body = WorkerInfo),

@@ -183,7 +183,8 @@ enum ProxyErrors {
 }
 
 /// OpenAI chat completions, streamed (SSE) or not, proxied to a worker unchanged.
-#[utoipa::path(post, path = "/v1/chat/completions", tag = "inference",
+#[utoipa::path(post, operation_id = openapi::routes::gateway::ChatCompletions::OPERATION_ID,
+    path = openapi::routes::gateway::ChatCompletions::PATH, tag = "inference",
     request_body(content = ChatCompletionRequest, description = "OpenAI chat completion request; fields the gateway does not know are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer: JSON, or `text/event-stream` of `ChatCompletionChunk`s ending with `data: [DONE]`", body = ChatCompletionResponse),
@@ -194,7 +195,8 @@ pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Respo
 }
 
 /// OpenAI text completions, proxied.
-#[utoipa::path(post, path = "/v1/completions", tag = "inference",
+#[utoipa::path(post, operation_id = openapi::routes::gateway::Completions::OPERATION_ID,
+    path = openapi::routes::gateway::Completions::PATH, tag = "inference",
     request_body(content = CompletionRequest, description = "OpenAI completion request; unknown fields are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer (JSON or SSE)", body = CompletionResponse),
@@ -205,7 +207,8 @@ pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
 }
 
 /// SGLang native generation, proxied.
-#[utoipa::path(post, path = "/generate", tag = "inference",
+#[utoipa::path(post, operation_id = openapi::routes::gateway::Generate::OPERATION_ID,
+    path = openapi::routes::gateway::Generate::PATH, tag = "inference",
     request_body(content = GenerateRequest, description = "SGLang /generate request (text or input_ids, single or batch); unknown fields are passed through unchanged"),
     responses(
         (status = 200, description = "The worker's answer (JSON or SSE)"),
@@ -216,7 +219,8 @@ pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
 }
 
 /// The models served by ready workers (union, de-duplicated).
-#[utoipa::path(get, path = "/v1/models", tag = "inference",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::Models::OPERATION_ID,
+    path = openapi::routes::gateway::Models::PATH, tag = "inference",
     responses((status = 200, description = "OpenAI model list", body = ModelList)))]
 pub async fn models(State(st): State<AppState>) -> Json<ModelList> {
     let data = st
@@ -239,7 +243,8 @@ pub async fn models(State(st): State<AppState>) -> Json<ModelList> {
 
 /// SGLang's `/get_server_info` of a worker: a prefill worker in PD mode (as sglang-router
 /// answers it), else a regular one.
-#[utoipa::path(get, path = "/get_server_info", tag = "inference",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::ServerInfoRoute::OPERATION_ID,
+    path = openapi::routes::gateway::ServerInfoRoute::PATH, tag = "inference",
     responses(
         (status = 200, description = "The worker's server info, as it answered", body = ServerInfo),
         (status = 502, description = "Worker unreachable", body = ErrorResponse),
@@ -251,7 +256,8 @@ pub async fn server_info(State(st): State<AppState>) -> Response {
 }
 
 /// SGLang's `/get_model_info` of a worker (a prefill worker in PD mode).
-#[utoipa::path(get, path = "/get_model_info", tag = "inference",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::ModelInfoRoute::OPERATION_ID,
+    path = openapi::routes::gateway::ModelInfoRoute::PATH, tag = "inference",
     responses(
         (status = 200, description = "The worker's model info, as it answered", body = ModelInfo),
         (status = 502, description = "Worker unreachable", body = ErrorResponse),

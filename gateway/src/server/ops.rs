@@ -21,14 +21,16 @@ fn status(st: &AppState, word: &str) -> HealthStatus {
 }
 
 /// The process is up (sglang-router's `/health`).
-#[utoipa::path(get, path = "/health", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::Health::OPERATION_ID,
+    path = openapi::routes::gateway::Health::PATH, tag = "ops",
     responses((status = 200, description = "Alive", body = HealthStatus)))]
 pub async fn health(State(st): State<AppState>) -> Json<HealthStatus> {
     Json(status(&st, "alive"))
 }
 
 /// The process is up.
-#[utoipa::path(get, path = "/liveness", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::Liveness::OPERATION_ID,
+    path = openapi::routes::gateway::Liveness::PATH, tag = "ops",
     responses((status = 200, description = "Alive", body = HealthStatus)))]
 pub async fn liveness(State(st): State<AppState>) -> Json<HealthStatus> {
     Json(status(&st, "alive"))
@@ -36,7 +38,8 @@ pub async fn liveness(State(st): State<AppState>) -> Json<HealthStatus> {
 
 /// Ready when at least one worker is ready and its circuit breaker not open (in PD mode:
 /// one prefill and one decode worker); 503 until then.
-#[utoipa::path(get, path = "/readiness", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::Readiness::OPERATION_ID,
+    path = openapi::routes::gateway::Readiness::PATH, tag = "ops",
     responses(
         (status = 200, description = "At least one worker is ready (PD: a prefill and a decode worker)", body = HealthStatus),
         (status = 503, description = "No ready worker (PD: `no_ready_prefill_worker` or `no_ready_decode_worker`)", body = ErrorResponse),
@@ -60,7 +63,8 @@ pub async fn readiness(State(st): State<AppState>) -> Response {
 }
 
 /// Prometheus text exposition (the gateway's and the hosted master's series).
-#[utoipa::path(get, path = "/metrics", tag = "ops",
+#[utoipa::path(get, operation_id = openapi::routes::gateway::Metrics::OPERATION_ID,
+    path = openapi::routes::gateway::Metrics::PATH, tag = "ops",
     responses((status = 200, description = "Prometheus metrics", content_type = "text/plain")))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
     if let Some(master) = st.master() {

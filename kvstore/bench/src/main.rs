@@ -126,7 +126,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     master_threads: usize,
     /// Microseconds a client's master call polls for its answer before sleeping (0: never;
-    /// `kvmaster::busy_poll`).
+    /// `transfer::busy_poll`).
     #[arg(long, default_value_t = kvclient::DEFAULT_RPC_BUSY_POLL_US)]
     rpc_busy_poll_us: u64,
     /// Microseconds a (spawned) master's connection polls for its next request after an

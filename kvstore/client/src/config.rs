@@ -200,7 +200,7 @@ pub struct ClientConfig {
     /// How long a master call polls for its answer before its thread sleeps, µs (0: sleep
     /// at once). Polling saves the wake-up (tens of µs on virtual machines) on each small
     /// call; it adapts, so a master that answers slower than this costs little. See
-    /// `kvmaster::busy_poll`.
+    /// `transfer::busy_poll`.
     #[arg(long, env = env::RPC_BUSY_POLL_US, default_value_t = DEFAULT_RPC_BUSY_POLL_US)]
     pub rpc_busy_poll_us: u64,
     /// Most bytes of segment space this client holds reserved for its next puts, so that a

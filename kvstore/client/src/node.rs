@@ -10,6 +10,7 @@
 //! moongate store ready: segment 10.0.0.5:40123 bytes 4294967296 http 0.0.0.0:30100 client <uuid> mounted true
 //! ```
 
+use openapi::routes;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -148,8 +149,8 @@ pub async fn run(
         render_metrics: Box::new(render_metrics),
     });
     let app = axum::Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route(routes::node::Health::PATH, get(health))
+        .route(routes::node::Metrics::PATH, get(metrics))
         .with_state(state);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {

@@ -33,6 +33,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use openapi::master as wire;
+use openapi::routes::master as route;
+use openapi::routes::{Endpoint, Plane};
 use serde::Serialize;
 
 use super::caller::LocalClients;
@@ -41,15 +43,6 @@ use openapi::master::MasterError;
 use transfer::busy_poll::{self, Adaptive};
 use trust::Secret;
 use uuid::Uuid as ClientId;
-
-/// Which of the master's planes a call belongs to (which key it carries).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plane {
-    /// Mount, ping, objects: the store key.
-    Store,
-    /// Admin reads and bulk deletes: the admin key if configured, else the store key.
-    Admin,
-}
 
 /// The pooled HTTP/1.1 client master calls go through.
 type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -143,21 +136,6 @@ fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
         .map_err(|_| StoreError::InvalidArgument(format!("{name} is not a valid header value")))?;
     v.set_sensitive(true);
     Ok(v)
-}
-
-/// Appends `s` to `out` percent-encoded as one path segment (everything but RFC 3986's
-/// unreserved characters is escaped, so `/`, `?`, `%` and spaces survive the trip).
-pub(crate) fn push_segment(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push('%');
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 15)] as char);
-        }
-    }
 }
 
 /// A body that is empty or JSON; `()` decodes from an empty (204) answer.
@@ -271,26 +249,50 @@ impl MasterRpc {
         self.fail(why)
     }
 
-    /// The path (and query) of a call; [`MasterRpc::send_on`] puts the master's base before it.
-    fn url(&self, parts: &[&str], encoded: &[&str]) -> String {
+    /// The path (and query) of a call of `E`: its declared path with `params` filled in,
+    /// then `query` as a query string; [`MasterRpc::send_on`] puts the master's base before it.
+    fn path<E: Endpoint>(params: &[&str], query: Option<&E::Query>) -> Result<String, String>
+    where
+        E::Query: Serialize,
+    {
         let mut u = String::with_capacity(96);
-        let mut enc = encoded.iter();
-        for p in parts {
-            u.push_str(p);
-            if let Some(s) = enc.next() {
-                push_segment(&mut u, s);
+        E::ROUTE.fill(&mut u, params);
+        if let Some(q) = query {
+            let q = serde_urlencoded::to_string(q).map_err(|e| e.to_string())?;
+            if !q.is_empty() {
+                u.push('?');
+                u.push_str(&q);
             }
         }
-        u
+        Ok(u)
     }
 
-    async fn send<T: Answer>(
+    /// One call of the declared route `E`: its method, its plane's key, its path with
+    /// `params` and `query`, `body` as JSON; the answer decoded as `E`'s.
+    async fn call<E: Endpoint>(
         &self,
-        method: Method,
-        uri: String,
-        body: Option<Vec<u8>>,
-    ) -> StoreResult<T> {
-        self.send_on(Plane::Store, method, uri, body).await
+        params: &[&str],
+        query: Option<&E::Query>,
+        body: Option<&E::Body>,
+    ) -> StoreResult<E::Response>
+    where
+        E::Query: Serialize,
+        E::Body: Serialize,
+        E::Response: Answer,
+    {
+        let path = Self::path::<E>(params, query).map_err(|e| self.fail(e))?;
+        let body = match body {
+            Some(b) => Some(serde_json::to_vec(b).map_err(|e| self.fail(e))?),
+            None => None,
+        };
+        let method = match E::ROUTE.method {
+            openapi::routes::Method::Get => Method::GET,
+            openapi::routes::Method::Post => Method::POST,
+            openapi::routes::Method::Put => Method::PUT,
+            openapi::routes::Method::Patch => Method::PATCH,
+            openapi::routes::Method::Delete => Method::DELETE,
+        };
+        self.send_on(E::ROUTE.plane, method, path, body).await
     }
 
     async fn send_on<T: Answer>(
@@ -430,11 +432,6 @@ impl MasterRpc {
         }
     }
 
-    async fn post<T: Answer>(&self, uri: String, body: &impl Serialize) -> StoreResult<T> {
-        let json = serde_json::to_vec(body).map_err(|e| self.fail(e))?;
-        self.send(Method::POST, uri, Some(json)).await
-    }
-
     // --- clients and segments ---------------------------------------------------------
 
     pub(crate) async fn mount(
@@ -443,7 +440,7 @@ impl MasterRpc {
         spec: &wire::SegmentSpec,
     ) -> StoreResult<wire::Segment> {
         let id = client.to_string();
-        self.post(self.url(&["/api/v1/clients/", "/segments"], &[&id]), spec)
+        self.call::<route::MountSegment>(&[&id], None, Some(spec))
             .await
     }
 
@@ -456,28 +453,17 @@ impl MasterRpc {
             segments: specs.to_vec(),
         };
         let id = client.to_string();
-        self.post(self.url(&["/api/v1/clients/", "/remount"], &[&id]), &body)
-            .await
+        self.call::<route::Remount>(&[&id], None, Some(&body)).await
     }
 
     pub(crate) async fn ping(&self, client: ClientId) -> StoreResult<wire::PingResponse> {
         let id = client.to_string();
-        self.send(
-            Method::POST,
-            self.url(&["/api/v1/clients/", "/ping"], &[&id]),
-            None,
-        )
-        .await
+        self.call::<route::Ping>(&[&id], None, None).await
     }
 
     pub(crate) async fn remove_client(&self, client: ClientId) -> StoreResult<()> {
         let id = client.to_string();
-        self.send(
-            Method::DELETE,
-            self.url(&["/api/v1/clients/"], &[&id]),
-            None,
-        )
-        .await
+        self.call::<route::RemoveClient>(&[&id], None, None).await
     }
 
     // --- objects ------------------------------------------------------------------------
@@ -487,13 +473,11 @@ impl MasterRpc {
         key: &str,
         body: &wire::PutStartRequest,
     ) -> StoreResult<wire::PutStartResponse> {
-        self.post(self.url(&["/api/v1/objects/", "/put-start"], &[key]), body)
-            .await
+        self.call::<route::PutStart>(&[key], None, Some(body)).await
     }
 
     pub(crate) async fn put_end(&self, key: &str, body: &wire::ClientRequest) -> StoreResult<()> {
-        self.post(self.url(&["/api/v1/objects/", "/put-end"], &[key]), body)
-            .await
+        self.call::<route::PutEnd>(&[key], None, Some(body)).await
     }
 
     pub(crate) async fn put_revoke(
@@ -501,26 +485,16 @@ impl MasterRpc {
         key: &str,
         body: &wire::ClientRequest,
     ) -> StoreResult<()> {
-        self.post(self.url(&["/api/v1/objects/", "/put-revoke"], &[key]), body)
+        self.call::<route::PutRevoke>(&[key], None, Some(body))
             .await
     }
 
     pub(crate) async fn replicas(&self, key: &str) -> StoreResult<wire::ReplicasResponse> {
-        self.send(
-            Method::GET,
-            self.url(&["/api/v1/objects/", "/replicas"], &[key]),
-            None,
-        )
-        .await
+        self.call::<route::GetReplicas>(&[key], None, None).await
     }
 
     pub(crate) async fn exists(&self, key: &str) -> StoreResult<wire::ExistsResponse> {
-        self.send(
-            Method::GET,
-            self.url(&["/api/v1/objects/", "/exists"], &[key]),
-            None,
-        )
-        .await
+        self.call::<route::Exists>(&[key], None, None).await
     }
 
     pub(crate) async fn remove(
@@ -528,33 +502,28 @@ impl MasterRpc {
         key: &str,
         force: bool,
     ) -> StoreResult<wire::RemovedResponse> {
-        let q = if force { "?force=true" } else { "" };
-        self.send(
-            Method::DELETE,
-            self.url(&["/api/v1/objects/", q], &[key]),
-            None,
-        )
-        .await
+        let query = wire::RemoveQuery {
+            force: force.then_some(true),
+        };
+        self.call::<route::Remove>(&[key], Some(&query), None).await
     }
 
     pub(crate) async fn remove_all(&self) -> StoreResult<wire::RemovedResponse> {
-        self.send_on(
-            Plane::Admin,
-            Method::DELETE,
-            self.url(&["/api/v1/objects?all=true"], &[]),
-            None,
-        )
-        .await
+        let query = wire::DeleteObjectsQuery {
+            all: Some(true),
+            regex: None,
+        };
+        self.call::<route::RemoveObjects>(&[], Some(&query), None)
+            .await
     }
 
     pub(crate) async fn remove_by_regex(&self, regex: &str) -> StoreResult<wire::RemovedResponse> {
-        self.send_on(
-            Plane::Admin,
-            Method::DELETE,
-            self.url(&["/api/v1/objects?regex="], &[regex]),
-            None,
-        )
-        .await
+        let query = wire::DeleteObjectsQuery {
+            all: None,
+            regex: Some(regex.to_owned()),
+        };
+        self.call::<route::RemoveObjects>(&[], Some(&query), None)
+            .await
     }
 
     // --- batches: one request each ----------------------------------------------------
@@ -563,7 +532,7 @@ impl MasterRpc {
         &self,
         body: &wire::BatchPutStartRequest,
     ) -> StoreResult<wire::BatchPutStartResponse> {
-        self.post(self.url(&["/api/v1/batch/put-start"], &[]), body)
+        self.call::<route::BatchPutStart>(&[], None, Some(body))
             .await
     }
 
@@ -571,15 +540,14 @@ impl MasterRpc {
         &self,
         body: &wire::BatchClientKeysRequest,
     ) -> StoreResult<wire::BatchKeyResponse> {
-        self.post(self.url(&["/api/v1/batch/put-end"], &[]), body)
-            .await
+        self.call::<route::BatchPutEnd>(&[], None, Some(body)).await
     }
 
     pub(crate) async fn batch_put_commit(
         &self,
         body: &wire::BatchPutCommitRequest,
     ) -> StoreResult<wire::BatchPutCommitResponse> {
-        self.post(self.url(&["/api/v1/batch/put-commit"], &[]), body)
+        self.call::<route::BatchPutCommit>(&[], None, Some(body))
             .await
     }
 
@@ -587,7 +555,7 @@ impl MasterRpc {
         &self,
         body: &wire::BatchClientKeysRequest,
     ) -> StoreResult<wire::BatchKeyResponse> {
-        self.post(self.url(&["/api/v1/batch/put-revoke"], &[]), body)
+        self.call::<route::BatchPutRevoke>(&[], None, Some(body))
             .await
     }
 
@@ -595,7 +563,7 @@ impl MasterRpc {
         &self,
         body: &wire::BatchKeysRequest,
     ) -> StoreResult<wire::BatchReplicasResponse> {
-        self.post(self.url(&["/api/v1/batch/replicas"], &[]), body)
+        self.call::<route::BatchGetReplicas>(&[], None, Some(body))
             .await
     }
 
@@ -603,16 +571,14 @@ impl MasterRpc {
         &self,
         body: &wire::BatchKeysRequest,
     ) -> StoreResult<wire::BatchExistsResponse> {
-        self.post(self.url(&["/api/v1/batch/exists"], &[]), body)
-            .await
+        self.call::<route::BatchExists>(&[], None, Some(body)).await
     }
 
     pub(crate) async fn batch_remove(
         &self,
         body: &wire::BatchRemoveRequest,
     ) -> StoreResult<wire::BatchKeyResponse> {
-        self.post(self.url(&["/api/v1/batch/remove"], &[]), body)
-            .await
+        self.call::<route::BatchRemove>(&[], None, Some(body)).await
     }
 }
 
@@ -626,13 +592,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_escaped_as_one_path_segment() {
-        let mut s = String::new();
-        push_segment(&mut s, "a/b c?d%e_f-g.h~i");
-        assert_eq!(s, "a%2Fb%20c%3Fd%25e_f-g.h~i");
-        let mut u = String::new();
-        push_segment(&mut u, "ключ");
-        assert_eq!(u, "%D0%BA%D0%BB%D1%8E%D1%87");
+    fn calls_are_the_declared_paths_with_keys_as_one_segment_and_typed_queries() {
+        let p = MasterRpc::path::<route::GetReplicas>(&["a/b c?d%e"], None).unwrap();
+        assert_eq!(p, "/api/v1/objects/a%2Fb%20c%3Fd%25e/replicas");
+        let p = MasterRpc::path::<route::PutStart>(&["ключ"], None).unwrap();
+        assert_eq!(p, "/api/v1/objects/%D0%BA%D0%BB%D1%8E%D1%87/put-start");
+        let force = wire::RemoveQuery { force: Some(true) };
+        let p = MasterRpc::path::<route::Remove>(&["k"], Some(&force)).unwrap();
+        assert_eq!(p, "/api/v1/objects/k?force=true");
+        let none = wire::RemoveQuery { force: None };
+        let p = MasterRpc::path::<route::Remove>(&["k"], Some(&none)).unwrap();
+        assert_eq!(p, "/api/v1/objects/k");
+        let regex = wire::DeleteObjectsQuery {
+            all: None,
+            regex: Some("^a b&c".into()),
+        };
+        let p = MasterRpc::path::<route::RemoveObjects>(&[], Some(&regex)).unwrap();
+        assert_eq!(p, "/api/v1/objects?regex=%5Ea+b%26c");
     }
 
     fn rpc(base: &str, store: &str, admin: Option<&str>) -> StoreResult<MasterRpc> {
@@ -654,10 +630,6 @@ mod tests {
         assert!(rpc("not a url", "k", None).is_err());
         let r = rpc("http://m:1/prefix/", "k", None).unwrap();
         assert_eq!(r.base(), "http://m:1/prefix");
-        assert_eq!(
-            r.url(&["/api/v1/objects/", "/replicas"], &["k/1"]),
-            "/api/v1/objects/k%2F1/replicas"
-        );
         // An HA cluster: every master, checked; calls start at the first.
         let ha = rpc(" http://a:1, https://b:2/ ,", "k", None).unwrap();
         assert_eq!(ha.bases(), ["http://a:1", "https://b:2"]);

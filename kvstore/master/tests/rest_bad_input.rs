@@ -61,9 +61,41 @@ async fn bad_input_is_refused_and_changes_nothing() {
         )
         .await;
     assert_error(&got, 400, "INVALID_PARAMS", -600);
-    // An empty regex is no regex.
-    let got = s.call("DELETE", "/api/v1/objects?regex=", None).await;
+    // So does it for a commit, whose config places only the new reservations.
+    let got = s
+        .call(
+            "POST",
+            "/api/v1/batch/put-commit",
+            Some(json!({"client_id": WRITER, "items": [], "config": {"replica_num": 0}})),
+        )
+        .await;
     assert_error(&got, 400, "INVALID_PARAMS", -600);
+    // A reservation no object could fill fails the request, single and batch.
+    let reserve = json!({"length": 0, "count": 1});
+    let got = s
+        .call(
+            "POST",
+            &start("r"),
+            Some(json!({"client_id": WRITER, "length": 8, "reserve": reserve})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
+    let got = s
+        .call(
+            "POST",
+            "/api/v1/batch/put-start",
+            Some(json!({"client_id": WRITER, "items": [], "reserve": reserve})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_PARAMS", -600);
+    // An empty regex is refused, alone or beside all=true (the document requires one
+    // character).
+    for q in ["regex=", "all=true&regex="] {
+        let got = s
+            .call("DELETE", &format!("/api/v1/objects?{q}"), None)
+            .await;
+        assert_error(&got, 400, "INVALID_PARAMS", -600);
+    }
     let got = s
         .raw("POST", "/api/v1/batch/replicas", "{\"keys\": 7}")
         .await;

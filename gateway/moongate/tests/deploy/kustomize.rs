@@ -46,7 +46,7 @@ pub fn render(dir: &Path) -> Rendered {
         let name = name.as_str().unwrap_or_default();
         assert!(
             known.contains(&name),
-            "{origin}: `{name}` is not understood by gateway/tests/deploy/kustomize.rs"
+            "{origin}: `{name}` is not understood by gateway/moongate/tests/deploy/kustomize.rs"
         );
     }
     let mut out = Rendered {

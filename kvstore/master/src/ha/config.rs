@@ -71,24 +71,24 @@ pub struct HaConfig {
         default_value_t = HaConfig::default().cluster_id)]
     pub cluster_id: String,
     /// TTL of the leader's etcd lease, in seconds: a dead leader is replaced within about
-    /// this long (plus a moment to load the state). Default 3, so that writes and reads are
-    /// served again within 5 s of a leader's death (Mooncake's lease is 5 s); a leader that
+    /// this long (plus a moment to load the state). The default is chosen so that writes and
+    /// reads are served again within 5 s of a leader's death (Mooncake's lease is 5 s); a leader that
     /// cannot reach etcd for this long steps down.
     #[arg(id = "ha.lease_ttl_secs", long = "ha-lease-ttl-secs", env = env::LEASE_TTL_SECS, value_name = "SECS",
         default_value_t = HaConfig::default().lease_ttl_secs)]
     pub lease_ttl_secs: u64,
     /// A change not committed to etcd within this long is answered 503 `UNAVAILABLE`
-    /// (retryable; nothing acknowledged). Must be below the lease TTL. Default 1500.
+    /// (retryable; nothing acknowledged). Must be below the lease TTL.
     #[arg(id = "ha.commit_timeout_ms", long = "ha-commit-timeout-ms", env = env::COMMIT_TIMEOUT_MS, value_name = "MS",
         default_value_t = HaConfig::default().commit_timeout_ms)]
     pub commit_timeout_ms: u64,
     /// Most operations in one etcd transaction (group commit); etcd's own limit
-    /// (`--max-txn-ops`) is 128 by default, and the fence takes none of them. Default 128.
+    /// (`--max-txn-ops`) is 128 by default, and the fence takes none of them.
     #[arg(id = "ha.max_txn_ops", long = "ha-max-txn-ops", env = env::MAX_TXN_OPS, value_name = "N",
         default_value_t = HaConfig::default().max_txn_ops)]
     pub max_txn_ops: usize,
     /// etcd transactions under way at once (on disjoint keys; changes still turn durable
-    /// in the order they were made). Default 4.
+    /// in the order they were made).
     #[arg(id = "ha.txns_in_flight", long = "ha-txns-in-flight", env = env::TXNS_IN_FLIGHT, value_name = "N",
         default_value_t = HaConfig::default().txns_in_flight)]
     pub txns_in_flight: usize,

@@ -144,7 +144,8 @@ mod serve {
     }
 
     /// This master's role in its HA cluster, the leader's URL and term.
-    #[utoipa::path(get, operation_id = "master_ha_status", path = "/api/v1/ha", tag = crate::rest::TAG,
+    #[utoipa::path(get, operation_id = openapi::routes::master::HaStatusRoute::OPERATION_ID,
+    path = openapi::routes::master::HaStatusRoute::PATH, tag = crate::rest::TAG,
         responses((status = 200, description = "Role, leader and term", body = wire::HaStatus)))]
     async fn ha_status(State(node): State<HaNode>) -> Json<wire::HaStatus> {
         let s = node.status();
@@ -166,7 +167,8 @@ pub fn standalone_router() -> utoipa_axum::router::OpenApiRouter {
 }
 
 /// This master's role: it runs alone (no HA).
-#[utoipa::path(get, operation_id = "master_ha_status", path = "/api/v1/ha", tag = crate::rest::TAG,
+#[utoipa::path(get, operation_id = openapi::routes::master::HaStatusRoute::OPERATION_ID,
+    path = openapi::routes::master::HaStatusRoute::PATH, tag = crate::rest::TAG,
     responses((status = 200, description = "Role, leader and term", body = openapi::master::HaStatus)))]
 async fn standalone_status() -> axum::Json<openapi::master::HaStatus> {
     axum::Json(openapi::master::HaStatus {

@@ -69,22 +69,22 @@ pub mod env {
 #[serde(default, deny_unknown_fields)]
 #[command(next_help_heading = "KV master")]
 pub struct MasterConfig {
-    /// Read lease granted (or extended) by `get_replicas` and `exists`. Default 10 s.
+    /// Read lease granted (or extended) by `get_replicas` and `exists`.
     #[arg(id = "master.lease_ttl_ms", long = "master-lease-ttl-ms", env = env::LEASE_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().lease_ttl_ms)]
     pub lease_ttl_ms: u64,
     /// A client that neither pings nor mounts for this long loses its segments and is told
-    /// to remount. Default 10 s.
+    /// to remount.
     #[arg(id = "master.client_ttl_ms", long = "master-client-ttl-ms", env = env::CLIENT_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().client_ttl_ms)]
     pub client_ttl_ms: u64,
     /// A put left unfinished this long may be taken over by a new `put_start` of the same
-    /// key. Default 30 s.
+    /// key.
     #[arg(id = "master.put_start_discard_timeout_ms", long = "master-put-start-discard-timeout-ms", env = env::PUT_START_DISCARD_TIMEOUT_MS, value_name = "MS",
         default_value_t = MasterConfig::default().put_start_discard_timeout_ms)]
     pub put_start_discard_timeout_ms: u64,
     /// The space of an unfinished (or taken-over) put is released this long after its
-    /// `put_start`. Must exceed the discard timeout. Default 600 s.
+    /// `put_start`. Must exceed the discard timeout.
     #[arg(id = "master.put_start_release_timeout_ms", long = "master-put-start-release-timeout-ms", env = env::PUT_START_RELEASE_TIMEOUT_MS, value_name = "MS",
         default_value_t = MasterConfig::default().put_start_release_timeout_ms)]
     pub put_start_release_timeout_ms: u64,
@@ -93,84 +93,82 @@ pub struct MasterConfig {
     /// write window: clients start writing a reservation or a put-start's replicas only
     /// within it of their request, and a segment remounted, or restored by a new HA
     /// leader, takes no new values for it (clients may still write into space given out
-    /// in it before). Moongate's own. Default 30 s.
+    /// in it before). Moongate's own.
     #[arg(id = "master.reservation_ttl_ms", long = "master-reservation-ttl-ms", env = env::RESERVATION_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().reservation_ttl_ms)]
     pub reservation_ttl_ms: u64,
     /// Most bytes of reserved space one client may hold (every replica counted); 0 turns
     /// reservations off (every put takes two requests), as it is on an HA master (`--ha`),
-    /// whose successor would not know them. Moongate's own. Default 256 MiB.
+    /// whose successor would not know them. Moongate's own.
     #[arg(id = "master.reservation_max_bytes", long = "master-reservation-max-bytes", env = env::RESERVATION_MAX_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().reservation_max_bytes)]
     pub reservation_max_bytes: u64,
-    /// Eviction starts when allocated / capacity passes this ratio. Default 0.90.
+    /// Eviction starts when allocated / capacity passes this ratio.
     #[arg(id = "master.eviction_high_watermark", long = "master-eviction-high-watermark", env = env::EVICTION_HIGH_WATERMARK, value_name = "RATIO",
         default_value_t = MasterConfig::default().eviction_high_watermark)]
     pub eviction_high_watermark: f64,
-    /// Share of allocated bytes one eviction round frees. Default 0.05.
+    /// Share of allocated bytes one eviction round frees.
     #[arg(id = "master.eviction_ratio", long = "master-eviction-ratio", env = env::EVICTION_RATIO, value_name = "RATIO",
         default_value_t = MasterConfig::default().eviction_ratio)]
     pub eviction_ratio: f64,
     /// Whether soft-pinned objects may be evicted (second pass, after all others).
-    /// Default true.
     #[arg(id = "master.allow_evict_soft_pinned", long = "master-allow-evict-soft-pinned", env = env::ALLOW_EVICT_SOFT_PINNED, value_name = "BOOL", action = clap::ArgAction::Set,
         default_value_t = MasterConfig::default().allow_evict_soft_pinned)]
     pub allow_evict_soft_pinned: bool,
-    /// How long a soft pin protects an object after its `put_end`. Default 30 min.
+    /// How long a soft pin protects an object after its `put_end`.
     #[arg(id = "master.soft_pin_ttl_ms", long = "master-soft-pin-ttl-ms", env = env::SOFT_PIN_TTL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().soft_pin_ttl_ms)]
     pub soft_pin_ttl_ms: u64,
-    /// Number of metadata shards (power of two); each has its own lock. Default 64.
+    /// Number of metadata shards (power of two); each has its own lock.
     #[arg(id = "master.shards", long = "master-shards", env = env::SHARDS, value_name = "N",
         default_value_t = MasterConfig::default().shards)]
     pub shards: usize,
     /// Allocation granularity and alignment in bytes (power of two), relative to the
-    /// segment base. Default 64.
+    /// segment base.
     #[arg(id = "master.alignment", long = "master-alignment", env = env::ALIGNMENT, value_name = "BYTES",
         default_value_t = MasterConfig::default().alignment)]
     pub alignment: u64,
-    /// Largest `replica_num` a put may ask for. Default 8.
+    /// Largest `replica_num` a put may ask for.
     #[arg(id = "master.max_replicas", long = "master-max-replicas", env = env::MAX_REPLICAS, value_name = "N",
         default_value_t = MasterConfig::default().max_replicas)]
     pub max_replicas: u32,
-    /// Longest key in bytes. Default 4096.
+    /// Longest key in bytes.
     #[arg(id = "master.max_key_bytes", long = "master-max-key-bytes", env = env::MAX_KEY_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().max_key_bytes)]
     pub max_key_bytes: usize,
-    /// Largest object in bytes. Default 1 TiB (Mooncake's largest segment).
+    /// Largest object in bytes.
     #[arg(id = "master.max_object_bytes", long = "master-max-object-bytes", env = env::MAX_OBJECT_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().max_object_bytes)]
     pub max_object_bytes: u64,
-    /// Largest segment in bytes. Default 1 PiB.
+    /// Largest segment in bytes.
     #[arg(id = "master.max_segment_bytes", long = "master-max-segment-bytes", env = env::MAX_SEGMENT_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().max_segment_bytes)]
     pub max_segment_bytes: u64,
-    /// Most items in one batch request. Default 4096.
+    /// Most items in one batch request.
     #[arg(id = "master.max_batch_items", long = "master-max-batch-items", env = env::MAX_BATCH_ITEMS, value_name = "N",
         default_value_t = MasterConfig::default().max_batch_items)]
     pub max_batch_items: usize,
-    /// Longest segment name, client endpoint or regex, in bytes. Default 1024.
+    /// Longest segment name, client endpoint or regex, in bytes.
     #[arg(id = "master.max_name_bytes", long = "master-max-name-bytes", env = env::MAX_NAME_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().max_name_bytes)]
     pub max_name_bytes: usize,
     /// Period of the background tick (client TTL sweep, zombie release, watermark check).
-    /// Default 100 ms.
     #[arg(id = "master.tick_interval_ms", long = "master-tick-interval-ms", env = env::TICK_INTERVAL_MS, value_name = "MS",
         default_value_t = MasterConfig::default().tick_interval_ms)]
     pub tick_interval_ms: u64,
-    /// Page size of key listings when the request gives none. Default 1000.
+    /// Page size of key listings when the request gives none.
     #[arg(id = "master.list_default_limit", long = "master-list-default-limit", env = env::LIST_DEFAULT_LIMIT, value_name = "N",
         default_value_t = MasterConfig::default().list_default_limit)]
     pub list_default_limit: usize,
-    /// Largest page size of key listings. Default 10 000.
+    /// Largest page size of key listings.
     #[arg(id = "master.list_max_limit", long = "master-list-max-limit", env = env::LIST_MAX_LIMIT, value_name = "N",
         default_value_t = MasterConfig::default().list_max_limit)]
     pub list_max_limit: usize,
-    /// Most entries in the transfer-metadata store. Default 65 536.
+    /// Most entries in the transfer-metadata store.
     #[arg(id = "master.metadata_max_entries", long = "master-metadata-max-entries", env = env::METADATA_MAX_ENTRIES, value_name = "N",
         default_value_t = MasterConfig::default().metadata_max_entries)]
     pub metadata_max_entries: usize,
-    /// Largest value in the transfer-metadata store, in bytes. Default 1 MiB.
+    /// Largest value in the transfer-metadata store, in bytes.
     #[arg(id = "master.metadata_max_value_bytes", long = "master-metadata-max-value-bytes", env = env::METADATA_MAX_VALUE_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().metadata_max_value_bytes)]
     pub metadata_max_value_bytes: usize,

@@ -53,7 +53,7 @@ pub use journal::{
 };
 pub use object::{ObjectStatus, ReplicaLocation, ReplicateConfig};
 pub use openapi::master::{MasterError, MasterResult};
-pub use ops::ReplicaSet;
+pub use ops::{MAX_PREFERRED, ReplicaSet};
 pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};

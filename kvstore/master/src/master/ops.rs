@@ -40,7 +40,7 @@ pub(super) enum Claim {
 }
 
 /// Most preferred segments a put may name.
-const MAX_PREFERRED: usize = 64;
+pub const MAX_PREFERRED: usize = 64;
 
 impl Master {
     pub(crate) fn check_key(&self, key: &str) -> MasterResult<()> {
@@ -67,7 +67,9 @@ impl Master {
         self.check_config(cfg)
     }
 
-    fn check_config(&self, cfg: &ReplicateConfig) -> MasterResult<()> {
+    /// Whether `cfg` can be used at this master: `replica_num` within `1..=max_replicas`, at
+    /// most [`MAX_PREFERRED`] preferred segments.
+    pub fn check_config(&self, cfg: &ReplicateConfig) -> MasterResult<()> {
         if cfg.replica_num == 0 || cfg.replica_num > self.config.max_replicas {
             return Err(MasterError::InvalidParams(format!(
                 "replica_num {} is outside 1..={}",

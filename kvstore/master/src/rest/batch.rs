@@ -1,6 +1,7 @@
 //! Batch forms of every object operation: one request, one result per item in request
 //! order. A refused item carries `error`; the others still happen.
 
+use openapi::routes;
 use std::sync::Arc;
 
 use axum::Json;
@@ -8,7 +9,8 @@ use axum::extract::State;
 use openapi::master as wire;
 
 use super::{
-    ApiJson, ApiResult, MasterErrors, client_id, detail, durable, observed, replicas, reserve,
+    ApiJson, ApiResult, MasterErrors, check_reserve, client_id, detail, durable, observed,
+    replicas, reserve,
 };
 use crate::master::{Master, MasterResult};
 
@@ -30,7 +32,8 @@ fn key_results(keys: Vec<String>, results: Vec<MasterResult<()>>) -> wire::Batch
 }
 
 /// Start puts of many objects with one placement config.
-#[utoipa::path(post, operation_id = "master_batch_put_start", path = "/api/v1/batch/put-start", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchPutStart::OPERATION_ID,
+    path = routes::master::BatchPutStart::PATH, tag = super::TAG,
     request_body = wire::BatchPutStartRequest,
     responses((status = 200, description = "Per-item replicas or errors", body = wire::BatchPutStartResponse), MasterErrors))]
 pub async fn put_start(
@@ -39,7 +42,8 @@ pub async fn put_start(
 ) -> ApiResult<Json<wire::BatchPutStartResponse>> {
     let cfg = req.config;
     let pairs: Vec<(String, u64)> = req.items.into_iter().map(|i| (i.key, i.length)).collect();
-    let r = client_id(&req.client_id).and_then(|c| {
+    let r = check_reserve(&m, req.reserve.as_ref()).and_then(|()| client_id(&req.client_id));
+    let r = r.and_then(|c| {
         m.batch_put_start(c, &pairs, &cfg, req.put_id)
             .map(|r| (c, r))
     });
@@ -71,7 +75,8 @@ pub async fn put_start(
 /// Commit values written into reservations (see `reserve` on put-start): each becomes
 /// readable as after put-start and put-end, in one request. A reservation that no longer
 /// exists answers `RESERVATION_NOT_FOUND` for its item (put that value the two-request way).
-#[utoipa::path(post, operation_id = "master_batch_put_commit", path = "/api/v1/batch/put-commit", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchPutCommit::OPERATION_ID,
+    path = routes::master::BatchPutCommit::PATH, tag = super::TAG,
     request_body = wire::BatchPutCommitRequest,
     responses((status = 200, description = "Per-key results and new reservations", body = wire::BatchPutCommitResponse), MasterErrors))]
 pub async fn put_commit(
@@ -83,8 +88,14 @@ pub async fn put_commit(
         .iter()
         .map(|i| (i.key.as_str(), i.reservation, i.length))
         .collect();
-    let r =
-        client_id(&req.client_id).and_then(|c| m.batch_put_commit(c, &items_in).map(|r| (c, r)));
+    // The placement of the new reservations is checked even when none is asked for: a
+    // request the document calls invalid is refused whole.
+    let r = m
+        .check_config(&req.config)
+        .and_then(|()| check_reserve(&m, req.reserve.as_ref()));
+    let r = r
+        .and_then(|()| client_id(&req.client_id))
+        .and_then(|c| m.batch_put_commit(c, &items_in).map(|r| (c, r)));
     let (c, results) = observed("batch_put_commit", durable(&m, r).await)?;
     items("put_commit", &results);
     let keys = req.items.into_iter().map(|i| i.key).collect();
@@ -95,7 +106,8 @@ pub async fn put_commit(
 }
 
 /// End puts of many objects.
-#[utoipa::path(post, operation_id = "master_batch_put_end", path = "/api/v1/batch/put-end", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchPutEnd::OPERATION_ID,
+    path = routes::master::BatchPutEnd::PATH, tag = super::TAG,
     request_body = wire::BatchClientKeysRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn put_end(
@@ -110,7 +122,8 @@ pub async fn put_end(
 }
 
 /// Revoke unfinished puts of many objects.
-#[utoipa::path(post, operation_id = "master_batch_put_revoke", path = "/api/v1/batch/put-revoke", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchPutRevoke::OPERATION_ID,
+    path = routes::master::BatchPutRevoke::PATH, tag = super::TAG,
     request_body = wire::BatchClientKeysRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn put_revoke(
@@ -124,7 +137,8 @@ pub async fn put_revoke(
 }
 
 /// Replicas of many objects, each granted a read lease.
-#[utoipa::path(post, operation_id = "master_batch_get_replicas", path = "/api/v1/batch/replicas", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchGetReplicas::OPERATION_ID,
+    path = routes::master::BatchGetReplicas::PATH, tag = super::TAG,
     request_body = wire::BatchKeysRequest,
     responses((status = 200, description = "Per-key replicas or errors", body = wire::BatchReplicasResponse), MasterErrors))]
 pub async fn replicas_of(
@@ -158,7 +172,8 @@ pub async fn replicas_of(
 }
 
 /// Existence of many objects; each existing one is granted a read lease.
-#[utoipa::path(post, operation_id = "master_batch_exists", path = "/api/v1/batch/exists", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchExists::OPERATION_ID,
+    path = routes::master::BatchExists::PATH, tag = super::TAG,
     request_body = wire::BatchKeysRequest,
     responses((status = 200, description = "Per-key existence", body = wire::BatchExistsResponse), MasterErrors))]
 pub async fn exists(
@@ -186,7 +201,8 @@ pub async fn exists(
 }
 
 /// Remove many objects; leased ones are refused unless `force`.
-#[utoipa::path(post, operation_id = "master_batch_remove", path = "/api/v1/batch/remove", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::BatchRemove::OPERATION_ID,
+    path = routes::master::BatchRemove::PATH, tag = super::TAG,
     request_body = wire::BatchRemoveRequest,
     responses((status = 200, description = "Per-key results", body = wire::BatchKeyResponse), MasterErrors))]
 pub async fn remove(

@@ -1,5 +1,6 @@
 //! Clients and segments: mount, remount, unmount, ping; admin reads and totals.
 
+use openapi::routes;
 use std::sync::Arc;
 
 use axum::Json;
@@ -14,7 +15,8 @@ use super::{
 use crate::master::Master;
 
 /// Mount one segment for a client (idempotent for the same geometry).
-#[utoipa::path(post, operation_id = "master_mount_segment", path = "/api/v1/clients/{client_id}/segments", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::MountSegment::OPERATION_ID,
+    path = routes::master::MountSegment::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     request_body = wire::SegmentSpec,
     responses((status = 200, description = "Mounted", body = wire::Segment), MasterErrors))]
@@ -29,7 +31,8 @@ pub async fn mount_segment(
 }
 
 /// Remount every segment of a client after `need_remount`; the client is `ok` afterwards.
-#[utoipa::path(post, operation_id = "master_remount", path = "/api/v1/clients/{client_id}/remount", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::Remount::OPERATION_ID,
+    path = routes::master::Remount::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     request_body = wire::RemountRequest,
     responses((status = 200, description = "Remounted", body = wire::Client), MasterErrors))]
@@ -50,7 +53,8 @@ pub async fn remount(
 }
 
 /// Unmount one of the client's segments; replicas on it are dropped.
-#[utoipa::path(delete, operation_id = "master_unmount_segment", path = "/api/v1/clients/{client_id}/segments/{name}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = routes::master::UnmountSegment::OPERATION_ID,
+    path = routes::master::UnmountSegment::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID"),
            ("name" = String, Path, description = "Segment name")),
     responses((status = 204, description = "Unmounted"), MasterErrors))]
@@ -69,7 +73,8 @@ pub async fn unmount_segment(
 }
 
 /// Heartbeat (every second); answers whether the client must remount.
-#[utoipa::path(post, operation_id = "master_ping", path = "/api/v1/clients/{client_id}/ping", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::Ping::OPERATION_ID,
+    path = routes::master::Ping::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 200, description = "Alive", body = wire::PingResponse), MasterErrors))]
 pub async fn ping(
@@ -86,7 +91,8 @@ pub async fn ping(
 }
 
 /// Every known client.
-#[utoipa::path(get, operation_id = "master_list_clients", path = "/api/v1/clients", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::ListClients::OPERATION_ID,
+    path = routes::master::ListClients::PATH, tag = super::TAG,
     responses((status = 200, description = "Clients", body = wire::ClientList), MasterErrors))]
 pub async fn list_clients(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::ClientList>> {
     let clients = m.clients().into_iter().map(client).collect();
@@ -94,7 +100,8 @@ pub async fn list_clients(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::
 }
 
 /// One client.
-#[utoipa::path(get, operation_id = "master_get_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::GetClient::OPERATION_ID,
+    path = routes::master::GetClient::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 200, description = "Client", body = wire::Client), MasterErrors))]
 pub async fn get_client(
@@ -106,7 +113,8 @@ pub async fn get_client(
 }
 
 /// Forget a client and unmount all its segments (graceful shutdown of a store node).
-#[utoipa::path(delete, operation_id = "master_remove_client", path = "/api/v1/clients/{client_id}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = routes::master::RemoveClient::OPERATION_ID,
+    path = routes::master::RemoveClient::PATH, tag = super::TAG,
     params(("client_id" = String, Path, format = "uuid", pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", description = "Client UUID")),
     responses((status = 204, description = "Removed"), MasterErrors))]
 pub async fn remove_client(
@@ -124,7 +132,8 @@ pub async fn remove_client(
 }
 
 /// Every mounted segment with capacity and usage.
-#[utoipa::path(get, operation_id = "master_list_segments", path = "/api/v1/segments", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::ListSegments::OPERATION_ID,
+    path = routes::master::ListSegments::PATH, tag = super::TAG,
     responses((status = 200, description = "Segments", body = wire::SegmentList), MasterErrors))]
 pub async fn list_segments(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::SegmentList>> {
     let segments = m.segments().into_iter().map(segment).collect();
@@ -132,7 +141,8 @@ pub async fn list_segments(State(m): State<Arc<Master>>) -> ApiResult<Json<wire:
 }
 
 /// One segment.
-#[utoipa::path(get, operation_id = "master_get_segment", path = "/api/v1/segments/{name}", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::GetSegment::OPERATION_ID,
+    path = routes::master::GetSegment::PATH, tag = super::TAG,
     params(("name" = String, Path, description = "Segment name")),
     responses((status = 200, description = "Segment", body = wire::Segment), MasterErrors))]
 pub async fn get_segment(
@@ -143,7 +153,8 @@ pub async fn get_segment(
 }
 
 /// Totals: capacity, usage, keys, segments, clients, evictions.
-#[utoipa::path(get, operation_id = "master_stats", path = "/api/v1/stats", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::Stats::OPERATION_ID,
+    path = routes::master::Stats::PATH, tag = super::TAG,
     responses((status = 200, description = "Totals", body = wire::MasterStats), MasterErrors))]
 pub async fn stats(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::MasterStats>> {
     observed("stats", Ok(Json(m.stats())))

@@ -6,6 +6,7 @@
 //! descriptors are), else as `application/octet-stream`: the content type never claims what the bytes
 //! are not.
 
+use openapi::routes;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -22,7 +23,8 @@ fn key(q: &wire::MetadataQuery) -> &str {
 }
 
 /// The bytes stored under `key`.
-#[utoipa::path(get, operation_id = "master_get_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+#[utoipa::path(get, operation_id = routes::master::GetMetadata::OPERATION_ID,
+    path = routes::master::GetMetadata::PATH, tag = super::TAG, params(wire::MetadataQuery),
     responses((status = 200, description = "The stored bytes, unchanged: `application/json` when they are a JSON object, else `application/octet-stream`",
                content(
                    (Object = "application/json"),
@@ -44,7 +46,8 @@ pub async fn get_metadata(
 }
 
 /// Store the request body under `key` (replacing any previous value).
-#[utoipa::path(put, operation_id = "master_put_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+#[utoipa::path(put, operation_id = routes::master::PutMetadata::OPERATION_ID,
+    path = routes::master::PutMetadata::PATH, tag = super::TAG, params(wire::MetadataQuery),
     request_body(content = wire::MetadataValue, content_type = "application/octet-stream"),
     responses((status = 200, description = "Stored", body = String, content_type = "text/plain"), MasterErrors))]
 pub async fn put_metadata(
@@ -64,7 +67,8 @@ pub async fn put_metadata(
 }
 
 /// Remove `key`.
-#[utoipa::path(delete, operation_id = "master_delete_metadata", path = "/metadata", tag = super::TAG, params(wire::MetadataQuery),
+#[utoipa::path(delete, operation_id = routes::master::DeleteMetadata::OPERATION_ID,
+    path = routes::master::DeleteMetadata::PATH, tag = super::TAG, params(wire::MetadataQuery),
     responses((status = 200, description = "Removed", body = String, content_type = "text/plain"), MasterErrors))]
 pub async fn delete_metadata(
     State(m): State<Arc<Master>>,

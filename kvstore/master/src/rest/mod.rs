@@ -38,6 +38,7 @@
 
 mod batch;
 mod cluster;
+pub mod limits;
 mod metadata;
 mod objects;
 
@@ -75,7 +76,8 @@ pub fn router(master: Arc<Master>) -> OpenApiRouter {
 
 /// The store plane (see the module doc): what storage nodes and store clients call.
 pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
-    OpenApiRouter::with_openapi(MasterApiDoc::openapi())
+    let limits = master.config().clone();
+    let mut router = OpenApiRouter::with_openapi(MasterApiDoc::openapi())
         .routes(routes!(cluster::mount_segment))
         .routes(routes!(cluster::remount))
         .routes(routes!(cluster::unmount_segment))
@@ -100,12 +102,15 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
             metadata::delete_metadata
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(master)
+        .with_state(master);
+    limits::constrain(router.get_openapi_mut(), &limits);
+    router
 }
 
 /// The admin plane (see the module doc): cluster-wide reads and bulk removal.
 pub fn admin_router(master: Arc<Master>) -> OpenApiRouter {
-    OpenApiRouter::with_openapi(MasterApiDoc::openapi())
+    let limits = master.config().clone();
+    let mut router = OpenApiRouter::with_openapi(MasterApiDoc::openapi())
         .routes(routes!(cluster::list_clients))
         .routes(routes!(cluster::get_client))
         .routes(routes!(cluster::list_segments))
@@ -114,7 +119,9 @@ pub fn admin_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(objects::get_object))
         .routes(routes!(objects::list_objects, objects::remove_objects))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(master)
+        .with_state(master);
+    limits::constrain(router.get_openapi_mut(), &limits);
+    router
 }
 
 /// Schemas referenced by every route's error responses.
@@ -333,6 +340,22 @@ fn replica(l: &ReplicaLocation) -> wire::Replica {
 
 fn replicas(ls: &[ReplicaLocation]) -> Vec<wire::Replica> {
     ls.iter().map(replica).collect()
+}
+
+/// Refuses a request whose `reserve` asks for what no reservation can be (a length outside
+/// `1..=max_object_bytes`): a malformed request is refused whole, while a reservation the
+/// master cannot make now is only left out ([`reserve`]).
+fn check_reserve(m: &Master, ask: Option<&wire::ReserveRequest>) -> MasterResult<()> {
+    match ask {
+        Some(a) if a.length == 0 || a.length > m.config().max_object_bytes => {
+            Err(MasterError::InvalidParams(format!(
+                "reserve length {} is outside 1..={}",
+                a.length,
+                m.config().max_object_bytes
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The reservations a request's `reserve` asks for (none when it asks for none, or when

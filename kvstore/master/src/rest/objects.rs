@@ -2,6 +2,7 @@
 //!
 //! Keys travel in the path, percent-encoded (a `/` in a key is `%2F`).
 
+use openapi::routes;
 use std::sync::Arc;
 
 use axum::Json;
@@ -10,13 +11,14 @@ use axum::http::StatusCode;
 use openapi::master as wire;
 
 use super::{
-    ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, client_id, durable, observed,
-    replicas, reserve,
+    ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, check_reserve, client_id,
+    durable, observed, replicas, reserve,
 };
 use crate::master::{Master, MasterError, ObjectStatus};
 
 /// Start a put: allocates replicas; the object stays invisible until put-end.
-#[utoipa::path(post, operation_id = "master_put_start", path = "/api/v1/objects/{key}/put-start", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::PutStart::OPERATION_ID,
+    path = routes::master::PutStart::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::PutStartRequest,
     responses((status = 200, description = "Replicas to write", body = wire::PutStartResponse), MasterErrors))]
@@ -26,7 +28,8 @@ pub async fn put_start(
     ApiJson(req): ApiJson<wire::PutStartRequest>,
 ) -> ApiResult<Json<wire::PutStartResponse>> {
     let cfg = req.config;
-    let r = client_id(&req.client_id).and_then(|c| {
+    let r = check_reserve(&m, req.reserve.as_ref()).and_then(|()| client_id(&req.client_id));
+    let r = r.and_then(|c| {
         m.put_start_with_id(c, &key, req.length, &cfg, req.put_id)
             .map(|l| (c, l))
     });
@@ -40,7 +43,8 @@ pub async fn put_start(
 }
 
 /// End a put: the object becomes readable.
-#[utoipa::path(post, operation_id = "master_put_end", path = "/api/v1/objects/{key}/put-end", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::PutEnd::OPERATION_ID,
+    path = routes::master::PutEnd::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::ClientRequest,
     responses((status = 204, description = "Readable"), MasterErrors))]
@@ -55,7 +59,8 @@ pub async fn put_end(
 }
 
 /// Revoke an unfinished put: its space is freed and the key is free again.
-#[utoipa::path(post, operation_id = "master_put_revoke", path = "/api/v1/objects/{key}/put-revoke", tag = super::TAG,
+#[utoipa::path(post, operation_id = routes::master::PutRevoke::OPERATION_ID,
+    path = routes::master::PutRevoke::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     request_body = wire::ClientRequest,
     responses((status = 204, description = "Revoked"), MasterErrors))]
@@ -69,7 +74,8 @@ pub async fn put_revoke(
 }
 
 /// Replicas of a readable object; grants (or extends) a read lease.
-#[utoipa::path(get, operation_id = "master_get_replicas", path = "/api/v1/objects/{key}/replicas", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::GetReplicas::OPERATION_ID,
+    path = routes::master::GetReplicas::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Replicas and lease", body = wire::ReplicasResponse), MasterErrors))]
 pub async fn get_replicas(
@@ -87,7 +93,8 @@ pub async fn get_replicas(
 }
 
 /// Whether a readable object exists; grants (or extends) a read lease if it does.
-#[utoipa::path(get, operation_id = "master_exists", path = "/api/v1/objects/{key}/exists", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::Exists::OPERATION_ID,
+    path = routes::master::Exists::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Existence", body = wire::ExistsResponse), MasterErrors))]
 pub async fn exists(
@@ -105,7 +112,8 @@ pub async fn exists(
 }
 
 /// One object with its replicas, lease and pins (admin read; grants no lease).
-#[utoipa::path(get, operation_id = "master_get_object", path = "/api/v1/objects/{key}", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::GetObject::OPERATION_ID,
+    path = routes::master::GetObject::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
     responses((status = 200, description = "Object", body = wire::ObjectInfo), MasterErrors))]
 pub async fn get_object(
@@ -131,7 +139,8 @@ pub async fn get_object(
 }
 
 /// Remove a readable object; refused while leased unless `force=true`.
-#[utoipa::path(delete, operation_id = "master_remove", path = "/api/v1/objects/{key}", tag = super::TAG,
+#[utoipa::path(delete, operation_id = routes::master::Remove::OPERATION_ID,
+    path = routes::master::Remove::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)"), wire::RemoveQuery),
     responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
 pub async fn remove_object(
@@ -144,7 +153,8 @@ pub async fn remove_object(
 }
 
 /// Keys, ascending, filtered by prefix, paged with `after` (admin read).
-#[utoipa::path(get, operation_id = "master_list_objects", path = "/api/v1/objects", tag = super::TAG,
+#[utoipa::path(get, operation_id = routes::master::ListObjects::OPERATION_ID,
+    path = routes::master::ListObjects::PATH, tag = super::TAG,
     params(wire::ListObjectsQuery),
     responses((status = 200, description = "A page of keys", body = wire::KeyPage), MasterErrors))]
 pub async fn list_objects(
@@ -169,16 +179,21 @@ pub async fn list_objects(
 }
 
 /// Bulk removal of complete objects without a live lease: `all=true`, or `regex=...`.
-#[utoipa::path(delete, operation_id = "master_remove_objects", path = "/api/v1/objects", tag = super::TAG,
+#[utoipa::path(delete, operation_id = routes::master::RemoveObjects::OPERATION_ID,
+    path = routes::master::RemoveObjects::PATH, tag = super::TAG,
     params(wire::DeleteObjectsQuery),
     responses((status = 200, description = "Removed", body = wire::RemovedResponse), MasterErrors))]
 pub async fn remove_objects(
     State(m): State<Arc<Master>>,
     ApiQuery(q): ApiQuery<wire::DeleteObjectsQuery>,
 ) -> ApiResult<Json<wire::RemovedResponse>> {
-    // An empty regex is no regex (it would match every key: that is `all=true`).
-    let regex = q.regex.filter(|r| !r.is_empty());
-    let (op, r) = match (q.all, regex) {
+    // An empty regex is refused, not read as no regex: the document requires one
+    // character (and an empty regex would match every key: that is `all=true`).
+    let (op, r) = match (q.all, q.regex) {
+        (_, Some(re)) if re.is_empty() => (
+            "remove_by_regex",
+            Err(MasterError::InvalidParams("regex is empty".into())),
+        ),
         (Some(true), None) => ("remove_all", blocking(&m, |m| Ok(m.remove_all())).await),
         (None | Some(false), Some(re)) => (
             "remove_by_regex",

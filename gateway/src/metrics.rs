@@ -13,8 +13,6 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use std::fmt::Write as _;
-
 use openapi::workers::CircuitState;
 
 use crate::outcome::{Decision, KvDecision, PdFailure, PdPath, PdSide};
@@ -260,76 +258,56 @@ pub fn render(handle: &PrometheusHandle, registry: &Registry, extra: &[(&str, f6
     out
 }
 
-/// Appends the `moongate_gateway_worker_*` series of every registered worker.
+/// Appends the `moongate_gateway_worker_*` series of every registered worker. They are
+/// recorded, with the `metrics` crate's labels, into a recorder made for this rendering
+/// alone, so a removed worker's series leave with it (the process's recorder keeps every
+/// series it was ever given).
 fn render_workers(out: &mut String, registry: &Registry) {
     let set = registry.snapshot();
     if set.is_empty() {
         return;
     }
-    let labels: Vec<String> = set
-        .iter()
-        .map(|w| {
-            format!(
-                "worker=\"{}\",worker_type=\"{}\"",
-                escape_label(w.url().as_str()),
-                w.worker_type().as_str()
-            )
-        })
-        .collect();
-    type Series = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&crate::workers::Worker) -> f64,
-    );
-    let series: [Series; 5] = [
-        (
+    let recorder = PrometheusBuilder::new().build_recorder();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::describe_gauge!(
             "moongate_gateway_worker_in_flight",
-            "gauge",
-            "Requests in flight on the worker.",
-            |w| w.load() as f64,
-        ),
-        (
+            "Requests in flight on the worker."
+        );
+        metrics::describe_gauge!(
             "moongate_gateway_worker_ready",
-            "gauge",
-            "1 if the worker is ready and not draining.",
-            |w| f64::from(u8::from(w.is_available())),
-        ),
-        (
+            "1 if the worker is ready and not draining."
+        );
+        metrics::describe_counter!(
             "moongate_gateway_worker_failures_total",
-            "counter",
-            "Requests charged to the worker as failed.",
-            |w| w.failures() as f64,
-        ),
-        (
+            "Requests charged to the worker as failed."
+        );
+        metrics::describe_gauge!(
             "moongate_gateway_worker_circuit_state",
-            "gauge",
-            "Circuit breaker: 0 closed, 1 open, 2 half-open.",
-            |w| match w.breaker().state() {
+            "Circuit breaker: 0 closed, 1 open, 2 half-open."
+        );
+        metrics::describe_counter!(
+            "moongate_gateway_worker_circuit_opened_total",
+            "Times the worker's circuit breaker opened."
+        );
+        for w in set.iter() {
+            let labels = [
+                ("worker", w.url().as_str().to_owned()),
+                ("worker_type", w.worker_type().as_str().to_owned()),
+            ];
+            metrics::gauge!("moongate_gateway_worker_in_flight", &labels).set(w.load() as f64);
+            metrics::gauge!("moongate_gateway_worker_ready", &labels)
+                .set(f64::from(u8::from(w.is_available())));
+            metrics::counter!("moongate_gateway_worker_failures_total", &labels)
+                .absolute(w.failures());
+            let state = match w.breaker().state() {
                 CircuitState::Closed => 0.0,
                 CircuitState::Open => 1.0,
                 CircuitState::HalfOpen => 2.0,
-            },
-        ),
-        (
-            "moongate_gateway_worker_circuit_opened_total",
-            "counter",
-            "Times the worker's circuit breaker opened.",
-            |w| w.breaker().info().opened_total as f64,
-        ),
-    ];
-    for (name, kind, help, value) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (w, l) in set.iter().zip(&labels) {
-            let _ = writeln!(out, "{name}{{{l}}} {}", value(w));
+            };
+            metrics::gauge!("moongate_gateway_worker_circuit_state", &labels).set(state);
+            metrics::counter!("moongate_gateway_worker_circuit_opened_total", &labels)
+                .absolute(w.breaker().info().opened_total);
         }
-        out.push('\n');
-    }
-}
-
-/// A Prometheus label value: backslash, double quote and newline escaped.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    });
+    out.push_str(&recorder.handle().render());
 }

@@ -3,11 +3,19 @@
 //! `x-trace-id`, `request-id`; the first found wins), else a fresh UUID-shaped id from a
 //! per-process random prefix and a counter (no syscall, no lock). Either way it is the
 //! request's `x-request-id` from then on: sent to the worker, echoed to the client.
+//!
+//! The front door's [`RequestIdLayer`] is the one place an id is read or minted: it puts
+//! the id on the request (header and [`RequestId`] extension) and echoes it on the answer.
+//! tower-http's request-id layer reads one header only, so it cannot follow
+//! `--request-id-headers`' order; this is that layer with the order.
 
-use std::sync::OnceLock;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 
 use crate::proxy::dispatch::X_REQUEST_ID;
 
@@ -57,6 +65,86 @@ impl RequestIds {
         let id = mint();
         headers.insert(X_REQUEST_ID.clone(), id.clone());
         id
+    }
+}
+
+/// The id of a request, as the front door read or minted it (a request extension).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestId(pub HeaderValue);
+
+/// Gives every request its id ([`RequestIds::ensure`]) and echoes it as the answer's
+/// `x-request-id`.
+#[derive(Clone, Debug)]
+pub struct RequestIdLayer {
+    ids: Arc<RequestIds>,
+}
+
+impl RequestIdLayer {
+    /// Reads ids from `ids`' headers, else mints them.
+    pub fn new(ids: Arc<RequestIds>) -> Self {
+        Self { ids }
+    }
+}
+
+impl<S> tower::Layer<S> for RequestIdLayer {
+    type Service = SetRequestId<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SetRequestId {
+            inner,
+            ids: self.ids.clone(),
+        }
+    }
+}
+
+/// The service of [`RequestIdLayer`].
+#[derive(Clone, Debug)]
+pub struct SetRequestId<S> {
+    inner: S,
+    ids: Arc<RequestIds>,
+}
+
+impl<S, B, R> tower::Service<Request<B>> for SetRequestId<S>
+where
+    S: tower::Service<Request<B>, Response = Response<R>>,
+    S::Future: Unpin,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = EchoId<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let id = self.ids.ensure(req.headers_mut());
+        req.extensions_mut().insert(RequestId(id.clone()));
+        EchoId {
+            inner: self.inner.call(req),
+            id: Some(id),
+        }
+    }
+}
+
+/// The answer of [`SetRequestId`], with the request's id as its `x-request-id`.
+pub struct EchoId<F> {
+    inner: F,
+    id: Option<HeaderValue>,
+}
+
+impl<F, R, E> Future for EchoId<F>
+where
+    F: Future<Output = Result<Response<R>, E>> + Unpin,
+{
+    type Output = Result<Response<R>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut resp = std::task::ready!(Pin::new(&mut self.inner).poll(cx))?;
+        if let Some(id) = self.id.take() {
+            resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+        }
+        Poll::Ready(Ok(resp))
     }
 }
 

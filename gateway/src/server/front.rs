@@ -1,15 +1,20 @@
-//! The front door: the gateway's one middleware stack, in one place, and the fast path.
+//! The front door: every request `moongate serve` answers goes through one `tower`
+//! `ServiceBuilder` stack, built in [`Front::new`], in this order:
 //!
-//! Every request passes through [`Front`], in this order: CORS (with
-//! `--cors-allowed-origins`: preflights answered here, the allowed origin echoed on every
-//! answer) -> request id (the client's, from the first of `--request-id-headers` it sent,
-//! else a minted one; forwarded to workers as `x-request-id` and echoed on the response) ->
-//! the request's log span (`request{request_id=...}`: every log line written while the
-//! request is served, its response body included, carries the id) -> dispatch (a `POST` to
-//! an inference route is checked against the client keys and goes straight to the proxy,
-//! without the generic router's per-request boxing; everything else goes to the axum
-//! router, whose guarded routes check their plane's key) -> metrics (count by route and
-//! status, time to the response head) and a debug log line.
+//! 1. CORS (`tower_http::cors`, with `--cors-allowed-origins`): preflights answered here,
+//!    the allowed origin echoed on every answer.
+//! 2. The request id ([`RequestIdLayer`]): the client's, from the first of
+//!    `--request-id-headers` it sent, else minted, here only; the request's `x-request-id`
+//!    and [`RequestId`] extension from then on (forwarded to workers), echoed on the answer.
+//! 3. The request's span (`tower_http::trace`, [`RequestSpan`]): every log line written
+//!    while the request is served, its response body included, carries the id; an
+//!    inference request with traces on gets the OpenTelemetry server span.
+//! 4. Metrics ([`Record`]): count by route and status, time to the response head, the
+//!    status on the span, a debug log line.
+//! 5. The one entry ([`Entry`]): a `POST` to an inference route is checked against the
+//!    client keys and goes to the proxy ([`inference::proxy`]) without the router's
+//!    per-request boxing; any other method there is 405; everything else goes to the axum
+//!    router, whose guarded routes check their plane's key.
 //!
 //! The accept loop puts the peer's address on every request as `ConnectInfo<SocketAddr>`
 //! ([`crate::listen::WithPeer`]), which the key checks read (the admin plane answers
@@ -25,52 +30,80 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::connect_info::ConnectInfo;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, header};
-use http_body::{Frame, SizeHint};
 use tower::ServiceExt;
-use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
-use tracing::Instrument;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceBuilder};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::{MakeSpan, TraceLayer};
 
 use super::{AppState, inference};
 use crate::auth::{self, Plane};
+use crate::error::GatewayError;
 use crate::metrics::{self, Route};
 use crate::proxy::Endpoint;
 use crate::proxy::dispatch::X_REQUEST_ID;
+use crate::request_id::{RequestId, RequestIdLayer};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
 /// The complete gateway service (see the module doc). Cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Front {
-    inner: Stack,
+    stack: BoxCloneSyncService<Request<Body>, Response, Infallible>,
 }
 
-#[derive(Clone, Debug)]
-enum Stack {
-    Plain(Core),
-    Cors(Box<Cors<Core>>),
-}
-
-/// Everything after CORS.
-#[derive(Clone, Debug)]
-struct Core {
-    state: AppState,
-    router: Router,
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Front")
+    }
 }
 
 impl Front {
-    /// Wraps `router` (all non-inference routes, and the inference routes' documentation),
-    /// with CORS when the configuration allows origins.
+    /// The stack over `router` (every route but the inference `POST`s, and the inference
+    /// routes' documentation), with CORS when the configuration allows origins.
     pub fn new(state: AppState, router: Router) -> Self {
         let cors = cors_layer(state.config());
-        let core = Core { state, router };
-        let inner = match cors {
-            Some(layer) => Stack::Cors(Box::new(tower::Layer::layer(&layer, core))),
-            None => Stack::Plain(core),
-        };
-        Self { inner }
+        let ids = state.request_ids().clone();
+        let stack = ServiceBuilder::new()
+            .layer(tower::util::option_layer(cors))
+            .map_response(|r: Response<_>| r.map(Body::new))
+            .layer(RequestIdLayer::new(ids))
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(RequestSpan)
+                    .on_request(())
+                    .on_response(())
+                    .on_body_chunk(())
+                    .on_eos(())
+                    .on_failure(()),
+            )
+            .layer(RecordLayer)
+            .service(Entry { state, router });
+        Self {
+            stack: BoxCloneSyncService::new(stack),
+        }
+    }
+}
+
+impl<B> tower::Service<Request<B>> for Front
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.stack.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        self.stack.call(req.map(Body::new))
     }
 }
 
@@ -125,10 +158,16 @@ fn cors_layer(cfg: &crate::config::ServeConfig) -> Option<CorsLayer> {
     )
 }
 
+/// The inference endpoint a request is for: a `POST` to one of the proxied routes.
 fn endpoint(route: Route, method: &Method) -> Option<Endpoint> {
     if method != Method::POST {
         return None;
     }
+    inference_route(route)
+}
+
+/// The proxied inference endpoint of `route`, whatever the method.
+fn inference_route(route: Route) -> Option<Endpoint> {
     match route {
         Route::ChatCompletions => Some(Endpoint::ChatCompletions),
         Route::Completions => Some(Endpoint::Completions),
@@ -137,30 +176,98 @@ fn endpoint(route: Route, method: &Method) -> Option<Endpoint> {
     }
 }
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+/// The span each request is served in: the OpenTelemetry server span of an inference
+/// request when traces are on, else the plain log span (both carry the request id).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestSpan;
 
-impl<B> tower::Service<Request<B>> for Front
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = BoxFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        match &mut self.inner {
-            Stack::Plain(core) => core.call(req),
-            Stack::Cors(cors) => Box::pin(cors.call(req)),
+impl<B> MakeSpan<B> for RequestSpan {
+    fn make_span(&mut self, req: &Request<B>) -> tracing::Span {
+        let empty = HeaderValue::from_static("");
+        let id = req.extensions().get::<RequestId>().map_or(&empty, |r| &r.0);
+        let path = req.uri().path();
+        if crate::logging::traces_enabled() && endpoint(Route::of(path), req.method()).is_some() {
+            crate::logging::request_span(req.method(), path, req.headers(), id)
+        } else {
+            crate::logging::log_span(id)
         }
     }
 }
 
-impl<B> tower::Service<Request<B>> for Core
+/// The layer of [`Record`].
+#[derive(Clone, Copy, Debug)]
+pub struct RecordLayer;
+
+impl<S> Layer<S> for RecordLayer {
+    type Service = Record<S>;
+
+    fn layer(&self, inner: S) -> Record<S> {
+        Record { inner }
+    }
+}
+
+/// Counts each request by route and status with its time to the response head, records
+/// the status on the request's span and logs a debug line.
+#[derive(Clone, Debug)]
+pub struct Record<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<Request<B>> for Record<S>
+where
+    S: tower::Service<Request<B>, Response = Response, Error = Infallible, Future = BoxFuture>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Recorded;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Recorded {
+        Recorded {
+            route: Route::of(req.uri().path()),
+            start: Instant::now(),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+/// The answer of [`Record`], recorded once its head is there.
+pub struct Recorded {
+    route: Route,
+    start: Instant,
+    inner: BoxFuture,
+}
+
+impl Future for Recorded {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let resp = std::task::ready!(self.inner.as_mut().poll(cx))?;
+        let status = resp.status().as_u16();
+        let elapsed = self.start.elapsed();
+        tracing::Span::current().record("http.response.status_code", status);
+        metrics::request(self.route, status, elapsed);
+        tracing::debug!(
+            status,
+            route = ?self.route,
+            elapsed_us = elapsed.as_micros() as u64,
+            "request"
+        );
+        Poll::Ready(Ok(resp))
+    }
+}
+
+/// The one entry past the layers: inference `POST`s to the proxy, the rest to the router.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    state: AppState,
+    router: Router,
+}
+
+impl<B> tower::Service<Request<B>> for Entry
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -173,91 +280,42 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let start = Instant::now();
+    fn call(&mut self, req: Request<B>) -> BoxFuture {
         let (mut parts, body) = req.into_parts();
         let route = Route::of(parts.uri.path());
-        let id = self.state.request_ids().ensure(&mut parts.headers);
-        let fast = endpoint(route, &parts.method);
-        let span = if fast.is_some() && crate::logging::traces_enabled() {
-            crate::logging::request_span(&parts.method, parts.uri.path(), &parts.headers, &id)
-        } else {
-            crate::logging::log_span(&id)
+        let Some(ep) = inference_route(route) else {
+            let router = self.router.clone();
+            return Box::pin(async move {
+                let req = Request::from_parts(parts, Body::new(body));
+                Ok(router
+                    .oneshot(req)
+                    .await
+                    .unwrap_or_else(|never| match never {}))
+            });
         };
+        if parts.method != Method::POST {
+            return Box::pin(async { Ok(GatewayError::MethodNotAllowed.into_response()) });
+        }
         let state = self.state.clone();
-        let router = self.router.clone();
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(a)| *a);
-        let in_span = span.clone();
-        Box::pin(
-            async move {
-                let mut resp = match fast {
-                    Some(ep) => match state.auth().admit(Plane::Client, &mut parts.headers, peer) {
-                        Ok(()) => inference::proxy(&state, ep, parts, body, id.clone()).await,
-                        Err(refusal) => {
-                            tracing::debug!(?refusal, "inference refused");
-                            auth::refuse(&super::gateway_rejection(), Plane::Client, refusal)
-                        }
-                    },
-                    None => match router
-                        .oneshot(Request::from_parts(parts, Body::new(body)))
-                        .await
-                    {
-                        Ok(r) => r,
-                        Err(never) => match never {},
-                    },
-                };
-                let status = resp.status().as_u16();
-                in_span.record("http.response.status_code", status);
-                metrics::request(route, status, start.elapsed());
-                tracing::debug!(
-                    status,
-                    ?route,
-                    elapsed_us = start.elapsed().as_micros() as u64,
-                    "request"
-                );
-                resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
-                let (parts, body) = resp.into_parts();
-                Ok(Response::from_parts(
-                    parts,
-                    Body::new(InSpan {
-                        inner: body,
-                        span: in_span,
-                    }),
-                ))
-            }
-            .instrument(span),
-        )
-    }
-}
-
-/// A response body polled inside its request's span, so what is logged while it streams
-/// (a worker breaking mid-stream, a stream cut at the deadline) names the request.
-struct InSpan {
-    inner: Body,
-    span: tracing::Span,
-}
-
-impl http_body::Body for InSpan {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = &mut *self;
-        let _entered = this.span.enter();
-        Pin::new(&mut this.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let id = parts
+            .extensions
+            .get::<RequestId>()
+            .map(|r| r.0.clone())
+            .unwrap_or_else(|| HeaderValue::from_static(""));
+        Box::pin(async move {
+            Ok(
+                match state.auth().admit(Plane::Client, &mut parts.headers, peer) {
+                    Ok(()) => inference::proxy(&state, ep, parts, body, id).await,
+                    Err(refusal) => {
+                        tracing::debug!(?refusal, "inference refused");
+                        auth::refuse(&super::gateway_rejection(), Plane::Client, refusal)
+                    }
+                },
+            )
+        })
     }
 }

@@ -1,7 +1,7 @@
 //! Inference routes: read and inspect the body, hand it to the router, relay the answer.
 
 use axum::Json;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::HeaderValue;
@@ -17,16 +17,15 @@ use std::time::Duration;
 
 use super::AppState;
 use crate::error::{GatewayError, PdSide};
-use crate::proxy::dispatch::X_REQUEST_ID;
 use crate::proxy::envelope;
 use crate::proxy::inspect::{read_body, routing_fields};
 use crate::proxy::pd::PdInbound;
 use crate::proxy::pd::fields::pd_fields;
 use crate::proxy::{Endpoint, Inbound};
-use crate::request_id;
 
-/// Inspects and routes one inference request (the fast path from [`super::front`], which
-/// checked the client key and runs this inside the request's span).
+/// Inspects and routes one inference request: the one entry of the inference path
+/// ([`super::front::Entry`], which checked the client key; this runs inside the request's
+/// span). The three `POST` routes below are their documentation only.
 pub(crate) async fn proxy<B>(
     st: &AppState,
     endpoint: Endpoint,
@@ -118,17 +117,6 @@ where
     }
 }
 
-/// The same, for the axum route (used when the router is driven directly).
-async fn routed(st: AppState, endpoint: Endpoint, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let id = parts
-        .headers
-        .get(&X_REQUEST_ID)
-        .cloned()
-        .unwrap_or_else(request_id::mint);
-    proxy(&st, endpoint, parts, body, id).await
-}
-
 /// The error answers of every proxied inference route (the OpenAI envelope; a worker's own
 /// 4xx is relayed as it answered). In PD mode the 502 / 504 codes name the side:
 /// `prefill_unavailable`, `decode_bad_gateway`, `prefill_timeout`, ...
@@ -190,9 +178,7 @@ enum ProxyErrors {
         (status = 200, description = "The worker's answer: JSON, or `text/event-stream` of `ChatCompletionChunk`s ending with `data: [DONE]`", body = ChatCompletionResponse),
         ProxyErrors,
     ))]
-pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Response {
-    routed(st, Endpoint::ChatCompletions, req).await
-}
+pub fn chat_completions() {}
 
 /// OpenAI text completions, proxied.
 #[utoipa::path(post, operation_id = openapi::routes::gateway::Completions::OPERATION_ID,
@@ -202,9 +188,7 @@ pub async fn chat_completions(State(st): State<AppState>, req: Request) -> Respo
         (status = 200, description = "The worker's answer (JSON or SSE)", body = CompletionResponse),
         ProxyErrors,
     ))]
-pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
-    routed(st, Endpoint::Completions, req).await
-}
+pub fn completions() {}
 
 /// SGLang native generation, proxied.
 #[utoipa::path(post, operation_id = openapi::routes::gateway::Generate::OPERATION_ID,
@@ -214,9 +198,7 @@ pub async fn completions(State(st): State<AppState>, req: Request) -> Response {
         (status = 200, description = "The worker's answer (JSON or SSE)"),
         ProxyErrors,
     ))]
-pub async fn generate(State(st): State<AppState>, req: Request) -> Response {
-    routed(st, Endpoint::Generate, req).await
-}
+pub fn generate() {}
 
 /// The models served by ready workers (union, de-duplicated).
 #[utoipa::path(get, operation_id = openapi::routes::gateway::Models::OPERATION_ID,

@@ -66,7 +66,7 @@ struct Inner {
     retry: RetryPolicy,
     client: HttpClient,
     admission: ArcSwap<Admission>,
-    request_ids: RequestIds,
+    request_ids: Arc<RequestIds>,
     prometheus: PrometheusHandle,
     cancel: CancellationToken,
     master: OnceLock<Arc<Master>>,
@@ -110,7 +110,7 @@ impl AppState {
         let (router, pd) = routers(&config, &registry, &dispatcher, &retry, &tokenizer);
         let state = Self(Arc::new(Inner {
             admission: ArcSwap::from_pointee(Admission::new(&AdmissionConfig::from(&config))),
-            request_ids: RequestIds::new(&config.request_id_headers),
+            request_ids: Arc::new(RequestIds::new(&config.request_id_headers)),
             applied: Mutex::new(config.clone()),
             config,
             auth,
@@ -350,7 +350,7 @@ impl AppState {
     }
 
     /// Where request ids are read from.
-    pub fn request_ids(&self) -> &RequestIds {
+    pub fn request_ids(&self) -> &Arc<RequestIds> {
         &self.0.request_ids
     }
 
@@ -386,12 +386,19 @@ impl AppState {
 ))]
 pub struct GatewayApi;
 
+/// The proxied inference routes' documentation: the front door's one entry serves them
+/// ([`front::Entry`]), the router has no handler for them.
+#[derive(OpenApi)]
+#[openapi(paths(
+    inference::chat_completions,
+    inference::completions,
+    inference::generate
+))]
+struct ProxiedRoutes;
+
 /// The inference routes (client plane), before the key check and state are applied.
 pub fn inference_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(inference::chat_completions))
-        .routes(routes!(inference::completions))
-        .routes(routes!(inference::generate))
+    OpenApiRouter::with_openapi(ProxiedRoutes::openapi())
         .routes(routes!(inference::models))
         .routes(routes!(inference::server_info))
         .routes(routes!(inference::model_info))

@@ -67,13 +67,21 @@ impl RetryPolicy {
         attempts < self.max_attempts
     }
 
-    /// The wait before the attempt that follows `attempts` made so far (1: the first retry).
+    /// The wait before the attempt that follows `attempts` made so far (1: the first retry):
+    /// the exponential, capped delay (backon's) moved by the `±jitter` fraction
+    /// (sglang-router's `--retry-jitter-factor`, which backon's additive jitter is not).
     pub fn backoff(&self, attempts: u32) -> Duration {
-        let base = self.initial_backoff.as_secs_f64()
-            * self
-                .multiplier
-                .powi(attempts.saturating_sub(1).min(1000) as i32);
-        let capped = base.min(self.max_backoff.as_secs_f64());
+        use backon::BackoffBuilder;
+        let capped = backon::ExponentialBuilder::new()
+            .with_min_delay(self.initial_backoff)
+            .with_max_delay(self.max_backoff)
+            .with_factor(self.multiplier as f32)
+            .without_max_times()
+            .build()
+            .nth(attempts.saturating_sub(1).min(1000) as usize)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+            .as_secs_f64();
         let jitter = self.jitter.clamp(0.0, 1.0);
         let spread = if jitter > 0.0 {
             rand::random_range(-jitter..=jitter)

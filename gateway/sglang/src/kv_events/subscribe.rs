@@ -7,6 +7,7 @@
 //!   the sink is told to forget the worker ([`EventSink::resync`]) and starts over;
 //! - a sequence that goes back means the worker restarted: resync, then go on.
 
+use backon::BackoffBuilder;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ use super::wire::{END_SEQ, EventBatch};
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait between connection attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Reconnection delay after a first failure; doubled after each further one.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Where a subscriber's events go.
 pub trait EventSink: Send + Sync + 'static {
@@ -44,7 +47,14 @@ pub struct Source {
 
 /// Runs a subscriber for `src` until `stop` is cancelled.
 pub async fn run(src: Source, sink: Arc<dyn EventSink>, stop: CancellationToken) {
-    let mut backoff = Duration::from_millis(50);
+    let backoff = || {
+        backon::ExponentialBuilder::new()
+            .with_min_delay(FIRST_BACKOFF)
+            .with_max_delay(MAX_BACKOFF)
+            .without_max_times()
+            .build()
+    };
+    let mut delays = backoff();
     let mut first_connect = true;
     loop {
         let mut sub = SubSocket::new();
@@ -57,15 +67,14 @@ pub async fn run(src: Source, sink: Arc<dyn EventSink>, stop: CancellationToken)
             tracing::debug!(endpoint = %src.endpoint, error = %e, "KV events: connect failed");
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(delays.next().unwrap_or(MAX_BACKOFF)) => {}
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
             continue;
         }
         if sub.subscribe(&src.topic).await.is_err() {
             continue;
         }
-        backoff = Duration::from_millis(50);
+        delays = backoff();
         if !first_connect {
             sink.resync();
         }

@@ -16,6 +16,7 @@
 //! commits them in, changes are applied and reported durable in the order they were
 //! appended (a change is durable once it and everything before it is).
 
+use backon::BackoffBuilder;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -177,7 +178,11 @@ async fn commit(
     batch: &[Write],
     stop: CancellationToken,
 ) -> Option<Exit> {
-    let mut backoff = Duration::from_millis(20);
+    let mut delays = backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(500))
+        .without_max_times()
+        .build();
     loop {
         let ops: Vec<TxnOp> = batch
             .iter()
@@ -201,9 +206,8 @@ async fn commit(
                 tracing::warn!(error = %e, changes = batch.len(), "etcd commit failed; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => return Some(Exit::Stopped),
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(500))) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_millis(500));
             }
         }
     }

@@ -18,6 +18,7 @@
 //! lease (SIGSTOP, a long pause) refuses everything when it wakes, before it even learns of
 //! its successor.
 
+use backon::BackoffBuilder;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -252,7 +253,11 @@ async fn run(inner: Arc<Inner>, stop: CancellationToken) {
         Some(tls) => opts.with_tls(tls.clone()),
         None => opts,
     };
-    let mut backoff = Duration::from_millis(100);
+    let mut delays = backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .without_max_times()
+        .build();
     let mut client = loop {
         match Client::connect(&inner.cfg.etcd_endpoints, Some(opts.clone())).await {
             Ok(c) => break c,
@@ -260,9 +265,8 @@ async fn run(inner: Arc<Inner>, stop: CancellationToken) {
                 tracing::warn!(error = %e, "cannot reach etcd; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     };

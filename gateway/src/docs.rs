@@ -15,7 +15,7 @@
 //! on the first request after a change, from the same routes and the new settings.
 //!
 //! The committed `openapi/openapi.json` is `moongate serve`'s document with the default
-//! settings; `moongate openapi` prints it ([`crate::serve::document`]).
+//! settings; `moongate openapi` prints it ([`crate::launch::document`]).
 
 use std::sync::{Arc, OnceLock};
 

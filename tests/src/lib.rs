@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{self, get};
 use bytes::Bytes;
 use gateway::config::ServeConfig;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -56,7 +56,7 @@ pub async fn start_gateway(cfg: ServeConfig) -> Gateway {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind gateway");
-    gateway::serve::spawn(cfg, listener)
+    gateway::launch::spawn(cfg, listener)
         .await
         .expect("start gateway")
 }

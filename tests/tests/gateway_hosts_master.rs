@@ -10,7 +10,7 @@ async fn the_master_router_mounts_behind_the_front_door() {
     let master = Arc::new(kvmaster::Master::new(kvmaster::MasterConfig::default()).unwrap());
     let state = gateway::server::AppState::new(fast_config()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = gateway::serve::spawn_with(state, kvmaster::router(master), listener)
+    let gw = gateway::launch::spawn_with(state, kvmaster::router(master), listener)
         .await
         .unwrap();
     let c = reqwest::Client::new();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use gateway::workers::Worker;
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use gateway::config::PolicyKind;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use gateway::workers::Worker;
 use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};

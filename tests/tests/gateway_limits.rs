@@ -347,7 +347,7 @@ async fn moongate_masters_listener_has_the_same_limits() {
         ..MasterHostConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = gateway::hosting::spawn_master(cfg, listener).await.unwrap();
+    let m = gateway::master::spawn_master(cfg, listener).await.unwrap();
     // A store-plane caller with the right key (the key is checked before the body is read).
     let (s, sent) = trickle_with(
         m.addr(),

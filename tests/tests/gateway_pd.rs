@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gateway::config::ServeConfig;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use moongate_tests::{Backend, Reply, eventually, get_text, post, sse_json, start_pd_gateway};
 use serde_json::{Value, json};
 

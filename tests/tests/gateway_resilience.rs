@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gateway::config::PolicyKind;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use gateway::workers::Worker;
 use moongate_tests::{
     Backend, eventually, get_json, get_text, post, start_regular_gateway, start_two_prefill_pd,

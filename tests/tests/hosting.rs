@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
-use gateway::hosting::MasterProcess;
+use gateway::master::MasterProcess;
 use http::Method;
 use kvclient::{ClientConfig, StoreClient};
 use kvmaster::MasterConfig;
@@ -30,7 +30,7 @@ const KEYS: &[(&str, &str)] = &[("admin_api_key", KEY), ("store_api_key", STORE)
 
 async fn start_master(cfg: MasterHostConfig) -> MasterProcess {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    gateway::hosting::spawn_master(cfg, listener).await.unwrap()
+    gateway::master::spawn_master(cfg, listener).await.unwrap()
 }
 
 fn master_alone(key: Option<&str>) -> MasterHostConfig {

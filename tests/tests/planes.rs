@@ -313,7 +313,7 @@ async fn without_an_admin_key_the_admin_plane_answers_loopback_callers_only() {
         store_api_key: Some(Secret::new(STORE)),
         ..fast_config()
     };
-    let gw = gateway::serve::spawn(cfg, listener).await.unwrap();
+    let gw = gateway::launch::spawn(cfg, listener).await.unwrap();
     let (lo, far) = (url("127.0.0.1".parse().unwrap(), port), url(far_ip, port));
     let c = direct();
     for path in ["/workers", "/api/v1/stats", "/api/v1/clients"] {
@@ -375,7 +375,7 @@ async fn without_an_admin_key_the_admin_plane_answers_loopback_callers_only() {
         store_api_key: Some(Secret::new(STORE)),
         ..fast_config()
     };
-    let gw = gateway::serve::spawn(cfg, listener).await.unwrap();
+    let gw = gateway::launch::spawn(cfg, listener).await.unwrap();
     let (lo, far_url) = (url("127.0.0.1".parse().unwrap(), port), url(far_ip, port));
     for base in [&lo, &far_url] {
         let (status, _, _) = call(&c, base, Method::GET, "/workers", None).await;
@@ -404,7 +404,7 @@ async fn insecure_open_admin_opens_the_admin_plane_to_far_callers() {
         store_api_key: Some(Secret::new(STORE)),
         ..fast_config()
     };
-    let gw = gateway::serve::spawn(cfg, listener).await.unwrap();
+    let gw = gateway::launch::spawn(cfg, listener).await.unwrap();
     let c = direct();
     let far = url(far, port);
     for path in ["/workers", "/api/v1/stats"] {
@@ -441,7 +441,7 @@ async fn the_master_alone_keeps_its_admin_plane_on_loopback_without_a_key() {
         shutdown_grace_period_secs: 2,
         ..MasterHostConfig::default()
     };
-    let m = gateway::hosting::spawn_master(cfg, listener).await.unwrap();
+    let m = gateway::master::spawn_master(cfg, listener).await.unwrap();
     let c = direct();
     let (lo, far) = (url("127.0.0.1".parse().unwrap(), port), url(far, port));
     let (status, _, body) = call(&c, &lo, Method::GET, "/api/v1/segments", None).await;
@@ -487,7 +487,7 @@ async fn a_bad_client_keys_file_stops_the_server_before_it_starts() {
         "{err}"
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let started = gateway::serve::spawn(cfg, listener).await;
+    let started = gateway::launch::spawn(cfg, listener).await;
     assert!(
         started.is_err(),
         "a server started with an unreadable keys file"

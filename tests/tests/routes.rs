@@ -118,7 +118,7 @@ fn assert_describes(doc: &Value, declared: &[&[Route]]) {
 
 #[tokio::test]
 async fn the_gateway_document_is_the_declared_routes() {
-    let doc = gateway::serve::document(ServeConfig::default()).unwrap();
+    let doc = gateway::launch::document(ServeConfig::default()).unwrap();
     let doc = serde_json::to_value(&doc).unwrap();
     assert_describes(
         &doc,
@@ -132,13 +132,13 @@ async fn the_gateway_without_a_master_documents_its_own_routes_only() {
         disable_master: true,
         ..ServeConfig::default()
     };
-    let doc = serde_json::to_value(gateway::serve::document(cfg).unwrap()).unwrap();
+    let doc = serde_json::to_value(gateway::launch::document(cfg).unwrap()).unwrap();
     assert_describes(&doc, &[routes::gateway::ALL, routes::docs::ALL]);
 }
 
 #[tokio::test]
 async fn the_master_document_is_the_declared_routes() {
-    let doc = gateway::hosting::document(MasterHostConfig::default()).unwrap();
+    let doc = gateway::master::document(MasterHostConfig::default()).unwrap();
     let doc = serde_json::to_value(&doc).unwrap();
     assert_describes(
         &doc,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
-use gateway::hosting::MasterProcess;
+use gateway::master::MasterProcess;
 use kvclient::node::StoreNodeConfig;
 use kvclient::{ClientConfig, StoreClient};
 use moongate_tests::tls::fixture;
@@ -42,7 +42,7 @@ async fn tls_master(key: &str) -> MasterProcess {
     };
     cfg.validate().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    gateway::hosting::spawn_master(cfg, listener).await.unwrap()
+    gateway::master::spawn_master(cfg, listener).await.unwrap()
 }
 
 /// A client of the master at `url` holding the secret `secret`, trusting the test CA,

@@ -126,7 +126,7 @@ async fn swagger_ui_lists_every_operation_of_master_alone() {
         ..MasterHostConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = gateway::hosting::spawn_master(cfg, listener).await.unwrap();
+    let m = gateway::master::spawn_master(cfg, listener).await.unwrap();
     check_docs_page(&m.url()).await;
     m.shutdown().await;
 }

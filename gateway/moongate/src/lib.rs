@@ -3,9 +3,9 @@
 //! storage node, [`sim`]'s worker, demo and routing bench).
 //!
 //! # Layout
-//! - [`Cli`]: the subcommands and their arguments (clap); [`reference`] renders them as
+//! - [`Cli`]: the subcommands and their arguments (clap); [`reference()`] renders them as
 //!   the book's command-line reference (`docs/src/reference/cli.md`).
-//! - [`run`]: parses the process's arguments and runs the subcommand.
+//! - [`run()`]: parses the process's arguments and runs the subcommand.
 //! - `src/main.rs`: the binary (`run`, and the process's allocator).
 
 use std::path::PathBuf;
@@ -112,12 +112,12 @@ struct OpenapiArgs {
 fn openapi_document(of: DocumentOf) -> anyhow::Result<String> {
     let doc = runtime(1)?.block_on(async {
         match of {
-            DocumentOf::Serve => gateway::serve::document(ServeConfig::default()),
-            DocumentOf::Gateway => gateway::serve::document(ServeConfig {
+            DocumentOf::Serve => gateway::launch::document(ServeConfig::default()),
+            DocumentOf::Gateway => gateway::launch::document(ServeConfig {
                 disable_master: true,
                 ..ServeConfig::default()
             }),
-            DocumentOf::Master => gateway::hosting::document(MasterHostConfig::default()),
+            DocumentOf::Master => gateway::master::document(MasterHostConfig::default()),
         }
     })?;
     Ok(doc.to_pretty_json()? + "\n")
@@ -159,7 +159,7 @@ pub fn run() -> anyhow::Result<()> {
             let reread =
                 Box::new(move || ServeConfig::resolve(&args.serve, args.config.as_deref(), &sub));
             let served =
-                runtime(cfg.runtime_threads())?.block_on(gateway::serve::run(cfg, Some(reread)));
+                runtime(cfg.runtime_threads())?.block_on(gateway::launch::run(cfg, Some(reread)));
             if let Some(t) = traces {
                 t.shutdown();
             }
@@ -175,7 +175,7 @@ pub fn run() -> anyhow::Result<()> {
                 return Ok(());
             }
             gateway::logging::init_logging(cfg.log_level, cfg.log_json, None)?;
-            runtime(cfg.runtime_threads())?.block_on(gateway::hosting::run_master(cfg))
+            runtime(cfg.runtime_threads())?.block_on(gateway::master::run_master(cfg))
         }
         Command::Openapi(args) => {
             let text = openapi_document(args.of)?;

@@ -61,7 +61,7 @@ async fn every_metric_the_dashboard_queries_is_exposed_after_traffic() {
         ..ServeConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = gateway::serve::spawn(cfg, listener).await.unwrap();
+    let gw = gateway::launch::spawn(cfg, listener).await.unwrap();
     let base = gw.url();
     let deadline = Instant::now() + Duration::from_secs(20);
     while gw.state().registry().counts().0 < 2 {

@@ -141,7 +141,7 @@ async fn serve_process_hosts_the_master_with_its_settings_and_key() {
     assert_eq!(lease_ttl_of_a_fresh_object(&c, &base, "obj-1").await, 1234);
     // The process serves the document of its settings: the admin key on the admin plane.
     let served = json_of(&c, &format!("{base}/api-docs/openapi.json")).await;
-    let expected = gateway::serve::document(gateway::config::ServeConfig {
+    let expected = gateway::launch::document(gateway::config::ServeConfig {
         admin_api_key: Some(gateway::config::Secret::new(KEY)),
         ..Default::default()
     })
@@ -241,14 +241,14 @@ async fn master_process_alone() {
     let ui = c.get(format!("{base}/docs/")).send().await.unwrap();
     assert_eq!(ui.status(), 200);
     let served = json_of(&c, &format!("{base}/api-docs/openapi.json")).await;
-    let expected = gateway::hosting::document(gateway::config::MasterHostConfig {
+    let expected = gateway::master::document(gateway::config::MasterHostConfig {
         admin_api_key: Some(gateway::config::Secret::new(KEY)),
         ..Default::default()
     })
     .unwrap();
     assert!(
         served == serde_json::to_value(&expected).unwrap(),
-        "the process and `gateway::hosting::document` disagree"
+        "the process and `gateway::master::document` disagree"
     );
     let plain = openapi_of("master");
     assert_eq!(

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway::config::ServeConfig;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
 use serde_json::{Value, json};
 use sim::config::{KvTransport, ModelShape};
 use sim::{SimConfig, SimHandle, SimMode};
@@ -66,7 +66,7 @@ async fn gateway_with(prefill: &[(String, u16)], decode: &[String], fault_test: 
     };
     cfg.validate().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = gateway::serve::spawn(cfg, listener).await.unwrap();
+    let gw = gateway::launch::spawn(cfg, listener).await.unwrap();
     let n = prefill.len() + decode.len();
     wait("workers ready", || gw.state().registry().counts().0 == n).await;
     gw

@@ -18,7 +18,7 @@ use crate::config::{KvTransport, ModelShape, WritePolicy};
 use crate::pd::KvEvent;
 use crate::{SimConfig, SimHandle, SimMode};
 use gateway::config::{PolicyKind, ServeConfig};
-use gateway::serve::{self, Gateway};
+use gateway::launch::{self, Gateway};
 
 /// `moongate demo` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
@@ -138,11 +138,11 @@ impl Demo {
             serve_cfg.prefill = vec![vec![sims[0].url(), boot.to_string()]];
             serve_cfg.decode = vec![sims[1].url()];
             serve_cfg.validate()?;
-            (serve::spawn(serve_cfg, listener).await?, sims)
+            (launch::spawn(serve_cfg, listener).await?, sims)
         } else {
             // The gateway first: the workers mount their L3 in the master it hosts.
             serve_cfg.validate()?;
-            let gateway = serve::spawn(serve_cfg, listener).await?;
+            let gateway = launch::spawn(serve_cfg, listener).await?;
             let modes = vec![SimMode::Regular; cfg.workers];
             let sims = spawn_sims(modes, Some(gateway.url())).await?;
             let urls: Vec<String> = sims.iter().map(SimHandle::url).collect();

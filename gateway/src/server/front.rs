@@ -12,7 +12,7 @@
 //! 4. Metrics ([`Record`]): count by route and status, time to the response head, the
 //!    status on the span, a debug log line.
 //! 5. The one entry ([`Entry`]): a `POST` to an inference route is checked against the
-//!    client keys and goes to the proxy ([`inference::proxy`]) without the router's
+//!    client keys and goes to the proxy (`inference::proxy`) without the router's
 //!    per-request boxing; any other method there is 405; everything else goes to the axum
 //!    router, whose guarded routes check their plane's key.
 //!

@@ -44,8 +44,8 @@ use tokio::time::Instant;
 use crate::{ModelShape, SimConfig, SimHandle, SimMode};
 use gateway::client::HttpClient;
 use gateway::config::{MasterHostConfig, PolicyKind, ServeConfig};
-use gateway::hosting::MasterProcess;
-use gateway::serve::Gateway;
+use gateway::launch::Gateway;
+use gateway::master::MasterProcess;
 use report::{Sample, Summary};
 use sglang::kv_events::KvEventsConfig;
 use trace::TraceRequest;
@@ -364,7 +364,7 @@ async fn run_one(
     let master = match cfg.kv_store {
         true => {
             let l = TcpListener::bind("127.0.0.1:0").await?;
-            Some(gateway::hosting::spawn_master(MasterHostConfig::default(), l).await?)
+            Some(gateway::master::spawn_master(MasterHostConfig::default(), l).await?)
         }
         false => None,
     };
@@ -375,7 +375,7 @@ async fn run_one(
         let sc = gateway_config(cfg, run, &sims);
         sc.validate()?;
         let l = TcpListener::bind("127.0.0.1:0").await?;
-        let gw = gateway::serve::spawn(sc, l).await?;
+        let gw = gateway::launch::spawn(sc, l).await?;
         if let Some(m) = &master {
             gw.state().use_store(Arc::new(m.master().clone()));
         }

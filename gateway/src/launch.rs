@@ -17,8 +17,8 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::KeySet;
 use crate::config::{ConfigError, ServeConfig};
-use crate::hosting::HostedMaster;
 use crate::listen::{ClientLimits, DeadlineBody, accept_loop, shutdown_signal};
+use crate::master::HostedMaster;
 use crate::server::{self, AppState};
 
 /// A running gateway (for `serve`, the demo and tests).

@@ -60,13 +60,12 @@ mod home;
 mod hostcopy;
 mod registry;
 mod shm;
+mod wire;
 
 pub use auth::ClusterSecret;
 pub use device::{DeviceBackend, Location, StagingStats};
 pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
 pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode};
-/// A setting that is never printed (API keys); the `trust` crate's.
-pub use trust::Secret;
 pub use engine::notify::{Notification, Notifications};
 pub use engine::segments::Segment;
 pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats};
@@ -75,3 +74,5 @@ pub use memory::{AllocOptions, MemoryRegion};
 pub use metadata::{HttpMetadata, InMemoryMetadata, Metadata, P2pMetadata};
 pub use registry::{RegisteredBuffer, Warm};
 pub use segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor};
+/// A setting that is never printed (API keys); the `trust` crate's.
+pub use trust::Secret;

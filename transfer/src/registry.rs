@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::error::{Result, TransferError};
 use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED};
 use crate::segment::{RdmaKey, RegionDescriptor, ShmRegion};
-use crate::tcp::frame::Status;
+use crate::wire::Status;
 
 /// One registered region.
 pub(crate) struct LocalEntry {

@@ -20,11 +20,11 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ClusterSecret;
-use trust::secret::random_bytes;
-use crate::tcp::frame::{
+use crate::wire::{
     MAX_CONTROL_LEN, REQUEST_HEADER_LEN, REQUEST_MAGIC, RESPONSE_HEADER_LEN, RESPONSE_MAGIC,
     ResponseHeader, Status, VERSION,
 };
+use trust::secret::random_bytes;
 
 /// Handshake message magic, "MGTA".
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"MGTA");

@@ -46,7 +46,7 @@ use crate::registry::LocalRegions;
 use crate::segment::SegmentDescriptor;
 use crate::shm::{CopyJob, CopyTarget};
 use crate::tcp::client::{TcpClient, status_error};
-use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status};
+use crate::wire::{MAX_CONTROL_LEN, Opcode, Status};
 
 use batch::{Batch, BatchState, TransferRequest};
 use config::EngineConfig;

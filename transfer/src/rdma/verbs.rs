@@ -32,8 +32,8 @@ use crate::rdma::{
 };
 use crate::segment::{RdmaDeviceEndpoint, RdmaKey, SegmentDescriptor};
 use crate::tcp::client::{Peer, status_error};
-use crate::tcp::frame::{Opcode, Status};
 use crate::tcp::server::RdmaAcceptor;
+use crate::wire::{Opcode, Status};
 
 pub(crate) use crate::rdma::device::{MrHandle, device_names};
 

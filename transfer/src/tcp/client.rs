@@ -29,14 +29,14 @@ use crate::device::staging::StagingBuf;
 use crate::engine::batch::{Abort, BatchState, Completion, Landing, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
-use crate::tcp::frame::{
-    MAX_CONTROL_LEN, MAX_DESCRIPTOR_LEN, Opcode, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
-    RequestHeader, ResponseHeader, Status,
-};
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
 use crate::tcp::staged;
 use crate::tcp::status::handshake_error;
 pub(crate) use crate::tcp::status::status_error;
+use crate::wire::{
+    MAX_CONTROL_LEN, MAX_DESCRIPTOR_LEN, Opcode, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
+    RequestHeader, ResponseHeader, Status,
+};
 
 /// Read-ahead buffer size of a lane reader.
 const INBUF_LEN: usize = 64 << 10;

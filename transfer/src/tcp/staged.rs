@@ -36,8 +36,8 @@ use crate::device::{CopyStream, Devices};
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
 use crate::memory::MemoryRegion;
-use crate::tcp::frame::{ResponseHeader, Status};
 use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
+use crate::wire::{ResponseHeader, Status};
 
 /// Staging buffers one frame keeps in flight at most.
 pub(crate) const RING: usize = 4;
@@ -250,7 +250,7 @@ pub(crate) async fn send_from_device(
 ) -> io::Result<()> {
     let refuse = |e: TransferError| async move {
         let msg = e.to_string();
-        let msg = &msg.as_bytes()[..msg.len().min(crate::tcp::frame::MAX_CONTROL_LEN as usize)];
+        let msg = &msg.as_bytes()[..msg.len().min(crate::wire::MAX_CONTROL_LEN as usize)];
         let h = ResponseHeader {
             status: Status::DeviceError,
             request_id,

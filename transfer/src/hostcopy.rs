@@ -27,9 +27,8 @@ use tokio::runtime::RuntimeFlavor;
 
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
-use crate::memory::{Access, lock_all};
+use crate::memory::{Access, SendPtr, lock_all};
 use crate::shm::{CopyJob, CopyTarget};
-use crate::tcp::io::SendPtr;
 
 /// Copies up to this many bytes in total run inline in `submit`; bigger batches run in
 /// tasks.

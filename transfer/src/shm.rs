@@ -24,17 +24,19 @@ use crate::device::ipc::IpcMapping;
 use crate::engine::batch::BatchState;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{
-    CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, ShmControl, ofd_lock_held,
-    shared_lock,
+    CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, SendPtr, ShmControl,
+    ofd_lock_held, shared_lock,
 };
 use crate::registry::{LocalEntry, LocalRegions};
 use crate::segment::{RegionDescriptor, ShmRegion};
-use crate::tcp::io::SendPtr;
 
 /// Copies at least this large prefault the peer's pages first.
 const PREFAULT_MIN: usize = 1 << 20;
 /// Prefaulting is remembered per this many bytes of a region.
 const PREFAULT_UNIT: usize = 2 << 20;
+/// A fresh mapping is populated in the background this many bytes at a time: a host copy's
+/// piece (`hostcopy::CHUNK`), so a copy waits at most one step for the populating thread.
+const POPULATE_STEP: usize = 4 << 20;
 
 /// A peer's shared region mapped into this process.
 pub(crate) struct PeerMapping {
@@ -299,7 +301,7 @@ fn populate_in_background(m: &Arc<PeerMapping>) {
             let mut off = 0;
             while off < len {
                 let Some(m) = weak.upgrade() else { return };
-                let n = crate::hostcopy::CHUNK.min(len - off);
+                let n = POPULATE_STEP.min(len - off);
                 m.prefault(base + off as u64, n, true);
                 off += n;
             }

@@ -45,6 +45,11 @@ use crate::error::{Result, TransferError};
 
 pub use staging::StagingStats;
 
+/// How long after a request's deadline a device copy of it is still waited for: a copy
+/// engine cannot be stopped, so a request's landing lasts until its fence, and a fence that
+/// never comes (a hung device) is given up on this long after the deadline.
+pub(crate) const FENCE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where a region's bytes live, as Mooncake labels it (`cpu:0`, `cuda:1`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Location {

@@ -20,9 +20,8 @@ use super::TransferEngine;
 use crate::copier::{MemCopy, Stripes, copy_all};
 use crate::engine::segments::Segment;
 use crate::error::{RemoteRange, Result};
-use crate::memory::{Access, CpuLock};
+use crate::memory::{Access, CpuLock, SendPtr};
 use crate::shm::CopyTarget;
-use crate::tcp::io::SendPtr;
 
 /// A range this engine maps, resolved and checked.
 struct Mapped {

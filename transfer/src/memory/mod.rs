@@ -45,7 +45,9 @@ use raw::populate_live;
 #[cfg(test)]
 pub(crate) use raw::resident_pages;
 pub use raw::{BULK_VEC_MIN, bulk_vec, huge_page_size, page_size, resident_bulk_vec};
-pub(crate) use raw::{Mapping, copy_nonoverlapping_part, lock_ofd, ofd_lock_held, populate};
+pub(crate) use raw::{
+    Mapping, SendPtr, copy_nonoverlapping_part, lock_ofd, ofd_lock_held, populate,
+};
 
 /// Size of the control page in front of every shared-memory region.
 pub(crate) const SHM_CONTROL_LEN: usize = 4096;

@@ -29,7 +29,8 @@ use crate::device::staging::StagingBuf;
 use crate::engine::batch::{Abort, BatchState, Completion, Landing, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
-use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
+use crate::memory::SendPtr;
+use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload, read_small};
 use crate::tcp::staged;
 use crate::tcp::status::handshake_error;
 pub(crate) use crate::tcp::status::status_error;
@@ -691,7 +692,7 @@ fn land_on_device(lane: &Lane, mut s: DataSlice, socket_landing: Landing, device
             .staging
             .take()
             .expect("a device read slice has a staging buffer");
-        let deadline = s.completion.batch().deadline + crate::devcopy::FENCE_GRACE;
+        let deadline = s.completion.batch().deadline + crate::device::FENCE_GRACE;
         let keep = Box::new(s.completion.request().local.clone());
         match staged::land(
             &devices,

@@ -26,9 +26,9 @@ use tokio_util::task::TaskTracker;
 use crate::auth::ClusterSecret;
 use crate::auth::handshake::{self, PeerIdentity};
 use crate::engine::notify::Notification;
-use crate::memory::MemoryRegion;
+use crate::memory::{MemoryRegion, SendPtr};
 use crate::registry::LocalRegions;
-use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
+use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload, read_small};
 use crate::tcp::staged;
 use crate::wire::{
     FrameError, MAX_CONTROL_LEN, Opcode, REQUEST_HEADER_LEN, RequestHeader, ResponseHeader, Status,

@@ -35,8 +35,8 @@ use crate::device::staging::{InFlight, Role, StagingBuf};
 use crate::device::{CopyStream, Devices};
 use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
-use crate::memory::MemoryRegion;
-use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
+use crate::memory::{MemoryRegion, SendPtr};
+use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload};
 use crate::wire::{ResponseHeader, Status};
 
 /// Staging buffers one frame keeps in flight at most.
@@ -72,7 +72,7 @@ pub(crate) async fn stage(
     // registration the in-flight copy holds; `buf` is a private pinned buffer of one chunk
     // >= len bytes, held by the in-flight copy until its fence resolved.
     let copy = unsafe { enqueue(&*stream, buf, dst, at, len as usize, keep)? };
-    let within = until(batch.deadline + crate::devcopy::FENCE_GRACE);
+    let within = until(batch.deadline + crate::device::FENCE_GRACE);
     let (buf, done) = copy.settle(within).await;
     done?;
     // A copy that completed hands its buffer back.

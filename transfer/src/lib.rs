@@ -58,6 +58,7 @@ mod devcopy;
 mod engine;
 mod home;
 mod hostcopy;
+mod ipc;
 mod registry;
 mod shm;
 mod wire;

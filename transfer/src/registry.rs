@@ -13,8 +13,8 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 
 use crate::error::{Result, TransferError};
-use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED};
-use crate::segment::{RdmaKey, RegionDescriptor, ShmRegion};
+use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED, ShmLocation};
+use crate::segment::{CudaIpcRegion, RdmaKey, RegionDescriptor, ShmRegion};
 use crate::wire::Status;
 
 /// One registered region.
@@ -170,17 +170,17 @@ impl LocalRegions {
                 addr: e.region.addr(),
                 len: e.region.len() as u64,
                 token: e.token,
-                shm: e.region.shm_location().map(|l| ShmRegion {
-                    pid: l.pid,
-                    fd: l.fd,
-                    name: l.name,
-                    data_offset: l.data_offset,
-                    dev: l.dev,
-                    ino: l.ino,
-                }),
+                shm: e.region.shm_location().map(shm_region),
                 rdma: e.rdma_keys.clone(),
                 location: e.region.location(),
-                cuda_ipc: e.region.export().and_then(|x| x.describe()),
+                cuda_ipc: e.region.export().and_then(|x| {
+                    Some(CudaIpcRegion {
+                        control: shm_region(x.control_location()?),
+                        handle: CudaIpcRegion::encode_handle(x.handle()),
+                        offset: x.offset(),
+                        device_uuid: x.device_uuid().to_owned(),
+                    })
+                }),
             })
             .collect()
     }
@@ -188,6 +188,18 @@ impl LocalRegions {
     /// Number of registered regions.
     pub(crate) fn count(&self) -> usize {
         self.table.read().len()
+    }
+}
+
+/// The descriptor entry of a shared-memory location.
+fn shm_region(l: ShmLocation) -> ShmRegion {
+    ShmRegion {
+        pid: l.pid,
+        fd: l.fd,
+        name: l.name,
+        data_offset: l.data_offset,
+        dev: l.dev,
+        ino: l.ino,
     }
 }
 

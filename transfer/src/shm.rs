@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use crate::device::ipc::IpcMapping;
 use crate::engine::batch::BatchState;
 use crate::error::{RemoteRange, Result, TransferError};
+use crate::ipc::IpcMapping;
 use crate::memory::{
     CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, SendPtr, ShmControl,
     ofd_lock_held, shared_lock,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::device::ipc::IpcMaps;
+use crate::ipc::IpcMaps;
 use crate::segment::{RegionDescriptor, SegmentDescriptor};
 use crate::shm::ShmMaps;
 

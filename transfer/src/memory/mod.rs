@@ -28,16 +28,17 @@ use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
-use crate::device::ipc::IpcExport;
 use crate::device::{DeviceAccess, Location};
 use crate::error::{Result, TransferError};
 
 mod cpu;
+mod export;
 mod idle;
 pub mod offsets;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all, lock_every};
+pub(crate) use export::IpcExport;
 pub(crate) use idle::{Upkeep, spawn_idle};
 pub use idle::{background_prefaults, wait_for_background_prefaults};
 pub use offsets::{Allocation, OffsetAllocator};

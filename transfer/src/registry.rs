@@ -26,8 +26,33 @@ pub(crate) struct LocalEntry {
     /// Remote keys published for RDMA (empty without RDMA).
     pub(crate) rdma_keys: Vec<RdmaKey>,
     /// Memory-region registrations with each RDMA device (deregistered on drop).
+    pub(crate) rdma_mrs: Vec<NicRegistration>,
+}
+
+/// The registration of a region's memory with one RDMA device (made by `rdma`): the
+/// device's index in the engine's list, the local key work requests name the memory with,
+/// and the driver's registration, released when this is dropped.
+pub(crate) struct NicRegistration {
+    /// Index of the device in the engine's RDMA device list.
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-    pub(crate) rdma_mrs: Vec<crate::rdma::MrHandle>,
+    pub(crate) device: usize,
+    /// Local key of the registration.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) lkey: u32,
+    /// Deregisters the memory when dropped (a driver call).
+    _mr: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl NicRegistration {
+    /// The registration `mr` (deregistered when dropped) of device `device`, key `lkey`.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn new(device: usize, lkey: u32, mr: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            device,
+            lkey,
+            _mr: Box::new(mr),
+        }
+    }
 }
 
 impl Drop for LocalEntry {
@@ -39,10 +64,7 @@ impl Drop for LocalEntry {
         if mrs.is_empty() {
             return;
         }
-        #[cfg(feature = "rdma")]
-        crate::rdma::device::run_blocking(move || drop(mrs));
-        #[cfg(not(feature = "rdma"))]
-        drop(mrs);
+        crate::home::run_blocking(move || drop(mrs));
     }
 }
 

@@ -26,10 +26,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::auth::ClusterSecret;
-use trust::Secret;
 use crate::error::{Result, TransferError};
 use crate::metadata::{BoxFuture, Metadata, segment_key};
 use crate::segment::SegmentDescriptor;
+use trust::Secret;
 
 /// Largest metadata value accepted from the server.
 const MAX_VALUE: usize = 16 << 20;

@@ -53,26 +53,28 @@ pub mod rdma;
 pub mod segment;
 pub mod tcp;
 
+mod config;
 mod copier;
 mod devcopy;
 mod engine;
 mod home;
 mod hostcopy;
 mod ipc;
+mod notify;
 mod registry;
 mod shm;
 mod wire;
 
 pub use auth::ClusterSecret;
+pub use config::{EngineConfig, MetadataConfig, RdmaMode};
 pub use device::{DeviceBackend, Location, StagingStats};
 pub use engine::batch::{Batch, Op, RequestStatus, TransferRequest};
-pub use engine::config::{EngineConfig, MetadataConfig, RdmaMode};
-pub use engine::notify::{Notification, Notifications};
 pub use engine::segments::Segment;
 pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats};
 pub use error::{RemoteRange, Result, TransferError};
 pub use memory::{AllocOptions, MemoryRegion};
 pub use metadata::{HttpMetadata, InMemoryMetadata, Metadata, P2pMetadata};
+pub use notify::{Notification, Notifications};
 pub use registry::{RegisteredBuffer, Warm};
 pub use segment::{CudaIpcRegion, RegionDescriptor, SegmentDescriptor};
 /// A setting that is never printed (API keys); the `trust` crate's.

@@ -17,9 +17,7 @@
 
 pub(crate) mod batch;
 mod builder;
-pub(crate) mod config;
 mod mapped;
-pub(crate) mod notify;
 mod register;
 mod route;
 pub(crate) mod segments;
@@ -38,10 +36,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
+use crate::config::EngineConfig;
 use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
 use crate::metadata::Metadata;
+use crate::notify::{Notification, Notifications};
 use crate::registry::LocalRegions;
 use crate::segment::SegmentDescriptor;
 use crate::shm::{CopyJob, CopyTarget};
@@ -49,8 +49,6 @@ use crate::tcp::client::{TcpClient, status_error};
 use crate::wire::{MAX_CONTROL_LEN, Opcode, Status};
 
 use batch::{Batch, BatchState, TransferRequest};
-use config::EngineConfig;
-use notify::{Notification, Notifications};
 use segments::Segment;
 
 /// Which transports an engine runs.

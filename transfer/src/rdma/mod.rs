@@ -15,7 +15,7 @@ pub(crate) mod verbs;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::config::{EngineConfig, RdmaMode};
+use crate::config::{EngineConfig, RdmaMode};
 use crate::error::{Result, TransferError};
 use crate::segment::{RdmaDeviceEndpoint, RegionDescriptor};
 

@@ -20,8 +20,8 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 
 use crate::auth::PeerIdentity;
+use crate::config::EngineConfig;
 use crate::engine::batch::{BatchState, Completion, Landing, Op};
-use crate::engine::config::EngineConfig;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::run_blocking;
 use crate::memory::MemoryRegion;

@@ -25,8 +25,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
 use crate::auth::handshake::{self, PeerIdentity};
-use crate::engine::notify::Notification;
 use crate::memory::{MemoryRegion, SendPtr};
+use crate::notify::Notification;
 use crate::registry::LocalRegions;
 use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload, read_small};
 use crate::tcp::staged;

@@ -25,10 +25,10 @@
 use std::sync::Arc;
 
 use crate::device::{DeviceCtx, Devices, FENCE_GRACE, Fence};
-use crate::engine::batch::{BatchState, Landing, Op};
 use crate::error::{Result, TransferError};
 use crate::home::Home;
 use crate::memory::{Access, lock_all};
+use crate::op::{BatchState, Landing, Op};
 use crate::shm::{CopyJob, CopyTarget};
 
 /// Starts the device copies of `jobs` and completes their requests as they finish.

@@ -29,6 +29,7 @@ use parking_lot::Mutex;
 
 use crate::device::{Allocation, DeviceCtx};
 use crate::error::{RemoteRange, Result, TransferError};
+use crate::op::PeerCache;
 use crate::segment::{CudaIpcRegion, RegionDescriptor};
 use crate::shm::PeerMapping;
 
@@ -164,14 +165,17 @@ impl IpcMaps {
         maps.insert(region.id, m.clone());
         Ok(m)
     }
+}
 
+/// What the CUDA IPC transport keeps for a peer segment.
+impl PeerCache for IpcMaps {
     /// Closes everything (the peer re-registered or restarted).
-    pub(crate) fn clear(&self) {
+    fn clear(&self) {
         self.maps.lock().clear();
     }
 
     /// Closes the regions whose id is not in `live` (the peer retired them).
-    pub(crate) fn retain(&self, live: &HashSet<u64>) {
+    fn retain(&self, live: &HashSet<u64>) {
         self.maps.lock().retain(|id, _| live.contains(id));
     }
 }

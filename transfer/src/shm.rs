@@ -20,13 +20,13 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use crate::engine::batch::BatchState;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::ipc::IpcMapping;
 use crate::memory::{
     CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, SendPtr, ShmControl,
     ofd_lock_held, shared_lock,
 };
+use crate::op::{BatchState, PeerCache};
 use crate::registry::{LocalEntry, LocalRegions};
 use crate::segment::{RegionDescriptor, ShmRegion};
 
@@ -274,14 +274,17 @@ impl ShmMaps {
         populate_in_background(&m);
         Ok(m)
     }
+}
 
+/// What the shared-memory transport keeps for a peer segment.
+impl PeerCache for ShmMaps {
     /// Unmaps everything (the peer re-registered or restarted).
-    pub(crate) fn clear(&self) {
+    fn clear(&self) {
         self.maps.lock().clear();
     }
 
     /// Unmaps the regions whose id is not in `live` (the peer retired them).
-    pub(crate) fn retain(&self, live: &std::collections::HashSet<u64>) {
+    fn retain(&self, live: &std::collections::HashSet<u64>) {
         self.maps.lock().retain(|id, _| live.contains(id));
     }
 }

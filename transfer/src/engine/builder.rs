@@ -11,7 +11,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::segments::{DescribeFn, Segment};
 use super::{Counters, Inner, TransferEngine};
 use crate::auth::ClusterSecret;
 use crate::config::{EngineConfig, MetadataConfig};
@@ -20,6 +19,7 @@ use crate::error::{Result, TransferError};
 use crate::home::Home;
 use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
 use crate::notify::Notifications;
+use crate::op::{DescribeFn, Segment};
 use crate::registry::LocalRegions;
 use crate::segment::{DESCRIPTOR_VERSION, Endpoints, SegmentDescriptor, host_id};
 use crate::tcp::client::{ClientConfig, TcpClient};

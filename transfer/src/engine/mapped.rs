@@ -18,10 +18,10 @@ use std::sync::atomic::Ordering;
 
 use super::TransferEngine;
 use crate::copier::{MemCopy, Stripes, copy_all};
-use crate::engine::segments::Segment;
 use crate::error::{RemoteRange, Result};
 use crate::memory::{Access, CpuLock, SendPtr};
-use crate::shm::CopyTarget;
+use crate::op::Segment;
+use crate::shm::{CopyTarget, ShmMaps};
 
 /// A range this engine maps, resolved and checked.
 struct Mapped {
@@ -214,7 +214,7 @@ impl TransferEngine {
             return None;
         }
         let shm = region.shm.as_ref()?;
-        let m = seg.state().shm.get(name, region, shm).ok()?;
+        let m = seg.cache::<ShmMaps>().get(name, region, shm).ok()?;
         let range = RemoteRange::new(addr, len as u64);
         if let Err(e) = m.check(name, range).and_then(|()| m.check_owner(name)) {
             return Some(Err(e));

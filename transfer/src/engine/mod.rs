@@ -15,12 +15,10 @@
 //! # Ok(()) }
 //! ```
 
-pub(crate) mod batch;
 mod builder;
 mod mapped;
 mod register;
 mod route;
-pub(crate) mod segments;
 
 pub use builder::EngineBuilder;
 use route::{Route, route};
@@ -40,16 +38,15 @@ use crate::config::EngineConfig;
 use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
+use crate::ipc::IpcMaps;
 use crate::metadata::Metadata;
 use crate::notify::{Notification, Notifications};
+use crate::op::{Batch, BatchState, Segment, TransferRequest};
 use crate::registry::LocalRegions;
 use crate::segment::SegmentDescriptor;
-use crate::shm::{CopyJob, CopyTarget};
+use crate::shm::{CopyJob, CopyTarget, ShmMaps};
 use crate::tcp::client::{TcpClient, status_error};
 use crate::wire::{MAX_CONTROL_LEN, Opcode, Status};
-
-use batch::{Batch, BatchState, TransferRequest};
-use segments::Segment;
 
 /// Which transports an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -458,7 +455,7 @@ impl TransferEngine {
                     .inner
                     .devices
                     .ctx()
-                    .and_then(|ctx| seg.state().ipc.get(ctx, seg.name(), &region, &ipc));
+                    .and_then(|ctx| seg.cache::<IpcMaps>().get(ctx, seg.name(), &region, &ipc));
                 match opened {
                     Ok(mapping) => {
                         c.ipc.fetch_add(len, Ordering::Relaxed);
@@ -472,7 +469,7 @@ impl TransferEngine {
                     }
                 }
             }
-            Route::Shm(shm) => match seg.state().shm.get(seg.name(), &region, &shm) {
+            Route::Shm(shm) => match seg.cache::<ShmMaps>().get(seg.name(), &region, &shm) {
                 Ok(mapping) => {
                     c.shm.fetch_add(len, Ordering::Relaxed);
                     return Some(CopyJob {

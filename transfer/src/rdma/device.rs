@@ -199,7 +199,7 @@ pub(crate) struct Qp {
     pub(crate) broken: AtomicBool,
     /// Moves this queue pair to the error state (flushing its work requests), off the
     /// async threads: how a timed-out RDMA READ is stopped from landing.
-    pub(crate) abort: crate::engine::batch::Abort,
+    pub(crate) abort: crate::op::Abort,
     pub(crate) _dev: Arc<Device>,
 }
 

@@ -154,7 +154,7 @@ impl Transport {
 
     pub(crate) async fn submit(
         &self,
-        _batch: &std::sync::Arc<crate::engine::batch::BatchState>,
+        _batch: &std::sync::Arc<crate::op::BatchState>,
         _idx: usize,
         _paths: Vec<RdmaPath>,
         _peer: &crate::segment::SegmentDescriptor,

@@ -21,10 +21,10 @@ use tokio::time::Instant;
 
 use crate::auth::PeerIdentity;
 use crate::config::EngineConfig;
-use crate::engine::batch::{BatchState, Completion, Landing, Op};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::run_blocking;
 use crate::memory::MemoryRegion;
+use crate::op::{BatchState, Completion, Landing, Op};
 use crate::rdma::device::{
     Device, Qp, access_flags, connect_qp, create_qp, open_device, verbs_err,
 };

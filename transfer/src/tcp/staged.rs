@@ -33,9 +33,9 @@ use tokio::time::Instant;
 
 use crate::device::staging::{InFlight, Role, StagingBuf};
 use crate::device::{CopyStream, Devices};
-use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
 use crate::memory::{MemoryRegion, SendPtr};
+use crate::op::{BatchState, Op};
 use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload};
 use crate::wire::{ResponseHeader, Status};
 

@@ -54,11 +54,9 @@ pub mod segment;
 pub mod tcp;
 
 mod config;
-mod copier;
-mod devcopy;
+mod copy;
 mod engine;
 mod home;
-mod hostcopy;
 mod ipc;
 mod notify;
 mod op;

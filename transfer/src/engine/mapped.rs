@@ -17,11 +17,12 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use super::TransferEngine;
-use crate::copier::{MemCopy, Stripes, copy_all};
+use crate::copy::CopyTarget;
+use crate::copy::copier::{MemCopy, Stripes, copy_all};
 use crate::error::{RemoteRange, Result};
 use crate::memory::{Access, CpuLock, SendPtr};
 use crate::op::Segment;
-use crate::shm::{CopyTarget, ShmMaps};
+use crate::shm::ShmMaps;
 
 /// A range this engine maps, resolved and checked.
 struct Mapped {
@@ -188,8 +189,7 @@ impl TransferEngine {
         }
         let name = seg.name();
         if seg.same(&self.inner.local_segment) {
-            let target =
-                crate::shm::local_target(&self.inner.regions, name, addr, len as u64).ok()?;
+            let target = CopyTarget::local(&self.inner.regions, name, addr, len as u64).ok()?;
             let CopyTarget::Local(e) = &target else {
                 return None;
             };

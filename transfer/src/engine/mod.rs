@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
 use crate::config::EngineConfig;
+use crate::copy::{Copies, CopyJob, CopyTarget};
 use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
@@ -44,7 +45,7 @@ use crate::notify::{Notification, Notifications};
 use crate::op::{Batch, BatchState, Segment, TransferRequest};
 use crate::registry::LocalRegions;
 use crate::segment::SegmentDescriptor;
-use crate::shm::{CopyJob, CopyTarget, ShmMaps};
+use crate::shm::ShmMaps;
 use crate::tcp::client::{TcpClient, status_error};
 use crate::wire::{MAX_CONTROL_LEN, Opcode, Status};
 
@@ -362,19 +363,15 @@ impl TransferEngine {
             .requests
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
         let state = BatchState::new(requests, timeout);
-        let mut copies = Vec::new();
-        let mut device_copies = Vec::new();
+        let mut copies = Copies::default();
         for idx in 0..state.requests.len() {
             if let Some(job) = self.dispatch(&state, idx).await {
-                if job.involves_device(&state) {
-                    device_copies.push(job);
-                } else {
-                    copies.push(job);
-                }
+                copies.push(&state, job);
             }
         }
-        crate::hostcopy::run(&state, copies).await;
-        crate::devcopy::run(&self.inner.devices, &self.inner.home, &state, device_copies);
+        copies
+            .run(&state, &self.inner.devices, &self.inner.home)
+            .await;
         Ok(Batch { state })
     }
 
@@ -390,12 +387,7 @@ impl TransferEngine {
         let len = req.len as u64;
         let c = &self.inner.counters;
         if seg.same(&self.inner.local_segment) {
-            return match crate::shm::local_target(
-                &self.inner.regions,
-                seg.name(),
-                req.remote_addr,
-                len,
-            ) {
+            return match CopyTarget::local(&self.inner.regions, seg.name(), req.remote_addr, len) {
                 Ok(target) => {
                     c.local.fetch_add(len, Ordering::Relaxed);
                     Some(CopyJob { idx, target })

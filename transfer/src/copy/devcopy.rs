@@ -24,12 +24,12 @@
 
 use std::sync::Arc;
 
+use super::{CopyJob, CopyTarget};
 use crate::device::{DeviceCtx, Devices, FENCE_GRACE, Fence};
 use crate::error::{Result, TransferError};
 use crate::home::Home;
 use crate::memory::{Access, lock_all};
 use crate::op::{BatchState, Landing, Op};
-use crate::shm::{CopyJob, CopyTarget};
 
 /// Starts the device copies of `jobs` and completes their requests as they finish.
 /// Their waits run on the engine's `home` runtime (they outlive the submitting call).

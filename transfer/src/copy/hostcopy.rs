@@ -25,10 +25,10 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::RuntimeFlavor;
 
+use super::{CopyJob, CopyTarget};
 use crate::error::{Result, TransferError};
 use crate::memory::{Access, SendPtr, lock_all};
 use crate::op::{BatchState, Op};
-use crate::shm::{CopyJob, CopyTarget};
 
 /// Copies up to this many bytes in total run inline in `submit`; bigger batches run in
 /// tasks.

@@ -62,6 +62,7 @@ mod notify;
 mod op;
 mod registry;
 mod shm;
+mod transport;
 mod wire;
 
 pub use auth::ClusterSecret;

@@ -14,7 +14,6 @@
 //! spread a whole batch's copies over both threads at once.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 
 use super::TransferEngine;
 use crate::copy::CopyTarget;
@@ -23,6 +22,7 @@ use crate::error::{RemoteRange, Result};
 use crate::memory::{Access, CpuLock, SendPtr};
 use crate::op::Segment;
 use crate::shm::ShmMaps;
+use crate::transport::Kind;
 
 /// A range this engine maps, resolved and checked.
 struct Mapped {
@@ -235,9 +235,9 @@ impl TransferEngine {
         let c = &self.inner.counters;
         if let CopyTarget::Peer(p) = &m.target {
             p.check(seg.name(), RemoteRange::new(addr, len as u64))?;
-            c.shm.fetch_add(len as u64, Ordering::Relaxed);
+            c.add(Kind::Shm, len as u64);
         } else {
-            c.local.fetch_add(len as u64, Ordering::Relaxed);
+            c.add(Kind::Local, len as u64);
         }
         Ok(())
     }

@@ -1,5 +1,8 @@
-//! The engine: registration (`register`), segments, batch submission and routing
-//! (`route`), notifications, graceful shutdown.
+//! The engine: start-up (`builder`, which also picks its transports), registration
+//! (`register`), opened segments, batch submission (each request checked, resolved against
+//! its segment's descriptor and offered to the transports in preference order:
+//! `crate::transport`), mapped reads and writes (`mapped`), notifications, graceful
+//! shutdown.
 //!
 //! ```no_run
 //! # async fn demo() -> transfer::Result<()> {

@@ -174,3 +174,54 @@ fn find<T: PeerCache>(caches: &[Arc<dyn PeerCache>]) -> Option<Arc<T>> {
     let c: Arc<dyn Any + Send + Sync> = c.clone();
     c.downcast::<T>().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl PeerCache for Counted {
+        fn clear(&self) {
+            self.0.fetch_add(100, Ordering::Relaxed);
+        }
+        fn retain(&self, _: &HashSet<u64>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[derive(Default)]
+    struct Other;
+
+    impl PeerCache for Other {
+        fn clear(&self) {}
+        fn retain(&self, _: &HashSet<u64>) {}
+    }
+
+    fn desc(engine_id: u64) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: crate::segment::DESCRIPTOR_VERSION,
+            name: "p:1".into(),
+            host_id: "h".into(),
+            engine_id,
+            generation: 1,
+            endpoints: Default::default(),
+            regions: vec![],
+        }
+    }
+
+    #[test]
+    fn a_segment_keeps_one_cache_of_each_type_and_updates_them_with_the_descriptor() {
+        let seg = Segment::remote("p:1", desc(1), "h");
+        let a = seg.cache::<Counted>();
+        assert!(Arc::ptr_eq(&a, &seg.cache::<Counted>()), "made once");
+        let _other = seg.cache::<Other>();
+        assert!(Arc::ptr_eq(&a, &seg.cache::<Counted>()));
+        assert_eq!(seg.inner.caches.read().len(), 2);
+        seg.update(desc(1));
+        assert_eq!(a.0.load(Ordering::Relaxed), 1, "same engine: trimmed");
+        seg.update(desc(2));
+        assert_eq!(a.0.load(Ordering::Relaxed), 101, "restarted: cleared");
+    }
+}

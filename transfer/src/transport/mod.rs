@@ -64,8 +64,8 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// How many kinds there are.
-    pub(crate) const COUNT: usize = 5;
+    /// How many kinds there are (`Tcp` is the last).
+    pub(crate) const COUNT: usize = Kind::Tcp as usize + 1;
 }
 
 /// Where a request goes, as the engine resolved it.

@@ -98,10 +98,9 @@ impl Peer {
             return Ok(l);
         }
         let me = self.clone();
-        self.cfg
-            .home
-            .run(async move { me.establish(i).await })
-            .await
+        // Boxed: connecting (a handshake) is rare, and inline it would make every request's
+        // future as large as a handshake's, and the transport boxes that once per request.
+        Box::pin(self.cfg.home.run(async move { me.establish(i).await })).await
     }
 
     /// The slow path of [`Peer::lane`]: one connection attempt per slot at a time.
@@ -211,7 +210,8 @@ impl Peer {
             let l = slice.min(len - off);
             let (local, staging, land) = match device {
                 None => (base.add(off as usize), None, None),
-                Some(d) => match staged::stage(
+                // Boxed, as connecting is: only device memory stages.
+                Some(d) => match Box::pin(staged::stage(
                     &self.cfg.devices,
                     &self.name,
                     batch,
@@ -219,7 +219,7 @@ impl Peer {
                     d,
                     base.add(off as usize).0 as u64,
                     l,
-                )
+                ))
                 .await
                 {
                     Ok(Some((buf, land))) => (SendPtr(buf.ptr()), Some(buf), land),

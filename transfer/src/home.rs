@@ -24,6 +24,16 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 
 use crate::error::{Result, TransferError};
 
+/// Runs a slow driver call (registering or deregistering memory with a NIC, creating a
+/// queue pair) on a blocking thread when inside a multi-threaded tokio runtime (so async
+/// worker threads never wait on the driver), else right here.
+pub(crate) fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// A handle to the home runtime (cheap to clone).
 #[derive(Debug, Clone)]
 pub(crate) struct Home(Handle);

@@ -13,9 +13,9 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 
 use crate::error::{Result, TransferError};
-use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED};
-use crate::segment::{RdmaKey, RegionDescriptor, ShmRegion};
-use crate::tcp::frame::Status;
+use crate::memory::{MemoryRegion, SHM_STATE_REGISTERED, SHM_STATE_RETIRED, ShmLocation};
+use crate::segment::{CudaIpcRegion, RdmaKey, RegionDescriptor, ShmRegion};
+use crate::wire::Status;
 
 /// One registered region.
 pub(crate) struct LocalEntry {
@@ -26,8 +26,33 @@ pub(crate) struct LocalEntry {
     /// Remote keys published for RDMA (empty without RDMA).
     pub(crate) rdma_keys: Vec<RdmaKey>,
     /// Memory-region registrations with each RDMA device (deregistered on drop).
+    pub(crate) rdma_mrs: Vec<NicRegistration>,
+}
+
+/// The registration of a region's memory with one RDMA device (made by `rdma`): the
+/// device's index in the engine's list, the local key work requests name the memory with,
+/// and the driver's registration, released when this is dropped.
+pub(crate) struct NicRegistration {
+    /// Index of the device in the engine's RDMA device list.
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-    pub(crate) rdma_mrs: Vec<crate::rdma::MrHandle>,
+    pub(crate) device: usize,
+    /// Local key of the registration.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) lkey: u32,
+    /// Deregisters the memory when dropped (a driver call).
+    _mr: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl NicRegistration {
+    /// The registration `mr` (deregistered when dropped) of device `device`, key `lkey`.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn new(device: usize, lkey: u32, mr: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            device,
+            lkey,
+            _mr: Box::new(mr),
+        }
+    }
 }
 
 impl Drop for LocalEntry {
@@ -39,10 +64,7 @@ impl Drop for LocalEntry {
         if mrs.is_empty() {
             return;
         }
-        #[cfg(feature = "rdma")]
-        crate::rdma::device::run_blocking(move || drop(mrs));
-        #[cfg(not(feature = "rdma"))]
-        drop(mrs);
+        crate::home::run_blocking(move || drop(mrs));
     }
 }
 
@@ -170,17 +192,17 @@ impl LocalRegions {
                 addr: e.region.addr(),
                 len: e.region.len() as u64,
                 token: e.token,
-                shm: e.region.shm_location().map(|l| ShmRegion {
-                    pid: l.pid,
-                    fd: l.fd,
-                    name: l.name,
-                    data_offset: l.data_offset,
-                    dev: l.dev,
-                    ino: l.ino,
-                }),
+                shm: e.region.shm_location().map(shm_region),
                 rdma: e.rdma_keys.clone(),
                 location: e.region.location(),
-                cuda_ipc: e.region.export().and_then(|x| x.describe()),
+                cuda_ipc: e.region.export().and_then(|x| {
+                    Some(CudaIpcRegion {
+                        control: shm_region(x.control_location()?),
+                        handle: CudaIpcRegion::encode_handle(x.handle()),
+                        offset: x.offset(),
+                        device_uuid: x.device_uuid().to_owned(),
+                    })
+                }),
             })
             .collect()
     }
@@ -188,6 +210,18 @@ impl LocalRegions {
     /// Number of registered regions.
     pub(crate) fn count(&self) -> usize {
         self.table.read().len()
+    }
+}
+
+/// The descriptor entry of a shared-memory location.
+fn shm_region(l: ShmLocation) -> ShmRegion {
+    ShmRegion {
+        pid: l.pid,
+        fd: l.fd,
+        name: l.name,
+        data_offset: l.data_offset,
+        dev: l.dev,
+        ino: l.ino,
     }
 }
 

@@ -99,6 +99,23 @@ pub struct CudaIpcRegion {
     pub control: ShmRegion,
 }
 
+impl CudaIpcRegion {
+    /// A handle's bytes as the descriptor carries them (hex).
+    pub(crate) fn encode_handle(handle: &[u8]) -> String {
+        handle.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// The bytes of a handle as the descriptor carries it; `None` when it is not hex.
+    pub(crate) fn decode_handle(s: &str) -> Option<Vec<u8>> {
+        if !s.len().is_multiple_of(2) || !s.is_ascii() {
+            return None;
+        }
+        (0..s.len() / 2)
+            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+            .collect()
+    }
+}
+
 /// Shared-memory location of a region (see `memory::ShmLocation`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShmRegion {
@@ -252,6 +269,16 @@ pub fn host_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipc_handles_round_trip_through_hex() {
+        let h: Vec<u8> = (0..64).map(|i| (i * 7) as u8).collect();
+        let text = CudaIpcRegion::encode_handle(&h);
+        assert_eq!(CudaIpcRegion::decode_handle(&text).unwrap(), h);
+        assert!(CudaIpcRegion::decode_handle("abc").is_none());
+        assert!(CudaIpcRegion::decode_handle("zz").is_none());
+        assert!(CudaIpcRegion::decode_handle("éé").is_none());
+    }
 
     fn desc() -> SegmentDescriptor {
         SegmentDescriptor {

@@ -1,16 +1,16 @@
-//! Shared-memory transport for peers on the same host (and the engine's own segment).
+//! Shared memory of peers on the same host: their regions mapped into this process, and the
+//! checks that make copying through a mapping safe (the copies themselves are `copy`'s).
 //!
 //! A peer's shared region is a memfd; this side opens it as `/proc/<pid>/fd/<fd>` and maps
 //! it only once it checked that it is exactly the file the descriptor names (the link names
 //! the memfd, guarding against pid reuse; its device and inode match), that it is sealed
 //! against shrinking and growing (`memory::SHM_SEALS`: nobody can truncate it under the
 //! mapping, so a copy never faults past its end), that it is large enough, and that its
-//! control page carries the magic and the region's length. Then it copies with `memcpy`.
-//! Before each copy it checks that the owner process is alive (it still holds its lock on
-//! the memfd) and, before and after, the region's control page (same registration id and
-//! token, still registered): the same bounds and token rules as the TCP target applies,
-//! and a dead or retired peer is an error, not silent success. Requests into the engine's own segment are plain copies checked against the
-//! registration table.
+//! control page carries the magic and the region's length. Then copies `memcpy` through it.
+//! Before each copy the copier checks that the owner process is alive (it still holds its
+//! lock on the memfd) and, before and after, the region's control page (same registration
+//! id and token, still registered): the same bounds and token rules as the TCP target
+//! applies, and a dead or retired peer is an error, not silent success.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -20,21 +20,21 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use crate::device::ipc::IpcMapping;
-use crate::engine::batch::BatchState;
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::memory::{
-    CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, ShmControl, ofd_lock_held,
-    shared_lock,
+    CpuLock, Mapping, SHM_MAGIC, SHM_SEALS, SHM_STATE_REGISTERED, SendPtr, ShmControl,
+    ofd_lock_held, shared_lock,
 };
-use crate::registry::{LocalEntry, LocalRegions};
+use crate::op::PeerCache;
 use crate::segment::{RegionDescriptor, ShmRegion};
-use crate::tcp::io::SendPtr;
 
 /// Copies at least this large prefault the peer's pages first.
 const PREFAULT_MIN: usize = 1 << 20;
 /// Prefaulting is remembered per this many bytes of a region.
 const PREFAULT_UNIT: usize = 2 << 20;
+/// A fresh mapping is populated in the background this many bytes at a time: a host copy's
+/// piece (`copy::hostcopy::CHUNK`), so a copy waits at most one step for the populating thread.
+const POPULATE_STEP: usize = 4 << 20;
 
 /// A peer's shared region mapped into this process.
 pub(crate) struct PeerMapping {
@@ -272,14 +272,17 @@ impl ShmMaps {
         populate_in_background(&m);
         Ok(m)
     }
+}
 
+/// What the shared-memory transport keeps for a peer segment.
+impl PeerCache for ShmMaps {
     /// Unmaps everything (the peer re-registered or restarted).
-    pub(crate) fn clear(&self) {
+    fn clear(&self) {
         self.maps.lock().clear();
     }
 
     /// Unmaps the regions whose id is not in `live` (the peer retired them).
-    pub(crate) fn retain(&self, live: &std::collections::HashSet<u64>) {
+    fn retain(&self, live: &std::collections::HashSet<u64>) {
         self.maps.lock().retain(|id, _| live.contains(id));
     }
 }
@@ -299,7 +302,7 @@ fn populate_in_background(m: &Arc<PeerMapping>) {
             let mut off = 0;
             while off < len {
                 let Some(m) = weak.upgrade() else { return };
-                let n = crate::hostcopy::CHUNK.min(len - off);
+                let n = POPULATE_STEP.min(len - off);
                 m.prefault(base + off as u64, n, true);
                 off += n;
             }
@@ -310,51 +313,6 @@ fn populate_in_background(m: &Arc<PeerMapping>) {
     }
 }
 
-/// Where a memory-copy request's remote side is.
-pub(crate) enum CopyTarget {
-    /// A same-host peer's mapped region.
-    Peer(Arc<PeerMapping>),
-    /// A region of this engine.
-    Local(Arc<LocalEntry>),
-    /// A same-host peer's device region, opened through CUDA IPC.
-    Ipc(Arc<IpcMapping>),
-}
-
-/// A request of a batch executed by memory copy.
-pub(crate) struct CopyJob {
-    pub(crate) idx: usize,
-    pub(crate) target: CopyTarget,
-}
-
-impl CopyJob {
-    /// Whether either side is device memory (then a device copies it: `devcopy`).
-    pub(crate) fn involves_device(&self, batch: &BatchState) -> bool {
-        batch.requests[self.idx].local.region().is_device()
-            || match &self.target {
-                CopyTarget::Peer(_) => false,
-                CopyTarget::Local(e) => e.region.is_device(),
-                CopyTarget::Ipc(_) => true,
-            }
-    }
-}
-
-/// Resolves a request into this engine's own segment.
-pub(crate) fn local_target(
-    regions: &LocalRegions,
-    segment: &str,
-    addr: u64,
-    len: u64,
-) -> Result<CopyTarget> {
-    regions
-        .entry_for(addr, len)
-        .map(CopyTarget::Local)
-        .ok_or_else(|| TransferError::OutOfBounds {
-            segment: segment.to_owned(),
-            range: RemoteRange::new(addr, len),
-            reason: "not inside one registered region of this engine".into(),
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::fd::{FromRawFd, OwnedFd};
@@ -362,7 +320,7 @@ mod tests {
 
     use super::*;
     use crate::memory::MemoryRegion;
-    use crate::registry::LocalRegions;
+    use crate::registry::{LocalEntry, LocalRegions};
 
     fn registered(len: usize) -> (Arc<LocalRegions>, crate::RegisteredBuffer, RegionDescriptor) {
         let regions = LocalRegions::new(1);

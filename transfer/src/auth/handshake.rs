@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ClusterSecret;
-use crate::tcp::frame::{
+use crate::wire::{
     MAX_CONTROL_LEN, REQUEST_HEADER_LEN, REQUEST_MAGIC, RESPONSE_HEADER_LEN, RESPONSE_MAGIC,
     ResponseHeader, Status, VERSION,
 };

@@ -10,8 +10,8 @@
 //!   into pinned buffers and sent. Copies run on streams asynchronously and overlap the
 //!   socket I/O of the neighbouring chunk; staging memory is bounded per peer (`staging`).
 //! - **Same host**: a device region carries a CUDA IPC handle in the descriptor; a peer on
-//!   the same host opens it and copies device to device (`ipc`), falling back to staged TCP
-//!   when the handle cannot be opened.
+//!   the same host opens it and copies device to device (the crate's `ipc`), falling back to
+//!   staged TCP when the handle cannot be opened.
 //! - **Local copies** (the engine's own segment, a same-host peer's shared memory) are
 //!   stream copies between the two addresses (unified addressing).
 //! - **RDMA** registers device memory directly when the NIC can reach it (GPUDirect, the
@@ -26,7 +26,6 @@
 //! a private staging buffer or registered memory, which the engine already treats so.
 
 pub mod cuda;
-pub(crate) mod ipc;
 pub(crate) mod staging;
 
 use std::any::Any;
@@ -44,6 +43,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, TransferError};
 
 pub use staging::StagingStats;
+
+/// How long after a request's deadline a device copy of it is still waited for: a copy
+/// engine cannot be stopped, so a request's landing lasts until its fence, and a fence that
+/// never comes (a hung device) is given up on this long after the deadline.
+pub(crate) const FENCE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where a region's bytes live, as Mooncake labels it (`cpu:0`, `cuda:1`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

@@ -11,19 +11,20 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::{EngineConfig, MetadataConfig};
-use super::notify::Notifications;
-use super::segments::{DescribeFn, Segment};
 use super::{Counters, Inner, TransferEngine};
 use crate::auth::ClusterSecret;
+use crate::config::{EngineConfig, MetadataConfig};
 use crate::device::{DeviceBackend, Devices};
 use crate::error::{Result, TransferError};
 use crate::home::Home;
 use crate::metadata::{HttpMetadata, Metadata, P2pMetadata};
+use crate::notify::Notifications;
+use crate::op::{DescribeFn, Segment};
 use crate::registry::LocalRegions;
 use crate::segment::{DESCRIPTOR_VERSION, Endpoints, SegmentDescriptor, host_id};
 use crate::tcp::client::{ClientConfig, TcpClient};
 use crate::tcp::server::{ServerCtx, accept_loop};
+use crate::transport::{Ipc, Local, Rdma, Shm, Tcp, Transport};
 
 /// Builds a [`TransferEngine`].
 #[derive(Default)]
@@ -138,7 +139,7 @@ impl EngineBuilder {
                 config.request_timeout,
             )?),
         };
-        let rdma_devices = rdma.as_ref().map(|t| t.device_names()).unwrap_or_default();
+        let transports = transports(&config, &regions, &devices, rdma.as_ref(), &tcp);
         let describe: DescribeFn = {
             let (name, host_id, regions) = (name.clone(), host_id.clone(), regions.clone());
             let rdma_endpoints = rdma.as_ref().map(|t| t.endpoints()).unwrap_or_default();
@@ -207,7 +208,7 @@ impl EngineBuilder {
                 tracker,
                 closing: AtomicBool::new(false),
                 rdma,
-                rdma_devices,
+                transports,
                 counters: Counters::default(),
                 secret,
                 devices,
@@ -216,6 +217,30 @@ impl EngineBuilder {
             }),
         })
     }
+}
+
+/// The transports of an engine with `config`, in preference order: copies within its own
+/// segment, CUDA IPC and shared memory with same-host peers (where enabled), RDMA (where a
+/// device is open), and TCP, which reaches every peer and is the fallback.
+fn transports(
+    config: &EngineConfig,
+    regions: &Arc<LocalRegions>,
+    devices: &Arc<Devices>,
+    rdma: Option<&Arc<crate::rdma::Transport>>,
+    tcp: &Arc<TcpClient>,
+) -> Vec<Box<dyn Transport>> {
+    let mut all: Vec<Box<dyn Transport>> = vec![Box::new(Local::new(regions.clone()))];
+    if config.device_ipc {
+        all.push(Box::new(Ipc::new(devices.clone())));
+    }
+    if config.shm {
+        all.push(Box::new(Shm));
+    }
+    if let Some(rdma) = rdma {
+        all.push(Box::new(Rdma::new(rdma.clone(), tcp.clone())));
+    }
+    all.push(Box::new(Tcp::new(tcp.clone())));
+    all
 }
 
 /// Republishes the descriptor whenever registrations change (retrying failures each second).
@@ -279,5 +304,134 @@ mod tests {
             IpAddr::from([127, 0, 0, 1])
         );
         assert!(!advertise_ip(IpAddr::from([0, 0, 0, 0])).is_unspecified());
+    }
+
+    use crate::copy::Copies;
+    use crate::device::Location;
+    use crate::memory::MemoryRegion;
+    use crate::op::{BatchState, TransferRequest};
+    use crate::registry::LocalEntry;
+    use crate::segment::{CudaIpcRegion, RegionDescriptor, ShmRegion};
+    use crate::transport::{Kind, Offer, Offered, Target};
+
+    fn shm_region(name: &str) -> ShmRegion {
+        ShmRegion {
+            pid: 1,
+            fd: 3,
+            name: name.into(),
+            data_offset: 4096,
+            dev: 1,
+            ino: 1,
+        }
+    }
+
+    fn region(shm: bool, device: bool) -> RegionDescriptor {
+        RegionDescriptor {
+            id: 1,
+            addr: 4096,
+            len: 4096,
+            token: 9,
+            shm: shm.then(|| shm_region("m")),
+            rdma: vec![],
+            location: if device {
+                Location::Cuda(0)
+            } else {
+                Location::Host
+            },
+            cuda_ipc: device.then(|| CudaIpcRegion {
+                handle: "00".repeat(64),
+                offset: 0,
+                device_uuid: "GPU-x".into(),
+                control: shm_region("c"),
+            }),
+        }
+    }
+
+    /// Which of the transports of an engine with `shm` and `ipc` on or off takes a request
+    /// into `region` of a peer on this host or not (into the engine's own segment where
+    /// `region` is `None`): the first that does not pass it. (A region that does not map
+    /// falls back to TCP, but it was taken by the transport that tried.)
+    #[tokio::test]
+    async fn requests_go_to_the_first_transport_that_takes_them() {
+        let regions = LocalRegions::new(1);
+        let buf = regions
+            .insert(LocalEntry {
+                id: regions.next_id(),
+                token: 1,
+                region: Arc::new(MemoryRegion::alloc(8192).unwrap()),
+                rdma_keys: vec![],
+                rdma_mrs: vec![],
+            })
+            .unwrap();
+        let devices = Arc::new(Devices::new(None, None, (1 << 20, 4 << 20, 8 << 20), true));
+        let tcp = Arc::new(TcpClient::new(ClientConfig {
+            secret: ClusterSecret::from_bytes(b"0123456789abcdef-cluster").unwrap(),
+            local_name: Arc::from("me"),
+            lanes: 1,
+            slice_size: 1 << 20,
+            max_inflight: 4,
+            connect_timeout: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(1),
+            devices: devices.clone(),
+            home: Home::current(),
+        }));
+        let taker = |shm: bool, ipc: bool, same_host: bool, region: Option<RegionDescriptor>| {
+            let config = EngineConfig {
+                shm,
+                device_ipc: ipc,
+                ..EngineConfig::default()
+            };
+            let peer = SegmentDescriptor {
+                version: DESCRIPTOR_VERSION,
+                name: "p:1".into(),
+                host_id: "h".into(),
+                engine_id: 1,
+                generation: 1,
+                endpoints: Endpoints {
+                    tcp: Some("127.0.0.1:1".into()),
+                    rdma: vec![],
+                },
+                regions: region.iter().cloned().collect(),
+            };
+            let host = if same_host { "h" } else { "another" };
+            let seg = Segment::remote("p:1", peer.clone(), host);
+            let addr = region.as_ref().map_or(buf.addr(), |r| r.addr);
+            let request = TransferRequest::write(&buf, 0, &seg, addr, 8);
+            let batch = BatchState::new(vec![request], Duration::from_secs(1));
+            let target = match &region {
+                Some(region) => Target::Peer {
+                    desc: &peer,
+                    region,
+                },
+                None => Target::Own,
+            };
+            let offered = Offered {
+                batch: &batch,
+                idx: 0,
+                target,
+            };
+            let mut copies = Copies::default();
+            transports(&config, &regions, &devices, None, &tcp)
+                .iter()
+                .find(|t| !matches!(t.offer(&offered, &mut copies), Offer::Pass))
+                .map(|t| t.kind())
+        };
+        let (dev, shared, plain) = (
+            Some(region(false, true)),
+            Some(region(true, false)),
+            Some(region(false, false)),
+        );
+        // The engine's own segment: local copies.
+        assert_eq!(taker(true, true, true, None), Some(Kind::Local));
+        // A device region: CUDA IPC on one host; with IPC off, or on another host, TCP
+        // (device regions have no shared memory).
+        assert_eq!(taker(true, true, true, dev.clone()), Some(Kind::Ipc));
+        assert_eq!(taker(true, false, true, dev.clone()), Some(Kind::Tcp));
+        assert_eq!(taker(true, true, false, dev), Some(Kind::Tcp));
+        // A shared region: shared memory on one host, where enabled; else TCP.
+        assert_eq!(taker(true, true, true, shared.clone()), Some(Kind::Shm));
+        assert_eq!(taker(false, true, true, shared.clone()), Some(Kind::Tcp));
+        assert_eq!(taker(true, true, false, shared), Some(Kind::Tcp));
+        assert_eq!(taker(true, true, true, plain), Some(Kind::Tcp));
     }
 }

@@ -14,15 +14,15 @@
 //! spread a whole batch's copies over both threads at once.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 
 use super::TransferEngine;
-use crate::copier::{MemCopy, Stripes, copy_all};
-use crate::engine::segments::Segment;
+use crate::copy::CopyTarget;
+use crate::copy::copier::{MemCopy, Stripes, copy_all};
 use crate::error::{RemoteRange, Result};
-use crate::memory::{Access, CpuLock};
-use crate::shm::CopyTarget;
-use crate::tcp::io::SendPtr;
+use crate::memory::{Access, CpuLock, SendPtr};
+use crate::op::Segment;
+use crate::shm::ShmMaps;
+use crate::transport::Kind;
 
 /// A range this engine maps, resolved and checked.
 struct Mapped {
@@ -189,8 +189,7 @@ impl TransferEngine {
         }
         let name = seg.name();
         if seg.same(&self.inner.local_segment) {
-            let target =
-                crate::shm::local_target(&self.inner.regions, name, addr, len as u64).ok()?;
+            let target = CopyTarget::local(&self.inner.regions, name, addr, len as u64).ok()?;
             let CopyTarget::Local(e) = &target else {
                 return None;
             };
@@ -215,7 +214,7 @@ impl TransferEngine {
             return None;
         }
         let shm = region.shm.as_ref()?;
-        let m = seg.state().shm.get(name, region, shm).ok()?;
+        let m = seg.cache::<ShmMaps>().get(name, region, shm).ok()?;
         let range = RemoteRange::new(addr, len as u64);
         if let Err(e) = m.check(name, range).and_then(|()| m.check_owner(name)) {
             return Some(Err(e));
@@ -236,9 +235,9 @@ impl TransferEngine {
         let c = &self.inner.counters;
         if let CopyTarget::Peer(p) = &m.target {
             p.check(seg.name(), RemoteRange::new(addr, len as u64))?;
-            c.shm.fetch_add(len as u64, Ordering::Relaxed);
+            c.add(Kind::Shm, len as u64);
         } else {
-            c.local.fetch_add(len as u64, Ordering::Relaxed);
+            c.add(Kind::Local, len as u64);
         }
         Ok(())
     }

@@ -1,5 +1,8 @@
-//! The engine: registration (`register`), segments, batch submission and routing
-//! (`route`), notifications, graceful shutdown.
+//! The engine: start-up (`builder`, which also picks its transports), registration
+//! (`register`), opened segments, batch submission (each request checked, resolved against
+//! its segment's descriptor and offered to the transports in preference order:
+//! `crate::transport`), mapped reads and writes (`mapped`), notifications, graceful
+//! shutdown.
 //!
 //! ```no_run
 //! # async fn demo() -> transfer::Result<()> {
@@ -15,17 +18,11 @@
 //! # Ok(()) }
 //! ```
 
-pub(crate) mod batch;
 mod builder;
-pub(crate) mod config;
 mod mapped;
-pub(crate) mod notify;
 mod register;
-mod route;
-pub(crate) mod segments;
 
 pub use builder::EngineBuilder;
-use route::{Route, route};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,20 +35,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
+use crate::config::EngineConfig;
+use crate::copy::Copies;
 use crate::device::{Devices, StagingStats};
 use crate::error::{RemoteRange, Result, TransferError};
 use crate::home::Home;
 use crate::metadata::Metadata;
+use crate::notify::{Notification, Notifications};
+use crate::op::{Batch, BatchState, Segment, TransferRequest};
 use crate::registry::LocalRegions;
-use crate::segment::SegmentDescriptor;
-use crate::shm::{CopyJob, CopyTarget};
+use crate::segment::{RegionDescriptor, SegmentDescriptor};
 use crate::tcp::client::{TcpClient, status_error};
-use crate::tcp::frame::{MAX_CONTROL_LEN, Opcode, Status};
-
-use batch::{Batch, BatchState, TransferRequest};
-use config::EngineConfig;
-use notify::{Notification, Notifications};
-use segments::Segment;
+use crate::transport::{Kind, Offer, Offered, Target, Transport};
+use crate::wire::{MAX_CONTROL_LEN, Opcode, Status};
 
 /// Which transports an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,11 +80,18 @@ pub struct TransferStats {
 #[derive(Default)]
 struct Counters {
     requests: AtomicU64,
-    tcp: AtomicU64,
-    shm: AtomicU64,
-    local: AtomicU64,
-    rdma: AtomicU64,
-    ipc: AtomicU64,
+    /// Bytes per transport, by `Kind`.
+    bytes: [AtomicU64; Kind::COUNT],
+}
+
+impl Counters {
+    fn add(&self, kind: Kind, bytes: u64) {
+        self.bytes[kind as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn bytes(&self, kind: Kind) -> u64 {
+        self.bytes[kind as usize].load(Ordering::Relaxed)
+    }
 }
 
 struct Inner {
@@ -108,7 +111,9 @@ struct Inner {
     tracker: TaskTracker,
     closing: AtomicBool,
     rdma: Option<Arc<crate::rdma::Transport>>,
-    rdma_devices: Vec<String>,
+    /// The transports requests are offered to, in preference order; the last (TCP) is the
+    /// fallback.
+    transports: Vec<Box<dyn Transport>>,
     counters: Counters,
     secret: ClusterSecret,
     devices: Arc<Devices>,
@@ -181,11 +186,11 @@ impl TransferEngine {
         let c = &self.inner.counters;
         TransferStats {
             requests: c.requests.load(Ordering::Relaxed),
-            tcp_bytes: c.tcp.load(Ordering::Relaxed),
-            shm_bytes: c.shm.load(Ordering::Relaxed),
-            local_bytes: c.local.load(Ordering::Relaxed),
-            rdma_bytes: c.rdma.load(Ordering::Relaxed),
-            ipc_bytes: c.ipc.load(Ordering::Relaxed),
+            tcp_bytes: c.bytes(Kind::Tcp),
+            shm_bytes: c.bytes(Kind::Shm),
+            local_bytes: c.bytes(Kind::Local),
+            rdma_bytes: c.bytes(Kind::Rdma),
+            ipc_bytes: c.bytes(Kind::Ipc),
         }
     }
 
@@ -367,149 +372,111 @@ impl TransferEngine {
             .requests
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
         let state = BatchState::new(requests, timeout);
-        let mut copies = Vec::new();
-        let mut device_copies = Vec::new();
+        let mut copies = Copies::default();
         for idx in 0..state.requests.len() {
-            if let Some(job) = self.dispatch(&state, idx).await {
-                if job.involves_device(&state) {
-                    device_copies.push(job);
-                } else {
-                    copies.push(job);
-                }
-            }
+            self.dispatch(&state, idx, &mut copies).await;
         }
-        crate::hostcopy::run(&state, copies).await;
-        crate::devcopy::run(&self.inner.devices, &self.inner.home, &state, device_copies);
+        copies
+            .run(&state, &self.inner.devices, &self.inner.home)
+            .await;
         Ok(Batch { state })
     }
 
-    /// Routes request `idx`: returns a copy job for shared-memory and local requests, sends
-    /// the others, completes it at once with an error if it cannot be resolved.
-    async fn dispatch(&self, state: &Arc<BatchState>, idx: usize) -> Option<CopyJob> {
+    /// Routes request `idx`: resolves it (a request of 0 bytes completes at once, one that
+    /// cannot be resolved fails at once) and offers it to the transports.
+    async fn dispatch(&self, state: &Arc<BatchState>, idx: usize, copies: &mut Copies) {
         let req = &state.requests[idx];
         if req.len == 0 {
             state.finish(idx, Ok(()));
-            return None;
+            return;
         }
         let seg = &req.segment;
-        let len = req.len as u64;
-        let c = &self.inner.counters;
         if seg.same(&self.inner.local_segment) {
-            return match crate::shm::local_target(
-                &self.inner.regions,
-                seg.name(),
-                req.remote_addr,
-                len,
-            ) {
-                Ok(target) => {
-                    c.local.fetch_add(len, Ordering::Relaxed);
-                    Some(CopyJob { idx, target })
-                }
-                Err(e) => {
-                    state.finish(idx, Err(e));
-                    None
-                }
-            };
+            return self.route(state, idx, Target::Own, copies).await;
         }
-        if seg.is_stale()
-            && let Err(e) = self.refresh(seg).await
-        {
-            state.finish(idx, Err(e));
-            return None;
-        }
-        let mut desc = seg.descriptor();
-        let region = match desc.find_region(req.remote_addr, len) {
-            Ok(r) => r.clone(),
-            Err(first) => {
-                // The descriptor may predate the peer's registration of this range.
-                seg.mark_stale();
-                let found = match self.refresh(seg).await {
-                    Ok(()) => {
-                        desc = seg.descriptor();
-                        desc.find_region(req.remote_addr, len)
-                            .cloned()
-                            .map_err(|_| first)
-                    }
-                    Err(e) => Err(e),
+        match self.resolve(seg, req.remote_addr, req.len as u64).await {
+            Ok((desc, region)) => {
+                let target = Target::Peer {
+                    desc: &desc,
+                    region: &region,
                 };
-                match found {
-                    Ok(r) => r,
-                    Err(e) => {
-                        state.finish(idx, Err(e));
-                        return None;
-                    }
-                }
-            }
-        };
-        // A local buffer the NICs cannot reach (device memory without GPUDirect) goes over TCP.
-        let local_rdma: &[String] = if req.local.entry().rdma_mrs.is_empty() {
-            &[]
-        } else {
-            &self.inner.rdma_devices
-        };
-        match route(
-            self.inner.config.device_ipc,
-            self.inner.config.shm,
-            seg.is_same_host(),
-            &region,
-            local_rdma,
-            &desc,
-        ) {
-            Route::Ipc(ipc) => {
-                let opened = self
-                    .inner
-                    .devices
-                    .ctx()
-                    .and_then(|ctx| seg.state().ipc.get(ctx, seg.name(), &region, &ipc));
-                match opened {
-                    Ok(mapping) => {
-                        c.ipc.fetch_add(len, Ordering::Relaxed);
-                        return Some(CopyJob {
-                            idx,
-                            target: CopyTarget::Ipc(mapping),
-                        });
-                    }
-                    Err(e) => {
-                        tracing::debug!(segment = seg.name(), error = %e, "CUDA IPC unusable; staging over TCP");
-                    }
-                }
-            }
-            Route::Shm(shm) => match seg.state().shm.get(seg.name(), &region, &shm) {
-                Ok(mapping) => {
-                    c.shm.fetch_add(len, Ordering::Relaxed);
-                    return Some(CopyJob {
-                        idx,
-                        target: CopyTarget::Peer(mapping),
-                    });
-                }
-                Err(e) => {
-                    tracing::debug!(segment = seg.name(), error = %e, "shared memory unusable; using TCP");
-                }
-            },
-            Route::Rdma(paths) => {
-                if let (Some(t), Ok(addr)) = (&self.inner.rdma, desc.tcp_addr()) {
-                    let control = self.inner.tcp.peer(addr, seg.name());
-                    c.rdma.fetch_add(len, Ordering::Relaxed);
-                    t.submit(state, idx, paths, &desc, control).await;
-                    return None;
-                }
-            }
-            Route::Tcp => {}
-        }
-        match desc.tcp_addr() {
-            Ok(addr) => {
-                c.tcp.fetch_add(len, Ordering::Relaxed);
-                self.inner
-                    .tcp
-                    .peer(addr, seg.name())
-                    .send_request(state, idx, region.token)
-                    .await
+                self.route(state, idx, target, copies).await;
             }
             Err(e) => {
                 state.finish(idx, Err(e));
             }
         }
-        None
+    }
+
+    /// The descriptor of peer `seg` and its region that holds `[addr, +len)`: a stale
+    /// descriptor is refetched first, and once more when the range is in none of its
+    /// regions (the descriptor may predate the peer's registration of this range).
+    async fn resolve(
+        &self,
+        seg: &Segment,
+        addr: u64,
+        len: u64,
+    ) -> Result<(Arc<SegmentDescriptor>, RegionDescriptor)> {
+        if seg.is_stale() {
+            self.refresh(seg).await?;
+        }
+        let desc = seg.descriptor();
+        let first = match desc.find_region(addr, len) {
+            Ok(r) => {
+                let region = r.clone();
+                return Ok((desc, region));
+            }
+            Err(first) => first,
+        };
+        seg.mark_stale();
+        self.refresh(seg).await?;
+        let desc = seg.descriptor();
+        let region = desc.find_region(addr, len).cloned().map_err(|_| first)?;
+        Ok((desc, region))
+    }
+
+    /// Offers request `idx` to the transports in preference order (see `transport`): the
+    /// first that does not pass it carries it, or hands it to the fallback (the last one)
+    /// when it cannot, or fails it. Waits while a transport queues it.
+    async fn route(
+        &self,
+        state: &Arc<BatchState>,
+        idx: usize,
+        target: Target<'_>,
+        copies: &mut Copies,
+    ) {
+        let offered = Offered {
+            batch: state,
+            idx,
+            target,
+        };
+        let len = state.requests[idx].len as u64;
+        let transports = &self.inner.transports;
+        let mut i = 0;
+        while let Some(t) = transports.get(i) {
+            match t.offer(&offered, copies) {
+                Offer::Pass => i += 1,
+                Offer::Fallback => i = (i + 1).max(transports.len() - 1),
+                Offer::Failed(e) => {
+                    state.finish(idx, Err(e));
+                    return;
+                }
+                Offer::Collected => {
+                    self.inner.counters.add(t.kind(), len);
+                    return;
+                }
+                Offer::Queue(queued) => {
+                    self.inner.counters.add(t.kind(), len);
+                    queued.await;
+                    return;
+                }
+            }
+        }
+        let seg = state.requests[idx].segment.name();
+        state.finish(
+            idx,
+            Err(TransferError::unreachable(seg, "no transport reaches it")),
+        );
     }
 
     /// Submits one request and waits for it.

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use super::TransferEngine;
-use crate::device::ipc::IpcExport;
 use crate::device::{DeviceAccess, Location};
 use crate::error::{Result, TransferError};
-use crate::memory::{AllocOptions, MemoryRegion};
+use crate::memory::{AllocOptions, IpcExport, MemoryRegion};
 use crate::registry::{LocalEntry, RegisteredBuffer};
 
 impl TransferEngine {

@@ -28,16 +28,17 @@ use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
-use crate::device::ipc::IpcExport;
 use crate::device::{DeviceAccess, Location};
 use crate::error::{Result, TransferError};
 
 mod cpu;
+mod export;
 mod idle;
 pub mod offsets;
 mod raw;
 
 pub(crate) use cpu::{Access, CpuLock, lock_all, lock_every};
+pub(crate) use export::IpcExport;
 pub(crate) use idle::{Upkeep, spawn_idle};
 pub use idle::{background_prefaults, wait_for_background_prefaults};
 pub use offsets::{Allocation, OffsetAllocator};
@@ -45,7 +46,9 @@ use raw::populate_live;
 #[cfg(test)]
 pub(crate) use raw::resident_pages;
 pub use raw::{BULK_VEC_MIN, bulk_vec, huge_page_size, page_size, resident_bulk_vec};
-pub(crate) use raw::{Mapping, copy_nonoverlapping_part, lock_ofd, ofd_lock_held, populate};
+pub(crate) use raw::{
+    Mapping, SendPtr, copy_nonoverlapping_part, lock_ofd, ofd_lock_held, populate,
+};
 
 /// Size of the control page in front of every shared-memory region.
 pub(crate) const SHM_CONTROL_LEN: usize = 4096;

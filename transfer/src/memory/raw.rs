@@ -1,6 +1,6 @@
-//! The operating-system side of memory: page sizes, owned mappings, fast large copies,
-//! populating fresh mappings, and the open-file-description lock that tells a shared
-//! region's peers that its owner is alive.
+//! The operating-system side of memory: page sizes, raw pointers that cross threads, owned
+//! mappings, fast large copies, populating fresh mappings, and the open-file-description
+//! lock that tells a shared region's peers that its owner is alive.
 
 use std::ptr::NonNull;
 
@@ -24,6 +24,30 @@ pub fn huge_page_size() -> usize {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(2 << 20)
+}
+
+/// A raw destination pointer that may cross await points (and threads).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendPtr(pub(crate) *mut u8);
+
+// SAFETY: the pointer is only dereferenced by the kernel (recv) or a bounds-checked copy,
+// under the validity contract of the function it is handed to.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The null pointer (discard).
+    pub(crate) const NULL: SendPtr = SendPtr(std::ptr::null_mut());
+
+    /// `ptr + n` (wrapping, never dereferenced here).
+    pub(crate) fn add(self, n: usize) -> SendPtr {
+        SendPtr(self.0.wrapping_add(n))
+    }
+
+    pub(crate) fn is_null(self) -> bool {
+        self.0.is_null()
+    }
 }
 
 /// Vectors of at least this capacity get huge pages from [`bulk_vec`].

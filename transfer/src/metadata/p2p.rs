@@ -9,7 +9,7 @@ use crate::error::{Result, TransferError};
 use crate::metadata::{BoxFuture, Metadata};
 use crate::segment::SegmentDescriptor;
 use crate::tcp::client::{TcpClient, status_error};
-use crate::tcp::frame::{Opcode, Status};
+use crate::wire::{Opcode, Status};
 
 /// Fetches descriptors from the peers themselves; the segment name is the peer's
 /// `host:port`. Publishing is a no-op: every engine serves its own live descriptor.

@@ -6,7 +6,7 @@
 //! `Arc` that every memory region ([`MrHandle`]) and queue pair ([`Qp`]) registered on it
 //! holds, so the context outlives everything created from it, whatever order the engine's
 //! parts are dropped in. These calls go to the kernel driver and can take milliseconds:
-//! callers run them off the async threads (`run_blocking`).
+//! callers run them off the async threads (`home::run_blocking`).
 //!
 //! Not exercised on the machines this was written on (no RDMA in their kernel): compiled
 //! and linted only. See `verbs` for the data path.
@@ -19,6 +19,7 @@ use ibverbs_sys as ffi;
 use tokio::sync::Semaphore;
 
 use crate::error::{Result, TransferError};
+use crate::home::run_blocking;
 use crate::rdma::{QpEndpoint, gid_from_hex};
 
 pub(crate) const PORT: u8 = 1;
@@ -171,8 +172,6 @@ pub(crate) fn open_device(name: &str, gid_index: u8) -> Result<Device> {
 /// it holds can close).
 pub(crate) struct MrHandle {
     pub(crate) mr: *mut ffi::ibv_mr,
-    pub(crate) device: usize,
-    pub(crate) lkey: u32,
     pub(crate) _dev: Arc<Device>,
 }
 
@@ -200,7 +199,7 @@ pub(crate) struct Qp {
     pub(crate) broken: AtomicBool,
     /// Moves this queue pair to the error state (flushing its work requests), off the
     /// async threads: how a timed-out RDMA READ is stopped from landing.
-    pub(crate) abort: crate::engine::batch::Abort,
+    pub(crate) abort: crate::op::Abort,
     pub(crate) _dev: Arc<Device>,
 }
 
@@ -237,17 +236,6 @@ fn modify(
         Err(verbs_err(what, std::io::Error::from_raw_os_error(rc)))
     } else {
         Ok(())
-    }
-}
-
-/// Runs a slow verbs call on a blocking thread when inside a multi-threaded tokio runtime
-/// (so async worker threads never wait on the driver), else right here.
-pub(crate) fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
     }
 }
 

@@ -15,12 +15,12 @@ pub(crate) mod verbs;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::config::{EngineConfig, RdmaMode};
+use crate::config::{EngineConfig, RdmaMode};
 use crate::error::{Result, TransferError};
 use crate::segment::{RdmaDeviceEndpoint, RegionDescriptor};
 
 #[cfg(feature = "rdma")]
-pub(crate) use verbs::{MrHandle, Transport};
+pub(crate) use verbs::Transport;
 
 /// Handshake payload format version.
 pub const HANDSHAKE_VERSION: u32 = 1;
@@ -126,10 +126,6 @@ pub(crate) fn start(config: &EngineConfig) -> Result<Option<std::sync::Arc<Trans
 #[cfg(not(feature = "rdma"))]
 pub(crate) enum Transport {}
 
-/// Without the `rdma` feature there are no memory-region registrations.
-#[cfg(not(feature = "rdma"))]
-pub(crate) enum MrHandle {}
-
 /// The engine-facing surface of the RDMA transport; with no feature it cannot be called
 /// (there is no value to call it on).
 #[cfg(not(feature = "rdma"))]
@@ -145,7 +141,10 @@ impl Transport {
     pub(crate) fn register(
         &self,
         _region: &crate::memory::MemoryRegion,
-    ) -> Result<(Vec<crate::segment::RdmaKey>, Vec<MrHandle>)> {
+    ) -> Result<(
+        Vec<crate::segment::RdmaKey>,
+        Vec<crate::registry::NicRegistration>,
+    )> {
         match *self {}
     }
 
@@ -155,7 +154,7 @@ impl Transport {
 
     pub(crate) async fn submit(
         &self,
-        _batch: &std::sync::Arc<crate::engine::batch::BatchState>,
+        _batch: &std::sync::Arc<crate::op::BatchState>,
         _idx: usize,
         _paths: Vec<RdmaPath>,
         _peer: &crate::segment::SegmentDescriptor,

@@ -20,22 +20,25 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 
 use crate::auth::PeerIdentity;
-use crate::engine::batch::{BatchState, Completion, Landing, Op};
-use crate::engine::config::EngineConfig;
+use crate::config::EngineConfig;
 use crate::error::{RemoteRange, Result, TransferError};
+use crate::home::run_blocking;
 use crate::memory::MemoryRegion;
+use crate::op::{BatchState, Completion, Landing, Op};
 use crate::rdma::device::{
-    Device, Qp, access_flags, connect_qp, create_qp, open_device, run_blocking, verbs_err,
+    Device, Qp, access_flags, connect_qp, create_qp, open_device, verbs_err,
 };
 use crate::rdma::{
     HANDSHAKE_VERSION, QpEndpoint, RdmaHandshake, RdmaPath, gid_to_hex, plan_slices,
 };
+use crate::registry::NicRegistration;
 use crate::segment::{RdmaDeviceEndpoint, RdmaKey, SegmentDescriptor};
 use crate::tcp::client::{Peer, status_error};
-use crate::tcp::frame::{Opcode, Status};
 use crate::tcp::server::RdmaAcceptor;
+use crate::wire::{Opcode, Status};
 
-pub(crate) use crate::rdma::device::{MrHandle, device_names};
+use crate::rdma::device::MrHandle;
+pub(crate) use crate::rdma::device::device_names;
 
 /// Queue pairs accepted from one peer (by its authenticated name) kept at most: the peer's
 /// oldest is destroyed beyond this, never another peer's.
@@ -228,7 +231,10 @@ impl Transport {
 
     /// Registers `region` with every device: remote keys for the descriptor, local handles
     /// (the driver pins the pages: off the async threads).
-    pub(crate) fn register(&self, region: &MemoryRegion) -> Result<(Vec<RdmaKey>, Vec<MrHandle>)> {
+    pub(crate) fn register(
+        &self,
+        region: &MemoryRegion,
+    ) -> Result<(Vec<RdmaKey>, Vec<NicRegistration>)> {
         let mut keys = Vec::new();
         let mut mrs = Vec::new();
         let device = region.is_device();
@@ -262,12 +268,14 @@ impl Transport {
             // SAFETY: mr is non-null and live.
             let mr_ref = unsafe { &*mr };
             let (lkey, rkey) = (mr_ref.lkey, mr_ref.rkey);
-            mrs.push(MrHandle {
-                mr,
-                device: i,
+            mrs.push(NicRegistration::new(
+                i,
                 lkey,
-                _dev: dev.clone(),
-            });
+                MrHandle {
+                    mr,
+                    _dev: dev.clone(),
+                },
+            ));
             keys.push(RdmaKey {
                 device: dev.name.clone(),
                 rkey,

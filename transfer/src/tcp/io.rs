@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::memory::{Access, CpuLock};
+use crate::memory::{Access, CpuLock, SendPtr};
 
 /// Largest iovec count handed to one `sendmsg` (Linux `IOV_MAX`).
 pub(crate) const MAX_IOV: usize = 1024;
@@ -33,30 +33,6 @@ pub(crate) struct IoPiece {
 unsafe impl Send for IoPiece {}
 // SAFETY: as above; sharing only exposes the address.
 unsafe impl Sync for IoPiece {}
-
-/// A raw destination pointer that may cross await points (and threads).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SendPtr(pub(crate) *mut u8);
-
-// SAFETY: the pointer is only dereferenced by the kernel (recv) or a bounds-checked copy,
-// under the validity contract of the function it is handed to.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The null pointer (discard).
-    pub(crate) const NULL: SendPtr = SendPtr(std::ptr::null_mut());
-
-    /// `ptr + n` (wrapping, never dereferenced here).
-    pub(crate) fn add(self, n: usize) -> SendPtr {
-        SendPtr(self.0.wrapping_add(n))
-    }
-
-    pub(crate) fn is_null(self) -> bool {
-        self.0.is_null()
-    }
-}
 
 impl Conn {
     /// Wraps a connected stream and sets `TCP_NODELAY`.

@@ -1,7 +1,7 @@
 //! Target side of the TCP transport: accepts connections, authenticates each peer with the
 //! handshake of [`crate::auth::handshake`] (nothing else is read or sent before it
 //! succeeded; at most [`MAX_HANDSHAKES`] run at once and each is bounded in time), then
-//! serves the frames of `tcp::frame`. Every Write and Read is checked against the registered regions and their
+//! serves the frames of `tcp::frame` (`wire`). Every Write and Read is checked against the registered regions and their
 //! tokens before any byte of memory is touched; a refused request gets an error frame (its
 //! payload, if any, is drained) and the connection stays usable. A header that does not
 //! decode ends the connection (framing cannot be recovered), never the process.
@@ -25,14 +25,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ClusterSecret;
 use crate::auth::handshake::{self, PeerIdentity};
-use crate::engine::notify::Notification;
-use crate::memory::MemoryRegion;
+use crate::memory::{MemoryRegion, SendPtr};
+use crate::notify::Notification;
 use crate::registry::LocalRegions;
-use crate::tcp::frame::{
+use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload, read_small};
+use crate::tcp::staged;
+use crate::wire::{
     FrameError, MAX_CONTROL_LEN, Opcode, REQUEST_HEADER_LEN, RequestHeader, ResponseHeader, Status,
 };
-use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload, read_small};
-use crate::tcp::staged;
 
 const INBUF_LEN: usize = 64 << 10;
 /// A write payload at least this large makes the next header read header-only, so the

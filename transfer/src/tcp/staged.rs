@@ -33,11 +33,11 @@ use tokio::time::Instant;
 
 use crate::device::staging::{InFlight, Role, StagingBuf};
 use crate::device::{CopyStream, Devices};
-use crate::engine::batch::{BatchState, Op};
 use crate::error::{Result, TransferError};
-use crate::memory::MemoryRegion;
-use crate::tcp::frame::{ResponseHeader, Status};
-use crate::tcp::io::{Conn, InBuf, IoPiece, SendPtr, read_payload};
+use crate::memory::{MemoryRegion, SendPtr};
+use crate::op::{BatchState, Op};
+use crate::tcp::io::{Conn, InBuf, IoPiece, read_payload};
+use crate::wire::{ResponseHeader, Status};
 
 /// Staging buffers one frame keeps in flight at most.
 pub(crate) const RING: usize = 4;
@@ -72,7 +72,7 @@ pub(crate) async fn stage(
     // registration the in-flight copy holds; `buf` is a private pinned buffer of one chunk
     // >= len bytes, held by the in-flight copy until its fence resolved.
     let copy = unsafe { enqueue(&*stream, buf, dst, at, len as usize, keep)? };
-    let within = until(batch.deadline + crate::devcopy::FENCE_GRACE);
+    let within = until(batch.deadline + crate::device::FENCE_GRACE);
     let (buf, done) = copy.settle(within).await;
     done?;
     // A copy that completed hands its buffer back.
@@ -250,7 +250,7 @@ pub(crate) async fn send_from_device(
 ) -> io::Result<()> {
     let refuse = |e: TransferError| async move {
         let msg = e.to_string();
-        let msg = &msg.as_bytes()[..msg.len().min(crate::tcp::frame::MAX_CONTROL_LEN as usize)];
+        let msg = &msg.as_bytes()[..msg.len().min(crate::wire::MAX_CONTROL_LEN as usize)];
         let h = ResponseHeader {
             status: Status::DeviceError,
             request_id,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use crate::auth::handshake::HandshakeError;
 use crate::error::{RemoteRange, TransferError};
-use crate::tcp::frame::Status;
+use crate::wire::Status;
 
 /// What a failed handshake means: a connection problem (retryable) or a peer that is not,
 /// or does not accept us as, a member of this cluster.

@@ -23,86 +23,15 @@
 //! from being released.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
-use super::{Allocation, DeviceCtx, DevicePointer};
+use crate::device::{Allocation, DeviceCtx};
 use crate::error::{RemoteRange, Result, TransferError};
-use crate::memory::{MemoryRegion, ShmControl};
+use crate::op::PeerCache;
 use crate::segment::{CudaIpcRegion, RegionDescriptor};
 use crate::shm::PeerMapping;
-
-/// What a device region publishes for same-host peers.
-pub(crate) struct IpcExport {
-    control: MemoryRegion,
-    handle: Vec<u8>,
-    offset: u64,
-    uuid: String,
-}
-
-impl IpcExport {
-    /// Exports the allocation `pointer` of a region of `len` bytes at `addr`.
-    pub(crate) fn new(
-        ctx: &DeviceCtx,
-        pointer: &DevicePointer,
-        addr: u64,
-        len: usize,
-    ) -> Result<Self> {
-        let handle = ctx.backend.ipc_export(pointer)?;
-        let uuid = ctx.uuid(pointer.device)?;
-        let control = MemoryRegion::alloc_shared(1)?;
-        let ctl = control
-            .shm_control()
-            .expect("a shared region has a control page");
-        ctl.data_len.store(len as u64, Ordering::Release);
-        Ok(Self {
-            control,
-            handle,
-            offset: addr - pointer.base,
-            uuid,
-        })
-    }
-
-    /// The control page (registration id, token, state).
-    pub(crate) fn control(&self) -> &ShmControl {
-        self.control
-            .shm_control()
-            .expect("a shared region has a control page")
-    }
-
-    /// The descriptor entry.
-    pub(crate) fn describe(&self) -> Option<CudaIpcRegion> {
-        let loc = self.control.shm_location()?;
-        Some(CudaIpcRegion {
-            handle: hex(&self.handle),
-            offset: self.offset,
-            device_uuid: self.uuid.clone(),
-            control: crate::segment::ShmRegion {
-                pid: loc.pid,
-                fd: loc.fd,
-                name: loc.name,
-                data_offset: loc.data_offset,
-                dev: loc.dev,
-                ino: loc.ino,
-            },
-        })
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
-        .collect()
-}
 
 /// Handles opened in this process: by backend instance, device ordinal and handle.
 type Imports = HashMap<(usize, u32, String), Weak<Allocation>>;
@@ -120,7 +49,7 @@ fn import(ctx: &DeviceCtx, device: u32, handle: &str) -> Result<Arc<Allocation>>
     if let Some(a) = opened.get(&key).and_then(Weak::upgrade) {
         return Ok(a);
     }
-    let bytes = unhex(handle).ok_or_else(|| TransferError::Device {
+    let bytes = CudaIpcRegion::decode_handle(handle).ok_or_else(|| TransferError::Device {
         reason: "the CUDA IPC handle is not hex".into(),
     })?;
     let a = Arc::new(ctx.backend.ipc_open(device, &bytes)?);
@@ -236,28 +165,17 @@ impl IpcMaps {
         maps.insert(region.id, m.clone());
         Ok(m)
     }
+}
 
+/// What the CUDA IPC transport keeps for a peer segment.
+impl PeerCache for IpcMaps {
     /// Closes everything (the peer re-registered or restarted).
-    pub(crate) fn clear(&self) {
+    fn clear(&self) {
         self.maps.lock().clear();
     }
 
     /// Closes the regions whose id is not in `live` (the peer retired them).
-    pub(crate) fn retain(&self, live: &HashSet<u64>) {
+    fn retain(&self, live: &HashSet<u64>) {
         self.maps.lock().retain(|id, _| live.contains(id));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn handles_round_trip_through_hex() {
-        let h: Vec<u8> = (0..64).map(|i| (i * 7) as u8).collect();
-        assert_eq!(unhex(&hex(&h)).unwrap(), h);
-        assert!(unhex("abc").is_none());
-        assert!(unhex("zz").is_none());
-        assert!(unhex("éé").is_none());
     }
 }

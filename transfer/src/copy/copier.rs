@@ -25,9 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use crate::hostcopy::{Piece, cpus, overlapping, pieces_of, runs};
-use crate::memory::{Access, CpuLock, lock_every};
-use crate::tcp::io::SendPtr;
+use super::hostcopy::{Piece, cpus, overlapping, pieces_of, runs};
+use crate::memory::{Access, CpuLock, SendPtr, lock_every};
 
 /// Copies are cut into pieces of this size: small enough that a caller whose copier is late
 /// waits little for the piece under way, big enough that a piece's bookkeeping is noise

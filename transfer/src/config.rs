@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use trust::Secret;
 
 use crate::error::{Result, TransferError};
-use crate::tcp::frame::MAX_DATA_LEN;
+use crate::wire::MAX_DATA_LEN;
 
 /// Whether to use RDMA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,19 +1,31 @@
 //! Opened peer segments: a handle on a peer's descriptor that the engine refreshes when it
 //! goes stale (a request was refused as out of bounds or with a bad token, or the peer
-//! became unreachable).
+//! became unreachable), and what transports keep for that peer (mapped regions, opened
+//! handles: [`PeerCache`]), which this module knows only through that trait.
 
+use std::any::Any;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
+use parking_lot::RwLock;
 
-use crate::device::ipc::IpcMaps;
 use crate::segment::{RegionDescriptor, SegmentDescriptor};
-use crate::shm::ShmMaps;
 
 /// Builds the live descriptor of the engine's own segment.
 pub(crate) type DescribeFn = Arc<dyn Fn() -> SegmentDescriptor + Send + Sync>;
+
+/// What a transport keeps for one peer segment (regions it mapped, handles it opened), made
+/// on first use by [`Segment::cache`]. It follows the peer's descriptor: a restarted or
+/// re-registered peer drops everything, and regions the peer retired are dropped when its
+/// descriptor is refetched.
+pub(crate) trait PeerCache: Any + Send + Sync {
+    /// Drops everything (the peer re-registered or restarted).
+    fn clear(&self);
+    /// Drops what belongs to regions whose id is not in `live` (the peer retired them).
+    fn retain(&self, live: &HashSet<u64>);
+}
 
 pub(crate) struct SegmentState {
     name: String,
@@ -23,9 +35,8 @@ pub(crate) struct SegmentState {
     local: Option<DescribeFn>,
     /// Same host as this engine: shared regions can be mapped.
     same_host: bool,
-    pub(crate) shm: ShmMaps,
-    /// Same-host device regions opened through CUDA IPC.
-    pub(crate) ipc: IpcMaps,
+    /// What transports keep for this peer, at most one of each type ([`Segment::cache`]).
+    caches: RwLock<Vec<Arc<dyn PeerCache>>>,
     pub(crate) refresh: tokio::sync::Mutex<()>,
 }
 
@@ -55,8 +66,7 @@ impl Segment {
                 stale: AtomicBool::new(false),
                 local: None,
                 same_host,
-                shm: ShmMaps::default(),
-                ipc: IpcMaps::default(),
+                caches: RwLock::new(Vec::new()),
                 refresh: tokio::sync::Mutex::new(()),
             }),
         }
@@ -71,8 +81,7 @@ impl Segment {
                 stale: AtomicBool::new(false),
                 local: Some(describe),
                 same_host: true,
-                shm: ShmMaps::default(),
-                ipc: IpcMaps::default(),
+                caches: RwLock::new(Vec::new()),
                 refresh: tokio::sync::Mutex::new(()),
             }),
         }
@@ -121,17 +130,34 @@ impl Segment {
         self.inner.stale.load(Ordering::Acquire)
     }
 
-    /// Installs a freshly fetched descriptor; a restarted or re-registered peer drops the
-    /// old shared-memory mappings and IPC handles, and regions it retired are unmapped.
+    /// What a transport keeps for this peer, of type `T` (made on first use).
+    pub(crate) fn cache<T: PeerCache + Default>(&self) -> Arc<T> {
+        if let Some(c) = find(&self.inner.caches.read()) {
+            return c;
+        }
+        let mut caches = self.inner.caches.write();
+        if let Some(c) = find(&caches) {
+            return c;
+        }
+        let c = Arc::new(T::default());
+        caches.push(c.clone());
+        c
+    }
+
+    /// Installs a freshly fetched descriptor; a restarted or re-registered peer drops what
+    /// transports keep for it (shared-memory mappings, IPC handles), and regions it retired
+    /// are dropped from it.
     pub(crate) fn update(&self, desc: SegmentDescriptor) {
         let old = self.inner.desc.load();
         if old.engine_id != desc.engine_id {
-            self.inner.shm.clear();
-            self.inner.ipc.clear();
+            for c in self.inner.caches.read().iter() {
+                c.clear();
+            }
         } else {
             let live: HashSet<u64> = desc.regions.iter().map(|r| r.id).collect();
-            self.inner.shm.retain(&live);
-            self.inner.ipc.retain(&live);
+            for c in self.inner.caches.read().iter() {
+                c.retain(&live);
+            }
         }
         self.inner.desc.store(Arc::new(desc));
         self.inner.stale.store(false, Ordering::Release);
@@ -139,5 +165,63 @@ impl Segment {
 
     pub(crate) fn same(&self, other: &Segment) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// The cache of type `T` among `caches`.
+fn find<T: PeerCache>(caches: &[Arc<dyn PeerCache>]) -> Option<Arc<T>> {
+    let c = caches.iter().find(|c| (&***c as &dyn Any).is::<T>())?;
+    let c: Arc<dyn Any + Send + Sync> = c.clone();
+    c.downcast::<T>().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl PeerCache for Counted {
+        fn clear(&self) {
+            self.0.fetch_add(100, Ordering::Relaxed);
+        }
+        fn retain(&self, _: &HashSet<u64>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[derive(Default)]
+    struct Other;
+
+    impl PeerCache for Other {
+        fn clear(&self) {}
+        fn retain(&self, _: &HashSet<u64>) {}
+    }
+
+    fn desc(engine_id: u64) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: crate::segment::DESCRIPTOR_VERSION,
+            name: "p:1".into(),
+            host_id: "h".into(),
+            engine_id,
+            generation: 1,
+            endpoints: Default::default(),
+            regions: vec![],
+        }
+    }
+
+    #[test]
+    fn a_segment_keeps_one_cache_of_each_type_and_updates_them_with_the_descriptor() {
+        let seg = Segment::remote("p:1", desc(1), "h");
+        let a = seg.cache::<Counted>();
+        assert!(Arc::ptr_eq(&a, &seg.cache::<Counted>()), "made once");
+        let _other = seg.cache::<Other>();
+        assert!(Arc::ptr_eq(&a, &seg.cache::<Counted>()));
+        assert_eq!(seg.inner.caches.read().len(), 2);
+        seg.update(desc(1));
+        assert_eq!(a.0.load(Ordering::Relaxed), 1, "same engine: trimmed");
+        seg.update(desc(2));
+        assert_eq!(a.0.load(Ordering::Relaxed), 101, "restarted: cleared");
     }
 }

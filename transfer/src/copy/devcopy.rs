@@ -23,17 +23,13 @@
 //! thread's view, like RDMA.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::device::{DeviceCtx, Devices, Fence};
-use crate::engine::batch::{BatchState, Landing, Op};
+use super::{CopyJob, CopyTarget};
+use crate::device::{DeviceCtx, Devices, FENCE_GRACE, Fence};
 use crate::error::{Result, TransferError};
 use crate::home::Home;
 use crate::memory::{Access, lock_all};
-use crate::shm::{CopyJob, CopyTarget};
-
-/// How long after a request's deadline its device copy is still waited for.
-pub(crate) const FENCE_GRACE: Duration = Duration::from_secs(10);
+use crate::op::{BatchState, Landing, Op};
 
 /// Starts the device copies of `jobs` and completes their requests as they finish.
 /// Their waits run on the engine's `home` runtime (they outlive the submitting call).

@@ -25,11 +25,10 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::RuntimeFlavor;
 
-use crate::engine::batch::{BatchState, Op};
+use super::{CopyJob, CopyTarget};
 use crate::error::{Result, TransferError};
-use crate::memory::{Access, lock_all};
-use crate::shm::{CopyJob, CopyTarget};
-use crate::tcp::io::SendPtr;
+use crate::memory::{Access, SendPtr, lock_all};
+use crate::op::{BatchState, Op};
 
 /// Copies up to this many bytes in total run inline in `submit`; bigger batches run in
 /// tasks.

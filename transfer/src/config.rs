@@ -13,6 +13,16 @@ use trust::Secret;
 use crate::error::{Result, TransferError};
 use crate::wire::MAX_DATA_LEN;
 
+/// A byte count as every Moongate size setting takes it: a number with an optional
+/// suffix, `4096`, `64K`, `16M`, `4 GiB`, `1T`, each suffix binary whatever its spelling
+/// (`16MB` is 16 MiB, as Mooncake reads its sizes), case-insensitive.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
 /// Whether to use RDMA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -275,6 +285,25 @@ mod duration_text {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_take_every_suffix_as_binary() {
+        let cases = [
+            ("4096", 4096),
+            ("64K", 64 << 10),
+            ("64k", 64 << 10),
+            ("16MB", 16 << 20),
+            ("16 MiB", 16 << 20),
+            (" 4G ", 4 << 30),
+            ("1T", 1 << 40),
+        ];
+        for (s, n) in cases {
+            assert_eq!(super::parse_size(s), Ok(n), "{s}");
+        }
+        for bad in ["", "12Q", "-1", "M"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

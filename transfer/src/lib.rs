@@ -78,7 +78,7 @@ mod transport;
 mod wire;
 
 pub use auth::ClusterSecret;
-pub use config::{EngineConfig, MetadataConfig, RdmaMode};
+pub use config::{EngineConfig, MetadataConfig, RdmaMode, parse_size};
 pub use device::{DeviceBackend, Location, StagingStats};
 pub use engine::{ActiveTransports, EngineBuilder, TransferEngine, TransferStats};
 pub use error::{RemoteRange, Result, TransferError};

@@ -335,22 +335,9 @@ impl SimConfig {
     }
 }
 
-/// A byte size with an optional K/M/G suffix (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|e| format!("bad size {s:?}: {e}"))?;
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} is too large"))
-}
+/// A byte size with an optional suffix (the one parser of every size setting, the transfer
+/// crate's).
+pub use transfer::parse_size;
 
 /// The default duration constants are literals that always parse; a typo would be caught
 /// by the `defaults_agree` test before it could ship.

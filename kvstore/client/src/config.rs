@@ -123,24 +123,9 @@ impl<'de> Deserialize<'de> for Prefault {
     }
 }
 
-/// A byte count written with an optional binary suffix: `4096`, `64K`, `16M`, `4G`, `1T`
-/// (`KiB`, `MiB`... and lowercase are accepted too).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => return Err(format!("bad size unit {other:?} in {s:?} (K, M, G, T)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {s:?} overflows"))
-}
+/// A byte count written with an optional binary suffix (the one parser of every size
+/// setting, the transfer crate's).
+pub use transfer::parse_size;
 
 fn size(s: &str) -> u64 {
     parse_size(s).expect("default sizes parse")

@@ -110,18 +110,12 @@ struct Args {
     transfer_secret_file: Option<std::path::PathBuf>,
 }
 
+/// A size flag: [`transfer::parse_size`], and not zero.
 fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 1usize << 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: usize = num.parse().map_err(|e| format!("bad size {s:?}: {e}"))?;
-    n.checked_mul(mul)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| format!("bad size {s:?}"))
+    match transfer::parse_size(s)? {
+        0 => Err(format!("bad size {s:?}: zero")),
+        n => usize::try_from(n).map_err(|_| format!("bad size {s:?}: too large")),
+    }
 }
 
 const TARGET_SEED: u64 = 0x7a67_e7b0_0000_0001;

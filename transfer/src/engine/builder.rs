@@ -363,18 +363,9 @@ mod tests {
                 rdma_mrs: vec![],
             })
             .unwrap();
-        let devices = Arc::new(Devices::new(None, None, (1 << 20, 4 << 20, 8 << 20), true));
-        let tcp = Arc::new(TcpClient::new(ClientConfig {
-            secret: ClusterSecret::from_bytes(b"0123456789abcdef-cluster").unwrap(),
-            local_name: Arc::from("me"),
-            lanes: 1,
-            slice_size: 1 << 20,
-            max_inflight: 4,
-            connect_timeout: Duration::from_secs(1),
-            io_timeout: Duration::from_secs(1),
-            devices: devices.clone(),
-            home: Home::current(),
-        }));
+        let config = ClientConfig::for_tests();
+        let devices = config.devices.clone();
+        let tcp = Arc::new(TcpClient::new(config));
         let taker = |shm: bool, ipc: bool, same_host: bool, region: Option<RegionDescriptor>| {
             let config = EngineConfig {
                 shm,

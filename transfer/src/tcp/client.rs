@@ -51,6 +51,24 @@ pub(crate) struct ClientConfig {
     pub(crate) home: Home,
 }
 
+#[cfg(test)]
+impl ClientConfig {
+    /// A small initiator for unit tests: one lane, 1 MiB slices, one-second timeouts, no devices.
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            secret: ClusterSecret::from_bytes(b"0123456789abcdef-cluster").unwrap(),
+            local_name: Arc::from("me"),
+            lanes: 1,
+            slice_size: 1 << 20,
+            max_inflight: 4,
+            connect_timeout: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(1),
+            devices: Arc::new(Devices::new(None, None, (1 << 20, 4 << 20, 8 << 20), true)),
+            home: Home::current(),
+        }
+    }
+}
+
 /// A peer: its lanes, connected lazily.
 pub(crate) struct Peer {
     addr: SocketAddr,

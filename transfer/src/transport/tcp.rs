@@ -47,9 +47,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::auth::ClusterSecret;
-    use crate::device::Devices;
-    use crate::home::Home;
     use crate::op::BatchState;
     use crate::tcp::client::ClientConfig;
 
@@ -58,18 +55,7 @@ mod tests {
     /// are large and rare, are boxed apart inside it.
     #[tokio::test]
     async fn the_future_boxed_per_request_stays_small() {
-        let devices = Arc::new(Devices::new(None, None, (1 << 20, 4 << 20, 8 << 20), true));
-        let client = TcpClient::new(ClientConfig {
-            secret: ClusterSecret::from_bytes(b"0123456789abcdef-cluster").unwrap(),
-            local_name: Arc::from("me"),
-            lanes: 1,
-            slice_size: 1 << 20,
-            max_inflight: 4,
-            connect_timeout: Duration::from_secs(1),
-            io_timeout: Duration::from_secs(1),
-            devices,
-            home: Home::current(),
-        });
+        let client = TcpClient::new(ClientConfig::for_tests());
         let peer = client.peer("127.0.0.1:1".parse().unwrap(), "p:1");
         let batch = BatchState::new(Vec::new(), Duration::from_secs(1));
         let queued = peer.send_request(&batch, 0, 1);

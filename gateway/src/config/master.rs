@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ConfigError, LogLevel, Secret, ServeConfig, env, hidden, master_problem, merge_sources,
-    render_toml, runtime_threads, security,
+    render_toml, runtime_threads, security, validate,
 };
 
 /// Everything `moongate master` can be told. Field names are the TOML keys; flags are the
@@ -131,15 +131,7 @@ impl MasterHostConfig {
             ("client_body_timeout_secs", self.client_body_timeout_secs),
             ("max_connections", self.max_connections as u64),
         ];
-        for (name, v) in positive {
-            if v == 0 {
-                errs.push(format!("{name} must be at least 1"));
-            }
-        }
-        errs.extend(kvmaster::busy_poll::window_problem(
-            "busy_poll_us",
-            self.busy_poll_us,
-        ));
+        errs.extend(validate::listener_problems(&positive, self.busy_poll_us));
         errs.extend(security::master_problems(self));
         errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
         errs.extend(master_problem(&self.master));

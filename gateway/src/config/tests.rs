@@ -496,3 +496,27 @@ fn security_settings_come_from_file_and_flags_and_hide_their_keys() {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
 }
+
+#[test]
+fn a_zero_where_one_is_the_least_is_named_by_serve_and_master() {
+    let serve = ServeConfig {
+        request_timeout_secs: 0,
+        ..ServeConfig::default()
+    };
+    let err = serve.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("request_timeout_secs must be at least 1"),
+        "{err}"
+    );
+    let master = MasterHostConfig {
+        client_body_timeout_secs: 0,
+        ..MasterHostConfig::default()
+    };
+    let err = master.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("client_body_timeout_secs must be at least 1"),
+        "{err}"
+    );
+    assert!(ServeConfig::default().validate().is_ok());
+    assert!(MasterHostConfig::default().validate().is_ok());
+}

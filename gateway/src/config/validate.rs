@@ -78,15 +78,7 @@ impl ServeConfig {
                 self.rate_limit_tokens_per_second.unwrap_or(1),
             ),
         ];
-        for (name, v) in positive {
-            if v == 0 {
-                errs.push(format!("{name} must be at least 1"));
-            }
-        }
-        errs.extend(kvmaster::busy_poll::window_problem(
-            "busy_poll_us",
-            self.busy_poll_us,
-        ));
+        errs.extend(listener_problems(&positive, self.busy_poll_us));
         errs.extend(self.flow_control_problems());
         if !self.health_check_endpoint.starts_with('/') {
             errs.push(format!(
@@ -229,4 +221,19 @@ pub(super) fn master_problem(master: &MasterConfig) -> Option<String> {
         kvmaster::MasterError::InvalidParams(m) => format!("master: {m}"),
         other => format!("master: {other}"),
     })
+}
+
+/// The checks `serve` and `master` share: settings that must be at least 1 (named as their
+/// keys), and the accept loop's busy-poll window.
+pub(super) fn listener_problems(positive: &[(&str, u64)], busy_poll_us: u64) -> Vec<String> {
+    let mut errs: Vec<String> = positive
+        .iter()
+        .filter(|(_, v)| *v == 0)
+        .map(|(name, _)| format!("{name} must be at least 1"))
+        .collect();
+    errs.extend(kvmaster::busy_poll::window_problem(
+        "busy_poll_us",
+        busy_poll_us,
+    ));
+    errs
 }

@@ -61,6 +61,10 @@ pub enum PolicyKind {
     /// prefix of the prompt, weighed against its load (`--kv-overlap-weight`,
     /// `--router-temperature`); `cache_aware` for workers without events.
     KvAware,
+    /// The worker a request's routing key (`--routing-key-header`) hashes to on a
+    /// consistent-hash ring, so a session stays on one worker and a worker joining or
+    /// leaving moves only about 1/N of the keys; `power_of_two` for requests without one.
+    ConsistentHashing,
 }
 
 impl fmt::Display for PolicyKind {
@@ -71,6 +75,7 @@ impl fmt::Display for PolicyKind {
             Self::PowerOfTwo => "power_of_two",
             Self::CacheAware => "cache_aware",
             Self::KvAware => "kv_aware",
+            Self::ConsistentHashing => "consistent_hashing",
         })
     }
 }
@@ -121,6 +126,15 @@ pub struct ServeConfig {
     /// Load-balancing policy.
     #[arg(long, env = env::POLICY, value_enum, default_value_t = ServeConfig::default().policy)]
     pub policy: PolicyKind,
+    /// The request header whose value is a routing key (a session or user id): with
+    /// `consistent_hashing`, requests with the same key go to the same worker. Keys over
+    /// 256 bytes are ignored.
+    #[arg(long, env = env::ROUTING_KEY_HEADER, default_value_t = ServeConfig::default().routing_key_header)]
+    pub routing_key_header: String,
+    /// The request header naming the one worker (its id, as `/workers` lists it, or its
+    /// URL) a request must go to, with any policy; 503 when that worker cannot take it.
+    #[arg(long, env = env::TARGET_WORKER_HEADER, default_value_t = ServeConfig::default().target_worker_header)]
+    pub target_worker_header: String,
     /// API key sent to workers as `Authorization: Bearer` (a worker's own key wins).
     #[arg(long, env = env::API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
@@ -432,6 +446,8 @@ impl Default for ServeConfig {
             port: 30000,
             worker_urls: Vec::new(),
             policy: PolicyKind::PowerOfTwo,
+            routing_key_header: crate::select::affinity::DEFAULT_ROUTING_KEY_HEADER.into(),
+            target_worker_header: crate::select::affinity::DEFAULT_TARGET_WORKER_HEADER.into(),
             api_key: None,
             worker_ca_cert: None,
             tls_cert_file: None,

@@ -75,6 +75,9 @@ pub enum GatewayError {
         /// The model asked for.
         model: Option<String>,
     },
+    /// The worker the request names (`--target-worker-header`) cannot take it.
+    #[error("the target worker '{0}' does not exist or cannot take the request now")]
+    TargetUnavailable(String),
     /// PD: every ready worker of one side has its circuit breaker open.
     #[error("no available {side} worker: every ready one's circuit breaker is open")]
     PdCircuitOpen {
@@ -176,6 +179,7 @@ impl GatewayError {
             NoReadyWorker { .. }
             | NoReadyPdWorker { .. }
             | CircuitOpen { .. }
+            | TargetUnavailable(_)
             | PdCircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             PdUpstream {
@@ -202,6 +206,7 @@ impl GatewayError {
             ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             NoReadyWorker { .. } => ("service_unavailable_error", "no_ready_worker"),
             CircuitOpen { .. } => ("service_unavailable_error", "circuit_open"),
+            TargetUnavailable(_) => ("service_unavailable_error", "target_worker_unavailable"),
             PdCircuitOpen { side } => (
                 "service_unavailable_error",
                 match side {
@@ -297,6 +302,7 @@ impl From<NoWorker> for GatewayError {
             NoWorker::UnknownModel(m) => Self::ModelNotFound(m),
             NoWorker::NoneReady => Self::NoReadyWorker { model: None },
             NoWorker::CircuitOpen => Self::CircuitOpen { model: None },
+            NoWorker::TargetUnavailable(t) => Self::TargetUnavailable(t),
         }
     }
 }

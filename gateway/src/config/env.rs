@@ -10,6 +10,10 @@ pub const PORT: &str = "MOONGATE_PORT";
 pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
 /// `--policy`.
 pub const POLICY: &str = "MOONGATE_POLICY";
+/// `--routing-key-header`.
+pub const ROUTING_KEY_HEADER: &str = "MOONGATE_ROUTING_KEY_HEADER";
+/// `--target-worker-header`.
+pub const TARGET_WORKER_HEADER: &str = "MOONGATE_TARGET_WORKER_HEADER";
 /// `--api-key`.
 pub const API_KEY: &str = "MOONGATE_API_KEY";
 /// `--tls-cert-file`.

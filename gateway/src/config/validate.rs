@@ -80,6 +80,14 @@ impl ServeConfig {
         ];
         errs.extend(listener_problems(&positive, self.busy_poll_us));
         errs.extend(self.flow_control_problems());
+        for (name, v) in [
+            ("routing_key_header", &self.routing_key_header),
+            ("target_worker_header", &self.target_worker_header),
+        ] {
+            if http::HeaderName::try_from(v.as_str()).is_err() {
+                errs.push(format!("{name} is not a header name: {v:?}"));
+            }
+        }
         if !self.health_check_endpoint.starts_with('/') {
             errs.push(format!(
                 "health_check_endpoint must start with '/', got {:?}",

@@ -134,6 +134,7 @@ impl RegularRouter {
         } else {
             None
         };
+        let affinity = self.policy.affinity(&req.parts.headers);
         let mut tries = Tries::default();
         let mut last: Option<Last> = None;
         let mut deadline = self.dispatcher.deadline();
@@ -155,6 +156,7 @@ impl RegularRouter {
                 model,
                 exclude: &[],
                 key: key.as_deref(),
+                affinity,
             };
             let pick = match tries.select(&self.policy, &self.registry.snapshot(), want) {
                 Ok(p) => p,

@@ -6,10 +6,13 @@
 //! so without allocating (count the candidates, take the n-th). The PD router uses the same
 //! function twice (prefill, decode) with its own policies.
 //!
+//! - [`affinity`]: routing keys and direct targets from the request's headers, and the
+//!   `consistent_hashing` policy's ring.
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
 //! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
 
+pub mod affinity;
 pub mod cache_aware;
 pub mod kv_aware;
 pub mod tree;
@@ -21,6 +24,7 @@ use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
 use crate::workers::{Worker, registry::WorkerSet};
+use affinity::{Affinity, HashRing, RoutingKey};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
 use sglang::tokenizer::Tokenizer;
@@ -32,6 +36,10 @@ pub struct Policy {
     cursor: AtomicUsize,
     cache: Option<CacheAware>,
     kv: Option<KvAware>,
+    /// `consistent_hashing`'s ring.
+    ring: Option<HashRing>,
+    /// The headers of the routing key and the direct target.
+    routing: RoutingKey,
     /// `kv_aware`'s tokenizer for text and chat prompts.
     tokenizer: Option<Arc<Tokenizer>>,
 }
@@ -45,6 +53,9 @@ pub enum NoWorker {
     NoneReady,
     /// Ready workers serve it, but every one's circuit breaker is open.
     CircuitOpen,
+    /// The request names a worker (`--target-worker-header`) that does not exist or
+    /// cannot take it (not ready, another model, breaker open, or it failed this request).
+    TargetUnavailable(String),
 }
 
 /// A worker chosen by [`Policy::pick`], with what the policy expects of it.
@@ -69,6 +80,9 @@ pub struct Want<'a> {
     pub exclude: &'a [Arc<Worker>],
     /// The prompt key ([`crate::proxy::prompt`]), for policies that route by it.
     pub key: Option<&'a [u8]>,
+    /// The routing key and direct target the request's headers name
+    /// ([`Policy::affinity`]).
+    pub affinity: Affinity<'a>,
 }
 
 impl<'a> Want<'a> {
@@ -111,8 +125,22 @@ impl Policy {
             cursor: AtomicUsize::new(0),
             cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(kv.fallback.clone())),
             kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
+            ring: (kind == PolicyKind::ConsistentHashing).then(HashRing::default),
+            routing: RoutingKey::default(),
             tokenizer: None,
         }
+    }
+
+    /// This policy reading the routing key and the direct target from `routing`'s headers.
+    pub fn with_routing(mut self, routing: RoutingKey) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// What a request's `headers` ask of selection (its [`Want::affinity`]).
+    #[inline]
+    pub fn affinity<'h>(&self, headers: &'h http::HeaderMap) -> Affinity<'h> {
+        self.routing.read(headers)
     }
 
     /// This policy with `tokenizer` for text and chat prompts (kept only by `kv_aware`,
@@ -160,6 +188,11 @@ impl Policy {
     /// Picks a worker from `set` for `want`, with the prompt tokens it is expected to
     /// compute.
     pub fn pick(&self, set: &WorkerSet, want: &Want<'_>) -> Result<Pick, NoWorker> {
+        if let Some(target) = want.affinity.target
+            && let Some(pick) = Self::pick_target(set, want, target)
+        {
+            return pick;
+        }
         let candidates = || set.iter().filter(|w| want.admits(w));
         let n = candidates().count();
         let mut prefill_tokens = 0;
@@ -171,21 +204,17 @@ impl Policy {
                 PolicyKind::RoundRobin => {
                     candidates().nth(self.cursor.fetch_add(1, Ordering::Relaxed) % n)
                 }
-                PolicyKind::PowerOfTwo => {
-                    let a = rand::random_range(0..n);
-                    let b = (a + 1 + rand::random_range(0..n - 1)) % n;
-                    let (wa, wb) = (candidates().nth(a), candidates().nth(b));
-                    match (wa, wb) {
-                        (Some(x), Some(y)) => Some(if y.load() < x.load() { y } else { x }),
-                        (x, y) => x.or(y),
-                    }
-                }
+                PolicyKind::PowerOfTwo => Self::power_of_two(n, candidates),
                 PolicyKind::CacheAware => match &self.cache {
                     Some(c) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
                         (!all.is_empty()).then(|| c.pick(&all, want.key))
                     }
                     None => candidates().next(),
+                },
+                PolicyKind::ConsistentHashing => match (&self.ring, want.affinity.key) {
+                    (Some(ring), Some(key)) => ring.pick(set, key, |w| want.admits(w)),
+                    _ => Self::power_of_two(n, candidates),
                 },
                 PolicyKind::KvAware => match &self.kv {
                     Some(k) => {
@@ -228,6 +257,46 @@ impl Policy {
             _ => Err(NoWorker::NoneReady),
         }
     }
+
+    /// Two of the `n` candidates at random, the one with fewer requests in flight.
+    fn power_of_two<'s, I>(n: usize, candidates: impl Fn() -> I) -> Option<&'s Arc<Worker>>
+    where
+        I: Iterator<Item = &'s Arc<Worker>>,
+    {
+        if n < 2 {
+            return candidates().next();
+        }
+        let a = rand::random_range(0..n);
+        let b = (a + 1 + rand::random_range(0..n - 1)) % n;
+        match (candidates().nth(a), candidates().nth(b)) {
+            (Some(x), Some(y)) => Some(if y.load() < x.load() { y } else { x }),
+            (x, y) => x.or(y),
+        }
+    }
+
+    /// The worker a request targets by name: `None` where the name is another role's
+    /// worker (PD: the target is the other side's, this side is picked as usual), else
+    /// that worker if it can take the request, or why not.
+    fn pick_target(
+        set: &WorkerSet,
+        want: &Want<'_>,
+        target: &str,
+    ) -> Option<Result<Pick, NoWorker>> {
+        let named = |w: &&Arc<Worker>| affinity::is_target(w, target);
+        match set
+            .iter()
+            .filter(named)
+            .find(|w| w.worker_type() == want.worker_type)
+        {
+            Some(w) if want.admits(w) => Some(Ok(Pick {
+                worker: w.clone(),
+                prefill_tokens: 0,
+            })),
+            Some(_) => Some(Err(NoWorker::TargetUnavailable(target.to_owned()))),
+            None if set.iter().any(|w| named(&w)) => None,
+            None => Some(Err(NoWorker::TargetUnavailable(target.to_owned()))),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -249,6 +318,7 @@ mod tests {
             model,
             exclude: &[],
             key: None,
+            affinity: Affinity::default(),
         }
     }
 
@@ -345,5 +415,99 @@ mod tests {
             p.select(&s2, &want(Some("x"))).is_ok(),
             "an available worker of unknown model serves any"
         );
+    }
+
+    #[test]
+    fn consistent_hashing_keeps_a_key_on_one_worker_until_it_cannot_take_it() {
+        let s = set(4);
+        let p = Policy::new(PolicyKind::ConsistentHashing);
+        let keyed = |k: &'static [u8]| Want {
+            affinity: Affinity {
+                key: Some(k),
+                target: None,
+            },
+            ..want(Some("m"))
+        };
+        let home = p.select(&s, &keyed(b"conversation-1")).unwrap();
+        for _ in 0..20 {
+            assert!(Arc::ptr_eq(
+                &p.select(&s, &keyed(b"conversation-1")).unwrap(),
+                &home
+            ));
+        }
+        // Its worker not ready: the next on the ring; ready again: back home.
+        home.set_status(WorkerStatus::NotReady);
+        let next = p.select(&s, &keyed(b"conversation-1")).unwrap();
+        assert!(!Arc::ptr_eq(&next, &home));
+        home.set_status(WorkerStatus::Ready);
+        assert!(Arc::ptr_eq(
+            &p.select(&s, &keyed(b"conversation-1")).unwrap(),
+            &home
+        ));
+        // Keys spread; requests without one are spread too (power of two).
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..64u32 {
+            let key = format!("k{k}").into_bytes();
+            let w = Want {
+                affinity: Affinity {
+                    key: Some(&key),
+                    target: None,
+                },
+                ..want(Some("m"))
+            };
+            seen.insert(p.select(&s, &w).unwrap().uid());
+        }
+        assert_eq!(seen.len(), 4);
+        let _busy: Vec<LoadGuard> = (0..5).map(|_| LoadGuard::new(s[0].clone())).collect();
+        for _ in 0..20 {
+            assert!(!Arc::ptr_eq(
+                &p.select(&s, &want(Some("m"))).unwrap(),
+                &s[0]
+            ));
+        }
+    }
+
+    #[test]
+    fn a_target_worker_is_taken_with_any_policy_or_refused_by_name() {
+        let s = set(3);
+        let p = Policy::new(PolicyKind::RoundRobin);
+        let id = s[2].id().to_owned();
+        let to = |t: &'static str| Want {
+            affinity: Affinity {
+                key: None,
+                target: Some(t),
+            },
+            ..want(Some("m"))
+        };
+        let by_id = Want {
+            affinity: Affinity {
+                key: None,
+                target: Some(&id),
+            },
+            ..want(Some("m"))
+        };
+        for _ in 0..5 {
+            assert!(Arc::ptr_eq(&p.select(&s, &by_id).unwrap(), &s[2]));
+            assert!(Arc::ptr_eq(
+                &p.select(&s, &to("http://w1:1")).unwrap(),
+                &s[1]
+            ));
+        }
+        assert_eq!(
+            p.select(&s, &to("http://nowhere:1")).unwrap_err(),
+            NoWorker::TargetUnavailable("http://nowhere:1".into())
+        );
+        s[1].set_status(WorkerStatus::NotReady);
+        assert_eq!(
+            p.select(&s, &to("http://w1:1")).unwrap_err(),
+            NoWorker::TargetUnavailable("http://w1:1".into()),
+            "never another worker in its place"
+        );
+        // PD: a target of the other role leaves this side to the policy.
+        let prefill = Want {
+            worker_type: WorkerType::Prefill,
+            ..to("http://w0:1")
+        };
+        assert_eq!(p.select(&s, &prefill).unwrap_err(), NoWorker::NoneReady);
     }
 }

@@ -156,7 +156,7 @@ enum ProxyErrors {
     /// No ready worker.
     #[response(
         status = 503,
-        description = "No ready worker, or every ready worker's circuit breaker is open"
+        description = "No ready worker, every ready worker's circuit breaker is open, or the worker the target header names cannot take the request (`target_worker_unavailable`)"
     )]
     Unavailable(ErrorResponse),
     /// Worker timeout.

@@ -43,6 +43,7 @@ use crate::proxy::pd::PdRouter;
 use crate::proxy::retry::RetryPolicy;
 use crate::request_id::RequestIds;
 use crate::select::Policy;
+use crate::select::affinity::RoutingKey;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
 use crate::workers::{Registry, WorkerManager};
@@ -471,7 +472,9 @@ fn routers(
     tokenizer: &Option<Arc<Tokenizer>>,
 ) -> (RegularRouter, Option<PdRouter>) {
     let policy = |kind: PolicyKind| {
-        Policy::with_configs(kind, KvAwareConfig::from(cfg)).with_tokenizer(tokenizer.clone())
+        Policy::with_configs(kind, KvAwareConfig::from(cfg))
+            .with_tokenizer(tokenizer.clone())
+            .with_routing(RoutingKey::from(cfg))
     };
     let pd = cfg.pd_disaggregation.then(|| {
         PdRouter::new(

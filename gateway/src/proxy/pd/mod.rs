@@ -110,6 +110,7 @@ impl PdRouter {
         side: PdSide,
         model: Option<&str>,
         key: Option<&[u8]>,
+        headers: &http::HeaderMap,
         tries: &Tries,
     ) -> Result<Arc<Worker>, (PdSide, NoWorker)> {
         let (policy, worker_type) = match side {
@@ -121,6 +122,7 @@ impl PdRouter {
             model,
             exclude: &[],
             key: key.filter(|_| policy.needs_key()),
+            affinity: policy.affinity(headers),
         };
         tries
             .select(policy, &self.registry.snapshot(), want)
@@ -198,6 +200,7 @@ impl PdRouter {
             hold_limit: self.bounds.hold,
         };
         let replace = req.fields.has_bootstrap();
+        let headers = &req.parts.headers;
         let key = if self.prefill_policy.needs_key() || self.decode_policy.needs_key() {
             let tokenizer = self
                 .prefill_policy
@@ -218,8 +221,11 @@ impl PdRouter {
         let mut deadline = self.dispatcher.deadline();
         loop {
             let pair = self
-                .pick(PdSide::Prefill, model, key.as_deref(), &tries)
-                .and_then(|p| Ok((p, self.pick(PdSide::Decode, model, key.as_deref(), &tries)?)));
+                .pick(PdSide::Prefill, model, key.as_deref(), headers, &tries)
+                .and_then(|p| {
+                    let d = self.pick(PdSide::Decode, model, key.as_deref(), headers, &tries)?;
+                    Ok((p, d))
+                });
             let (prefill, decode) = match pair {
                 Ok(pair) => pair,
                 Err((side, e)) => {
@@ -233,6 +239,7 @@ impl PdRouter {
                             model: model.map(str::to_string),
                         },
                         NoWorker::CircuitOpen => GatewayError::PdCircuitOpen { side },
+                        NoWorker::TargetUnavailable(t) => GatewayError::TargetUnavailable(t),
                     });
                 }
             };

@@ -65,6 +65,11 @@ pub enum PolicyKind {
     /// consistent-hash ring, so a session stays on one worker and a worker joining or
     /// leaving moves only about 1/N of the keys; `power_of_two` for requests without one.
     ConsistentHashing,
+    /// Sticky sessions (smg's `manual`): a routing key's first request goes by
+    /// `cache_aware`, its next ones to the same worker while it can take them (else
+    /// `cache_aware` reassigns the key); a worker joining moves no session. `cache_aware`
+    /// for requests without a key.
+    Manual,
 }
 
 impl fmt::Display for PolicyKind {
@@ -76,6 +81,7 @@ impl fmt::Display for PolicyKind {
             Self::CacheAware => "cache_aware",
             Self::KvAware => "kv_aware",
             Self::ConsistentHashing => "consistent_hashing",
+            Self::Manual => "manual",
         })
     }
 }
@@ -135,6 +141,14 @@ pub struct ServeConfig {
     /// URL) a request must go to, with any policy; 503 when that worker cannot take it.
     #[arg(long, env = env::TARGET_WORKER_HEADER, default_value_t = ServeConfig::default().target_worker_header)]
     pub target_worker_header: String,
+    /// `manual`: routing keys remembered at most (the least recently used is forgotten
+    /// first; each key is at most 256 bytes).
+    #[arg(long, env = env::STICKY_MAX_KEYS, default_value_t = ServeConfig::default().sticky_max_keys)]
+    pub sticky_max_keys: usize,
+    /// `manual`: a routing key unused this long is forgotten (its next request is
+    /// assigned afresh).
+    #[arg(long, env = env::STICKY_MAX_IDLE_SECS, default_value_t = ServeConfig::default().sticky_max_idle_secs)]
+    pub sticky_max_idle_secs: u64,
     /// API key sent to workers as `Authorization: Bearer` (a worker's own key wins).
     #[arg(long, env = env::API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
@@ -448,6 +462,8 @@ impl Default for ServeConfig {
             policy: PolicyKind::PowerOfTwo,
             routing_key_header: crate::select::affinity::DEFAULT_ROUTING_KEY_HEADER.into(),
             target_worker_header: crate::select::affinity::DEFAULT_TARGET_WORKER_HEADER.into(),
+            sticky_max_keys: 100_000,
+            sticky_max_idle_secs: 4 * 3600,
             api_key: None,
             worker_ca_cert: None,
             tls_cert_file: None,

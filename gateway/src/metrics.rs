@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use openapi::workers::CircuitState;
 
-use crate::outcome::{Decision, KvDecision, PdFailure, PdPath, PdSide};
+use crate::outcome::{Decision, KvDecision, PdFailure, PdPath, PdSide, StickyDecision};
 use crate::workers::Registry;
 
 /// Request duration buckets (seconds, to the response head).
@@ -231,6 +231,17 @@ pub fn kv_aware_decision(d: KvDecision) {
     C[d as usize]
         .get_or_init(|| {
             metrics::counter!("moongate_gateway_kv_aware_decisions_total", "decision" => d.as_str())
+        })
+        .increment(1);
+}
+
+/// Records one `manual` (sticky session) decision.
+#[inline]
+pub fn sticky_decision(d: StickyDecision) {
+    static C: [OnceLock<Counter>; 4] = [const { OnceLock::new() }; 4];
+    C[d as usize]
+        .get_or_init(|| {
+            metrics::counter!("moongate_gateway_sticky_decisions_total", "decision" => d.as_str())
         })
         .increment(1);
 }

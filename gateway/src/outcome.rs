@@ -87,6 +87,32 @@ impl KvDecision {
     }
 }
 
+/// How `manual` (sticky sessions) chose (the `decision` label of
+/// `moongate_gateway_sticky_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StickyDecision {
+    /// The key's worker took it.
+    Hit,
+    /// A new (or expired) key, assigned by `cache_aware`.
+    Assign,
+    /// The key's worker could not take it: reassigned by `cache_aware`.
+    Reassign,
+    /// No routing key: `cache_aware` decided.
+    NoKey,
+}
+
+impl StickyDecision {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Assign => "assign",
+            Self::Reassign => "reassign",
+            Self::NoKey => "no_key",
+        }
+    }
+}
+
 /// What the PD router did with a request (the `path` label of
 /// `moongate_gateway_pd_paths_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,9 +7,10 @@
 //!
 //! What a valid configuration changes, without dropping a request in flight:
 //! - **policies** (`policy`, `prefill_policy`, `decode_policy`, and `cache_aware`'s
-//!   `cache_threshold`, `balance_abs_threshold`, `balance_rel_threshold`, `max_tree_size`):
-//!   new routers over the same workers; requests already routed finish on the old ones; a
-//!   `cache_aware` policy that is replaced starts with empty trees;
+//!   `cache_threshold`, `balance_abs_threshold`, `balance_rel_threshold`, `max_tree_size`;
+//!   the affinity headers and `manual`'s table bounds): new routers over the same workers;
+//!   requests already routed finish on the old ones; a `cache_aware` policy that is
+//!   replaced starts with empty trees, a `manual` one with no sessions;
 //! - **limits** (`max_concurrent_requests`, `queue_size`, `queue_timeout_secs`,
 //!   `rate_limit_tokens_per_second`): a new admission gate for the requests that arrive from
 //!   then on; requests admitted or queued under the old limits finish under them;
@@ -39,6 +40,10 @@ const POLICIES: &[&str] = &[
     "balance_abs_threshold",
     "balance_rel_threshold",
     "max_tree_size",
+    "routing_key_header",
+    "target_worker_header",
+    "sticky_max_keys",
+    "sticky_max_idle_secs",
 ];
 const LIMITS: &[&str] = &[
     "max_concurrent_requests",

@@ -11,8 +11,18 @@ use serde_json::{Value, json};
 
 /// Which backend answered a chat request with these extra headers.
 async fn answered_by(c: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    asked(c, url, headers, "hello").await
+}
+
+/// Which backend answered a chat request saying `content`, with these extra headers.
+async fn asked(
+    c: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    content: &str,
+) -> (u16, Value) {
     let mut req = c.post(url).json(&json!({"model": "m", "messages": [
-        {"role": "user", "content": "hello"}]}));
+        {"role": "user", "content": content}]}));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -123,5 +133,52 @@ async fn a_target_header_reaches_the_named_worker_or_a_503_names_it() {
     // smg's default header names are not read once others are configured.
     let (st, _) = answered_by(&c, &url, &[("x-smg-target-worker", "http://127.0.0.1:9")]).await;
     assert_eq!(st, 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn manual_keeps_each_session_where_its_first_request_went() {
+    let ws = [
+        Backend::start("a", "m").await,
+        Backend::start("b", "m").await,
+        Backend::start("c", "m").await,
+    ];
+    let gw = start_regular_gateway(&ws.iter().collect::<Vec<_>>(), |c| {
+        c.policy = PolicyKind::Manual;
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let mut home = HashMap::new();
+    for s in 0..12 {
+        // Each session opens with a prompt of its own: cache_aware spreads them.
+        let key = format!("user-{s}");
+        let opening = format!("{key} opens with its own long story. ").repeat(20);
+        let (st, v) = asked(&c, &url, &[("x-smg-routing-key", &key)], &opening).await;
+        assert_eq!(st, 200);
+        home.insert(key, worker(&v));
+    }
+    assert!(
+        home.values().collect::<HashSet<_>>().len() >= 2,
+        "new sessions spread: {home:?}"
+    );
+    for _ in 0..3 {
+        for (key, w) in &home {
+            let (_, v) = answered_by(&c, &url, &[("x-smg-routing-key", key)]).await;
+            assert_eq!(&worker(&v), w, "{key} stays with its worker");
+        }
+    }
+    let m = c
+        .get(format!("{}/metrics", gw.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains(r#"moongate_gateway_sticky_decisions_total{decision="hit"} 36"#),
+        "{m}"
+    );
     gw.shutdown().await;
 }

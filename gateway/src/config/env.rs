@@ -12,6 +12,10 @@ pub const WORKER_URLS: &str = "MOONGATE_WORKER_URLS";
 pub const POLICY: &str = "MOONGATE_POLICY";
 /// `--routing-key-header`.
 pub const ROUTING_KEY_HEADER: &str = "MOONGATE_ROUTING_KEY_HEADER";
+/// `--sticky-max-keys`.
+pub const STICKY_MAX_KEYS: &str = "MOONGATE_STICKY_MAX_KEYS";
+/// `--sticky-max-idle-secs`.
+pub const STICKY_MAX_IDLE_SECS: &str = "MOONGATE_STICKY_MAX_IDLE_SECS";
 /// `--target-worker-header`.
 pub const TARGET_WORKER_HEADER: &str = "MOONGATE_TARGET_WORKER_HEADER";
 /// `--api-key`.

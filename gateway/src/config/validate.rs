@@ -38,6 +38,8 @@ impl ServeConfig {
         let positive = [
             ("max_payload_size", self.max_payload_size as u64),
             ("request_timeout_secs", self.request_timeout_secs),
+            ("sticky_max_keys", self.sticky_max_keys as u64),
+            ("sticky_max_idle_secs", self.sticky_max_idle_secs),
             ("max_batch_size", self.max_batch_size as u64),
             (
                 "client_header_timeout_secs",

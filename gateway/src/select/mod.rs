@@ -8,6 +8,7 @@
 //!
 //! - [`affinity`]: routing keys and direct targets from the request's headers, and the
 //!   `consistent_hashing` policy's ring.
+//! - [`sticky`]: the `manual` policy's table of sticky sessions (routing key -> worker).
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
 //! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
@@ -15,6 +16,7 @@
 pub mod affinity;
 pub mod cache_aware;
 pub mod kv_aware;
+pub mod sticky;
 pub mod tree;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use affinity::{Affinity, HashRing, RoutingKey};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
 use sglang::tokenizer::Tokenizer;
+use sticky::{Sticky, StickyConfig};
 
 /// A load-balancing policy with its state (the round-robin cursor, the prefix trees).
 #[derive(Debug)]
@@ -38,6 +41,8 @@ pub struct Policy {
     kv: Option<KvAware>,
     /// `consistent_hashing`'s ring.
     ring: Option<HashRing>,
+    /// `manual`'s sticky sessions.
+    sticky: Option<Sticky>,
     /// The headers of the routing key and the direct target.
     routing: RoutingKey,
     /// `kv_aware`'s tokenizer for text and chat prompts.
@@ -123,12 +128,27 @@ impl Policy {
         Self {
             kind,
             cursor: AtomicUsize::new(0),
-            cache: (kind == PolicyKind::CacheAware).then(|| CacheAware::new(kv.fallback.clone())),
+            cache: matches!(kind, PolicyKind::CacheAware | PolicyKind::Manual)
+                .then(|| CacheAware::new(kv.fallback.clone())),
             kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
             ring: (kind == PolicyKind::ConsistentHashing).then(HashRing::default),
+            sticky: (kind == PolicyKind::Manual).then(|| Sticky::new(StickyConfig::default())),
             routing: RoutingKey::default(),
             tokenizer: None,
         }
+    }
+
+    /// This policy with `manual`'s table sized by `cfg` (ignored by the others).
+    pub fn with_sticky(mut self, cfg: StickyConfig) -> Self {
+        if self.sticky.is_some() {
+            self.sticky = Some(Sticky::new(cfg));
+        }
+        self
+    }
+
+    /// `manual`'s table of sticky sessions.
+    pub fn sticky(&self) -> Option<&Sticky> {
+        self.sticky.as_ref()
     }
 
     /// This policy reading the routing key and the direct target from `routing`'s headers.
@@ -216,6 +236,14 @@ impl Policy {
                     (Some(ring), Some(key)) => ring.pick(set, key, |w| want.admits(w)),
                     _ => Self::power_of_two(n, candidates),
                 },
+                PolicyKind::Manual => match &self.cache {
+                    Some(c) => {
+                        let all: Vec<&Arc<Worker>> = candidates().collect();
+                        (!all.is_empty())
+                            .then(|| Self::pick_sticky(self.sticky.as_ref(), c, &all, want))
+                    }
+                    None => candidates().next(),
+                },
                 PolicyKind::KvAware => match &self.kv {
                     Some(k) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
@@ -256,6 +284,32 @@ impl Policy {
             Some(m) if !might_serve(m) => Err(NoWorker::UnknownModel(m.to_string())),
             _ => Err(NoWorker::NoneReady),
         }
+    }
+
+    /// `manual`: the routing key's seat among `all` (not empty), else `cache_aware`'s
+    /// choice, which becomes the key's seat; the prompt is recorded for the worker either way.
+    fn pick_sticky<'s>(
+        sticky: Option<&Sticky>,
+        cache: &CacheAware,
+        all: &[&'s Arc<Worker>],
+        want: &Want<'_>,
+    ) -> &'s Arc<Worker> {
+        let (Some(sticky), Some(key)) = (sticky, want.affinity.key) else {
+            crate::metrics::sticky_decision(crate::outcome::StickyDecision::NoKey);
+            return cache.pick(all, want.key);
+        };
+        let (i, decision) = sticky.pick(key, all.iter().map(|w| w.uid()), || {
+            let w = cache.pick(all, want.key);
+            let i = all.iter().position(|x| Arc::ptr_eq(x, w)).unwrap_or(0);
+            (i, w.uid())
+        });
+        crate::metrics::sticky_decision(decision);
+        if decision == crate::outcome::StickyDecision::Hit
+            && let Some(k) = want.key
+        {
+            cache.record(all[i], k);
+        }
+        all[i]
     }
 
     /// Two of the `n` candidates at random, the one with fewer requests in flight.
@@ -509,5 +563,46 @@ mod tests {
             ..to("http://w0:1")
         };
         assert_eq!(p.select(&s, &prefill).unwrap_err(), NoWorker::NoneReady);
+    }
+
+    #[test]
+    fn manual_seats_a_key_where_cache_aware_sends_it_and_keeps_it_there() {
+        let s = set(3);
+        let p = Policy::new(PolicyKind::Manual);
+        assert!(p.needs_key(), "its first pick is cache_aware's");
+        let prompt = b"a long shared system prompt ".repeat(20);
+        let req = |k: &'static [u8], prompt: &'static [u8]| Want {
+            key: Some(prompt),
+            affinity: Affinity {
+                key: Some(k),
+                target: None,
+            },
+            ..want(Some("m"))
+        };
+        let prompt: &'static [u8] = Box::leak(prompt.into_boxed_slice());
+        // The prompt was sent to s[1] before: cache_aware seats a new key there.
+        p.cache_aware().unwrap().record(&s[1], prompt);
+        let first = p.select(&s, &req(b"user-1", prompt)).unwrap();
+        assert!(Arc::ptr_eq(&first, &s[1]));
+        // Its next requests stay, whatever their prompt and the load.
+        let _busy: Vec<LoadGuard> = (0..3).map(|_| LoadGuard::new(s[1].clone())).collect();
+        for other in [&b"something else entirely"[..], b"x"] {
+            assert!(Arc::ptr_eq(
+                &p.select(&s, &req(b"user-1", other)).unwrap(),
+                &s[1]
+            ));
+        }
+        // Its worker leaves: reassigned once, then sticky again.
+        s[1].set_status(WorkerStatus::NotReady);
+        let moved = p.select(&s, &req(b"user-1", prompt)).unwrap();
+        assert!(!Arc::ptr_eq(&moved, &s[1]));
+        s[1].set_status(WorkerStatus::Ready);
+        for _ in 0..5 {
+            assert!(Arc::ptr_eq(
+                &p.select(&s, &req(b"user-1", prompt)).unwrap(),
+                &moved
+            ));
+        }
+        assert_eq!(p.sticky().unwrap().len(), 1);
     }
 }

@@ -46,6 +46,7 @@ use crate::select::Policy;
 use crate::select::affinity::RoutingKey;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
+use crate::select::sticky::StickyConfig;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
 use kvmaster::Master;
@@ -475,6 +476,7 @@ fn routers(
         Policy::with_configs(kind, KvAwareConfig::from(cfg))
             .with_tokenizer(tokenizer.clone())
             .with_routing(RoutingKey::from(cfg))
+            .with_sticky(StickyConfig::from(cfg))
     };
     let pd = cfg.pd_disaggregation.then(|| {
         PdRouter::new(

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, Uri, header};
+use http::{HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture, connect::HttpConnector};
@@ -71,24 +71,64 @@ impl HttpClient {
         bearer: Option<&HeaderValue>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        let mut req = Request::get(uri)
-            .body(Full::new(Bytes::new()))
+        self.call(Call {
+            method: Method::GET,
+            uri,
+            bearer,
+            body: Bytes::new(),
+            timeout,
+            limit: SMALL_BODY_LIMIT,
+        })
+        .await
+    }
+
+    /// One control-plane call: a JSON body (when not empty) and a bearer, the answer's body
+    /// read up to `limit` bytes, all within `timeout`. Errors are rendered as text.
+    pub async fn call(&self, call: Call<'_>) -> Result<(StatusCode, Bytes), String> {
+        let mut req = Request::builder()
+            .method(call.method)
+            .uri(call.uri)
+            .body(Full::new(call.body.clone()))
             .map_err(|e| e.to_string())?;
-        if let Some(b) = bearer {
+        if let Some(b) = call.bearer {
             req.headers_mut().insert(header::AUTHORIZATION, b.clone());
         }
+        if !call.body.is_empty() {
+            req.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        let limit = call.limit;
         let work = async {
             let resp = self.inner.request(req).await.map_err(|e| describe(&e))?;
             let status = resp.status();
-            let body = Limited::new(resp.into_body(), SMALL_BODY_LIMIT)
+            let body = Limited::new(resp.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| format!("reading body: {e}"))?
                 .to_bytes();
             Ok((status, body))
         };
-        tokio::time::timeout(timeout, work)
+        tokio::time::timeout(call.timeout, work)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {}s", timeout.as_secs_f32())))
+            .unwrap_or_else(|_| Err(format!("no answer within {}s", call.timeout.as_secs_f32())))
     }
+}
+
+/// A control-plane call ([`HttpClient::call`]).
+#[derive(Debug)]
+pub struct Call<'a> {
+    /// The method.
+    pub method: Method,
+    /// Where.
+    pub uri: Uri,
+    /// `Authorization` to send.
+    pub bearer: Option<&'a HeaderValue>,
+    /// A JSON body (empty: none).
+    pub body: Bytes,
+    /// The whole call's deadline.
+    pub timeout: Duration,
+    /// The most body bytes read from the answer.
+    pub limit: usize,
 }

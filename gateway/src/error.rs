@@ -75,6 +75,12 @@ pub enum GatewayError {
         /// The model asked for.
         model: Option<String>,
     },
+    /// `/engine_metrics`: no worker, or none answered its `/metrics`.
+    #[error("no worker answered /metrics")]
+    NoWorkerMetrics,
+    /// `/health_generate`: the worker (PD: one of the pair) did not generate.
+    #[error("health generate failed: {0}")]
+    HealthGenerateFailed(String),
     /// The worker the request names (`--target-worker-header`) cannot take it.
     #[error("the target worker '{0}' does not exist or cannot take the request now")]
     TargetUnavailable(String),
@@ -180,6 +186,8 @@ impl GatewayError {
             | NoReadyPdWorker { .. }
             | CircuitOpen { .. }
             | TargetUnavailable(_)
+            | NoWorkerMetrics
+            | HealthGenerateFailed(_)
             | PdCircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             PdUpstream {
@@ -207,6 +215,8 @@ impl GatewayError {
             NoReadyWorker { .. } => ("service_unavailable_error", "no_ready_worker"),
             CircuitOpen { .. } => ("service_unavailable_error", "circuit_open"),
             TargetUnavailable(_) => ("service_unavailable_error", "target_worker_unavailable"),
+            NoWorkerMetrics => ("service_unavailable_error", "no_worker_metrics"),
+            HealthGenerateFailed(_) => ("service_unavailable_error", "health_generate_failed"),
             PdCircuitOpen { side } => (
                 "service_unavailable_error",
                 match side {

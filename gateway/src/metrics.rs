@@ -67,9 +67,10 @@ pub enum Route {
     Models,
     /// `/workers...`.
     Workers,
-    /// `/health`, `/liveness`, `/readiness`.
+    /// `/health`, `/liveness`, `/readiness`, `/health_generate`.
     Health,
-    /// `/metrics`.
+    /// `/metrics`, and what asks every worker: `/flush_cache`, `/get_loads`,
+    /// `/engine_metrics`.
     Ops,
     /// The hosted KV master: `/api/v1/...`, `/metadata`.
     Master,
@@ -109,8 +110,14 @@ impl Route {
             gw::Completions::PATH => Self::Completions,
             gw::Generate::PATH => Self::Generate,
             gw::Models::PATH => Self::Models,
-            gw::Health::PATH | gw::Liveness::PATH | gw::Readiness::PATH => Self::Health,
-            gw::Metrics::PATH => Self::Ops,
+            gw::Health::PATH
+            | gw::Liveness::PATH
+            | gw::Readiness::PATH
+            | gw::HealthGenerate::PATH => Self::Health,
+            gw::Metrics::PATH
+            | gw::FlushCache::PATH
+            | gw::GetLoads::PATH
+            | gw::EngineMetrics::PATH => Self::Ops,
             master::GetMetadata::PATH => Self::Master,
             docs::OpenapiJsonAlias::PATH | docs::SwaggerUiRoot::PATH => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,

@@ -213,7 +213,8 @@ pub mod gateway {
     use crate::sglang::GenerateRequest;
     use crate::sglang::server::{ModelInfo, ServerInfo};
     use crate::workers::{
-        CreateWorkerRequest, HealthStatus, UpdateWorkerRequest, WorkerInfo, WorkerList,
+        CreateWorkerRequest, FlushCacheResult, HealthStatus, UpdateWorkerRequest, WorkerInfo,
+        WorkerList, WorkerLoads,
     };
 
     routes! {
@@ -251,6 +252,14 @@ pub mod gateway {
         Readiness = Get "/readiness", Open, "readiness", () => HealthStatus;
         /// Prometheus text exposition.
         Metrics = Get "/metrics", Open, "metrics", () => String;
+        /// One short generation on a ready worker (PD: on a prefill and a decode worker).
+        HealthGenerate = Get "/health_generate", Client, "health_generate", () => String;
+        /// Flushes every worker's prefix cache.
+        FlushCache = Post "/flush_cache", Admin, "flush_cache", () => FlushCacheResult;
+        /// Every worker's load, per data-parallel rank.
+        GetLoads = Get "/get_loads", Admin, "get_loads", () => WorkerLoads;
+        /// The workers' own Prometheus metrics, merged, each sample labelled with its worker.
+        EngineMetrics = Get "/engine_metrics", Admin, "engine_metrics", () => String;
     }
 }
 

@@ -277,3 +277,59 @@ mod tests {
         assert_eq!(WorkerType::Decode.as_str(), "decode");
     }
 }
+
+/// One worker a fan-out (`/flush_cache`, `/get_loads`) could not reach or that refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FanOutFailure {
+    /// The worker's URL.
+    pub worker: String,
+    /// Why: its status and answer, or the connection error.
+    pub error: String,
+}
+
+/// `POST /flush_cache`'s answer (smg's shape): 200 when every worker flushed, 206 when
+/// some did not (then `successful` and `failed` list them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FlushCacheResult {
+    /// `success` or `partial_success`.
+    pub status: String,
+    /// A line for people.
+    pub message: String,
+    /// Workers that flushed.
+    pub workers_flushed: usize,
+    /// Workers asked.
+    pub total_workers: usize,
+    /// URLs of the workers that flushed (only on partial success).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub successful: Vec<String>,
+    /// The workers that did not (only on partial success).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FanOutFailure>,
+}
+
+/// One worker's load in `GET /get_loads`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerLoad {
+    /// The worker's URL.
+    pub worker: String,
+    /// `prefill` or `decode` (absent for regular workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_type: Option<WorkerType>,
+    /// KV tokens held by its requests, summed over its data-parallel ranks; -1 when it did
+    /// not answer.
+    pub load: i64,
+    /// Its `/get_load` answer, one entry per data-parallel rank (absent when it did not
+    /// answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Vec<crate::sglang::server::LoadReport>>,
+    /// Why it has no load (absent when it answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /get_loads`'s answer: every worker's load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerLoads {
+    /// One entry per worker.
+    pub workers: Vec<WorkerLoad>,
+}

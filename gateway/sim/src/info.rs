@@ -154,6 +154,50 @@ pub async fn get_load(State(st): State<Arc<SimState>>) -> Response {
     json(StatusCode::OK, &[load])
 }
 
+/// `GET /metrics`: SGLang's scheduler gauges (`sglang:` names, `model_name` label) in the
+/// Prometheus text format, from the simulator's state.
+pub async fn metrics(State(st): State<Arc<SimState>>) -> Response {
+    let (n, tokens) = usage(&st);
+    let model = st.cfg.model.replace('\\', "\\\\").replace('"', "\\\"");
+    let gauges = [
+        (
+            "num_running_reqs",
+            "The number of running requests.",
+            n as f64,
+        ),
+        (
+            "num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            0.0,
+        ),
+        (
+            "num_used_tokens",
+            "The number of used tokens.",
+            tokens as f64,
+        ),
+        (
+            "token_usage",
+            "The token usage.",
+            tokens as f64 / KV_CAPACITY_TOKENS as f64,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, v) in gauges {
+        text.push_str(&format!(
+            "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{model_name=\"{model}\"}} {v}\n"
+        ));
+    }
+    (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 /// `GET /v1/loads`: the detailed load of the one rank, and its aggregate.
 pub async fn loads(State(st): State<Arc<SimState>>) -> Response {
     let (n, tokens) = usage(&st);

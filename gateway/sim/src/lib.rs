@@ -4,7 +4,7 @@
 //!
 //! Endpoints: `/health`, `/health_generate`, `/get_server_info` (`/server_info`),
 //! `/get_model_info` (`/model_info`), `/v1/models`, `/v1/models/{model}`, `/generate`,
-//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`.
+//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`, `/metrics`.
 //! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
 //! a stop string, stop token or the model's end-of-sequence after `output_tokens` words),
 //! `n > 1`, batch `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
@@ -104,6 +104,7 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         )
         .route("/get_load", get(info::get_load))
         .route("/v1/loads", get(info::loads))
+        .route("/metrics", get(info::metrics))
         .route("/sim/kv", get(info::kv_stats))
         .route("/sim/prefix", get(info::prefix_stats))
         .fallback(error::not_found)

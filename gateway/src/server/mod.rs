@@ -6,12 +6,16 @@
 //!   `/get_server_info` / `/get_model_info`.
 //! - [`admin`]: the worker API (`/workers`), behind the admin key.
 //! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`.
+//! - [`fanout`]: what asks every worker (`/flush_cache`, `/get_loads`, `/engine_metrics`,
+//!   whose merge is [`exposition`]'s) or one pair (`/health_generate`).
 //!
 //! [`app`] builds the service for a state; [`app_with`] also mounts another component's
 //! routes (the KV master's REST API) under the same front door and OpenAPI document, which
 //! [`crate::docs`] serves with Swagger UI.
 
 pub mod admin;
+pub mod exposition;
+pub mod fanout;
 pub mod front;
 pub mod inference;
 pub mod ops;
@@ -404,6 +408,7 @@ pub fn inference_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(inference::models))
         .routes(routes!(inference::server_info))
         .routes(routes!(inference::model_info))
+        .routes(routes!(fanout::health_generate))
 }
 
 /// The open routes: health, readiness, metrics.
@@ -424,6 +429,9 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
             admin::update_worker,
             admin::delete_worker
         ))
+        .routes(routes!(fanout::flush_cache))
+        .routes(routes!(fanout::get_loads))
+        .routes(routes!(fanout::engine_metrics))
 }
 
 /// How a gateway route refuses a request: 401 or 403, OpenAI envelope.

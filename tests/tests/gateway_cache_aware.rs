@@ -1,6 +1,7 @@
 //! The `cache_aware` policy over real sockets: requests sharing a long prefix stick to one
 //! worker (chat, completions, token ids), unrelated prefixes spread over the workers, and
-//! in PD mode the prefill side routes by prefix too.
+//! in PD mode the prefill side routes by prefix too; a cache namespace (`cache_salt`) is a
+//! prefix of its own.
 
 use std::collections::HashSet;
 
@@ -108,5 +109,40 @@ async fn pd_prefill_routes_by_prefix() {
         p1.hits(),
         p2.hits()
     );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cache_namespace_never_shares_a_prefix_with_another() {
+    let ws = [
+        Backend::start("a", "m").await,
+        Backend::start("b", "m").await,
+    ];
+    let gw = start_regular_gateway(&ws.iter().collect::<Vec<_>>(), |c| {
+        c.policy = PolicyKind::CacheAware;
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let system = "One long system prompt that every tenant sends. ".repeat(30);
+    let with = |field: Option<(&str, &str)>, q: &str| {
+        let mut body = conversation(&system, q);
+        if let Some((k, v)) = field {
+            body[k] = json!(v);
+        }
+        body
+    };
+    let plain = answered_by(&c, &url, &with(None, "first")).await;
+    // Same prompt, another tenant's salt: its prefix is not plain's, it goes elsewhere...
+    let salted = answered_by(&c, &url, &with(Some(("cache_salt", "tenant-b")), "first")).await;
+    assert_ne!(salted, plain, "a salted prompt is a new prefix");
+    // ...and then sticks to its own worker, as plain does to its.
+    for q in ["second", "third"] {
+        assert_eq!(
+            answered_by(&c, &url, &with(Some(("cache_salt", "tenant-b")), q)).await,
+            salted
+        );
+        assert_eq!(answered_by(&c, &url, &with(None, q)).await, plain);
+    }
     gw.shutdown().await;
 }

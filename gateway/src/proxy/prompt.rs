@@ -13,6 +13,9 @@
 //! matters; matching stays cheap). A body this pass cannot read yields no key (the policy
 //! then balances by load); the proxy's own parse already rejected malformed JSON.
 //!
+//! A request that names a cache namespace (LoRA adapter, `cache_salt`, `extra_key`) gets
+//! its key scoped to it ([`crate::select::namespace`]): no two namespaces share a prefix.
+//!
 //! With a tokenizer (`--tokenizer-path`, for `kv_aware`), [`routing_key`] gives text and
 //! chat prompts an `i` key too: the token ids the worker computes for them
 //! ([`sglang::tokenizer`]), from at most [`MAX_KEY_BYTES`] of the text (or the rendered
@@ -27,6 +30,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use super::Endpoint;
 use super::inspect::KeyName;
+use crate::select::namespace;
 use sglang::tokenizer::{ChatText, Tokenizer};
 
 /// Longest key kept, in bytes.
@@ -78,6 +82,16 @@ pub async fn routing_key_off_thread(
     body: &bytes::Bytes,
     tokenizer: Option<&Arc<Tokenizer>>,
 ) -> Option<Vec<u8>> {
+    let key = unscoped_key_off_thread(endpoint, body, tokenizer).await?;
+    Some(namespace::scoped(key, namespace::of(body)))
+}
+
+/// [`routing_key_off_thread`] before its namespace ([`namespace`]) is put in front.
+async fn unscoped_key_off_thread(
+    endpoint: Endpoint,
+    body: &bytes::Bytes,
+    tokenizer: Option<&Arc<Tokenizer>>,
+) -> Option<Vec<u8>> {
     static PERMITS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
         tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
     });
@@ -124,10 +138,11 @@ pub fn routing_key(
     tokenizer: Option<&Tokenizer>,
 ) -> Option<Vec<u8>> {
     let key = TextKey::new(endpoint, body, tokenizer.is_some());
-    match tokenizer.filter(|_| key.wants_tokens(body)) {
+    let key = match tokenizer.filter(|_| key.wants_tokens(body)) {
         Some(t) => or_text_key(token_key(endpoint, body, t), key),
         None => key.read(),
-    }
+    }?;
+    Some(namespace::scoped(key, namespace::of(body)))
 }
 
 /// A body's [`prompt_key`], read when needed: a chat prompt's own token ids are found by

@@ -8,6 +8,8 @@
 //!
 //! - [`affinity`]: routing keys and direct targets from the request's headers, and the
 //!   `consistent_hashing` policy's ring.
+//! - [`namespace`]: cache namespaces (LoRA adapter, `cache_salt`, `extra_key`) scoping
+//!   the prompt keys, so no two namespaces share a prefix.
 //! - [`sticky`]: the `manual` policy's table of sticky sessions (routing key -> worker).
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
@@ -16,6 +18,7 @@
 pub mod affinity;
 pub mod cache_aware;
 pub mod kv_aware;
+pub mod namespace;
 pub mod sticky;
 pub mod tree;
 

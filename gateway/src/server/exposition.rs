@@ -78,7 +78,8 @@ fn family<'a>(
 }
 
 /// A sample line with `tag` added to its labels, and the sample's name; `None` for a line
-/// that is not a sample (`name[{labels}] value [timestamp]`).
+/// that is not a sample (`name[{labels}] value [timestamp]`, the value a float, the
+/// timestamp an integer).
 fn with_label<'l>(line: &'l str, tag: &str) -> Option<(&'l str, String)> {
     let end = line
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
@@ -88,19 +89,40 @@ fn with_label<'l>(line: &'l str, tag: &str) -> Option<(&'l str, String)> {
         return None;
     }
     let rest = &line[end..];
-    let labelled = if let Some(inner) = rest.strip_prefix('{') {
-        let inner = inner.trim_start();
-        if inner.starts_with('}') {
-            format!("{name}{{{tag}{inner}")
-        } else {
-            format!("{name}{{{tag},{inner}")
+    let (labels, tail) = match rest.strip_prefix('{') {
+        Some(inner) => {
+            let close = closing_brace(inner)?;
+            (Some(inner[..close].trim()), &inner[close + 1..])
         }
-    } else if rest.starts_with(' ') || rest.starts_with('\t') {
-        format!("{name}{{{tag}}}{rest}")
-    } else {
+        None => (None, rest),
+    };
+    let mut fields = tail.split_whitespace();
+    let value_ok = fields.next().is_some_and(|v| v.parse::<f64>().is_ok());
+    let ts_ok = fields.next().is_none_or(|t| t.parse::<i64>().is_ok());
+    if !value_ok || !ts_ok || fields.next().is_some() || !tail.starts_with([' ', '\t']) {
         return None;
+    }
+    let labelled = match labels {
+        Some(l) if !l.is_empty() => format!("{name}{{{tag},{l}}}{tail}"),
+        _ => format!("{name}{{{tag}}}{tail}"),
     };
     Some((name, labelled))
+}
+
+/// Where the label set that `inner` (what follows `{`) opens ends: its `}` outside quotes.
+fn closing_brace(inner: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in inner.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// A label value as the text format writes it.
@@ -150,6 +172,16 @@ mod tests {
         assert_eq!(with_label("9x 1", "t"), None);
         assert_eq!(with_label("{a=\"b\"} 1", "t"), None);
         assert_eq!(with_label("x", "t"), None);
+        assert_eq!(
+            with_label("x{a=\"}\"} 2", "t"),
+            Some(("x", "x{t,a=\"}\"} 2".into()))
+        );
+        assert_eq!(
+            with_label("x{a=\"b\"} NaN", "t").unwrap().1,
+            "x{t,a=\"b\"} NaN"
+        );
+        assert_eq!(with_label("x 1 2 3", "t"), None);
+        assert_eq!(with_label("x{a=\"b\"", "t"), None);
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

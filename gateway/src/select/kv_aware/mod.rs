@@ -173,7 +173,7 @@ impl EventSink for Sink {
 
 /// The token ids a prompt key carries (`i` keys: token-id prompts), if any.
 pub fn key_tokens(key: &[u8]) -> Option<Vec<u32>> {
-    let (&tag, ids) = key.split_first()?;
+    let (&tag, ids) = super::namespace::prompt_of(key).split_first()?;
     if tag != b'i' || ids.is_empty() {
         return None;
     }

@@ -460,8 +460,9 @@ impl Default for ServeConfig {
             port: 30000,
             worker_urls: Vec::new(),
             policy: PolicyKind::PowerOfTwo,
-            routing_key_header: crate::select::affinity::DEFAULT_ROUTING_KEY_HEADER.into(),
-            target_worker_header: crate::select::affinity::DEFAULT_TARGET_WORKER_HEADER.into(),
+            // smg's header names, so its clients keep their affinity on the switch.
+            routing_key_header: "x-smg-routing-key".into(),
+            target_worker_header: "x-smg-target-worker".into(),
             sticky_max_keys: 100_000,
             sticky_max_idle_secs: 4 * 3600,
             api_key: None,

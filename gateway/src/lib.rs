@@ -14,7 +14,7 @@
 //!   `ServiceBuilder` stack and the one entry of the inference path), the route table with
 //!   its OpenAPI document ([`docs`] serves it with Swagger UI), handlers, shared state.
 //! - [`request_id`]: the request id, read from `--request-id-headers` or minted, once.
-//! - [`auth`]: who may call what: client, store and admin keys (planes), the loopback rule
+//! - [`auth`] (the `planes` crate): who may call what: client, store and admin keys (planes), the loopback rule
 //!   of a server without an admin key, and how the OpenAPI document states it.
 //! - [`admission`]: admission control for inference requests (concurrency limit, bounded
 //!   wait queue, rate limit; 429 when refused).
@@ -41,7 +41,8 @@
 //! - [`reload`]: configuration reload on SIGHUP (policies, limits, keys, static workers).
 
 pub mod admission;
-pub mod auth;
+/// Who may call what: the `planes` crate, under the name the gateway's modules use.
+pub use planes as auth;
 pub mod client;
 pub mod config;
 pub mod docs;

@@ -37,29 +37,25 @@ pub struct RoutingKey {
 }
 
 impl Default for RoutingKey {
+    /// The default headers ([`crate::config::ServeConfig`]'s).
     fn default() -> Self {
-        Self {
-            key: HeaderName::from_static(DEFAULT_ROUTING_KEY_HEADER),
-            target: HeaderName::from_static(DEFAULT_TARGET_WORKER_HEADER),
-        }
+        Self::from(&crate::config::ServeConfig::default())
     }
 }
 
 impl From<&crate::config::ServeConfig> for RoutingKey {
-    /// The configured headers (validated names; an invalid one keeps the default).
+    /// The configured headers (validation refuses a name that is not a header name; one
+    /// that got past it is never matched).
     fn from(c: &crate::config::ServeConfig) -> Self {
-        let d = Self::default();
+        let name = |v: &str, unmatched: &'static str| {
+            HeaderName::try_from(v).unwrap_or(HeaderName::from_static(unmatched))
+        };
         Self {
-            key: HeaderName::try_from(c.routing_key_header.as_str()).unwrap_or(d.key),
-            target: HeaderName::try_from(c.target_worker_header.as_str()).unwrap_or(d.target),
+            key: name(&c.routing_key_header, "x-moongate-invalid-routing-key"),
+            target: name(&c.target_worker_header, "x-moongate-invalid-target-worker"),
         }
     }
 }
-
-/// The routing key header's default name (smg's).
-pub const DEFAULT_ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
-/// The direct target header's default name (smg's).
-pub const DEFAULT_TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
 
 /// What a request's headers ask of selection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

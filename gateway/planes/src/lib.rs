@@ -1,4 +1,6 @@
-//! Who may call what: three keys for three planes, checked in one place.
+//! Who may call what: three keys for three planes, checked in one place. The gateway
+//! (which re-exports this crate as `gateway::auth`) guards its routes and the KV master's
+//! with it.
 //!
 //! | plane | routes | key |
 //! |---|---|---|

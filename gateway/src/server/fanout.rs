@@ -5,7 +5,8 @@
 //! Workers are asked at most [`FAN_OUT`] at a time, each call within
 //! `--health-check-timeout-secs` and with the worker's own key; what a worker answers is
 //! read up to a bound ([`LOAD_LIMIT`], [`METRICS_LIMIT`]), so a worker cannot make the
-//! gateway hold more than that per call.
+//! gateway hold more than that per call, and `/engine_metrics` keeps at most
+//! [`METRICS_TOTAL_LIMIT`] of all answers together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +31,11 @@ use crate::workers::Worker;
 pub const FAN_OUT: usize = 32;
 /// The most of a worker's `/get_load` answer read (its ranks' entries).
 pub const LOAD_LIMIT: usize = 1024 * 1024;
-/// The most of a worker's `/metrics` answer read.
-pub const METRICS_LIMIT: usize = 16 * 1024 * 1024;
+/// The most of a worker's `/metrics` answer read (an SGLang worker's is tens of KiB).
+pub const METRICS_LIMIT: usize = 4 * 1024 * 1024;
+/// The most `/engine_metrics` holds of all workers' answers together: the workers beyond
+/// it are left out (and logged), so a large fleet cannot make one scrape hold gigabytes.
+pub const METRICS_TOTAL_LIMIT: usize = 64 * 1024 * 1024;
 
 /// What one worker answered a fan-out call: its status and body, or why not.
 type Answer = Result<(StatusCode, Bytes), String>;
@@ -192,25 +196,40 @@ pub async fn engine_metrics(State(st): State<AppState>) -> Response {
         .filter(|w| seen.insert(w.url().as_str().to_owned()))
         .cloned()
         .collect();
-    let answers = ask_all(&st, &workers, Method::GET, "/metrics", METRICS_LIMIT).await;
-    let texts: Vec<(String, String)> = workers
+    // Answers are taken as they come (FAN_OUT in flight), and asking stops once the
+    // total bound is reached: in flight plus held stays bounded whatever the fleet.
+    let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
+    let calls: Vec<_> = workers
         .iter()
-        .zip(answers)
-        .filter_map(|(w, a)| match a {
-            Ok((s, body)) if s.is_success() => Some((
-                w.url().as_str().to_owned(),
-                String::from_utf8_lossy(&body).into_owned(),
-            )),
-            Ok((s, _)) => {
-                tracing::debug!(worker = w.url().as_str(), %s, "engine metrics refused");
-                None
-            }
-            Err(e) => {
-                tracing::debug!(worker = w.url().as_str(), e, "engine metrics unreachable");
-                None
+        .map(|w| {
+            let (st, w) = (st.clone(), w.clone());
+            async move {
+                let a = ask(&st, &w, Method::GET, "/metrics", timeout, METRICS_LIMIT).await;
+                (w, a)
             }
         })
         .collect();
+    let mut answers = futures::stream::iter(calls).buffered(FAN_OUT);
+    let mut held = 0usize;
+    let mut texts: Vec<(String, String)> = Vec::new();
+    while let Some((w, a)) = answers.next().await {
+        match a {
+            Ok((s, body)) if s.is_success() => {
+                held += body.len();
+                if held > METRICS_TOTAL_LIMIT {
+                    tracing::warn!(
+                        left_out = workers.len() - texts.len(),
+                        "engine metrics over the total bound; the remaining workers left out"
+                    );
+                    break;
+                }
+                let text = String::from_utf8_lossy(&body).into_owned();
+                texts.push((w.url().as_str().to_owned(), text));
+            }
+            Ok((s, _)) => tracing::debug!(worker = w.url().as_str(), %s, "engine metrics refused"),
+            Err(e) => tracing::debug!(worker = w.url().as_str(), e, "engine metrics unreachable"),
+        }
+    }
     if texts.is_empty() {
         return GatewayError::NoWorkerMetrics.into_response();
     }

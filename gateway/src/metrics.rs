@@ -117,7 +117,9 @@ impl Route {
             gw::Metrics::PATH
             | gw::FlushCache::PATH
             | gw::GetLoads::PATH
-            | gw::EngineMetrics::PATH => Self::Ops,
+            | gw::EngineMetrics::PATH
+            | gw::StartProfile::PATH
+            | gw::StopProfile::PATH => Self::Ops,
             master::GetMetadata::PATH => Self::Master,
             docs::OpenapiJsonAlias::PATH | docs::SwaggerUiRoot::PATH => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,

@@ -213,8 +213,8 @@ pub mod gateway {
     use crate::sglang::GenerateRequest;
     use crate::sglang::server::{ModelInfo, ServerInfo};
     use crate::workers::{
-        CreateWorkerRequest, FlushCacheResult, HealthStatus, UpdateWorkerRequest, WorkerInfo,
-        WorkerList, WorkerLoads,
+        CreateWorkerRequest, FlushCacheResult, HealthStatus, ProfileRequest, ProfileResult,
+        UpdateWorkerRequest, WorkerInfo, WorkerList, WorkerLoads,
     };
 
     routes! {
@@ -260,6 +260,12 @@ pub mod gateway {
         GetLoads = Get "/get_loads", Admin, "get_loads", () => WorkerLoads;
         /// The workers' own Prometheus metrics, merged, each sample labelled with its worker.
         EngineMetrics = Get "/engine_metrics", Admin, "engine_metrics", () => String;
+        /// Starts SGLang's profiler on every worker (or the one `url` names).
+        StartProfile = Post "/start_profile", Admin, "start_profile",
+            ProfileRequest => ProfileResult;
+        /// Stops it.
+        StopProfile = Post "/stop_profile", Admin, "stop_profile",
+            ProfileRequest => ProfileResult;
     }
 }
 

@@ -333,3 +333,37 @@ pub struct WorkerLoads {
     /// One entry per worker.
     pub workers: Vec<WorkerLoad>,
 }
+
+/// `POST /start_profile` and `POST /stop_profile`: which worker (all when `url` is absent)
+/// and, for a start, SGLang's profiling options (`output_dir`, `num_steps`, `activities`,
+/// ...), passed to the workers as they came.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProfileRequest {
+    /// Profile only the worker with this URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The options for the workers, unchanged.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub options: crate::openai::Extra,
+}
+
+/// `POST /start_profile`'s and `POST /stop_profile`'s answer (smg's shape): 200 when every
+/// worker asked did it, 206 when some did not, 404 when `url` names no worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProfileResult {
+    /// `success`, `partial_success` or `error`.
+    pub status: String,
+    /// A line for people.
+    pub message: String,
+    /// Workers that did it.
+    pub workers_profiled: usize,
+    /// Workers asked.
+    pub total_workers: usize,
+    /// URLs of the workers that did it (only on partial success).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub successful: Vec<String>,
+    /// The workers that did not (only on partial success).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FanOutFailure>,
+}

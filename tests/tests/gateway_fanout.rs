@@ -2,7 +2,8 @@
 //! scripted worker that serves none of them: `/flush_cache` (200, or 206 naming who did not
 //! flush), `/get_loads` (each worker's ranks, -1 with the reason), `/engine_metrics` (the
 //! workers' Prometheus text merged, labelled by worker), `/health_generate` (one worker, or
-//! a PD pair), and the admin key they sit behind.
+//! a PD pair), `/start_profile` and `/stop_profile` (all workers or the one named, the
+//! options passed through), and the admin key they sit behind.
 
 use gateway::config::ServeConfig;
 use moongate_tests::{Backend, eventually, fast_config, start_gateway, start_two_prefill_pd};
@@ -175,5 +176,65 @@ async fn the_worker_wide_routes_sit_behind_the_admin_key() {
         let (st, _) = send(req(Some("admin-key-0123456789"))).await;
         assert_eq!(st, 200, "{path} with the admin key");
     }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn profiling_starts_on_every_worker_or_the_one_named_with_its_options() {
+    let workers = sims(2).await;
+    let gw = start_gateway(ServeConfig {
+        worker_urls: workers.iter().map(SimHandle::url).collect(),
+        ..fast_config()
+    })
+    .await;
+    eventually("ready", || gw.state().registry().counts().0 == 2).await;
+    let c = reqwest::Client::new();
+    let base = gw.url();
+    let profiling = |w: &SimHandle| {
+        let c = c.clone();
+        let url = format!("{}/sim/profile", w.url());
+        async move { json(&send(c.get(url)).await.1) }
+    };
+    // One worker by URL, with SGLang's options passed through as sent.
+    let one = serde_json::json!({"url": workers[1].url(), "num_steps": 5, "activities": ["CPU"]});
+    let (st, body) = send(c.post(format!("{base}/start_profile")).json(&one)).await;
+    let v = json(&body);
+    assert_eq!(
+        (st, v["workers_profiled"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    assert_eq!(profiling(&workers[0]).await, Value::Null);
+    assert_eq!(
+        profiling(&workers[1]).await,
+        serde_json::json!({"num_steps": 5, "activities": ["CPU"]}),
+        "the options arrive without `url`"
+    );
+    // Stop on all (no body), then a URL that names no worker, then a body that is not JSON.
+    let (st, body) = send(c.post(format!("{base}/stop_profile"))).await;
+    assert_eq!(
+        (st, json(&body)["total_workers"].as_u64()),
+        (200, Some(2)),
+        "{body}"
+    );
+    assert_eq!(profiling(&workers[1]).await, Value::Null);
+    let none = serde_json::json!({"url": "http://127.0.0.1:9"});
+    let (st, body) = send(c.post(format!("{base}/start_profile")).json(&none)).await;
+    assert_eq!(
+        (st, json(&body)["status"].as_str()),
+        (404, Some("error")),
+        "{body}"
+    );
+    let (st, body) = send(
+        c.post(format!("{base}/start_profile"))
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(
+        (st, json(&body)["error"]["code"].as_str()),
+        (400, Some("invalid_json")),
+        "{body}"
+    );
     gw.shutdown().await;
 }

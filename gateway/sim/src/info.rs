@@ -135,6 +135,40 @@ pub async fn flush_cache(State(st): State<Arc<SimState>>) -> Response {
         .into_response()
 }
 
+/// `POST /start_profile`: SGLang's answer; the options (a JSON object, or none) are kept
+/// for `GET /sim/profile`. 400 for a body that is not a JSON object.
+pub async fn start_profile(State(st): State<Arc<SimState>>, body: axum::body::Bytes) -> Response {
+    let options = if body.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return (StatusCode::BAD_REQUEST, "the body is not a JSON object\n")
+                    .into_response();
+            }
+        }
+    };
+    *st.profiling.lock() = Some(options);
+    (StatusCode::OK, "Start profiling.\n").into_response()
+}
+
+/// `POST /stop_profile`: SGLang's answer; ends the run `/start_profile` began.
+pub async fn stop_profile(State(st): State<Arc<SimState>>) -> Response {
+    st.profiling.lock().take();
+    (
+        StatusCode::OK,
+        "Stop profiling. This will take some time.\n",
+    )
+        .into_response()
+}
+
+/// `GET /sim/profile`: the options of the profiling run in progress (`null`: none).
+pub async fn profile_state(State(st): State<Arc<SimState>>) -> Response {
+    let state = st.profiling.lock().clone().unwrap_or(Value::Null);
+    json(StatusCode::OK, &state)
+}
+
 /// Requests in flight and the KV tokens the simulator says they hold.
 fn usage(st: &SimState) -> (u64, u64) {
     let n = st.in_flight();

@@ -4,7 +4,8 @@
 //!
 //! Endpoints: `/health`, `/health_generate`, `/get_server_info` (`/server_info`),
 //! `/get_model_info` (`/model_info`), `/v1/models`, `/v1/models/{model}`, `/generate`,
-//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`, `/metrics`.
+//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`,
+//! `/metrics`, `/start_profile`, `/stop_profile` (and `/sim/profile`, what it profiles).
 //! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
 //! a stop string, stop token or the model's end-of-sequence after `output_tokens` words),
 //! `n > 1`, batch `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
@@ -105,6 +106,9 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         .route("/get_load", get(info::get_load))
         .route("/v1/loads", get(info::loads))
         .route("/metrics", get(info::metrics))
+        .route("/start_profile", post(info::start_profile))
+        .route("/stop_profile", post(info::stop_profile))
+        .route("/sim/profile", get(info::profile_state))
         .route("/sim/kv", get(info::kv_stats))
         .route("/sim/prefix", get(info::prefix_stats))
         .fallback(error::not_found)

@@ -34,6 +34,8 @@ pub struct SimState {
     tokenizer: Option<Arc<Tokenizer>>,
     /// When the prefill lane is free again.
     lane: Mutex<Instant>,
+    /// The options of the profiling run in progress (`/start_profile`), if any.
+    pub profiling: Mutex<Option<serde_json::Value>>,
     in_flight: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
@@ -82,6 +84,7 @@ impl SimState {
             l3,
             tokenizer,
             lane: Mutex::new(Instant::now()),
+            profiling: Mutex::new(None),
             in_flight: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,

@@ -1,6 +1,7 @@
 //! Routes that ask every worker (or one pair) and answer for all of them, as sglang-router
-//! and smg serve them: `POST /flush_cache`, `GET /get_loads`, `GET /engine_metrics`
-//! (admin plane) and `GET /health_generate` (client plane).
+//! and smg serve them: `POST /flush_cache`, `GET /get_loads`, `GET /engine_metrics`,
+//! `POST /start_profile`, `POST /stop_profile` (admin plane) and `GET /health_generate`
+//! (client plane).
 //!
 //! Workers are asked at most [`FAN_OUT`] at a time, each call within
 //! `--health-check-timeout-secs` and with the worker's own key; what a worker answers is
@@ -19,7 +20,10 @@ use futures::StreamExt;
 use http::{HeaderValue, Method, StatusCode, header};
 use openapi::error::ErrorResponse;
 use openapi::sglang::server::LoadReport;
-use openapi::workers::{FanOutFailure, FlushCacheResult, WorkerLoad, WorkerLoads, WorkerType};
+use openapi::workers::{
+    FanOutFailure, FlushCacheResult, ProfileRequest, ProfileResult, WorkerLoad, WorkerLoads,
+    WorkerType,
+};
 
 use super::AppState;
 use super::exposition;
@@ -46,14 +50,15 @@ async fn ask_all(
     workers: &[Arc<Worker>],
     method: Method,
     path: &'static str,
+    body: Bytes,
     limit: usize,
 ) -> Vec<Answer> {
     let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
     let calls: Vec<_> = workers
         .iter()
         .map(|w| {
-            let (st, w, method) = (st.clone(), w.clone(), method.clone());
-            async move { ask(&st, &w, method, path, timeout, limit).await }
+            let (st, w, method, body) = (st.clone(), w.clone(), method.clone(), body.clone());
+            async move { ask(&st, &w, method, path, body, timeout, limit).await }
         })
         .collect();
     futures::stream::iter(calls)
@@ -62,12 +67,13 @@ async fn ask_all(
         .await
 }
 
-/// Calls `method path` on `worker` with its key.
+/// Calls `method path` on `worker` with its key (and `body`, JSON, when not empty).
 async fn ask(
     st: &AppState,
     worker: &Worker,
     method: Method,
     path: &str,
+    body: Bytes,
     timeout: Duration,
     limit: usize,
 ) -> Answer {
@@ -78,7 +84,7 @@ async fn ask(
             method,
             uri,
             bearer: bearer.as_deref(),
-            body: Bytes::new(),
+            body,
             timeout,
             limit,
         })
@@ -101,7 +107,15 @@ fn failure(status: StatusCode, body: &[u8]) -> String {
     ))]
 pub async fn flush_cache(State(st): State<AppState>) -> Response {
     let workers: Vec<Arc<Worker>> = st.registry().snapshot().iter().cloned().collect();
-    let answers = ask_all(&st, &workers, Method::POST, "/flush_cache", LOAD_LIMIT).await;
+    let answers = ask_all(
+        &st,
+        &workers,
+        Method::POST,
+        "/flush_cache",
+        Bytes::new(),
+        LOAD_LIMIT,
+    )
+    .await;
     let mut successful = Vec::new();
     let mut failed = Vec::new();
     for (w, a) in workers.iter().zip(answers) {
@@ -144,7 +158,15 @@ pub async fn flush_cache(State(st): State<AppState>) -> Response {
     responses((status = 200, description = "One entry per worker", body = WorkerLoads)))]
 pub async fn get_loads(State(st): State<AppState>) -> Json<WorkerLoads> {
     let workers: Vec<Arc<Worker>> = st.registry().snapshot().iter().cloned().collect();
-    let answers = ask_all(&st, &workers, Method::GET, "/get_load", LOAD_LIMIT).await;
+    let answers = ask_all(
+        &st,
+        &workers,
+        Method::GET,
+        "/get_load",
+        Bytes::new(),
+        LOAD_LIMIT,
+    )
+    .await;
     let loads = workers
         .iter()
         .zip(answers)
@@ -204,7 +226,16 @@ pub async fn engine_metrics(State(st): State<AppState>) -> Response {
         .map(|w| {
             let (st, w) = (st.clone(), w.clone());
             async move {
-                let a = ask(&st, &w, Method::GET, "/metrics", timeout, METRICS_LIMIT).await;
+                let a = ask(
+                    &st,
+                    &w,
+                    Method::GET,
+                    "/metrics",
+                    Bytes::new(),
+                    timeout,
+                    METRICS_LIMIT,
+                );
+                let a = a.await;
                 (w, a)
             }
         })
@@ -280,9 +311,17 @@ pub async fn health_generate(State(st): State<AppState>) -> Response {
     }
     // A generation takes longer than a probe: the request timeout bounds it.
     let timeout = Duration::from_secs(st.config().request_timeout_secs);
-    let calls = workers
-        .iter()
-        .map(|w| ask(&st, w, Method::GET, "/health_generate", timeout, LOAD_LIMIT));
+    let calls = workers.iter().map(|w| {
+        ask(
+            &st,
+            w,
+            Method::GET,
+            "/health_generate",
+            Bytes::new(),
+            timeout,
+            LOAD_LIMIT,
+        )
+    });
     let answers = futures::future::join_all(calls).await;
     let errors: Vec<String> = workers
         .iter()
@@ -302,4 +341,101 @@ pub async fn health_generate(State(st): State<AppState>) -> Response {
         format!("Health generate passed on {}", urls.join(" and ")),
     )
         .into_response()
+}
+
+/// Starts SGLang's profiler on every worker, or on the one `url` names; the other fields
+/// of the body (`output_dir`, `num_steps`, `activities`, ...) reach the workers unchanged.
+#[utoipa::path(post, operation_id = openapi::routes::gateway::StartProfile::OPERATION_ID,
+    path = openapi::routes::gateway::StartProfile::PATH, tag = "workers",
+    request_body(content = ProfileRequest, description = "`url` (optional) and SGLang's profiling options"),
+    responses(
+        (status = 200, description = "Every worker asked started", body = ProfileResult),
+        (status = 206, description = "Some did not: `successful` and `failed` name them", body = ProfileResult),
+        (status = 404, description = "`url` names no worker", body = ProfileResult),
+        (status = 400, description = "The body is not a JSON object (`invalid_json`)", body = ErrorResponse),
+    ))]
+pub async fn start_profile(State(st): State<AppState>, body: Bytes) -> Response {
+    profile(&st, "/start_profile", &body).await
+}
+
+/// Stops SGLang's profiler on every worker, or on the one `url` names.
+#[utoipa::path(post, operation_id = openapi::routes::gateway::StopProfile::OPERATION_ID,
+    path = openapi::routes::gateway::StopProfile::PATH, tag = "workers",
+    request_body(content = ProfileRequest, description = "`url` (optional)"),
+    responses(
+        (status = 200, description = "Every worker asked stopped", body = ProfileResult),
+        (status = 206, description = "Some did not: `successful` and `failed` name them", body = ProfileResult),
+        (status = 404, description = "`url` names no worker", body = ProfileResult),
+        (status = 400, description = "The body is not a JSON object (`invalid_json`)", body = ErrorResponse),
+    ))]
+pub async fn stop_profile(State(st): State<AppState>, body: Bytes) -> Response {
+    profile(&st, "/stop_profile", &body).await
+}
+
+/// `path` on the workers `body`'s `url` picks (all without one), with the rest of `body`.
+async fn profile(st: &AppState, path: &'static str, body: &[u8]) -> Response {
+    let req: ProfileRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ProfileRequest::default()
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return GatewayError::InvalidJson(e.to_string()).into_response(),
+        }
+    };
+    let workers: Vec<Arc<Worker>> = st
+        .registry()
+        .snapshot()
+        .iter()
+        .filter(|w| {
+            req.url
+                .as_deref()
+                .is_none_or(|u| crate::select::affinity::is_target(w, u))
+        })
+        .cloned()
+        .collect();
+    let options = match serde_json::to_vec(&req.options) {
+        Ok(o) => Bytes::from(o),
+        Err(e) => return GatewayError::Internal(e.to_string()).into_response(),
+    };
+    let answers = ask_all(st, &workers, Method::POST, path, options, LOAD_LIMIT).await;
+    let mut successful = Vec::new();
+    let mut failed = Vec::new();
+    for (w, a) in workers.iter().zip(answers) {
+        let url = w.url().as_str().to_owned();
+        match a {
+            Ok((s, _)) if s.is_success() => successful.push(url),
+            Ok((s, b)) => failed.push(FanOutFailure {
+                worker: url,
+                error: failure(s, &b),
+            }),
+            Err(error) => failed.push(FanOutFailure { worker: url, error }),
+        }
+    }
+    let total = workers.len();
+    let done = successful.len();
+    let what = path.trim_start_matches('/');
+    let (status, word, message) = if total == 0 {
+        let m = format!("no worker matches url {:?}", req.url.unwrap_or_default());
+        (StatusCode::NOT_FOUND, "error", m)
+    } else if failed.is_empty() {
+        successful.clear();
+        (
+            StatusCode::OK,
+            "success",
+            format!("{what} on all {done} workers"),
+        )
+    } else {
+        let m = format!("{what}: {done} succeeded, {} failed", failed.len());
+        (StatusCode::PARTIAL_CONTENT, "partial_success", m)
+    };
+    tracing::info!(done, total, "{what}");
+    let body = ProfileResult {
+        status: word.into(),
+        message,
+        workers_profiled: done,
+        total_workers: total,
+        successful,
+        failed,
+    };
+    (status, Json(body)).into_response()
 }

@@ -7,7 +7,8 @@
 //! - [`admin`]: the worker API (`/workers`), behind the admin key.
 //! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`.
 //! - [`fanout`]: what asks every worker (`/flush_cache`, `/get_loads`, `/engine_metrics`,
-//!   whose merge is [`exposition`]'s) or one pair (`/health_generate`).
+//!   whose merge is [`exposition`]'s, `/start_profile`, `/stop_profile`) or one pair
+//!   (`/health_generate`).
 //!
 //! [`app`] builds the service for a state; [`app_with`] also mounts another component's
 //! routes (the KV master's REST API) under the same front door and OpenAPI document, which
@@ -432,6 +433,8 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(fanout::flush_cache))
         .routes(routes!(fanout::get_loads))
         .routes(routes!(fanout::engine_metrics))
+        .routes(routes!(fanout::start_profile))
+        .routes(routes!(fanout::stop_profile))
 }
 
 /// How a gateway route refuses a request: 401 or 403, OpenAI envelope.

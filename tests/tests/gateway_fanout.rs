@@ -238,3 +238,89 @@ async fn profiling_starts_on_every_worker_or_the_one_named_with_its_options() {
     );
     gw.shutdown().await;
 }
+
+/// A worker that answers the fan-out routes with more than the gateway reads: a `/metrics`
+/// over 4 MiB, a `/get_load` over 1 MiB, a `/flush_cache` that never ends its body.
+async fn oversized_worker() -> String {
+    use axum::routing::{get, post};
+    async fn huge_metrics() -> String {
+        "x_total 1\n".repeat(500_000) // 5 MB
+    }
+    async fn huge_load() -> String {
+        format!("[{}]", vec!["{\"dp_rank\":0}"; 100_000].join(","))
+    }
+    async fn endless() -> axum::body::Body {
+        let chunks = futures::stream::repeat_with(|| {
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(&[b' '; 65536]))
+        });
+        axum::body::Body::from_stream(chunks)
+    }
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                axum::Json(serde_json::json!({"object": "list", "data": [{"id": "m"}]}))
+            }),
+        )
+        .route(
+            "/get_model_info",
+            get(|| async { axum::Json(serde_json::json!({"model_path": "m"})) }),
+        )
+        .route(
+            "/get_server_info",
+            get(|| async { axum::Json(serde_json::json!({})) }),
+        )
+        .route("/metrics", get(huge_metrics))
+        .route("/get_load", get(huge_load))
+        .route("/flush_cache", post(endless));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+#[tokio::test]
+async fn a_worker_answering_too_much_is_left_out_not_held() {
+    let workers = sims(1).await;
+    let attacker = oversized_worker().await;
+    let gw = start_gateway(ServeConfig {
+        worker_urls: vec![workers[0].url(), attacker.clone()],
+        ..fast_config()
+    })
+    .await;
+    eventually("ready", || gw.state().registry().counts().0 == 2).await;
+    let c = reqwest::Client::new();
+    let base = gw.url();
+    let text = send(c.get(format!("{base}/engine_metrics"))).await.1;
+    assert!(
+        text.contains(&workers[0].url()),
+        "{}",
+        &text[..text.len().min(500)]
+    );
+    assert!(
+        !text.contains("x_total"),
+        "the oversized answer is not served"
+    );
+    let v = json(&send(c.get(format!("{base}/get_loads"))).await.1);
+    let attacker_load = v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["worker"].as_str().unwrap().trim_end_matches('/') == attacker)
+        .expect("listed")
+        .clone();
+    assert_eq!(attacker_load["load"], -1);
+    assert!(
+        attacker_load["error"]
+            .as_str()
+            .unwrap()
+            .contains("reading body"),
+        "{attacker_load}"
+    );
+    // An endless body is cut at the bound (or the timeout): a 206 naming it, in bounded time.
+    let (st, body) = send(c.post(format!("{base}/flush_cache"))).await;
+    assert_eq!(st, 206, "{body}");
+    assert!(body.contains(&attacker), "{body}");
+    gw.shutdown().await;
+}

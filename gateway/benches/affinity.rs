@@ -7,37 +7,17 @@
 //! `power_of_two` (the default). Also the ring's build for a new worker set (what a
 //! membership change costs the first request after it).
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use gateway::config::PolicyKind;
 use gateway::select::affinity::{Affinity, HashRing};
 use gateway::select::{Policy, Want};
-use gateway::workers::{DEFAULT_PRIORITY, Worker, WorkerSpec, WorkerUrl};
-use openapi::workers::{WorkerStatus, WorkerType};
-use tokio_util::sync::CancellationToken;
+use openapi::workers::WorkerType;
 
-fn workers(n: usize) -> Vec<Arc<Worker>> {
-    (0..n)
-        .map(|i| {
-            let spec = WorkerSpec {
-                url: WorkerUrl::parse(&format!("http://10.0.{}.{}:30000", i / 250, i % 250))
-                    .expect("url"),
-                worker_type: WorkerType::Regular,
-                bootstrap_port: None,
-                model_id: Some("m".into()),
-                api_key: None,
-                labels: BTreeMap::new(),
-                priority: DEFAULT_PRIORITY,
-            };
-            let w = Worker::new(spec, None, CancellationToken::new());
-            w.set_status(WorkerStatus::Ready);
-            Arc::new(w)
-        })
-        .collect()
-}
+use common::workers;
 
 fn bench(c: &mut Criterion) {
     let prompt = b"c"

@@ -7,7 +7,8 @@
 //! eviction pass over the warmed tree is measured too (it runs every
 //! `--eviction-interval-secs`, holding the tree's lock).
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -16,28 +17,7 @@ use gateway::proxy::Endpoint;
 use gateway::proxy::inspect::routing_fields;
 use gateway::proxy::prompt::prompt_key;
 use gateway::select::cache_aware::{CacheAware, CacheAwareConfig};
-use gateway::workers::{DEFAULT_PRIORITY, Worker, WorkerSpec, WorkerUrl};
-use openapi::workers::{WorkerStatus, WorkerType};
-use tokio_util::sync::CancellationToken;
-
-fn workers(n: usize) -> Vec<Arc<Worker>> {
-    (0..n)
-        .map(|i| {
-            let spec = WorkerSpec {
-                url: WorkerUrl::parse(&format!("http://10.0.0.{i}:30000")).expect("url"),
-                worker_type: WorkerType::Regular,
-                bootstrap_port: None,
-                model_id: Some("m".into()),
-                api_key: None,
-                labels: BTreeMap::new(),
-                priority: DEFAULT_PRIORITY,
-            };
-            let w = Worker::new(spec, None, CancellationToken::new());
-            w.set_status(WorkerStatus::Ready);
-            Arc::new(w)
-        })
-        .collect()
-}
+use gateway::workers::Worker;
 
 fn body(family: usize, n: usize) -> Vec<u8> {
     let system = format!("You are assistant number {family}. ")
@@ -52,6 +32,8 @@ fn body(family: usize, n: usize) -> Vec<u8> {
     }))
     .expect("json")
 }
+
+use common::workers;
 
 fn bench(c: &mut Criterion) {
     let ws = workers(8);

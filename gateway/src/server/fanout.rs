@@ -91,6 +91,24 @@ async fn ask(
         .await
 }
 
+/// The URLs of the workers whose answer was a success, and the others with why.
+fn tally(workers: &[Arc<Worker>], answers: Vec<Answer>) -> (Vec<String>, Vec<FanOutFailure>) {
+    let mut successful = Vec::new();
+    let mut failed = Vec::new();
+    for (w, a) in workers.iter().zip(answers) {
+        let url = w.url().as_str().to_owned();
+        match a {
+            Ok((s, _)) if s.is_success() => successful.push(url),
+            Ok((s, body)) => failed.push(FanOutFailure {
+                worker: url,
+                error: failure(s, &body),
+            }),
+            Err(error) => failed.push(FanOutFailure { worker: url, error }),
+        }
+    }
+    (successful, failed)
+}
+
 /// A worker's failing answer, as text.
 fn failure(status: StatusCode, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
@@ -116,19 +134,7 @@ pub async fn flush_cache(State(st): State<AppState>) -> Response {
         LOAD_LIMIT,
     )
     .await;
-    let mut successful = Vec::new();
-    let mut failed = Vec::new();
-    for (w, a) in workers.iter().zip(answers) {
-        let url = w.url().as_str().to_owned();
-        match a {
-            Ok((s, _)) if s.is_success() => successful.push(url),
-            Ok((s, body)) => failed.push(FanOutFailure {
-                worker: url,
-                error: failure(s, &body),
-            }),
-            Err(error) => failed.push(FanOutFailure { worker: url, error }),
-        }
-    }
+    let (mut successful, failed) = tally(&workers, answers);
     let total = workers.len();
     let flushed = successful.len();
     let (status, code, message) = if failed.is_empty() {
@@ -398,19 +404,7 @@ async fn profile(st: &AppState, path: &'static str, body: &[u8]) -> Response {
         Err(e) => return GatewayError::Internal(e.to_string()).into_response(),
     };
     let answers = ask_all(st, &workers, Method::POST, path, options, LOAD_LIMIT).await;
-    let mut successful = Vec::new();
-    let mut failed = Vec::new();
-    for (w, a) in workers.iter().zip(answers) {
-        let url = w.url().as_str().to_owned();
-        match a {
-            Ok((s, _)) if s.is_success() => successful.push(url),
-            Ok((s, b)) => failed.push(FanOutFailure {
-                worker: url,
-                error: failure(s, &b),
-            }),
-            Err(error) => failed.push(FanOutFailure { worker: url, error }),
-        }
-    }
+    let (mut successful, failed) = tally(&workers, answers);
     let total = workers.len();
     let done = successful.len();
     let what = path.trim_start_matches('/');

@@ -16,7 +16,8 @@
 # Layout on 2 cores: the server under test (the gateway, or the direct sim worker) is pinned
 # alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
 # Load: wrk -t1 -c$CONC (64), POST /v1/chat/completions with a ~1 KiB prompt, 16 output
-# tokens; scenario `chat` (JSON) and `chat_stream` (SSE, 16 chunks + [DONE]).
+# tokens; scenario `chat` (JSON) and `chat_stream` (SSE, 16 chunks + [DONE]);
+# SCENARIOS="chat embeddings" adds `embeddings` (POST /v1/embeddings, the same ~1 KiB text).
 # Reported per target: req/s, p50/p99 latency, CPU microseconds per request of the server
 # under test (utime+stime from /proc, all threads), peak RSS.
 # Installs wrk with apt-get when it is missing. Ports: 43100-43110 (override with BASE_PORT).
@@ -112,13 +113,14 @@ fi
 TCK=$(getconf CLK_TCK)
 run_wrk() { # run_wrk PORT STREAM SECONDS -> "requests rps p50 p99 errors"
   local key=""; [ -n "${GWK_PORT:-}" ] && [ "$1" = "$GWK_PORT" ] && key=$CLIENT_KEY
-  UNIQUE=${UNIQUE:-0} AUTH_KEY=$key STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s gateway/bench/lua/chat.lua \
+  UNIQUE=${UNIQUE:-0} AUTH_KEY=$key ROUTE=${ROUTE:-} STREAM=$2 MAX_TOKENS=$TOKENS taskset -c "$CPU_AUX" wrk -t1 -c"$CONC" -d"$3s" -s gateway/bench/lua/chat.lua \
     "http://127.0.0.1:$1" 2>&1 | awk '/^RESULT/{print $2, $3, $4, $5, $6}'
 }
 echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers cpu $CPU_AUX; wrk -t1 -c$CONC; ${DURATION}s x $ROUNDS rounds; $TOKENS tokens"
 RES="$TMP/results"; : > "$RES"
 for sc in $SCENARIOS; do
   st=0; [ "$sc" = chat_stream ] && st=1
+  ROUTE=""; [ "$sc" = embeddings ] && ROUTE=embeddings
   for t in $TARGETS; do run_wrk "${t#*:}" $st 2 > /dev/null; done # warm-up
   for r in $(seq 1 "$ROUNDS"); do
     # Each round starts one target later, so none always runs first or last.

@@ -75,6 +75,11 @@ pub enum GatewayError {
         /// The model asked for.
         model: Option<String>,
     },
+    /// A route PD mode does not serve (embeddings: PD workers generate).
+    #[error(
+        "{0} is not served in PD mode: run the embedding model on a gateway with regular workers"
+    )]
+    NotInPdMode(&'static str),
     /// `/engine_metrics`: no worker, or none answered its `/metrics`.
     #[error("no worker answered /metrics")]
     NoWorkerMetrics,
@@ -181,6 +186,7 @@ impl GatewayError {
             Refused(AuthRefusal::NotLoopback) => StatusCode::FORBIDDEN,
             ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            NotInPdMode(_) => StatusCode::NOT_IMPLEMENTED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
             NoReadyWorker { .. }
             | NoReadyPdWorker { .. }
@@ -216,6 +222,7 @@ impl GatewayError {
             CircuitOpen { .. } => ("service_unavailable_error", "circuit_open"),
             TargetUnavailable(_) => ("service_unavailable_error", "target_worker_unavailable"),
             NoWorkerMetrics => ("service_unavailable_error", "no_worker_metrics"),
+            NotInPdMode(_) => ("invalid_request_error", "not_served_in_pd_mode"),
             HealthGenerateFailed(_) => ("service_unavailable_error", "health_generate_failed"),
             PdCircuitOpen { side } => (
                 "service_unavailable_error",

@@ -63,6 +63,8 @@ pub enum Route {
     Completions,
     /// `/generate`.
     Generate,
+    /// `/v1/embeddings`.
+    Embeddings,
     /// `/v1/models`.
     Models,
     /// `/workers...`.
@@ -80,11 +82,12 @@ pub enum Route {
     Other,
 }
 
-const ROUTES: usize = 10;
+const ROUTES: usize = 11;
 const ROUTE_LABELS: [&str; ROUTES] = [
     "chat_completions",
     "completions",
     "generate",
+    "embeddings",
     "models",
     "workers",
     "health",
@@ -93,12 +96,13 @@ const ROUTE_LABELS: [&str; ROUTES] = [
     "docs",
     "other",
 ];
-const STATUSES: [u16; 19] = [
-    200, 201, 202, 204, 303, 400, 401, 403, 404, 405, 409, 413, 422, 429, 500, 502, 503, 504, 507,
+const STATUSES: [u16; 20] = [
+    200, 201, 202, 204, 303, 400, 401, 403, 404, 405, 409, 413, 422, 429, 500, 501, 502, 503, 504,
+    507,
 ];
-const STATUS_LABELS: [&str; 20] = [
+const STATUS_LABELS: [&str; 21] = [
     "200", "201", "202", "204", "303", "400", "401", "403", "404", "405", "409", "413", "422",
-    "429", "500", "502", "503", "504", "507", "other",
+    "429", "500", "501", "502", "503", "504", "507", "other",
 ];
 
 impl Route {
@@ -109,6 +113,7 @@ impl Route {
             gw::ChatCompletions::PATH => Self::ChatCompletions,
             gw::Completions::PATH => Self::Completions,
             gw::Generate::PATH => Self::Generate,
+            gw::Embeddings::PATH => Self::Embeddings,
             gw::Models::PATH => Self::Models,
             gw::Health::PATH
             | gw::Liveness::PATH

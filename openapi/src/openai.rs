@@ -12,6 +12,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

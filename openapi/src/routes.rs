@@ -210,6 +210,7 @@ pub mod gateway {
     use crate::openai::ModelList;
     use crate::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
     use crate::openai::completions::{CompletionRequest, CompletionResponse};
+    use crate::openai::embeddings::{EmbeddingRequest, EmbeddingResponse};
     use crate::sglang::GenerateRequest;
     use crate::sglang::server::{ModelInfo, ServerInfo};
     use crate::workers::{
@@ -224,6 +225,9 @@ pub mod gateway {
         /// OpenAI text completions, proxied.
         Completions = Post "/v1/completions", Client, "completions",
             CompletionRequest => CompletionResponse;
+        /// OpenAI embeddings, proxied to a worker serving an embedding model (regular mode).
+        Embeddings = Post "/v1/embeddings", Client, "embeddings",
+            EmbeddingRequest => EmbeddingResponse;
         /// SGLang's native generation, proxied (its answer is a worker's, streamed or not).
         Generate = Post "/generate", Client, "generate", GenerateRequest => ();
         /// The models the ready workers serve.

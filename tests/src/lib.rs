@@ -232,6 +232,7 @@ impl Backend {
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", routing::post(infer))
             .route("/v1/completions", routing::post(infer))
+            .route("/v1/embeddings", routing::post(infer))
             .route("/generate", routing::post(infer))
             .route("/get_server_info", get(info))
             .route("/get_model_info", get(info))

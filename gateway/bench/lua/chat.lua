@@ -1,19 +1,24 @@
 -- wrk script: POST /v1/chat/completions with a ~1 KiB user prompt.
 -- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim);
 -- AUTH_KEY: sent as `Authorization: Bearer <key>` (a gateway with client keys);
--- UNIQUE=1: a different prompt each request.
+-- UNIQUE=1: a different prompt each request; ROUTE=embeddings: POST /v1/embeddings with the
+-- same text as `input` instead.
 local stream = os.getenv("STREAM") == "1"
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
 local model = os.getenv("MODEL") or "moongate-sim"
 local prompt = string.rep("The quick brown fox jumps over the lazy dog. ", 23) -- 1035 bytes
 wrk.method = "POST"
-wrk.path = "/v1/chat/completions"
+local embeddings = os.getenv("ROUTE") == "embeddings"
+wrk.path = embeddings and "/v1/embeddings" or "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
 local key = os.getenv("AUTH_KEY")
 if key and key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
 local function body(content)
+  if embeddings then
+    return '{"model":"' .. model .. '","input":"' .. content .. '"}'
+  end
   return '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. content ..
     '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
 end

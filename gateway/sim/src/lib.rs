@@ -4,8 +4,9 @@
 //!
 //! Endpoints: `/health`, `/health_generate`, `/get_server_info` (`/server_info`),
 //! `/get_model_info` (`/model_info`), `/v1/models`, `/v1/models/{model}`, `/generate`,
-//! `/v1/chat/completions`, `/v1/completions`, `/flush_cache`, `/get_load`, `/v1/loads`,
-//! `/metrics`, `/start_profile`, `/stop_profile` (and `/sim/profile`, what it profiles).
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/flush_cache`,
+//! `/get_load`, `/v1/loads`, `/metrics`, `/start_profile`, `/stop_profile` (and
+//! `/sim/profile`, what it profiles).
 //! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
 //! a stop string, stop token or the model's end-of-sequence after `output_tokens` words),
 //! `n > 1`, batch `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
@@ -27,6 +28,7 @@
 //! - [`serve`]: the HTTP/1.1 accept loop and its bounded graceful shutdown.
 //! - [`state`]: shared state: config, requests in flight, request ids.
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
+//! - [`embeddings`]: `/v1/embeddings`, as an embedding model answers it.
 //! - [`info`]: health, server / model info, models, load, cache flush.
 //! - [`job`]: prompt accounting and running every sequence of a request.
 //! - [`prefix`]: the prefix cache (a radix tree over KV pages, bounded, LRU) and its events.
@@ -45,6 +47,7 @@ pub mod chat;
 pub mod completions;
 pub mod config;
 pub mod demo;
+pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod generate;
@@ -99,6 +102,7 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         )
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route(
             "/flush_cache",
             get(info::flush_cache).post(info::flush_cache),

@@ -41,6 +41,9 @@ pub struct RoutingFields<'a> {
     /// `/v1/completions`' `prompt`.
     #[serde(default)]
     pub prompt: Shape,
+    /// `/v1/embeddings`' `input`.
+    #[serde(default)]
+    pub input: Shape,
     /// Choices per prompt (chat, completions; for chat in PD mode each is an item).
     #[serde(default)]
     pub n: Shape,
@@ -145,6 +148,7 @@ impl RoutingFields<'_> {
                 _ => ("text", self.text.batch()),
             },
             Endpoint::Completions => ("prompt", self.prompt.batch()),
+            Endpoint::Embeddings => ("input", self.input.batch()),
             Endpoint::ChatCompletions => ("messages", None),
         }
     }

@@ -48,6 +48,8 @@ pub enum Endpoint {
     Completions,
     /// `POST /generate` (SGLang native).
     Generate,
+    /// `POST /v1/embeddings` (regular mode only: PD workers generate).
+    Embeddings,
 }
 
 impl Endpoint {
@@ -57,6 +59,7 @@ impl Endpoint {
             Self::ChatCompletions => routes::ChatCompletions::PATH,
             Self::Completions => routes::Completions::PATH,
             Self::Generate => routes::Generate::PATH,
+            Self::Embeddings => routes::Embeddings::PATH,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! - chat (`/v1/chat/completions`): the `messages`, flattened in order: every string in
 //!   them (roles, contents, content parts' text) followed by a `0x1f` separator, so the
 //!   key grows the way the rendered conversation does;
-//! - completions: `prompt`; `/generate`: `text`, or `input_ids` when there is no text;
+//! - completions: `prompt`; embeddings: `input`; `/generate`: `text`, or `input_ids` when
+//!   there is no text;
 //! - a string is its UTF-8 bytes; a token id is four little-endian bytes (numbers appear
 //!   only in token-id prompts); a list (a batch) is its items in order.
 //!
@@ -244,6 +245,8 @@ fn prepare(
     tokenizer: &Tokenizer,
 ) -> Result<Prepared, sglang::tokenizer::TokenizerError> {
     match endpoint {
+        // Embedding models keep no KV cache to route to: their text key is enough.
+        Endpoint::Embeddings => Ok(Prepared::Nothing),
         Endpoint::ChatCompletions => Ok(match tokenizer.chat_text(body)? {
             ChatText::Ids(ids) => Prepared::Key(id_key(ids.iter().copied())),
             ChatText::Render { text, memo } => Prepared::Text {
@@ -447,6 +450,7 @@ impl<'de> Visitor<'de> for Top {
             Endpoint::ChatCompletions => ("messages", None),
             Endpoint::Completions => ("prompt", None),
             Endpoint::Generate => ("text", Some("input_ids")),
+            Endpoint::Embeddings => ("input", None),
         };
         let mut found = Found::default();
         while let Some(k) = map.next_key::<KeyName<'de>>()? {

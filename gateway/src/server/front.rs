@@ -172,6 +172,7 @@ fn inference_route(route: Route) -> Option<Endpoint> {
         Route::ChatCompletions => Some(Endpoint::ChatCompletions),
         Route::Completions => Some(Endpoint::Completions),
         Route::Generate => Some(Endpoint::Generate),
+        Route::Embeddings => Some(Endpoint::Embeddings),
         _ => None,
     }
 }

@@ -9,6 +9,7 @@ use http::request::Parts;
 use openapi::error::ErrorResponse;
 use openapi::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
 use openapi::openai::completions::{CompletionRequest, CompletionResponse};
+use openapi::openai::embeddings::{EmbeddingRequest, EmbeddingResponse};
 use openapi::openai::{ModelCard, ModelList};
 use openapi::sglang::GenerateRequest;
 use openapi::sglang::server::{ModelInfo, ServerInfo};
@@ -37,6 +38,10 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // PD workers generate; an embedding model is served by regular workers (as smg).
+    if endpoint == Endpoint::Embeddings && st.pd_router().is_some() {
+        return GatewayError::NotInPdMode(endpoint.path()).into_response();
+    }
     admit(st, endpoint, parts, body, request_id).await
 }
 
@@ -189,6 +194,17 @@ pub fn chat_completions() {}
         ProxyErrors,
     ))]
 pub fn completions() {}
+
+/// OpenAI embeddings, proxied to a worker serving an embedding model (regular mode only).
+#[utoipa::path(post, operation_id = openapi::routes::gateway::Embeddings::OPERATION_ID,
+    path = openapi::routes::gateway::Embeddings::PATH, tag = "inference",
+    request_body(content = EmbeddingRequest, description = "OpenAI embeddings request; unknown fields are passed through unchanged"),
+    responses(
+        (status = 200, description = "The worker's answer", body = EmbeddingResponse),
+        (status = 501, description = "PD mode serves no embeddings (`not_served_in_pd_mode`)", body = ErrorResponse),
+        ProxyErrors,
+    ))]
+pub fn embeddings() {}
 
 /// SGLang native generation, proxied.
 #[utoipa::path(post, operation_id = openapi::routes::gateway::Generate::OPERATION_ID,

@@ -399,6 +399,7 @@ pub struct GatewayApi;
 #[openapi(paths(
     inference::chat_completions,
     inference::completions,
+    inference::embeddings,
     inference::generate
 ))]
 struct ProxiedRoutes;

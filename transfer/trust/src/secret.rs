@@ -175,10 +175,13 @@ impl ClusterSecret {
     /// same secret: the file is written aside and linked into place without replacing one
     /// that appeared meanwhile.
     pub fn load_or_create(path: &Path) -> Result<Self> {
-        match Self::from_file(path) {
-            Ok(s) => return Ok(s),
-            Err(_) if !path.exists() => {}
-            Err(e) => return Err(e),
+        // Whether the file is there decides, not whether reading it failed: reading can
+        // fail because it is missing and then another creator link it before a second
+        // look, which must not turn into "missing" (a file, once linked, is complete).
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => return Self::from_file(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(bad(path, e)),
         }
         let dir = path
             .parent()

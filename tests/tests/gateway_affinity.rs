@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use gateway::config::PolicyKind;
-use moongate_tests::{Backend, start_regular_gateway};
+use moongate_tests::{Backend, get_json, get_text, start_regular_gateway};
 use serde_json::{Value, json};
 
 /// Which backend answered a chat request with these extra headers.
@@ -99,14 +99,7 @@ async fn a_target_header_reaches_the_named_worker_or_a_503_names_it() {
         assert_eq!((st, worker(&v).as_str()), (200, "b"));
     }
     // By the id the worker API lists.
-    let list: Value = c
-        .get(format!("{}/workers", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = get_json(&c, &format!("{}/workers", gw.url())).await;
     let a_id = list["workers"]
         .as_array()
         .unwrap()
@@ -168,14 +161,7 @@ async fn manual_keeps_each_session_where_its_first_request_went() {
             assert_eq!(&worker(&v), w, "{key} stays with its worker");
         }
     }
-    let m = c
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, &format!("{}/metrics", gw.url())).await;
     assert!(
         m.contains(r#"moongate_gateway_sticky_decisions_total{decision="hit"} 36"#),
         "{m}"

@@ -53,6 +53,21 @@ async fn ask_all(
     body: Bytes,
     limit: usize,
 ) -> Vec<Answer> {
+    asking(st, workers, method, path, body, limit)
+        .collect()
+        .await
+}
+
+/// [`ask_all`]'s answers as they come, in the workers' order, for a caller that may stop
+/// early (at most [`FAN_OUT`] calls are in flight).
+fn asking(
+    st: &AppState,
+    workers: &[Arc<Worker>],
+    method: Method,
+    path: &'static str,
+    body: Bytes,
+    limit: usize,
+) -> impl futures::Stream<Item = Answer> + use<> {
     let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
     let calls: Vec<_> = workers
         .iter()
@@ -61,10 +76,7 @@ async fn ask_all(
             async move { ask(&st, &w, method, path, body, timeout, limit).await }
         })
         .collect();
-    futures::stream::iter(calls)
-        .buffered(FAN_OUT)
-        .collect()
-        .await
+    futures::stream::iter(calls).buffered(FAN_OUT)
 }
 
 /// Calls `method path` on `worker` with its key (and `body`, JSON, when not empty).
@@ -226,30 +238,18 @@ pub async fn engine_metrics(State(st): State<AppState>) -> Response {
         .collect();
     // Answers are taken as they come (FAN_OUT in flight), and asking stops once the
     // total bound is reached: in flight plus held stays bounded whatever the fleet.
-    let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
-    let calls: Vec<_> = workers
-        .iter()
-        .map(|w| {
-            let (st, w) = (st.clone(), w.clone());
-            async move {
-                let a = ask(
-                    &st,
-                    &w,
-                    Method::GET,
-                    "/metrics",
-                    Bytes::new(),
-                    timeout,
-                    METRICS_LIMIT,
-                );
-                let a = a.await;
-                (w, a)
-            }
-        })
-        .collect();
-    let mut answers = futures::stream::iter(calls).buffered(FAN_OUT);
+    let mut answers = asking(
+        &st,
+        &workers,
+        Method::GET,
+        "/metrics",
+        Bytes::new(),
+        METRICS_LIMIT,
+    )
+    .zip(futures::stream::iter(workers.iter()));
     let mut held = 0usize;
     let mut texts: Vec<(String, String)> = Vec::new();
-    while let Some((w, a)) = answers.next().await {
+    while let Some((a, w)) = answers.next().await {
         match a {
             Ok((s, body)) if s.is_success() => {
                 held += body.len();

@@ -33,5 +33,5 @@ write() {
   echo "wrote $file"
 }
 
-write serve deploy/k8s/base/moongate.toml "gateway/src/config.rs; [master]: kvmaster::MasterConfig"
-write master deploy/master.toml "gateway/src/config/master.rs; [master]: kvmaster::MasterConfig"
+write serve deploy/k8s/base/moongate.toml "gateway/config/src/lib.rs; [master]: kvmaster::MasterConfig"
+write master deploy/master.toml "gateway/config/src/master.rs; [master]: kvmaster::MasterConfig"

@@ -17,7 +17,8 @@
 # alone on CPU_SUT (default 1); wrk and the gateway's two sim workers share CPU_AUX (default 0).
 # Load: wrk -t1 -c$CONC (64), POST /v1/chat/completions with a ~1 KiB prompt, 16 output
 # tokens; scenario `chat` (JSON) and `chat_stream` (SSE, 16 chunks + [DONE]);
-# SCENARIOS="chat embeddings" adds `embeddings` (POST /v1/embeddings, the same ~1 KiB text).
+# SCENARIOS="chat embeddings rerank classify score tokenize responses" adds those routes
+# (the same ~1 KiB text, see lua/chat.lua).
 # Reported per target: req/s, p50/p99 latency, CPU microseconds per request of the server
 # under test (utime+stime from /proc, all threads), peak RSS.
 # Installs wrk with apt-get when it is missing. Ports: 43100-43110 (override with BASE_PORT).
@@ -120,7 +121,7 @@ echo "# $(date -Is) $(nproc) cpus; SUT cpu $CPU_SUT, wrk + gateway's sim workers
 RES="$TMP/results"; : > "$RES"
 for sc in $SCENARIOS; do
   st=0; [ "$sc" = chat_stream ] && st=1
-  ROUTE=""; [ "$sc" = embeddings ] && ROUTE=embeddings
+  case $sc in chat | chat_stream) ROUTE="" ;; *) ROUTE=$sc ;; esac
   for t in $TARGETS; do run_wrk "${t#*:}" $st 2 > /dev/null; done # warm-up
   for r in $(seq 1 "$ROUNDS"); do
     # Each round starts one target later, so none always runs first or last.

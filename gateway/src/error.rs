@@ -75,11 +75,21 @@ pub enum GatewayError {
         /// The model asked for.
         model: Option<String>,
     },
-    /// A route PD mode does not serve (embeddings: PD workers generate).
-    #[error(
-        "{0} is not served in PD mode: run the embedding model on a gateway with regular workers"
-    )]
+    /// A route PD mode does not serve (embeddings, classify, score: PD workers generate;
+    /// the Responses API: its state lives on one worker, a pair cannot keep it).
+    #[error("{0} is not served in PD mode: serve it from a gateway with regular workers")]
     NotInPdMode(&'static str),
+    /// A response (or the one a request continues) whose worker is not known or has left.
+    #[error("{}", match .previous {
+        true => format!("previous response '{}' not found: the worker holding it is gone", .id),
+        false => format!("response '{}' not found", .id),
+    })]
+    ResponseNotFound {
+        /// The response id.
+        id: String,
+        /// Whether it was named as `previous_response_id`.
+        previous: bool,
+    },
     /// `/engine_metrics`: no worker, or none answered its `/metrics`.
     #[error("no worker answered /metrics")]
     NoWorkerMetrics,
@@ -184,7 +194,9 @@ impl GatewayError {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Refused(AuthRefusal::Unauthorized(_)) => StatusCode::UNAUTHORIZED,
             Refused(AuthRefusal::NotLoopback) => StatusCode::FORBIDDEN,
-            ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
+            ModelNotFound(_) | WorkerNotFound(_) | RouteNotFound(_) | ResponseNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             NotInPdMode(_) => StatusCode::NOT_IMPLEMENTED,
             DuplicateWorker(_) => StatusCode::CONFLICT,
@@ -223,6 +235,12 @@ impl GatewayError {
             TargetUnavailable(_) => ("service_unavailable_error", "target_worker_unavailable"),
             NoWorkerMetrics => ("service_unavailable_error", "no_worker_metrics"),
             NotInPdMode(_) => ("invalid_request_error", "not_served_in_pd_mode"),
+            ResponseNotFound { previous: true, .. } => {
+                ("invalid_request_error", "previous_response_not_found")
+            }
+            ResponseNotFound {
+                previous: false, ..
+            } => ("invalid_request_error", "response_not_found"),
             HealthGenerateFailed(_) => ("service_unavailable_error", "health_generate_failed"),
             PdCircuitOpen { side } => (
                 "service_unavailable_error",

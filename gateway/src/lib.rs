@@ -32,8 +32,8 @@
 //! - [`logging`]: tracing subscriber setup, request spans, OTLP traces.
 //!
 //! Around the request path:
-//! - [`config`]: `moongate serve` and `moongate master` settings: defaults, TOML file,
-//!   `MOONGATE_*` env, flags; validation.
+//! - [`config`] (the `settings` crate): `moongate serve` and `moongate master` settings:
+//!   defaults, TOML file, `MOONGATE_*` env, flags; validation.
 //! - [`launch`]: `moongate serve` as a process: listener, static workers, the hosted
 //!   master, graceful shutdown.
 //! - [`master`]: the KV master this process hosts (`kvmaster` behind the store and admin
@@ -44,7 +44,9 @@ pub mod admission;
 /// Who may call what: the `planes` crate, under the name the gateway's modules use.
 pub use planes as auth;
 pub mod client;
-pub mod config;
+/// `moongate serve` and `moongate master` settings: the `settings` crate, under the name the
+/// gateway's modules use.
+pub use settings as config;
 pub mod docs;
 pub mod error;
 pub mod launch;

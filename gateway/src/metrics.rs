@@ -65,6 +65,16 @@ pub enum Route {
     Generate,
     /// `/v1/embeddings`.
     Embeddings,
+    /// `/rerank`, `/v1/rerank`.
+    Rerank,
+    /// `/v1/classify`.
+    Classify,
+    /// `/v1/score`.
+    Score,
+    /// `/v1/tokenize`, `/v1/detokenize`.
+    Tokenize,
+    /// `/v1/responses` and a response's routes.
+    Responses,
     /// `/v1/models`.
     Models,
     /// `/workers...`.
@@ -82,12 +92,17 @@ pub enum Route {
     Other,
 }
 
-const ROUTES: usize = 11;
+const ROUTES: usize = 16;
 const ROUTE_LABELS: [&str; ROUTES] = [
     "chat_completions",
     "completions",
     "generate",
     "embeddings",
+    "rerank",
+    "classify",
+    "score",
+    "tokenize",
+    "responses",
     "models",
     "workers",
     "health",
@@ -114,6 +129,11 @@ impl Route {
             gw::Completions::PATH => Self::Completions,
             gw::Generate::PATH => Self::Generate,
             gw::Embeddings::PATH => Self::Embeddings,
+            gw::Rerank::PATH | gw::V1Rerank::PATH => Self::Rerank,
+            gw::Classify::PATH => Self::Classify,
+            gw::Score::PATH => Self::Score,
+            gw::Tokenize::PATH | gw::Detokenize::PATH => Self::Tokenize,
+            gw::Responses::PATH => Self::Responses,
             gw::Models::PATH => Self::Models,
             gw::Health::PATH
             | gw::Liveness::PATH
@@ -129,6 +149,7 @@ impl Route {
             docs::OpenapiJsonAlias::PATH | docs::SwaggerUiRoot::PATH => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,
             p if p.starts_with("/api/v1/") => Self::Master,
+            p if p.starts_with("/v1/responses/") => Self::Responses,
             p if p.starts_with("/docs/") || p.starts_with("/api-docs/") => Self::Docs,
             _ => Self::Other,
         }

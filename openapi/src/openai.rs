@@ -13,6 +13,10 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod pooling;
+pub mod rerank;
+pub mod responses;
+pub mod tokenize;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -211,6 +211,12 @@ pub mod gateway {
     use crate::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
     use crate::openai::completions::{CompletionRequest, CompletionResponse};
     use crate::openai::embeddings::{EmbeddingRequest, EmbeddingResponse};
+    use crate::openai::pooling::{ClassifyRequest, ClassifyResponse, ScoreRequest, ScoreResponse};
+    use crate::openai::rerank::{RerankRequest, RerankResponse};
+    use crate::openai::responses::{ResponseInputItems, ResponseObject, ResponsesRequest};
+    use crate::openai::tokenize::{
+        DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    };
     use crate::sglang::GenerateRequest;
     use crate::sglang::server::{ModelInfo, ServerInfo};
     use crate::workers::{
@@ -228,6 +234,34 @@ pub mod gateway {
         /// OpenAI embeddings, proxied to a worker serving an embedding model (regular mode).
         Embeddings = Post "/v1/embeddings", Client, "embeddings",
             EmbeddingRequest => EmbeddingResponse;
+        /// Rerank in the router's form, sent to a worker's `/v1/rerank`.
+        Rerank = Post "/rerank", Client, "rerank", RerankRequest => RerankResponse;
+        /// Rerank in SGLang's form, answered in the router's.
+        V1Rerank = Post "/v1/rerank", Client, "v1_rerank", RerankRequest => RerankResponse;
+        /// Classification by a classifier model, proxied (regular mode).
+        Classify = Post "/v1/classify", Client, "classify", ClassifyRequest => ClassifyResponse;
+        /// Label-token scores of query + items, proxied (regular mode).
+        Score = Post "/v1/score", Client, "score", ScoreRequest => ScoreResponse;
+        /// The model's tokenizer, on a worker.
+        Tokenize = Post "/v1/tokenize", Client, "tokenize", TokenizeRequest => TokenizeResponse;
+        /// The model's detokenizer, on a worker.
+        Detokenize = Post "/v1/detokenize", Client, "detokenize",
+            DetokenizeRequest => DetokenizeResponse;
+        /// A response (Responses API), made by a worker that keeps it (regular mode).
+        Responses = Post "/v1/responses", Client, "create_response",
+            ResponsesRequest => ResponseObject;
+        /// A response, from the worker holding it.
+        GetResponse = Get "/v1/responses/{response_id}", Client, "get_response",
+            () => ResponseObject;
+        /// Deletes a response on the worker holding it.
+        DeleteResponse = Delete "/v1/responses/{response_id}", Client, "delete_response",
+            () => ();
+        /// Cancels a background response on the worker holding it.
+        CancelResponse = Post "/v1/responses/{response_id}/cancel", Client, "cancel_response",
+            () => ResponseObject;
+        /// The input items of a response, from the worker holding it.
+        ResponseInputItemsRoute = Get "/v1/responses/{response_id}/input_items", Client,
+            "list_response_input_items", () => ResponseInputItems;
         /// SGLang's native generation, proxied (its answer is a worker's, streamed or not).
         Generate = Post "/generate", Client, "generate", GenerateRequest => ();
         /// The models the ready workers serve.

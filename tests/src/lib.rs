@@ -233,6 +233,12 @@ impl Backend {
             .route("/v1/chat/completions", routing::post(infer))
             .route("/v1/completions", routing::post(infer))
             .route("/v1/embeddings", routing::post(infer))
+            .route("/v1/rerank", routing::post(infer))
+            .route("/v1/classify", routing::post(infer))
+            .route("/v1/score", routing::post(infer))
+            .route("/v1/tokenize", routing::post(infer))
+            .route("/v1/detokenize", routing::post(infer))
+            .route("/v1/responses", routing::post(infer))
             .route("/generate", routing::post(infer))
             .route("/get_server_info", get(info))
             .route("/get_model_info", get(info))
@@ -449,6 +455,17 @@ pub async fn post_json(
         .expect("JSON body")
 }
 
+/// `POST url` with a JSON body: the status and the JSON answer, whatever the status.
+pub async fn send_json(
+    c: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c.post(url).json(body).send().await.expect("POST");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("JSON body"))
+}
+
 /// `POST {base}/generate` of the token ids `ids` for one new token; asserts a 200 and
 /// returns the answer.
 pub async fn generate_ids(c: &reqwest::Client, base: &str, ids: &[u32]) -> serde_json::Value {
@@ -478,7 +495,7 @@ pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
 /// event that is not JSON).
 pub fn sse_json(text: &str) -> Vec<serde_json::Value> {
     text.split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter(|e| *e != "[DONE]")
         .map(|e| serde_json::from_str(e).expect("JSON event"))
         .collect()

@@ -4,15 +4,11 @@
 //! is a 404, and PD mode answers 501.
 
 use gateway::config::ServeConfig;
-use moongate_tests::{Backend, eventually, fast_config, start_gateway, start_pd_gateway};
+use moongate_tests::{
+    Backend, eventually, fast_config, send_json, start_gateway, start_pd_gateway,
+};
 use serde_json::{Value, json};
 use sim::SimConfig;
-
-async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().await.unwrap();
-    let st = r.status().as_u16();
-    (st, r.json().await.unwrap())
-}
 
 #[tokio::test]
 async fn embeddings_are_proxied_in_order_and_bounded() {
@@ -29,7 +25,7 @@ async fn embeddings_are_proxied_in_order_and_bounded() {
     let url = format!("{}/v1/embeddings", gw.url());
     let model = SimConfig::default().model;
 
-    let (st, one) = post(&c, &url, &json!({"model": model, "input": "hello world"})).await;
+    let (st, one) = send_json(&c, &url, &json!({"model": model, "input": "hello world"})).await;
     assert_eq!(st, 200, "{one}");
     assert_eq!(one["object"], "list");
     assert_eq!(one["data"].as_array().unwrap().len(), 1);
@@ -40,7 +36,7 @@ async fn embeddings_are_proxied_in_order_and_bounded() {
     assert!(one["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
 
     let batch = json!({"model": model, "input": ["a b", "hello world", "c"], "dimensions": 8});
-    let (st, many) = post(&c, &url, &batch).await;
+    let (st, many) = send_json(&c, &url, &batch).await;
     assert_eq!(st, 200, "{many}");
     let data = many["data"].as_array().unwrap();
     assert_eq!(
@@ -51,11 +47,11 @@ async fn embeddings_are_proxied_in_order_and_bounded() {
     );
     assert_eq!(data[1]["embedding"].as_array().unwrap().len(), 8);
     let ids = json!({"model": model, "input": [[1, 2, 3], [4, 5]]});
-    assert_eq!(post(&c, &url, &ids).await.0, 200);
+    assert_eq!(send_json(&c, &url, &ids).await.0, 200);
 
     // Over --max-batch-size: 400 from the gateway, naming the field.
     let big = json!({"model": model, "input": ["a", "b", "c", "d", "e"]});
-    let (st, err) = post(&c, &url, &big).await;
+    let (st, err) = send_json(&c, &url, &big).await;
     assert_eq!(
         (st, err["error"]["code"].as_str()),
         (400, Some("too_many_items")),
@@ -66,7 +62,7 @@ async fn embeddings_are_proxied_in_order_and_bounded() {
         "{err}"
     );
     // An unknown model: 404, no worker asked.
-    let (st, err) = post(&c, &url, &json!({"model": "nope", "input": "x"})).await;
+    let (st, err) = send_json(&c, &url, &json!({"model": "nope", "input": "x"})).await;
     assert_eq!(
         (st, err["error"]["code"].as_str()),
         (404, Some("model_not_found")),

@@ -1,25 +1,37 @@
 -- wrk script: POST /v1/chat/completions with a ~1 KiB user prompt.
 -- Env: STREAM=1 for "stream": true; MAX_TOKENS (default 16); MODEL (default moongate-sim);
 -- AUTH_KEY: sent as `Authorization: Bearer <key>` (a gateway with client keys);
--- UNIQUE=1: a different prompt each request; ROUTE=embeddings: POST /v1/embeddings with the
--- same text as `input` instead.
+-- UNIQUE=1: a different prompt each request; ROUTE: another route with the same text instead
+-- (`embeddings`, `classify`, `tokenize`, `responses`: as `input` or `prompt`; `rerank`: as
+-- the first of two documents; `score`: as the one item).
 local stream = os.getenv("STREAM") == "1"
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
 local model = os.getenv("MODEL") or "moongate-sim"
 local prompt = string.rep("The quick brown fox jumps over the lazy dog. ", 23) -- 1035 bytes
 wrk.method = "POST"
-local embeddings = os.getenv("ROUTE") == "embeddings"
-wrk.path = embeddings and "/v1/embeddings" or "/v1/chat/completions"
+local route = os.getenv("ROUTE") or ""
+local paths = {
+  embeddings = "/v1/embeddings", rerank = "/v1/rerank", classify = "/v1/classify",
+  score = "/v1/score", tokenize = "/v1/tokenize", responses = "/v1/responses",
+}
+wrk.path = paths[route] or "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
 local key = os.getenv("AUTH_KEY")
 if key and key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
 local function body(content)
-  if embeddings then
-    return '{"model":"' .. model .. '","input":"' .. content .. '"}'
+  local m = '{"model":"' .. model .. '",'
+  if route == "embeddings" or route == "classify" or route == "responses" then
+    return m .. '"input":"' .. content .. '"}'
+  elseif route == "tokenize" then
+    return m .. '"prompt":"' .. content .. '"}'
+  elseif route == "rerank" then
+    return m .. '"query":"a quick fox","documents":["' .. content .. '","a lazy dog"]}'
+  elseif route == "score" then
+    return m .. '"query":"a quick fox","items":["' .. content .. '"],"label_token_ids":[1,2]}'
   end
-  return '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. content ..
+  return m .. '"messages":[{"role":"user","content":"' .. content ..
     '"}],"max_tokens":' .. max_tokens .. ',"stream":' .. (stream and "true" or "false") .. '}'
 end
 wrk.body = body(prompt)

@@ -4,7 +4,9 @@
 //!
 //! Endpoints: `/health`, `/health_generate`, `/get_server_info` (`/server_info`),
 //! `/get_model_info` (`/model_info`), `/v1/models`, `/v1/models/{model}`, `/generate`,
-//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/flush_cache`,
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/rerank`,
+//! `/v1/classify`, `/v1/score`, `/v1/tokenize`, `/v1/detokenize`, `/v1/responses` (and a
+//! response's `GET`, `DELETE`, `cancel`, `input_items`), `/flush_cache`,
 //! `/get_load`, `/v1/loads`, `/metrics`, `/start_profile`, `/stop_profile` (and
 //! `/sim/profile`, what it profiles).
 //! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
@@ -29,6 +31,9 @@
 //! - [`state`]: shared state: config, requests in flight, request ids.
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
 //! - [`embeddings`]: `/v1/embeddings`, as an embedding model answers it.
+//! - [`pooling`]: rerank, classify, score, tokenize and detokenize.
+//! - [`responses`]: the Responses API, its responses kept in this worker's memory
+//!   ([`response_store`]).
 //! - [`info`]: health, server / model info, models, load, cache flush.
 //! - [`job`]: prompt accounting and running every sequence of a request.
 //! - [`prefix`]: the prefix cache (a radix tree over KV pages, bounded, LRU) and its events.
@@ -56,7 +61,10 @@ pub mod job;
 pub mod l3;
 pub mod model;
 pub mod pd;
+pub mod pooling;
 pub mod prefix;
+pub mod response_store;
+pub mod responses;
 pub mod serve;
 pub mod state;
 pub mod stream;
@@ -103,6 +111,21 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(pooling::rerank).put(pooling::rerank))
+        .route("/v1/classify", post(pooling::classify))
+        .route("/v1/score", post(pooling::score))
+        .route("/v1/tokenize", post(pooling::tokenize))
+        .route("/v1/detokenize", post(pooling::detokenize))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route(
             "/flush_cache",
             get(info::flush_cache).post(info::flush_cache),

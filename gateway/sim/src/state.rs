@@ -36,6 +36,8 @@ pub struct SimState {
     lane: Mutex<Instant>,
     /// The options of the profiling run in progress (`/start_profile`), if any.
     pub profiling: Mutex<Option<serde_json::Value>>,
+    /// The Responses API's stored responses.
+    pub responses: Mutex<super::response_store::ResponseStore>,
     in_flight: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
@@ -85,6 +87,7 @@ impl SimState {
             tokenizer,
             lane: Mutex::new(Instant::now()),
             profiling: Mutex::new(None),
+            responses: Mutex::default(),
             in_flight: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,

@@ -1,14 +1,25 @@
 //! Rewriting an answer on its way to the client: a [`Rewrite`] sees the worker's body frame
 //! by frame and says what to send instead (PD's logprob merge of a stream, event by event);
 //! [`Whole`] holds a whole body up to a bound and rewrites it at the end (the merge of a
-//! whole answer, the error envelope).
+//! whole answer, the error envelope); [`Rewritten`] applies a rewrite to a response the
+//! router already made (the rerank envelope, the response-id tap).
 
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use axum::body::Body;
 use bytes::{Bytes, BytesMut};
+use http_body::Frame;
 
 /// Changes an answer's bytes on their way to the client.
 pub trait Rewrite: Send {
     /// One frame of the worker's body: what to send now (empty: nothing yet).
     fn push(&mut self, chunk: &[u8]) -> Bytes;
+    /// [`Rewrite::push`] of an owned frame (a rewrite that sends frames on unchanged
+    /// returns it without a copy).
+    fn push_bytes(&mut self, chunk: Bytes) -> Bytes {
+        self.push(&chunk)
+    }
     /// The end of the worker's body: what is left to send.
     fn finish(&mut self) -> Bytes;
 }
@@ -82,6 +93,75 @@ where
             None => held,
         }
     }
+}
+
+/// A response body seen through a [`Rewrite`].
+pub struct Rewritten {
+    inner: Body,
+    rewrite: Box<dyn Rewrite>,
+    done: bool,
+}
+
+impl Rewritten {
+    /// `inner`'s bytes as `rewrite` makes them.
+    pub fn new(inner: Body, rewrite: Box<dyn Rewrite>) -> Self {
+        Self {
+            inner,
+            rewrite,
+            done: false,
+        }
+    }
+}
+
+impl http_body::Body for Rewritten {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        while !this.done {
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.rewrite.push_bytes(data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(other) => return Poll::Ready(Some(Ok(other))),
+                },
+                Some(Err(e)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => {
+                    this.done = true;
+                    let rest = this.rewrite.finish();
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                }
+            }
+        }
+        Poll::Ready(None)
+    }
+}
+
+/// `resp` with its body through `rewrite`; its length, if it had one, is kept only when
+/// `same_length` (a rewrite that sends the bytes on unchanged).
+pub fn rewrite_response(
+    resp: axum::response::Response,
+    rewrite: Box<dyn Rewrite>,
+    same_length: bool,
+) -> axum::response::Response {
+    let (mut parts, body) = resp.into_parts();
+    if !same_length {
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+    }
+    axum::response::Response::from_parts(parts, Body::new(Rewritten::new(body, rewrite)))
 }
 
 #[cfg(test)]

@@ -114,6 +114,22 @@ fn compact(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
+/// A worker's small JSON answer, relayed: its status and body, an error put into the
+/// envelope like every other.
+pub fn small_answer(status: http::StatusCode, body: bytes::Bytes) -> axum::response::Response {
+    let body = match status.is_success() {
+        true => body,
+        false => wrap(status, &body).map_or(body, bytes::Bytes::from),
+    };
+    let mut resp = axum::response::Response::new(axum::body::Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

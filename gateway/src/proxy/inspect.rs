@@ -41,9 +41,19 @@ pub struct RoutingFields<'a> {
     /// `/v1/completions`' `prompt`.
     #[serde(default)]
     pub prompt: Shape,
-    /// `/v1/embeddings`' `input`.
+    /// `/v1/embeddings`' and `/v1/classify`'s `input`.
     #[serde(default)]
     pub input: Shape,
+    /// Rerank's `documents`.
+    #[serde(default)]
+    pub documents: Shape,
+    /// `/v1/score`'s `items`.
+    #[serde(default)]
+    pub items: Shape,
+    /// `/v1/responses`' `previous_response_id` (the response whose worker holds the state
+    /// this request continues).
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
+    pub previous_response_id: Option<Cow<'a, str>>,
     /// Choices per prompt (chat, completions; for chat in PD mode each is an item).
     #[serde(default)]
     pub n: Shape,
@@ -148,7 +158,12 @@ impl RoutingFields<'_> {
                 _ => ("text", self.text.batch()),
             },
             Endpoint::Completions => ("prompt", self.prompt.batch()),
-            Endpoint::Embeddings => ("input", self.input.batch()),
+            Endpoint::Embeddings | Endpoint::Classify => ("input", self.input.batch()),
+            Endpoint::Tokenize => ("prompt", self.prompt.batch()),
+            Endpoint::Rerank | Endpoint::V1Rerank => ("documents", self.documents.batch()),
+            Endpoint::Score => ("items", self.items.batch()),
+            Endpoint::Detokenize => ("tokens", None),
+            Endpoint::Responses => ("input", None),
             Endpoint::ChatCompletions => ("messages", None),
         }
     }

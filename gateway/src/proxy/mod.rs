@@ -17,7 +17,9 @@ pub mod envelope;
 pub mod inspect;
 pub mod pd;
 pub mod prompt;
+pub mod rerank;
 pub mod respond;
+pub mod response_id;
 pub mod retry;
 
 use openapi::routes::gateway as routes;
@@ -50,16 +52,90 @@ pub enum Endpoint {
     Generate,
     /// `POST /v1/embeddings` (regular mode only: PD workers generate).
     Embeddings,
+    /// `POST /rerank` (the router's form: `top_k`, `return_documents`, `rid`).
+    Rerank,
+    /// `POST /v1/rerank` (SGLang's form).
+    V1Rerank,
+    /// `POST /v1/classify` (regular mode only).
+    Classify,
+    /// `POST /v1/score` (regular mode only).
+    Score,
+    /// `POST /v1/tokenize` (PD mode: a prefill worker).
+    Tokenize,
+    /// `POST /v1/detokenize` (PD mode: a prefill worker).
+    Detokenize,
+    /// `POST /v1/responses` (regular mode only; the response id stays with its worker).
+    Responses,
+}
+
+/// How PD mode serves an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdServing {
+    /// A prefill/decode pair, with the bootstrap rewrite (generation, rerank).
+    Pair,
+    /// One prefill worker alone (it holds the tokenizer; nothing is generated).
+    Prefill,
+    /// Not at all: `501 not_served_in_pd_mode` (models PD workers do not run, or state a
+    /// pair cannot keep).
+    No,
 }
 
 impl Endpoint {
-    /// The route path (also the path on the worker).
+    /// The route path.
     pub fn path(self) -> &'static str {
         match self {
             Self::ChatCompletions => routes::ChatCompletions::PATH,
             Self::Completions => routes::Completions::PATH,
             Self::Generate => routes::Generate::PATH,
             Self::Embeddings => routes::Embeddings::PATH,
+            Self::Rerank => routes::Rerank::PATH,
+            Self::V1Rerank => routes::V1Rerank::PATH,
+            Self::Classify => routes::Classify::PATH,
+            Self::Score => routes::Score::PATH,
+            Self::Tokenize => routes::Tokenize::PATH,
+            Self::Detokenize => routes::Detokenize::PATH,
+            Self::Responses => routes::Responses::PATH,
+        }
+    }
+
+    /// The path on the worker: the route's own, but `/rerank` goes to SGLang's
+    /// `/v1/rerank` (as sglang-router sends it).
+    pub fn worker_path(self) -> &'static str {
+        match self {
+            Self::Rerank => routes::V1Rerank::PATH,
+            other => other.path(),
+        }
+    }
+
+    /// How PD mode serves it.
+    pub fn pd(self) -> PdServing {
+        match self {
+            Self::ChatCompletions
+            | Self::Completions
+            | Self::Generate
+            | Self::Rerank
+            | Self::V1Rerank => PdServing::Pair,
+            Self::Tokenize | Self::Detokenize => PdServing::Prefill,
+            Self::Embeddings | Self::Classify | Self::Score | Self::Responses => PdServing::No,
+        }
+    }
+
+    /// Whether the answer is rewritten into the router's rerank envelope.
+    pub fn is_rerank(self) -> bool {
+        matches!(self, Self::Rerank | Self::V1Rerank)
+    }
+
+    /// The worker path with the client's query string, if it sent one.
+    pub fn worker_path_and_query(self, uri: &http::Uri) -> PathAndQuery {
+        match uri.path_and_query() {
+            Some(pq) if pq.path() == self.worker_path() => pq.clone(),
+            Some(pq) => match pq.query() {
+                Some(q) => format!("{}?{q}", self.worker_path())
+                    .parse()
+                    .unwrap_or_else(|_| PathAndQuery::from_static(self.worker_path())),
+                None => PathAndQuery::from_static(self.worker_path()),
+            },
+            None => PathAndQuery::from_static(self.worker_path()),
         }
     }
 }
@@ -78,7 +154,15 @@ pub struct Inbound<'a, F = RoutingFields<'a>> {
     pub fields: F,
     /// The request id (the client's `x-request-id`, or one minted by the gateway).
     pub request_id: HeaderValue,
+    /// The one worker (URL) the request must go to, whatever the headers say: the holder
+    /// of the response a Responses API request continues.
+    pub target: Option<&'a str>,
 }
+
+/// The worker that answered: put on the response of a route whose answer the gateway
+/// remembers the worker of (the Responses API).
+#[derive(Debug, Clone)]
+pub struct ServedBy(pub Arc<crate::workers::Worker>);
 
 /// Routes requests to regular workers.
 #[derive(Debug)]
@@ -137,18 +221,16 @@ impl RegularRouter {
         } else {
             None
         };
-        let affinity = self.policy.affinity(&req.parts.headers);
+        let mut affinity = self.policy.affinity(&req.parts.headers);
+        if req.target.is_some() {
+            affinity.target = req.target;
+        }
         let mut tries = Tries::default();
         let mut last: Option<Last> = None;
         let mut deadline = self.dispatcher.deadline();
         let out = Outgoing {
             method: &req.parts.method,
-            path_and_query: req
-                .parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static(req.endpoint.path())),
+            path_and_query: req.endpoint.worker_path_and_query(&req.parts.uri),
             headers: &req.parts.headers,
             request_id: &req.request_id,
             body: &req.body,
@@ -197,7 +279,11 @@ impl RegularRouter {
                         last = Some(Last::Answer(resp, guard));
                         continue;
                     }
-                    return Ok(respond::relay(resp, guard, deadline));
+                    let mut resp = respond::relay(resp, guard, deadline);
+                    if req.endpoint == Endpoint::Responses {
+                        resp.extensions_mut().insert(ServedBy(worker));
+                    }
+                    return Ok(resp);
                 }
                 Err(e) => {
                     drop(guard);

@@ -41,6 +41,9 @@ const SEPARATOR: u8 = 0x1f;
 
 /// The prompt key of a request body (see the module doc), if it has one.
 pub fn prompt_key(endpoint: Endpoint, body: &[u8]) -> Option<Vec<u8>> {
+    if matches!(endpoint, Endpoint::Tokenize | Endpoint::Detokenize) {
+        return None; // nothing is computed, nothing cached: no key to route by
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let found = Top { endpoint }.deserialize(&mut de).ok()?;
     let (tag, flat) = match (endpoint, found) {
@@ -245,8 +248,16 @@ fn prepare(
     tokenizer: &Tokenizer,
 ) -> Result<Prepared, sglang::tokenizer::TokenizerError> {
     match endpoint {
-        // Embedding models keep no KV cache to route to: their text key is enough.
-        Endpoint::Embeddings => Ok(Prepared::Nothing),
+        // Embedding, reranker and reward models keep no KV cache to route to: their text
+        // key is enough. Tokenize computes nothing; a response's input is keyed by text.
+        Endpoint::Embeddings
+        | Endpoint::Rerank
+        | Endpoint::V1Rerank
+        | Endpoint::Classify
+        | Endpoint::Score
+        | Endpoint::Tokenize
+        | Endpoint::Detokenize
+        | Endpoint::Responses => Ok(Prepared::Nothing),
         Endpoint::ChatCompletions => Ok(match tokenizer.chat_text(body)? {
             ChatText::Ids(ids) => Prepared::Key(id_key(ids.iter().copied())),
             ChatText::Render { text, memo } => Prepared::Text {
@@ -450,7 +461,10 @@ impl<'de> Visitor<'de> for Top {
             Endpoint::ChatCompletions => ("messages", None),
             Endpoint::Completions => ("prompt", None),
             Endpoint::Generate => ("text", Some("input_ids")),
-            Endpoint::Embeddings => ("input", None),
+            Endpoint::Embeddings | Endpoint::Classify | Endpoint::Responses => ("input", None),
+            Endpoint::Rerank | Endpoint::V1Rerank | Endpoint::Score => ("query", None),
+            Endpoint::Tokenize => ("prompt", None),
+            Endpoint::Detokenize => ("tokens", None),
         };
         let mut found = Found::default();
         while let Some(k) = map.next_key::<KeyName<'de>>()? {

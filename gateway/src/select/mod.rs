@@ -19,6 +19,7 @@ pub mod affinity;
 pub mod cache_aware;
 pub mod kv_aware;
 pub mod namespace;
+pub mod responses;
 pub mod sticky;
 pub mod tree;
 

@@ -42,7 +42,7 @@ pub const METRICS_LIMIT: usize = 4 * 1024 * 1024;
 pub const METRICS_TOTAL_LIMIT: usize = 64 * 1024 * 1024;
 
 /// What one worker answered a fan-out call: its status and body, or why not.
-type Answer = Result<(StatusCode, Bytes), String>;
+pub(super) type Answer = Result<(StatusCode, Bytes), String>;
 
 /// Calls `method path` on each of `workers` ([`FAN_OUT`] at a time), in their order.
 async fn ask_all(
@@ -60,27 +60,29 @@ async fn ask_all(
 
 /// [`ask_all`]'s answers as they come, in the workers' order, for a caller that may stop
 /// early (at most [`FAN_OUT`] calls are in flight).
-fn asking(
+pub(super) fn asking(
     st: &AppState,
     workers: &[Arc<Worker>],
     method: Method,
-    path: &'static str,
+    path: &str,
     body: Bytes,
     limit: usize,
 ) -> impl futures::Stream<Item = Answer> + use<> {
     let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
+    let path: Arc<str> = path.into();
     let calls: Vec<_> = workers
         .iter()
         .map(|w| {
             let (st, w, method, body) = (st.clone(), w.clone(), method.clone(), body.clone());
-            async move { ask(&st, &w, method, path, body, timeout, limit).await }
+            let path = path.clone();
+            async move { ask(&st, &w, method, &path, body, timeout, limit).await }
         })
         .collect();
     futures::stream::iter(calls).buffered(FAN_OUT)
 }
 
 /// Calls `method path` on `worker` with its key (and `body`, JSON, when not empty).
-async fn ask(
+pub(super) async fn ask(
     st: &AppState,
     worker: &Worker,
     method: Method,

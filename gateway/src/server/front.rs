@@ -159,22 +159,30 @@ fn cors_layer(cfg: &crate::config::ServeConfig) -> Option<CorsLayer> {
 }
 
 /// The inference endpoint a request is for: a `POST` to one of the proxied routes.
-fn endpoint(route: Route, method: &Method) -> Option<Endpoint> {
+fn endpoint(path: &str, method: &Method) -> Option<Endpoint> {
     if method != Method::POST {
         return None;
     }
-    inference_route(route)
+    inference_route(path)
 }
 
-/// The proxied inference endpoint of `route`, whatever the method.
-fn inference_route(route: Route) -> Option<Endpoint> {
-    match route {
-        Route::ChatCompletions => Some(Endpoint::ChatCompletions),
-        Route::Completions => Some(Endpoint::Completions),
-        Route::Generate => Some(Endpoint::Generate),
-        Route::Embeddings => Some(Endpoint::Embeddings),
-        _ => None,
-    }
+/// The proxied inference endpoint of `path`, whatever the method.
+fn inference_route(path: &str) -> Option<Endpoint> {
+    use openapi::routes::gateway as gw;
+    Some(match path {
+        gw::ChatCompletions::PATH => Endpoint::ChatCompletions,
+        gw::Completions::PATH => Endpoint::Completions,
+        gw::Generate::PATH => Endpoint::Generate,
+        gw::Embeddings::PATH => Endpoint::Embeddings,
+        gw::Rerank::PATH => Endpoint::Rerank,
+        gw::V1Rerank::PATH => Endpoint::V1Rerank,
+        gw::Classify::PATH => Endpoint::Classify,
+        gw::Score::PATH => Endpoint::Score,
+        gw::Tokenize::PATH => Endpoint::Tokenize,
+        gw::Detokenize::PATH => Endpoint::Detokenize,
+        gw::Responses::PATH => Endpoint::Responses,
+        _ => return None,
+    })
 }
 
 /// The span each request is served in: the OpenTelemetry server span of an inference
@@ -187,7 +195,7 @@ impl<B> MakeSpan<B> for RequestSpan {
         let empty = HeaderValue::from_static("");
         let id = req.extensions().get::<RequestId>().map_or(&empty, |r| &r.0);
         let path = req.uri().path();
-        if crate::logging::traces_enabled() && endpoint(Route::of(path), req.method()).is_some() {
+        if crate::logging::traces_enabled() && endpoint(path, req.method()).is_some() {
             crate::logging::request_span(req.method(), path, req.headers(), id)
         } else {
             crate::logging::log_span(id)
@@ -283,8 +291,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> BoxFuture {
         let (mut parts, body) = req.into_parts();
-        let route = Route::of(parts.uri.path());
-        let Some(ep) = inference_route(route) else {
+        let Some(ep) = inference_route(parts.uri.path()) else {
             let router = self.router.clone();
             return Box::pin(async move {
                 let req = Request::from_parts(parts, Body::new(body));

@@ -18,11 +18,14 @@ use std::time::Duration;
 
 use super::AppState;
 use crate::error::{GatewayError, PdSide};
+use crate::proxy::body::rewrite_response;
 use crate::proxy::envelope;
 use crate::proxy::inspect::{read_body, routing_fields};
 use crate::proxy::pd::PdInbound;
 use crate::proxy::pd::fields::pd_fields;
-use crate::proxy::{Endpoint, Inbound};
+use crate::proxy::rerank::Envelope;
+use crate::proxy::response_id::IdTap;
+use crate::proxy::{Endpoint, Inbound, PdServing, ServedBy};
 
 /// Inspects and routes one inference request: the one entry of the inference path
 /// ([`super::front::Entry`], which checked the client key; this runs inside the request's
@@ -38,8 +41,9 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // PD workers generate; an embedding model is served by regular workers (as smg).
-    if endpoint == Endpoint::Embeddings && st.pd_router().is_some() {
+    // PD workers generate; embedding, classifier and reward models are served by regular
+    // workers (as smg), and a response's state by the one worker that made it.
+    if endpoint.pd() == PdServing::No && st.pd_router().is_some() {
         return GatewayError::NotInPdMode(endpoint.path()).into_response();
     }
     admit(st, endpoint, parts, body, request_id).await
@@ -88,7 +92,7 @@ where
         Err(e) => return e.into_response(),
     };
     let limit = st.config().max_batch_size;
-    if let Some(pd) = st.pd_router() {
+    let resp = if let Some(pd) = st.pd_router() {
         let fields = match pd_fields(&body).and_then(|f| f.check(endpoint, limit).map(|()| f)) {
             Ok(f) => f,
             Err(e) => return e.into_response(),
@@ -99,27 +103,68 @@ where
             body: body.clone(),
             fields,
             request_id,
+            target: None,
         };
-        return match pd.route(inbound).await {
-            Ok(resp) => resp,
-            Err(e) => e.into_response(),
+        pd.route(inbound).await
+    } else {
+        let fields = match routing_fields(&body).and_then(|f| f.check(endpoint, limit).map(|()| f))
+        {
+            Ok(f) => f,
+            Err(e) => return e.into_response(),
         };
-    }
-    let fields = match routing_fields(&body).and_then(|f| f.check(endpoint, limit).map(|()| f)) {
-        Ok(f) => f,
-        Err(e) => return e.into_response(),
+        // A follow-up goes to the worker holding the response it continues.
+        let home = match fields.previous_response_id.as_deref() {
+            Some(id) if endpoint == Endpoint::Responses => {
+                match super::responses::home_of(st, id, true).await {
+                    Ok(w) => Some(w.url().as_str().to_owned()),
+                    Err(e) => return e.into_response(),
+                }
+            }
+            _ => None,
+        };
+        let inbound = Inbound {
+            endpoint,
+            parts: &parts,
+            body: body.clone(),
+            fields,
+            request_id,
+            target: home.as_deref(),
+        };
+        st.router().route(inbound).await
     };
-    let inbound = Inbound {
-        endpoint,
-        parts: &parts,
-        body: body.clone(),
-        fields,
-        request_id,
-    };
-    match st.router().route(inbound).await {
-        Ok(resp) => resp,
+    match resp {
+        Ok(resp) => answered(st, endpoint, &body, resp),
         Err(e) => e.into_response(),
     }
+}
+
+/// A successful answer on its way: rerank's put into the router's envelope; a response's
+/// id remembered with the worker that made it.
+fn answered(st: &AppState, endpoint: Endpoint, body: &[u8], resp: Response) -> Response {
+    if !resp.status().is_success() {
+        return resp;
+    }
+    if endpoint.is_rerank() {
+        let registry = st.registry().clone();
+        let served = move || match registry.models().as_slice() {
+            [one] => one.clone(),
+            _ => "unknown".to_string(),
+        };
+        let envelope = Envelope::of(body).rewrite(served, st.config().max_payload_size);
+        return rewrite_response(resp, envelope, false);
+    }
+    if endpoint == Endpoint::Responses {
+        let Some(ServedBy(worker)) = resp.extensions().get::<ServedBy>().cloned() else {
+            return resp;
+        };
+        let stream = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let tap = IdTap::new(st.homes().clone(), worker.url().as_str().to_owned(), stream);
+        return rewrite_response(resp, Box::new(tap), true);
+    }
+    resp
 }
 
 /// The error answers of every proxied inference route (the OpenAI envelope; a worker's own
@@ -127,7 +172,7 @@ where
 /// `prefill_unavailable`, `decode_bad_gateway`, `prefill_timeout`, ...
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // a description for the OpenAPI document, never built
-enum ProxyErrors {
+pub(super) enum ProxyErrors {
     /// Malformed JSON, or a count over the limit.
     #[response(
         status = 400,
@@ -292,20 +337,7 @@ async fn from_one_worker(st: &AppState, path: &str) -> Response {
     let timeout = Duration::from_secs(st.config().health_check_timeout_secs);
     let bearer = worker.bearer();
     match st.client().get_small(uri, bearer.as_deref(), timeout).await {
-        Ok((status, body)) => {
-            let body = match status.is_success() {
-                true => body,
-                // The worker's error, in the envelope like every other.
-                false => envelope::wrap(status, &body).map_or(body, Bytes::from),
-            };
-            let mut resp = Response::new(axum::body::Body::from(body));
-            *resp.status_mut() = status;
-            resp.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            resp
-        }
+        Ok((status, body)) => envelope::small_answer(status, body),
         Err(cause) => {
             worker.record_failure();
             GatewayError::WorkerUnreachable {

@@ -20,6 +20,8 @@ pub mod fanout;
 pub mod front;
 pub mod inference;
 pub mod ops;
+pub mod responses;
+pub mod tasks;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -51,6 +53,7 @@ use crate::select::Policy;
 use crate::select::affinity::RoutingKey;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
+use crate::select::responses::ResponseHomes;
 use crate::select::sticky::StickyConfig;
 use crate::workers::{Registry, WorkerManager};
 pub use front::Front;
@@ -82,6 +85,8 @@ struct Inner {
     applied: Mutex<ServeConfig>,
     /// `--tokenizer-path`, loaded once (a reload keeps it).
     tokenizer: Option<Arc<Tokenizer>>,
+    /// Which worker holds each response (the Responses API).
+    homes: Arc<ResponseHomes>,
 }
 
 impl AppState {
@@ -115,6 +120,7 @@ impl AppState {
         );
         let tokenizer = load_tokenizer(&config)?;
         let (router, pd) = routers(&config, &registry, &dispatcher, &retry, &tokenizer);
+        let homes = Arc::new(ResponseHomes::from(&config));
         let state = Self(Arc::new(Inner {
             admission: ArcSwap::from_pointee(Admission::new(&AdmissionConfig::from(&config))),
             request_ids: Arc::new(RequestIds::new(&config.request_id_headers)),
@@ -132,6 +138,7 @@ impl AppState {
             master: OnceLock::new(),
             store: OnceLock::new(),
             tokenizer,
+            homes,
         }));
         state.spawn_cache_upkeep();
         state.spawn_kv_upkeep();
@@ -351,6 +358,11 @@ impl AppState {
         &self.0.client
     }
 
+    /// Which worker holds each response (the Responses API).
+    pub fn homes(&self) -> &Arc<ResponseHomes> {
+        &self.0.homes
+    }
+
     /// Admission control for inference requests, with the limits in force.
     pub fn admission(&self) -> Arc<Admission> {
         self.0.admission.load_full()
@@ -400,7 +412,14 @@ pub struct GatewayApi;
     inference::chat_completions,
     inference::completions,
     inference::embeddings,
-    inference::generate
+    inference::generate,
+    tasks::rerank,
+    tasks::v1_rerank,
+    tasks::classify,
+    tasks::score,
+    tasks::tokenize,
+    tasks::detokenize,
+    tasks::create_response
 ))]
 struct ProxiedRoutes;
 
@@ -411,6 +430,9 @@ pub fn inference_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(inference::server_info))
         .routes(routes!(inference::model_info))
         .routes(routes!(fanout::health_generate))
+        .routes(routes!(responses::get_response, responses::delete_response))
+        .routes(routes!(responses::cancel_response))
+        .routes(routes!(responses::input_items))
 }
 
 /// The open routes: health, readiness, metrics.

@@ -6,7 +6,8 @@
 //!   use; the transfer handshake's HMAC key; the store plane's derived key) and [`Secret`],
 //!   a setting that is never printed (API keys).
 //! - [`tls`]: the trust roots and the https-or-http connector of every HTTP client in the
-//!   workspace (system roots plus an operator's CA file).
+//!   workspace (system roots plus an operator's CA file), and the TLS server configuration
+//!   of the listeners (certificate chain and key files).
 
 pub mod secret;
 pub mod tls;

@@ -8,6 +8,10 @@
 //! client certificates. The connectors speak plain HTTP to `http://` URLs and TLS to
 //! `https://` ones, HTTP/1.1 only, and never follow redirects (hyper's client does not), so
 //! a bearer key given for one URL is never sent to another.
+//!
+//! The server side of `moongate serve` and `moongate master` (`--tls-cert-file`,
+//! `--tls-key-file`) is built here too ([`server_config`]), so the settings can check the
+//! files before anything starts ([`server_files`]).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -15,8 +19,8 @@ use std::sync::{Arc, OnceLock};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::RootCertStore;
-use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The certificates of the PEM file `path`: at least one, or an error naming the file.
 pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -96,6 +100,56 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// The application protocols offered in ALPN, preferred first.
+const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// A server configuration from the PEM files `cert` (the certificate chain, leaf first) and
+/// `key` (its private key: PKCS#8, PKCS#1 or SEC1). Errors name the file and the reason,
+/// including a key that does not belong to the certificate.
+pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, String> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("tls_cert_file {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "tls_cert_file {}: no PEM certificate in it",
+            cert.display()
+        ));
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("tls_key_file {}: {e}", key.display()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("aws-lc-rs supports the default protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, private)
+    .map_err(|e| {
+        format!(
+            "tls_cert_file {} with tls_key_file {}: {e}",
+            cert.display(),
+            key.display()
+        )
+    })?;
+    cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(cfg)
+}
+
+/// The server configuration the settings ask for: `None` without TLS, an error when only
+/// one of the two files is given or they do not load as a certificate chain and its key.
+pub fn server_files(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<rustls::ServerConfig>, String> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => server_config(cert, key).map(Some),
+        (Some(_), None) => Err("tls_cert_file needs tls_key_file too".into()),
+        (None, Some(_)) => Err("tls_key_file needs tls_cert_file too".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +191,36 @@ mod tests {
             describe(&e),
             "client error (Connect): invalid peer certificate: UnknownIssuer"
         );
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tls"
+        ))
+        .join(name)
+    }
+
+    #[test]
+    fn server_files_both_or_neither_and_a_matching_pair() {
+        let problem = |c: Option<&Path>, k: Option<&Path>| server_files(c, k).err();
+        let (cert, key) = (fixture("server.pem"), fixture("server.key"));
+        let (cert, key) = (cert.as_path(), key.as_path());
+        assert!(problem(None, None).is_none());
+        assert!(problem(Some(cert), Some(key)).is_none());
+        let alpn = server_config(cert, key).unwrap().alpn_protocols;
+        assert_eq!(alpn, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
+        let e = problem(Some(cert), None).unwrap();
+        assert!(e.contains("needs tls_key_file"), "{e}");
+        let e = problem(None, Some(key)).unwrap();
+        assert!(e.contains("needs tls_cert_file"), "{e}");
+        let e = problem(Some(Path::new("/nonexistent/c.pem")), Some(key)).unwrap();
+        assert!(e.contains("/nonexistent/c.pem"), "{e}");
+        // The CA's certificate with the server's key: not a pair.
+        let e = problem(Some(&fixture("ca.pem")), Some(key)).unwrap();
+        assert!(e.contains("ca.pem"), "{e}");
+        // A key file without a key.
+        let e = problem(Some(cert), Some(cert)).unwrap();
+        assert!(e.contains("tls_key_file"), "{e}");
     }
 }

@@ -33,6 +33,8 @@ impl PdFields<'_> {
                 Some(n) if n > 1 => usize::try_from(n).ok(),
                 _ => None,
             },
+            // One query, however many documents: one room (as sglang-router sends it).
+            Endpoint::Rerank | Endpoint::V1Rerank => None,
             _ => self.prompts(endpoint).1,
         }
     }

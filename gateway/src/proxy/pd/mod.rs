@@ -26,10 +26,10 @@ use axum::response::Response;
 use http::uri::PathAndQuery;
 use openapi::workers::WorkerType;
 
-use super::Inbound;
 use super::dispatch::{Dispatcher, Outgoing};
 use super::prompt;
 use super::retry::{RetryPolicy, Tries};
+use super::{Inbound, PdServing};
 use crate::error::{GatewayError, PdSide};
 use crate::metrics::{self, Route};
 use crate::outcome::PdPath;
@@ -153,19 +153,19 @@ impl PdRouter {
         })
     }
 
-    /// Sends the request, unchanged, to the decode worker alone (it computes the prompt).
-    async fn decode_alone(
+    /// Sends the request, unchanged, to one worker of `side` alone: decode computing the
+    /// prompt itself (the decider's choice), or prefill answering what needs no generation
+    /// (tokenize).
+    async fn alone(
         &self,
         req: &PdInbound<'_>,
         path_and_query: PathAndQuery,
-        decode: Arc<Worker>,
+        (side, decode): (PdSide, Arc<Worker>),
         tries: &mut Tries,
         deadline: &mut std::pin::Pin<Box<tokio::time::Sleep>>,
     ) -> Result<Response, GatewayError> {
         let Some(guard) = LoadGuard::admit(decode.clone()) else {
-            return Err(GatewayError::PdCircuitOpen {
-                side: PdSide::Decode,
-            });
+            return Err(GatewayError::PdCircuitOpen { side });
         };
         tries.attempts += 1;
         let out = Outgoing {
@@ -210,15 +210,19 @@ impl PdRouter {
         } else {
             None
         };
-        let path_and_query = req
-            .parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static(req.endpoint.path()));
+        let path_and_query = req.endpoint.worker_path_and_query(&req.parts.uri);
         let mut tries = Tries::default();
         let mut last: Option<Failure> = None;
         let mut deadline = self.dispatcher.deadline();
+        if req.endpoint.pd() == PdServing::Prefill {
+            let prefill = self
+                .pick(PdSide::Prefill, model, None, headers, &tries)
+                .map_err(|(side, e)| no_pair(side, e, model))?;
+            let to = (PdSide::Prefill, prefill);
+            return self
+                .alone(&req, path_and_query, to, &mut tries, &mut deadline)
+                .await;
+        }
         loop {
             let pair = self
                 .pick(PdSide::Prefill, model, key.as_deref(), headers, &tries)
@@ -232,15 +236,7 @@ impl PdRouter {
                     if let Some(f) = last {
                         return f.finish(&mut deadline);
                     }
-                    return Err(match e {
-                        NoWorker::UnknownModel(m) => GatewayError::ModelNotFound(m),
-                        NoWorker::NoneReady => GatewayError::NoReadyPdWorker {
-                            side,
-                            model: model.map(str::to_string),
-                        },
-                        NoWorker::CircuitOpen => GatewayError::PdCircuitOpen { side },
-                        NoWorker::TargetUnavailable(t) => GatewayError::TargetUnavailable(t),
-                    });
+                    return Err(no_pair(side, e, model));
                 }
             };
             if self.bounds.decider.enabled() {
@@ -248,10 +244,10 @@ impl PdRouter {
                 metrics::pd_path(path);
                 if path != PdPath::Disaggregated {
                     return self
-                        .decode_alone(
+                        .alone(
                             &req,
                             path_and_query.clone(),
-                            decode,
+                            (PdSide::Decode, decode),
                             &mut tries,
                             &mut deadline,
                         )
@@ -306,5 +302,18 @@ impl PdRouter {
                 }
             }
         }
+    }
+}
+
+/// The error for a side that found no worker.
+fn no_pair(side: PdSide, e: NoWorker, model: Option<&str>) -> GatewayError {
+    match e {
+        NoWorker::UnknownModel(m) => GatewayError::ModelNotFound(m),
+        NoWorker::NoneReady => GatewayError::NoReadyPdWorker {
+            side,
+            model: model.map(str::to_string),
+        },
+        NoWorker::CircuitOpen => GatewayError::PdCircuitOpen { side },
+        NoWorker::TargetUnavailable(t) => GatewayError::TargetUnavailable(t),
     }
 }

@@ -133,7 +133,10 @@ impl MasterHostConfig {
         ];
         errs.extend(validate::listener_problems(&positive, self.busy_poll_us));
         errs.extend(security::master_problems(self));
-        errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
+        errs.extend(
+            trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())
+                .err(),
+        );
         errs.extend(master_problem(&self.master));
         errs.extend(self.ha.problems());
         ConfigError::check(errs)

@@ -14,6 +14,17 @@
 //! The hosted KV master's settings are [`kvmaster::MasterConfig`] (defaults written there):
 //! a `[master]` table in the TOML file, `MOONGATE_MASTER_*` variables, `--master-*` flags.
 //! [`MasterHostConfig`] is `moongate master` (the master alone), through the same pipeline.
+//!
+//! # Layout
+//! In the order a setting takes:
+//! - `sources`: the TOML file, `MOONGATE_*` variables ([`mod@env`] names them) and flags,
+//!   merged over the defaults.
+//! - this module: [`ServeConfig`] (every default of `moongate serve`), its enums and parsed
+//!   values ([`WorkerUrl`] in `worker_url`, prefill specs).
+//! - `master`: [`MasterHostConfig`], `moongate master`'s.
+//! - `discovery`: [`DiscoveryConfig`], Kubernetes service discovery's.
+//! - `validate` and `security`: what is checked before anything starts (URLs, bounds, TLS
+//!   files, keys and key files), and the keys put in force.
 
 mod discovery;
 mod master;
@@ -149,6 +160,10 @@ pub struct ServeConfig {
     /// assigned afresh).
     #[arg(long, env = env::STICKY_MAX_IDLE_SECS, default_value_t = ServeConfig::default().sticky_max_idle_secs)]
     pub sticky_max_idle_secs: u64,
+    /// Responses API: response ids whose worker is remembered at most (the least recently
+    /// used is forgotten first; a forgotten id's worker is found by asking the workers).
+    #[arg(long, env = env::RESPONSES_MAX_IDS, default_value_t = ServeConfig::default().responses_max_ids)]
+    pub responses_max_ids: usize,
     /// API key sent to workers as `Authorization: Bearer` (a worker's own key wins).
     #[arg(long, env = env::API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
@@ -465,6 +480,7 @@ impl Default for ServeConfig {
             target_worker_header: "x-smg-target-worker".into(),
             sticky_max_keys: 100_000,
             sticky_max_idle_secs: 4 * 3600,
+            responses_max_ids: 100_000,
             api_key: None,
             worker_ca_cert: None,
             tls_cert_file: None,

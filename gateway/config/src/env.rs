@@ -16,6 +16,8 @@ pub const ROUTING_KEY_HEADER: &str = "MOONGATE_ROUTING_KEY_HEADER";
 pub const STICKY_MAX_KEYS: &str = "MOONGATE_STICKY_MAX_KEYS";
 /// `--sticky-max-idle-secs`.
 pub const STICKY_MAX_IDLE_SECS: &str = "MOONGATE_STICKY_MAX_IDLE_SECS";
+/// `--responses-max-ids`.
+pub const RESPONSES_MAX_IDS: &str = "MOONGATE_RESPONSES_MAX_IDS";
 /// `--target-worker-header`.
 pub const TARGET_WORKER_HEADER: &str = "MOONGATE_TARGET_WORKER_HEADER";
 /// `--api-key`.

@@ -40,6 +40,7 @@ impl ServeConfig {
             ("request_timeout_secs", self.request_timeout_secs),
             ("sticky_max_keys", self.sticky_max_keys as u64),
             ("sticky_max_idle_secs", self.sticky_max_idle_secs),
+            ("responses_max_ids", self.responses_max_ids as u64),
             ("max_batch_size", self.max_batch_size as u64),
             (
                 "client_header_timeout_secs",
@@ -118,11 +119,14 @@ impl ServeConfig {
         if let Some(Err(e)) = self
             .worker_ca_cert
             .as_deref()
-            .map(crate::client::ca_certificates)
+            .map(trust::tls::ca_certificates)
         {
             errs.push(format!("worker_ca_cert: {e}"));
         }
-        errs.extend(crate::tls::problem(&self.tls_cert_file, &self.tls_key_file));
+        errs.extend(
+            trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())
+                .err(),
+        );
         if let Some(url) = &self.otlp_traces_endpoint {
             match url.parse::<http::Uri>() {
                 Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {

@@ -1,12 +1,12 @@
 //! The security settings of `serve` and `master`: their validation, and the keys they put in
-//! force ([`crate::auth::AuthSettings`]). What each key opens is `crate::auth`'s module doc.
+//! force ([`planes::AuthSettings`]). What each key opens is `planes`' module doc.
 
 use std::path::Path;
 
 use anyhow::Context;
 
 use super::{MasterHostConfig, Secret, ServeConfig};
-use crate::auth::{AuthSettings, KeySet, keys};
+use planes::{AuthSettings, KeySet, keys};
 
 /// What is wrong with `serve`'s keys, key files and CORS origins.
 pub(super) fn problems(c: &ServeConfig) -> Vec<String> {

@@ -1,13 +1,19 @@
 //! Admission control for inference requests: how many are handled at once, how many wait,
-//! for how long, and (optionally) how many start per second. A request that cannot be
-//! admitted is answered 429 in the OpenAI error envelope, never left hanging.
+//! in which order, for how long, and (optionally) how many start per second, overall and
+//! per tenant. A request that cannot be admitted is answered in the OpenAI error envelope
+//! (429, or 408 for a wait past the queue timeout), never left hanging.
 //!
-//! - **Concurrency** (`--max-concurrent-requests`): a fair (FIFO) semaphore. The
-//!   [`Permit`] is held until the response body ends or the client goes away, so a long
-//!   stream counts for as long as it runs.
+//! - **Tenants** ([`tenants`]): a tenant's `rate` and `concurrency` from the client keys
+//!   file, checked first; over either: 429 at once.
+//! - **Concurrency** (`--max-concurrent-requests`): slots ([`slots`]). The [`Permit`] is
+//!   held until the response body ends or the client goes away, so a long stream counts
+//!   for as long as it runs.
 //! - **Queue** (`--queue-size`, `--queue-timeout-secs`): requests that find every slot
-//!   taken, or are over the rate, wait here; one more than `queue_size` waiting, or a wait
-//!   past the timeout, is refused. A client that disconnects while waiting leaves the queue.
+//!   taken, or are over the rate, wait here; one more than `queue_size` waiting is refused
+//!   (429), a wait past the timeout answers 408. A freed slot goes to the highest priority
+//!   class waiting (`--priority-header`: `bulk`, `default`, `interactive`, `system`), a
+//!   class rising by one for every `--priority-aging-secs` waited, so the lowest still
+//!   moves. A client that disconnects while waiting leaves the queue.
 //! - **Rate** (`--rate-limit-tokens-per-second R`): a token bucket holding at most R tokens
 //!   (one second of burst), refilled at R per second, one token per request. A request over
 //!   the rate reserves the next token and waits for it in the queue, unless that wait would
@@ -16,6 +22,9 @@
 //! Unlike sglang-router, whose single token bucket mixes the two (tokens come back when a
 //! request ends *and* refill over time, so the number in flight can exceed its limit),
 //! the concurrency limit here is exact and the rate limit is separate and off by default.
+
+pub mod slots;
+pub mod tenants;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,10 +37,12 @@ use axum::response::Response;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::auth::Priority;
 use crate::config::ServeConfig;
+use slots::{Slot, Slots};
+use tenants::TenantPermit;
 
 /// Why a request was not admitted (answered 429).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +52,7 @@ pub enum Refusal {
         /// The queue's size.
         queue_size: usize,
     },
-    /// Waited the whole `queue_timeout` without getting a slot.
+    /// Waited the whole `queue_timeout` without getting a slot (408).
     QueueTimeout {
         /// The timeout.
         timeout: Duration,
@@ -54,24 +65,39 @@ pub enum Refusal {
         /// When the next token is due.
         retry_after: Duration,
     },
+    /// The tenant already has its `concurrency` requests in flight.
+    TenantBusy {
+        /// Its limit.
+        max: usize,
+    },
+    /// The tenant is over its `rate`.
+    TenantRateLimited {
+        /// Its rate.
+        per_second: u64,
+        /// When its next token is due.
+        retry_after: Duration,
+    },
 }
 
 impl Refusal {
     /// Seconds a client should wait before trying again (`Retry-After`), at least 1.
     pub fn retry_after_secs(&self) -> u64 {
         match self {
-            Self::RateLimited { retry_after, .. } => {
+            Self::RateLimited { retry_after, .. } | Self::TenantRateLimited { retry_after, .. } => {
                 retry_after.as_secs_f64().ceil().max(1.0) as u64
             }
             _ => 1,
         }
     }
 
-    fn label(&self) -> &'static str {
+    /// Its name (the metrics' `outcome`, the envelope's `code`).
+    pub fn label(&self) -> &'static str {
         match self {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::RateLimited { .. } => "rate_limited",
+            Self::TenantBusy { .. } => "tenant_concurrency_limited",
+            Self::TenantRateLimited { .. } => "tenant_rate_limited",
         }
     }
 }
@@ -87,6 +113,10 @@ pub struct AdmissionConfig {
     pub queue_timeout: Duration,
     /// Requests admitted per second (`None`: no rate limit).
     pub rate_per_second: Option<u64>,
+    /// A waiter's class rises by one every `aging` (zero: never).
+    pub aging: Duration,
+    /// The header naming a request's class.
+    pub priority_header: http::HeaderName,
 }
 
 impl From<&ServeConfig> for AdmissionConfig {
@@ -98,6 +128,10 @@ impl From<&ServeConfig> for AdmissionConfig {
             queue_size: c.queue_size,
             queue_timeout: Duration::from_secs(c.queue_timeout_secs),
             rate_per_second: c.rate_limit_tokens_per_second.filter(|&r| r > 0),
+            aging: Duration::from_secs(c.priority_aging_secs),
+            // Checked by validate; a name that is not a header counts as none set.
+            priority_header: http::HeaderName::try_from(c.priority_header.as_str())
+                .unwrap_or(http::HeaderName::from_static("x-smg-priority")),
         }
     }
 }
@@ -105,28 +139,31 @@ impl From<&ServeConfig> for AdmissionConfig {
 /// The admission gate (see the module doc). One per gateway.
 #[derive(Debug)]
 pub struct Admission {
-    slots: Option<Arc<Semaphore>>,
+    slots: Option<Arc<Slots>>,
     bucket: Option<TokenBucket>,
     queue_size: usize,
     queue_timeout: Duration,
     waiting: AtomicUsize,
+    priority_header: http::HeaderName,
 }
 
 /// The right to be handled: keep it until the response is over (see [`Permit::attach`]).
-#[derive(Debug)]
-pub struct Permit(Option<OwnedSemaphorePermit>);
+#[derive(Debug, Default)]
+pub struct Permit {
+    slot: Option<Slot>,
+    tenant: Option<TenantPermit>,
+}
 
 impl Admission {
     /// A gate with `cfg`'s limits.
     pub fn new(cfg: &AdmissionConfig) -> Self {
         Self {
-            slots: cfg
-                .max_concurrent
-                .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
+            slots: cfg.max_concurrent.map(|n| Slots::new(n, cfg.aging)),
             bucket: cfg.rate_per_second.map(TokenBucket::new),
             queue_size: cfg.queue_size,
             queue_timeout: cfg.queue_timeout,
             waiting: AtomicUsize::new(0),
+            priority_header: cfg.priority_header.clone(),
         }
     }
 
@@ -136,6 +173,17 @@ impl Admission {
         self.slots.is_some() || self.bucket.is_some()
     }
 
+    /// The class `headers` ask for (`--priority-header`; absent or unknown: `default`),
+    /// capped at `max` (the tenant's `max_priority`).
+    pub fn class_of(&self, headers: &http::HeaderMap, max: Option<Priority>) -> Priority {
+        let asked = headers
+            .get(&self.priority_header)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Priority::parse)
+            .unwrap_or_default();
+        max.map_or(asked, |m| asked.min(m))
+    }
+
     /// Requests waiting right now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
@@ -143,20 +191,22 @@ impl Admission {
 
     /// Slots free right now (`None`: no concurrency limit).
     pub fn free_slots(&self) -> Option<usize> {
-        self.slots.as_ref().map(|s| s.available_permits())
+        self.slots.as_ref().map(|s| s.free())
     }
 
-    /// Admits one request, waiting in the queue if needed (see the module doc).
-    pub async fn admit(&self) -> Result<Permit, Refusal> {
-        let result = self.admit_inner().await;
+    /// Admits one request of class `class`, waiting in the queue if needed (see the module
+    /// doc).
+    pub async fn admit(&self, class: Priority) -> Result<Permit, Refusal> {
+        let started = Instant::now();
+        let result = self.admit_inner(class).await;
         match &result {
-            Ok(_) => crate::metrics::admission("admitted"),
-            Err(r) => crate::metrics::admission(r.label()),
+            Ok(_) => crate::metrics::admission("admitted", class, Some(started.elapsed())),
+            Err(r) => crate::metrics::admission(r.label(), class, None),
         }
         result
     }
 
-    async fn admit_inner(&self) -> Result<Permit, Refusal> {
+    async fn admit_inner(&self, class: Priority) -> Result<Permit, Refusal> {
         let deadline = Instant::now() + self.queue_timeout;
         if let Some(bucket) = &self.bucket {
             let wait = bucket.reserve();
@@ -173,25 +223,24 @@ impl Admission {
                     bucket.refund();
                     return Err(refuse);
                 };
-                crate::metrics::admission("queued");
+                crate::metrics::admission("queued", class, None);
                 tokio::time::sleep(wait).await;
             }
         }
         let Some(slots) = &self.slots else {
-            return Ok(Permit(None));
+            return Ok(Permit::default());
         };
-        if let Ok(p) = slots.clone().try_acquire_owned() {
-            return Ok(Permit(Some(p)));
+        if let Some(slot) = slots.try_take() {
+            return Ok(Permit::of(slot));
         }
         let Some(_queued) = self.enter_queue() else {
             return Err(Refusal::QueueFull {
                 queue_size: self.queue_size,
             });
         };
-        crate::metrics::admission("queued");
-        match tokio::time::timeout_at(deadline, slots.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(Permit(Some(p))),
-            // The semaphore is never closed; treat it like a timeout if it were.
+        crate::metrics::admission("queued", class, None);
+        match tokio::time::timeout_at(deadline, slots.wait(class).granted()).await {
+            Ok(Some(slot)) => Ok(Permit::of(slot)),
             _ => Err(Refusal::QueueTimeout {
                 timeout: self.queue_timeout,
             }),
@@ -226,27 +275,41 @@ impl Drop for Queued<'_> {
 }
 
 impl Permit {
-    /// Makes `resp`'s body carry this permit, so the slot is freed when the body ends or is
-    /// dropped (client gone), not when the handler returns. Without a slot, `resp` as is.
+    fn of(slot: Slot) -> Self {
+        Self {
+            slot: Some(slot),
+            tenant: None,
+        }
+    }
+
+    /// This permit, also holding the tenant's count until the response is over.
+    pub fn with_tenant(mut self, tenant: Option<TenantPermit>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// Makes `resp`'s body carry this permit, so the slot (and the tenant's count) is freed
+    /// when the body ends or is dropped (client gone), not when the handler returns.
+    /// Holding nothing, `resp` as is.
     pub fn attach(self, resp: Response) -> Response {
-        let Some(p) = self.0 else {
+        if self.slot.is_none() && self.tenant.is_none() {
             return resp;
-        };
+        }
         let (parts, inner) = resp.into_parts();
         Response::from_parts(
             parts,
             Body::new(PermitBody {
                 inner,
-                permit: Some(p),
+                permit: Some(self),
             }),
         )
     }
 }
 
-/// A response body holding an admission slot until it ends.
+/// A response body holding an admission permit until it ends.
 struct PermitBody {
     inner: Body,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Permit>,
 }
 
 impl http_body::Body for PermitBody {
@@ -276,13 +339,13 @@ impl http_body::Body for PermitBody {
 /// A token bucket with reservations: `reserve` always takes a token, possibly one not
 /// there yet, and says how long until it is.
 #[derive(Debug)]
-struct TokenBucket {
+pub(crate) struct TokenBucket {
     rate: u64,
     state: Mutex<(f64, Instant)>,
 }
 
 impl TokenBucket {
-    fn new(rate: u64) -> Self {
+    pub(crate) fn new(rate: u64) -> Self {
         Self {
             rate,
             state: Mutex::new((rate as f64, Instant::now())),
@@ -290,7 +353,7 @@ impl TokenBucket {
     }
 
     /// Takes a token; returns how long until it is due (zero: now).
-    fn reserve(&self) -> Duration {
+    pub(crate) fn reserve(&self) -> Duration {
         let rate = self.rate as f64;
         let now = Instant::now();
         let mut g = self.state.lock();
@@ -305,7 +368,7 @@ impl TokenBucket {
     }
 
     /// Gives back a reserved token (its request was refused).
-    fn refund(&self) {
+    pub(crate) fn refund(&self) {
         let mut g = self.state.lock();
         g.0 = (g.0 + 1.0).min(self.rate as f64);
     }
@@ -323,6 +386,8 @@ mod tests {
             queue_size: queue,
             queue_timeout: Duration::from_secs(timeout_s),
             rate_per_second: rate,
+            aging: Duration::from_secs(5),
+            priority_header: http::HeaderName::from_static("x-smg-priority"),
         }))
     }
 
@@ -341,22 +406,22 @@ mod tests {
         let g = gate(None, 0, 1, None);
         assert!(!g.is_active());
         for _ in 0..1000 {
-            g.admit().await.unwrap();
+            g.admit(Priority::Default).await.unwrap();
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn full_queue_and_queue_timeout_are_refused() {
         let g = gate(Some(2), 1, 5, None);
-        let a = g.admit().await.unwrap();
-        let _b = g.admit().await.unwrap();
+        let a = g.admit(Priority::Default).await.unwrap();
+        let _b = g.admit(Priority::Default).await.unwrap();
         // The third waits, the fourth finds the queue full.
         let g2 = g.clone();
-        let mut third = Box::pin(async move { g2.admit().await });
+        let mut third = Box::pin(async move { g2.admit(Priority::Default).await });
         assert!(poll_once(&mut third).is_none());
         assert_eq!(g.waiting(), 1);
         assert_eq!(
-            g.admit().await.unwrap_err(),
+            g.admit(Priority::Default).await.unwrap_err(),
             Refusal::QueueFull { queue_size: 1 }
         );
         // A freed slot goes to the one waiting.
@@ -365,7 +430,7 @@ mod tests {
         assert_eq!(g.waiting(), 0);
         // Nobody frees a slot: the wait ends at the timeout, in paused time.
         let started = Instant::now();
-        let err = g.admit().await.unwrap_err();
+        let err = g.admit(Priority::Default).await.unwrap_err();
         assert_eq!(
             err,
             Refusal::QueueTimeout {
@@ -379,15 +444,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn zero_queue_refuses_at_once_and_a_gone_waiter_leaves_the_queue() {
         let g = gate(Some(1), 0, 5, None);
-        let _a = g.admit().await.unwrap();
+        let _a = g.admit(Priority::Default).await.unwrap();
         assert!(matches!(
-            g.admit().await,
+            g.admit(Priority::Default).await,
             Err(Refusal::QueueFull { queue_size: 0 })
         ));
         let g = gate(Some(1), 1, 5, None);
-        let _a = g.admit().await.unwrap();
+        let _a = g.admit(Priority::Default).await.unwrap();
         let g2 = g.clone();
-        let mut waiter = Box::pin(async move { g2.admit().await });
+        let mut waiter = Box::pin(async move { g2.admit(Priority::Default).await });
         assert!(poll_once(&mut waiter).is_none());
         assert_eq!(g.waiting(), 1);
         drop(waiter);
@@ -397,17 +462,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_permit_lives_as_long_as_the_body() {
         let g = gate(Some(1), 0, 1, None);
-        let p = g.admit().await.unwrap();
+        let p = g.admit(Priority::Default).await.unwrap();
         let resp = p.attach(Response::new(Body::from("hello")));
-        assert!(g.admit().await.is_err(), "held by the body");
+        assert!(
+            g.admit(Priority::Default).await.is_err(),
+            "held by the body"
+        );
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(bytes, "hello");
-        assert!(g.admit().await.is_ok(), "released at body end");
+        assert!(
+            g.admit(Priority::Default).await.is_ok(),
+            "released at body end"
+        );
         // Dropped without being read (client gone): released too.
-        let p = g.admit().await.unwrap();
+        let p = g.admit(Priority::Default).await.unwrap();
         let resp = p.attach(Response::new(Body::from("x")));
         drop(resp);
-        assert!(g.admit().await.is_ok());
+        assert!(g.admit(Priority::Default).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -416,10 +487,10 @@ mod tests {
         assert!(g.is_active());
         let start = Instant::now();
         for _ in 0..4 {
-            g.admit().await.unwrap();
+            g.admit(Priority::Default).await.unwrap();
         }
         assert_eq!(start.elapsed(), Duration::ZERO, "a second's worth of burst");
-        g.admit().await.unwrap();
+        g.admit(Priority::Default).await.unwrap();
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(250),
@@ -429,10 +500,12 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..8 {
             let g2 = g.clone();
-            waits.push(tokio::spawn(async move { g2.admit().await }));
+            waits.push(tokio::spawn(
+                async move { g2.admit(Priority::Default).await },
+            ));
         }
         tokio::task::yield_now().await;
-        match g.admit().await {
+        match g.admit(Priority::Default).await {
             Err(Refusal::RateLimited {
                 per_second,
                 retry_after,

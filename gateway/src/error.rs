@@ -113,6 +113,10 @@ pub enum GatewayError {
             "too many requests: no slot freed within {}s (--queue-timeout-secs)", timeout.as_secs()),
         Refusal::RateLimited { per_second, .. } => format!(
             "too many requests: over the rate limit of {per_second} per second (--rate-limit-tokens-per-second)"),
+        Refusal::TenantBusy { max } => format!(
+            "too many requests: this key's tenant already has {max} requests in flight (its concurrency in the client keys file)"),
+        Refusal::TenantRateLimited { per_second, .. } => format!(
+            "too many requests: over this key's tenant rate of {per_second} per second (its rate in the client keys file)"),
     })]
     Overloaded(Refusal),
     /// Connecting to the worker failed, or it reset the connection before answering.
@@ -207,6 +211,7 @@ impl GatewayError {
             | NoWorkerMetrics
             | HealthGenerateFailed(_)
             | PdCircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded(Refusal::QueueTimeout { .. }) => StatusCode::REQUEST_TIMEOUT,
             Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             PdUpstream {
                 failure: PdFailure::Timeout(_),
@@ -249,14 +254,7 @@ impl GatewayError {
                     PdSide::Decode => "decode_circuit_open",
                 },
             ),
-            Overloaded(r) => (
-                "rate_limit_error",
-                match r {
-                    Refusal::QueueFull { .. } => "queue_full",
-                    Refusal::QueueTimeout { .. } => "queue_timeout",
-                    Refusal::RateLimited { .. } => "rate_limited",
-                },
-            ),
+            Overloaded(r) => ("rate_limit_error", r.label()),
             WorkerUnreachable { .. } => ("upstream_error", "worker_unreachable"),
             NoReadyPdWorker { side, .. } => (
                 "service_unavailable_error",
@@ -512,8 +510,21 @@ mod tests {
                 GatewayError::Overloaded(Refusal::QueueTimeout {
                     timeout: std::time::Duration::from_secs(2),
                 }),
-                429,
+                408,
                 "queue_timeout",
+            ),
+            (
+                GatewayError::Overloaded(Refusal::TenantBusy { max: 2 }),
+                429,
+                "tenant_concurrency_limited",
+            ),
+            (
+                GatewayError::Overloaded(Refusal::TenantRateLimited {
+                    per_second: 3,
+                    retry_after: std::time::Duration::from_millis(300),
+                }),
+                429,
+                "tenant_rate_limited",
             ),
             (
                 GatewayError::Overloaded(Refusal::RateLimited {

@@ -242,10 +242,23 @@ pub fn pd_decode_first_byte(elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// Records one admission decision (`admitted`, `queued`, `queue_full`, `queue_timeout`,
-/// `rate_limited`).
-pub fn admission(outcome: &'static str) {
-    metrics::counter!("moongate_gateway_admission_total", "outcome" => outcome).increment(1);
+/// Records one admission decision of a request of class `class` (`admitted`, `queued`,
+/// `queue_full`, `queue_timeout`, `rate_limited`, `tenant_...`), and an admitted request's
+/// wait in `moongate_gateway_admission_wait_seconds{class}`.
+pub fn admission(outcome: &'static str, class: crate::auth::Priority, waited: Option<Duration>) {
+    metrics::counter!("moongate_gateway_admission_total", "outcome" => outcome, "class" => class.as_str())
+        .increment(1);
+    if let Some(w) = waited {
+        metrics::histogram!("moongate_gateway_admission_wait_seconds", "class" => class.as_str())
+            .record(w.as_secs_f64());
+    }
+}
+
+/// Records one request of tenant `tenant` (a name from the client keys file): `admitted`,
+/// or the refusal's label.
+pub fn tenant_request(tenant: &str, outcome: &'static str) {
+    metrics::counter!("moongate_gateway_tenant_requests_total", "tenant" => tenant.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// Records one `cache_aware` decision.

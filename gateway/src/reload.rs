@@ -50,6 +50,8 @@ const LIMITS: &[&str] = &[
     "queue_size",
     "queue_timeout_secs",
     "rate_limit_tokens_per_second",
+    "priority_header",
+    "priority_aging_secs",
 ];
 const KEYS: &[&str] = &[
     "client_api_keys_file",

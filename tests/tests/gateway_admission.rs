@@ -1,5 +1,5 @@
-//! Admission control and graceful shutdown over real sockets: a full queue and a queue
-//! wait that times out are 429 in the OpenAI envelope with `Retry-After`; a slot is held
+//! Admission control and graceful shutdown over real sockets: a full queue is 429 and a
+//! queue wait that times out 408, in the OpenAI envelope with `Retry-After`; a slot is held
 //! until the answer's body ends or its client goes away; the rate limit; and a shutdown
 //! that lets short requests finish but cuts a never-ending stream at the end of the grace
 //! period.
@@ -17,7 +17,12 @@ fn chat() -> Value {
 
 /// Asserts a 429 envelope with `code` and a `Retry-After` header.
 async fn expect_429(r: reqwest::Response, code: &str) {
-    assert_eq!(r.status(), 429);
+    expect_refusal(r, 429, code).await
+}
+
+/// Asserts a `status` envelope with `code` and a `Retry-After` header.
+async fn expect_refusal(r: reqwest::Response, status: u16, code: &str) {
+    assert_eq!(r.status(), status);
     let retry_after: u64 = r.headers()["retry-after"]
         .to_str()
         .unwrap()
@@ -30,7 +35,7 @@ async fn expect_429(r: reqwest::Response, code: &str) {
 }
 
 #[tokio::test]
-async fn a_full_queue_and_a_queue_timeout_are_429() {
+async fn a_full_queue_is_429_and_a_queue_timeout_408() {
     let a = Backend::start("a", "m").await;
     let gw = start_regular_gateway(&[&a], |c| {
         c.max_concurrent_requests = 1;
@@ -67,7 +72,7 @@ async fn a_full_queue_and_a_queue_timeout_are_429() {
     let slow = tokio::spawn(post_status(c.clone(), url.clone()));
     eventually("slow in flight", || a.in_flight() == 1).await;
     let start = Instant::now();
-    expect_429(post(&c, &url, &chat()).await, "queue_timeout").await;
+    expect_refusal(post(&c, &url, &chat()).await, 408, "queue_timeout").await;
     let waited = start.elapsed();
     assert!(
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(7),
@@ -150,7 +155,9 @@ async fn over_the_rate_limit_is_429_with_retry_after() {
     }
     let metrics = get_text(&c, &format!("{}/metrics", gw.url())).await;
     assert!(
-        metrics.contains(r#"moongate_gateway_admission_total{outcome="rate_limited"}"#),
+        metrics.contains(
+            r#"moongate_gateway_admission_total{outcome="rate_limited",class="default"}"#
+        ),
         "{metrics}"
     );
     gw.shutdown().await;

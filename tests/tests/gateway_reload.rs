@@ -172,7 +172,7 @@ async fn an_invalid_configuration_changes_nothing_and_the_document_follows_the_k
     .unwrap_err()
     .to_string();
     assert!(
-        err.contains("client_api_keys_file") && err.contains("line(s) 2"),
+        err.contains("client_api_keys_file") && err.contains("line 2"),
         "{err}"
     );
     assert!(!err.contains("secret with spaces"), "{err}");

@@ -479,7 +479,7 @@ async fn a_bad_client_keys_file_stops_the_server_before_it_starts() {
     };
     let err = cfg.validate().unwrap_err().to_string();
     assert!(
-        err.contains("client_api_keys_file") && err.contains("line(s) 2"),
+        err.contains("client_api_keys_file") && err.contains("line 2"),
         "{err}"
     );
     assert!(

@@ -16,6 +16,10 @@ pub const ROUTING_KEY_HEADER: &str = "MOONGATE_ROUTING_KEY_HEADER";
 pub const STICKY_MAX_KEYS: &str = "MOONGATE_STICKY_MAX_KEYS";
 /// `--sticky-max-idle-secs`.
 pub const STICKY_MAX_IDLE_SECS: &str = "MOONGATE_STICKY_MAX_IDLE_SECS";
+/// `--priority-header`.
+pub const PRIORITY_HEADER: &str = "MOONGATE_PRIORITY_HEADER";
+/// `--priority-aging-secs`.
+pub const PRIORITY_AGING_SECS: &str = "MOONGATE_PRIORITY_AGING_SECS";
 /// `--responses-max-ids`.
 pub const RESPONSES_MAX_IDS: &str = "MOONGATE_RESPONSES_MAX_IDS";
 /// `--target-worker-header`.

@@ -288,13 +288,22 @@ pub struct ServeConfig {
     /// Requests that may wait for a slot (0: answer 429 at once when all are taken).
     #[arg(long, env = env::QUEUE_SIZE, default_value_t = ServeConfig::default().queue_size)]
     pub queue_size: usize,
-    /// Longest wait in the queue, in seconds, before a 429.
+    /// Longest wait in the queue, in seconds, before a 408 (`queue_timeout`).
     #[arg(long, env = env::QUEUE_TIMEOUT_SECS, default_value_t = ServeConfig::default().queue_timeout_secs)]
     pub queue_timeout_secs: u64,
     /// Inference requests admitted per second, bursts up to one second's worth (token
     /// bucket; absent: no rate limit). Requests over the rate wait in the queue.
     #[arg(long, env = env::RATE_LIMIT_TOKENS_PER_SECOND)]
     pub rate_limit_tokens_per_second: Option<u64>,
+    /// The request header naming a request's priority class: `bulk`, `default`,
+    /// `interactive` or `system` (or 0 to 3; anything else: `default`; smg's header). A
+    /// freed slot goes to the highest class waiting; a tenant's `max_priority` caps it.
+    #[arg(long, env = env::PRIORITY_HEADER, default_value_t = ServeConfig::default().priority_header)]
+    pub priority_header: String,
+    /// A waiting request's class rises by one for every this many seconds waited, so the
+    /// lowest class still moves under a steady load of higher ones (0: never).
+    #[arg(long, env = env::PRIORITY_AGING_SECS, default_value_t = ServeConfig::default().priority_aging_secs)]
+    pub priority_aging_secs: u64,
     /// `cache_aware`: the share of the prompt (0.0-1.0) a worker's tree must match for the
     /// request to go to that worker rather than the least loaded one.
     #[arg(long, env = env::CACHE_THRESHOLD, default_value_t = ServeConfig::default().cache_threshold)]
@@ -481,6 +490,8 @@ impl Default for ServeConfig {
             sticky_max_keys: 100_000,
             sticky_max_idle_secs: 4 * 3600,
             responses_max_ids: 100_000,
+            priority_header: "x-smg-priority".into(),
+            priority_aging_secs: 5,
             api_key: None,
             worker_ca_cert: None,
             tls_cert_file: None,

@@ -84,11 +84,16 @@ fn store_key(explicit: &Option<Secret>, secret_file: Option<&Path>) -> anyhow::R
 fn keys_in_force(
     admin: &Option<Secret>,
     open_admin: bool,
-    client: Option<KeySet>,
+    client: Option<keys::ClientKeys>,
     store: Option<KeySet>,
 ) -> AuthSettings {
+    let (client, tenants) = match client {
+        Some(c) => (Some(c.keys), c.tenants.into()),
+        None => (None, Default::default()),
+    };
     AuthSettings {
         client,
+        tenants,
         store,
         admin: admin.as_ref().map(|k| KeySet::single(k.expose())),
         open_admin,

@@ -86,6 +86,7 @@ impl ServeConfig {
         for (name, v) in [
             ("routing_key_header", &self.routing_key_header),
             ("target_worker_header", &self.target_worker_header),
+            ("priority_header", &self.priority_header),
         ] {
             if http::HeaderName::try_from(v.as_str()).is_err() {
                 errs.push(format!("{name} is not a header name: {v:?}"));

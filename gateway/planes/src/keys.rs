@@ -13,14 +13,21 @@ use std::path::{Path, PathBuf};
 use http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
+use crate::tenants::{self, Tenant};
+
 /// Longest client keys file read, in bytes.
 const MAX_KEYS_FILE: u64 = 4 << 20;
 
-/// Keys a plane accepts, as digests. `Debug` shows only how many.
+/// Keys a plane accepts, as digests, each with its owner (the tenant of a client key;
+/// [`NO_OWNER`] otherwise). `Debug` shows only how many.
 #[derive(Clone, Default)]
 pub struct KeySet {
     digests: Box<[[u8; 32]]>,
+    owners: Box<[u32]>,
 }
+
+/// The owner of a key that belongs to no tenant.
+pub const NO_OWNER: u32 = u32::MAX;
 
 impl fmt::Debug for KeySet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -40,13 +47,23 @@ impl KeySet {
         Self::from_keys([key])
     }
 
-    /// Every key of `keys` (duplicates kept once).
+    /// Every key of `keys` (duplicates kept once), owned by nobody.
     pub fn from_keys<'a>(keys: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut digests: Vec<[u8; 32]> = keys.into_iter().map(|k| digest(k.as_bytes())).collect();
-        digests.sort_unstable();
-        digests.dedup();
+        Self::with_owners(keys.into_iter().map(|k| (k, NO_OWNER)))
+    }
+
+    /// Every key of `keys` with its owner (a duplicate key keeps its first owner).
+    pub fn with_owners<'a>(keys: impl IntoIterator<Item = (&'a str, u32)>) -> Self {
+        let mut pairs: Vec<([u8; 32], u32)> = keys
+            .into_iter()
+            .map(|(k, o)| (digest(k.as_bytes()), o))
+            .collect();
+        pairs.sort_by_key(|p| p.0);
+        pairs.dedup_by_key(|p| p.0);
+        let (digests, owners): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         Self {
             digests: digests.into(),
+            owners: owners.into(),
         }
     }
 
@@ -68,11 +85,21 @@ impl KeySet {
 
     /// Whether `token` is one of the keys; every digest is compared in full.
     pub fn admits(&self, token: &Presented) -> bool {
-        let mut found = 0u8;
-        for d in self.digests.iter() {
-            found |= u8::from(constant_time_eq(d, &token.0));
+        self.owner_of(token).is_some()
+    }
+
+    /// The owner of `token`'s key (`Some(NO_OWNER)` for a key of nobody), `None` when it is
+    /// not one of the keys. Every digest is compared in full, and which one matched does
+    /// not steer a branch.
+    pub fn owner_of(&self, token: &Presented) -> Option<u32> {
+        let mut found = 0u32;
+        let mut owner = 0u32;
+        for (d, o) in self.digests.iter().zip(self.owners.iter()) {
+            let hit = u32::from(constant_time_eq(d, &token.0)).wrapping_neg();
+            found |= hit;
+            owner = (owner & !hit) | (o & hit);
         }
-        std::hint::black_box(found) == 1
+        (std::hint::black_box(found) != 0).then_some(owner)
     }
 }
 
@@ -140,11 +167,21 @@ pub enum KeysFileError {
     },
 }
 
-/// Reads the client keys file at `path`: one key per line; blank lines and lines whose
-/// first non-blank character is `#` are ignored; a key is visible ASCII without spaces
-/// (what `Authorization: Bearer <key>` can carry). A file with no key is refused (it would
-/// refuse every request; drop `--client-api-keys-file` to serve without client keys).
-pub fn load_client_keys(path: &Path) -> Result<KeySet, KeysFileError> {
+/// The client keys file: the keys (each owned by its tenant's index) and the tenants.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClientKeys {
+    /// The keys.
+    pub keys: KeySet,
+    /// The tenants the keys name, indexed by [`KeySet::owner_of`].
+    pub tenants: Vec<Tenant>,
+}
+
+/// Reads the client keys file at `path`: one key per line, then optionally its tenant and
+/// limits ([`crate::tenants`]); blank lines and lines whose first non-blank character is
+/// `#` are ignored; a key is visible ASCII without spaces (what `Authorization: Bearer
+/// <key>` can carry). A file with no key is refused (it would refuse every request; drop
+/// `--client-api-keys-file` to serve without client keys).
+pub fn load_client_keys(path: &Path) -> Result<ClientKeys, KeysFileError> {
     let read = |source| KeysFileError::Read {
         path: path.to_owned(),
         source,
@@ -164,7 +201,7 @@ pub fn load_client_keys(path: &Path) -> Result<KeySet, KeysFileError> {
     file.take(MAX_KEYS_FILE)
         .read_to_string(&mut text)
         .map_err(read)?;
-    let keys = parse_keys(&text).map_err(invalid)?;
+    let (keys, tenants) = parse_keys(&text).map_err(invalid)?;
     if keys.is_empty() {
         return Err(invalid(
             "holds no key (every inference request would be refused; without \
@@ -172,31 +209,44 @@ pub fn load_client_keys(path: &Path) -> Result<KeySet, KeysFileError> {
                 .into(),
         ));
     }
-    Ok(KeySet::from_keys(keys))
+    Ok(ClientKeys {
+        keys: KeySet::with_owners(keys),
+        tenants,
+    })
 }
 
-/// The keys of a keys file's text, or which lines are wrong.
-fn parse_keys(text: &str) -> Result<Vec<&str>, String> {
+/// The keys of a keys file's text with their owners, and the tenants; or which lines are
+/// wrong and why (never quoting a key).
+type Parsed<'a> = (Vec<(&'a str, u32)>, Vec<Tenant>);
+
+fn parse_keys(text: &str) -> Result<Parsed<'_>, String> {
     let mut keys = Vec::new();
+    let mut tenants = Vec::new();
     let mut bad = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        if is_sendable(line) {
-            keys.push(line);
-        } else {
-            bad.push((i + 1).to_string());
+        let mut words = line.split_ascii_whitespace();
+        let key = words.next().unwrap_or_default();
+        let owner = match tenants::parse_options(words) {
+            _ if !is_sendable(key) => Err("not a key".to_string()),
+            Ok(o) => tenants::merge(&mut tenants, o),
+            Err(e) => Err(e),
+        };
+        match owner {
+            Ok(o) => keys.push((key, o.unwrap_or(NO_OWNER))),
+            Err(why) => bad.push(format!("line {}: {why}", i + 1)),
         }
     }
     if bad.is_empty() {
-        Ok(keys)
+        Ok((keys, tenants))
     } else {
         Err(format!(
-            "line(s) {} are not keys (a key is visible ASCII without spaces; comments are \
-             whole lines starting with #)",
-            bad.join(", ")
+            "{} (a line is a key, visible ASCII without spaces, then name=value options: \
+             tenant, rate, concurrency, max_priority; comments are whole lines starting with #)",
+            bad.join("; ")
         ))
     }
 }
@@ -259,14 +309,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("keys");
         std::fs::write(&path, "# team a\n\n  key-a  \nkey-b\n\t# old: key-c\n").unwrap();
-        let keys = load_client_keys(&path).unwrap();
+        let keys = load_client_keys(&path).unwrap().keys;
         assert_eq!(keys.len(), 2);
         assert!(keys.admits(&presented(Some("Bearer key-a")).unwrap()));
         assert!(!keys.admits(&presented(Some("Bearer key-c")).unwrap()));
 
         std::fs::write(&path, "good-key\nsecret with spaces\nok\nkey # trailing\n").unwrap();
         let err = load_client_keys(&path).unwrap_err().to_string();
-        assert!(err.contains("line(s) 2, 4"), "{err}");
+        assert!(
+            err.contains("line 2: ") && err.contains("line 4: "),
+            "{err}"
+        );
+        for secret in ["secret", "with spaces", "good-key", "trailing"] {
+            assert!(!err.contains(secret), "{err}");
+        }
         assert!(
             !err.contains("secret") && !err.contains("trailing"),
             "{err}"
@@ -278,5 +334,32 @@ mod tests {
 
         let err = load_client_keys(&dir.path().join("missing")).unwrap_err();
         assert!(matches!(err, KeysFileError::Read { .. }), "{err}");
+    }
+
+    #[test]
+    fn keys_name_their_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys");
+        std::fs::write(
+            &path,
+            "k-a1 tenant=a rate=5\nk-a2  tenant=a concurrency=2\nk-b tenant=b max_priority=bulk\nk-free\n",
+        )
+        .unwrap();
+        let ck = load_client_keys(&path).unwrap();
+        assert_eq!(ck.tenants.len(), 2);
+        assert_eq!(ck.tenants[0].rate_per_second, Some(5));
+        assert_eq!(ck.tenants[0].max_concurrent, Some(2));
+        let owner = |k: &str| {
+            ck.keys
+                .owner_of(&presented(Some(&format!("Bearer {k}"))).unwrap())
+        };
+        assert_eq!(owner("k-a1"), Some(0));
+        assert_eq!(owner("k-a2"), Some(0));
+        assert_eq!(owner("k-b"), Some(1));
+        assert_eq!(owner("k-free"), Some(NO_OWNER));
+        assert_eq!(owner("k-c"), None);
+        std::fs::write(&path, "k-a1 tenant=a rate=5\nk-a2 tenant=a rate=6\n").unwrap();
+        let err = load_client_keys(&path).unwrap_err().to_string();
+        assert!(err.contains("line 2: tenant a: rate given twice"), "{err}");
     }
 }

@@ -36,11 +36,15 @@
 //! atomic pointer, and the served OpenAPI document follows them ([`openapi`]).
 //!
 //! # Layout
-//! - [`keys`]: key sets (digests, constant-time membership), the client keys file.
+//! - [`keys`]: key sets (digests, constant-time membership and owner), the client keys
+//!   file.
+//! - [`tenants`]: who a client key belongs to and what that tenant may use (rate,
+//!   concurrency, highest priority class); the priority classes.
 //! - [`openapi`]: how the document states each operation's plane and security.
 
 pub mod keys;
 pub mod openapi;
+pub mod tenants;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -57,7 +61,8 @@ use http::{HeaderMap, HeaderValue, header};
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use keys::{KeySet, KeysFileError, Presented};
+pub use keys::{ClientKeys, KeySet, KeysFileError, NO_OWNER, Presented};
+pub use tenants::{Priority, Tenant};
 
 /// Which key a route takes (see the module doc): the route declarations' plane.
 pub use ::openapi::routes::Plane;
@@ -77,6 +82,8 @@ pub fn key_name(plane: Plane) -> &'static str {
 pub struct AuthSettings {
     /// Client keys (`None`: the client plane is open).
     pub client: Option<KeySet>,
+    /// The tenants the client keys belong to ([`KeySet::owner_of`] indexes them).
+    pub tenants: Arc<[Tenant]>,
     /// The store key (`None`: this process serves no store plane; only the admin key
     /// opens it).
     pub store: Option<KeySet>,
@@ -192,29 +199,45 @@ impl Auth {
         headers: &mut HeaderMap,
         peer: Option<SocketAddr>,
     ) -> Result<(), Refusal> {
+        self.admit_owner(plane, headers, peer).map(drop)
+    }
+
+    /// [`Auth::admit`], and whose key it was: the owner ([`KeySet::owner_of`]) of the
+    /// plane's key the request presented; `None` when the plane took no key (open, or a
+    /// loopback admin caller) or the admin key opened it.
+    pub fn admit_owner(
+        &self,
+        plane: Plane,
+        headers: &mut HeaderMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<Option<u32>, Refusal> {
         let s = self.settings();
-        let accepted: [Option<&KeySet>; 2] = match plane {
-            Plane::Open => return Ok(()),
+        let (own, admin): (Option<&KeySet>, Option<&KeySet>) = match plane {
+            Plane::Open => return Ok(None),
             Plane::Client => match &s.client {
-                None => return Ok(()),
-                Some(keys) => [Some(keys), s.admin.as_ref()],
+                None => return Ok(None),
+                Some(keys) => (Some(keys), s.admin.as_ref()),
             },
-            Plane::Store => [s.store.as_ref(), s.admin.as_ref()],
+            Plane::Store => (s.store.as_ref(), s.admin.as_ref()),
             Plane::Admin => match &s.admin {
-                Some(key) => [Some(key), None],
+                Some(key) => (None, Some(key)),
                 None if s.open_admin || peer.is_some_and(|p| is_loopback(p.ip())) => {
-                    return Ok(());
+                    return Ok(None);
                 }
                 None => return Err(Refusal::NotLoopback),
             },
         };
-        let token = Presented::of(headers);
-        let ok = token.is_some_and(|t| accepted.iter().flatten().any(|k| k.admits(&t)));
-        if !ok {
+        let Some(token) = Presented::of(headers) else {
+            return Err(Refusal::Unauthorized(plane));
+        };
+        // Both sets are always compared in full, whichever matches.
+        let owner = own.and_then(|k| k.owner_of(&token));
+        let by_admin = admin.is_some_and(|k| k.admits(&token));
+        if owner.is_none() && !by_admin {
             return Err(Refusal::Unauthorized(plane));
         }
         headers.remove(header::AUTHORIZATION);
-        Ok(())
+        Ok(owner.filter(|&o| o != NO_OWNER))
     }
 
     /// Requires `plane`'s key on every route of `routes` (answering refusals with
@@ -352,6 +375,7 @@ mod tests {
     #[test]
     fn each_plane_takes_its_key_and_the_admin_key_opens_all() {
         let auth = Auth::new(AuthSettings {
+            tenants: Default::default(),
             client: Some(KeySet::from_keys(["c1", "c2"])),
             store: Some(KeySet::single("st")),
             admin: Some(KeySet::single("ad")),
@@ -388,6 +412,7 @@ mod tests {
     #[test]
     fn a_checked_key_is_removed_and_an_unchecked_header_kept() {
         let keyed = Auth::new(AuthSettings {
+            tenants: Default::default(),
             client: Some(KeySet::single("c1")),
             ..AuthSettings::default()
         });

@@ -316,8 +316,18 @@ where
             .unwrap_or_else(|| HeaderValue::from_static(""));
         Box::pin(async move {
             Ok(
-                match state.auth().admit(Plane::Client, &mut parts.headers, peer) {
-                    Ok(()) => inference::proxy(&state, ep, parts, body, id).await,
+                match state
+                    .auth()
+                    .admit_owner(Plane::Client, &mut parts.headers, peer)
+                {
+                    Ok(owner) => {
+                        if let Some(o) = owner {
+                            parts
+                                .extensions
+                                .insert(crate::admission::tenants::ClientOwner(o));
+                        }
+                        inference::proxy(&state, ep, parts, body, id).await
+                    }
                     Err(refusal) => {
                         tracing::debug!(?refusal, "inference refused");
                         auth::refuse(&super::gateway_rejection(), Plane::Client, refusal)

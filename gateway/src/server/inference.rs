@@ -17,7 +17,10 @@ use openapi::workers::WorkerType;
 use std::time::Duration;
 
 use super::AppState;
+use crate::admission::Permit;
+use crate::admission::tenants::ClientOwner;
 use crate::error::{GatewayError, PdSide};
+use crate::metrics;
 use crate::proxy::body::rewrite_response;
 use crate::proxy::envelope;
 use crate::proxy::inspect::{read_body, routing_fields};
@@ -61,18 +64,40 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // Admission first: a queued request holds no body in memory. The permit rides on the
-    // response body, so the slot is held until the answer is over.
+    // Admission first: a queued request holds no body in memory (so its class comes from a
+    // header, as smg's). The permit rides on the response body, so the slot and the
+    // tenant's count are held until the answer is over.
+    let gate = parts
+        .extensions
+        .get::<ClientOwner>()
+        .and_then(|o| st.tenants().gate(&st.auth().settings().tenants, o.0));
+    let tenant = match &gate {
+        Some(g) => match g.enter() {
+            Ok(p) => {
+                metrics::tenant_request(&g.tenant().name, "admitted");
+                Some(p)
+            }
+            Err(r) => {
+                metrics::tenant_request(&g.tenant().name, r.label());
+                return GatewayError::Overloaded(r).into_response();
+            }
+        },
+        None => None,
+    };
     let admission = st.admission();
-    if admission.is_active() {
-        let permit = match admission.admit().await {
-            Ok(p) => p,
+    let permit = if admission.is_active() {
+        let max = gate.as_ref().and_then(|g| g.tenant().max_priority);
+        match admission
+            .admit(admission.class_of(&parts.headers, max))
+            .await
+        {
+            Ok(p) => p.with_tenant(tenant),
             Err(r) => return GatewayError::Overloaded(r).into_response(),
-        };
-        let resp = admitted(st, endpoint, parts, body, request_id).await;
-        return permit.attach(resp);
-    }
-    admitted(st, endpoint, parts, body, request_id).await
+        }
+    } else {
+        Permit::default().with_tenant(tenant)
+    };
+    permit.attach(admitted(st, endpoint, parts, body, request_id).await)
 }
 
 /// The request, admitted: read, inspect, route.
@@ -182,7 +207,7 @@ pub(super) enum ProxyErrors {
     /// The body came too slowly.
     #[response(
         status = 408,
-        description = "The body did not arrive within --client-body-timeout-secs (`request_timeout`)"
+        description = "The body did not arrive within --client-body-timeout-secs (`request_timeout`), or no admission slot freed within --queue-timeout-secs (`queue_timeout`)"
     )]
     TooSlow(ErrorResponse),
     /// Unknown model.
@@ -194,7 +219,7 @@ pub(super) enum ProxyErrors {
     /// Admission control.
     #[response(
         status = 429,
-        description = "Admission refused: queue full, queue wait timed out, or over the rate limit (`Retry-After` set)"
+        description = "Admission refused: queue full, over the rate limit, or over the key's tenant rate or concurrency (`Retry-After` set)"
     )]
     Overloaded(ErrorResponse),
     /// Worker unreachable.

@@ -38,6 +38,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::admission::tenants::Tenants;
 use crate::admission::{Admission, AdmissionConfig};
 use crate::auth::{Auth, KeySet, Plane, Rejection};
 use crate::client::HttpClient;
@@ -87,6 +88,8 @@ struct Inner {
     tokenizer: Option<Arc<Tokenizer>>,
     /// Which worker holds each response (the Responses API).
     homes: Arc<ResponseHomes>,
+    /// The tenants' admission gates.
+    tenants: Tenants,
 }
 
 impl AppState {
@@ -139,6 +142,7 @@ impl AppState {
             store: OnceLock::new(),
             tokenizer,
             homes,
+            tenants: Tenants::default(),
         }));
         state.spawn_cache_upkeep();
         state.spawn_kv_upkeep();
@@ -361,6 +365,11 @@ impl AppState {
     /// Which worker holds each response (the Responses API).
     pub fn homes(&self) -> &Arc<ResponseHomes> {
         &self.0.homes
+    }
+
+    /// The tenants' admission gates.
+    pub fn tenants(&self) -> &Tenants {
+        &self.0.tenants
     }
 
     /// Admission control for inference requests, with the limits in force.

@@ -44,6 +44,7 @@ const POLICIES: &[&str] = &[
     "target_worker_header",
     "sticky_max_keys",
     "sticky_max_idle_secs",
+    "least_load_kv_weight",
 ];
 const LIMITS: &[&str] = &[
     "max_concurrent_requests",

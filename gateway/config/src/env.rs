@@ -20,6 +20,10 @@ pub const STICKY_MAX_IDLE_SECS: &str = "MOONGATE_STICKY_MAX_IDLE_SECS";
 pub const PRIORITY_HEADER: &str = "MOONGATE_PRIORITY_HEADER";
 /// `--priority-aging-secs`.
 pub const PRIORITY_AGING_SECS: &str = "MOONGATE_PRIORITY_AGING_SECS";
+/// `--load-poll-interval-secs`.
+pub const LOAD_POLL_INTERVAL_SECS: &str = "MOONGATE_LOAD_POLL_INTERVAL_SECS";
+/// `--least-load-kv-weight`.
+pub const LEAST_LOAD_KV_WEIGHT: &str = "MOONGATE_LEAST_LOAD_KV_WEIGHT";
 /// `--responses-max-ids`.
 pub const RESPONSES_MAX_IDS: &str = "MOONGATE_RESPONSES_MAX_IDS";
 /// `--target-worker-header`.

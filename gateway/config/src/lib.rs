@@ -81,6 +81,11 @@ pub enum PolicyKind {
     /// `cache_aware` reassigns the key); a worker joining moves no session. `cache_aware`
     /// for requests without a key.
     Manual,
+    /// The worker whose queue clears first (smg's `least_load`): the tokens it holds and
+    /// waits for over its generation throughput, from its own `/v1/loads` (polled every
+    /// `--load-poll-interval-secs`) and the gateway's requests in flight, plus a KV
+    /// pressure term (`--least-load-kv-weight`).
+    LeastLoad,
 }
 
 impl fmt::Display for PolicyKind {
@@ -93,6 +98,7 @@ impl fmt::Display for PolicyKind {
             Self::KvAware => "kv_aware",
             Self::ConsistentHashing => "consistent_hashing",
             Self::Manual => "manual",
+            Self::LeastLoad => "least_load",
         })
     }
 }
@@ -304,6 +310,14 @@ pub struct ServeConfig {
     /// lowest class still moves under a steady load of higher ones (0: never).
     #[arg(long, env = env::PRIORITY_AGING_SECS, default_value_t = ServeConfig::default().priority_aging_secs)]
     pub priority_aging_secs: u64,
+    /// `least_load`: how often each worker's `/v1/loads` is read, in seconds (a report
+    /// older than three intervals is not used).
+    #[arg(long, env = env::LOAD_POLL_INTERVAL_SECS, default_value_t = ServeConfig::default().load_poll_interval_secs)]
+    pub load_poll_interval_secs: u64,
+    /// `least_load`: the weight of a worker's KV pressure, `k / (1 - k)` for its KV usage
+    /// `k`, against its queue's seconds to clear (smg's default).
+    #[arg(long, env = env::LEAST_LOAD_KV_WEIGHT, default_value_t = ServeConfig::default().least_load_kv_weight)]
+    pub least_load_kv_weight: f64,
     /// `cache_aware`: the share of the prompt (0.0-1.0) a worker's tree must match for the
     /// request to go to that worker rather than the least loaded one.
     #[arg(long, env = env::CACHE_THRESHOLD, default_value_t = ServeConfig::default().cache_threshold)]
@@ -492,6 +506,8 @@ impl Default for ServeConfig {
             responses_max_ids: 100_000,
             priority_header: "x-smg-priority".into(),
             priority_aging_secs: 5,
+            load_poll_interval_secs: 1,
+            least_load_kv_weight: 0.15,
             api_key: None,
             worker_ca_cert: None,
             tls_cert_file: None,

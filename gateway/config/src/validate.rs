@@ -41,6 +41,7 @@ impl ServeConfig {
             ("sticky_max_keys", self.sticky_max_keys as u64),
             ("sticky_max_idle_secs", self.sticky_max_idle_secs),
             ("responses_max_ids", self.responses_max_ids as u64),
+            ("load_poll_interval_secs", self.load_poll_interval_secs),
             ("max_batch_size", self.max_batch_size as u64),
             (
                 "client_header_timeout_secs",
@@ -172,6 +173,7 @@ impl ServeConfig {
             ("cache_threshold", self.cache_threshold, 0.0, 1.0),
             ("kv_overlap_weight", self.kv_overlap_weight, 0.0, 1e6),
             ("kv_backlog_weight", self.kv_backlog_weight, 0.0, 1e6),
+            ("least_load_kv_weight", self.least_load_kv_weight, 0.0, 1e6),
             ("kv_l3_page_value", self.kv_l3_page_value, 0.0, 1.0),
             ("router_temperature", self.router_temperature, 0.0, 1e6),
             (

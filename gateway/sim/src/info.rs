@@ -169,10 +169,14 @@ pub async fn profile_state(State(st): State<Arc<SimState>>) -> Response {
     json(StatusCode::OK, &state)
 }
 
-/// Requests in flight and the KV tokens the simulator says they hold.
+/// Requests in flight and the KV tokens the simulator says they hold: their prompts (when
+/// the worker caches prefixes, which tokenizes them) and their outputs.
 fn usage(st: &SimState) -> (u64, u64) {
     let n = st.in_flight();
-    (n, n * u64::from(st.cfg.output_tokens))
+    (
+        n,
+        st.prompt_tokens_in_flight() + n * u64::from(st.cfg.output_tokens),
+    )
 }
 
 /// `GET /get_load`: one entry per data-parallel rank (the simulator has one).

@@ -133,7 +133,7 @@ pub async fn classify(State(st): State<Arc<SimState>>, body: Bytes) -> Response 
             .collect();
         Ok(
             json!({"id": format!("classify-{}", st.new_id().replace('-', "")), "object": "list",
-            "created": unix_now(), "model": st.cfg.model, "data": data,
+            "created": super::state::unix_now(), "model": st.cfg.model, "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}),
         )
     })())
@@ -246,11 +246,4 @@ pub async fn detokenize(body: Bytes) -> Response {
         };
         Ok(json!({"text": out}))
     })())
-}
-
-/// Seconds since the epoch.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

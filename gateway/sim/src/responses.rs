@@ -19,9 +19,8 @@ use serde_json::{Value, json};
 
 use super::error::json as json_response;
 use super::model;
-use super::pooling::unix_now;
 use super::response_store::Stored;
-use super::state::SimState;
+use super::state::{SimState, unix_now};
 
 /// Words in an answer.
 const ANSWER_WORDS: usize = 8;

@@ -39,6 +39,8 @@ pub struct SimState {
     /// The Responses API's stored responses.
     pub responses: Mutex<super::response_store::ResponseStore>,
     in_flight: Arc<AtomicU64>,
+    /// Prompt tokens of the requests in flight (what their KV holds, for `/v1/loads`).
+    prompt_tokens: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
 }
@@ -89,6 +91,7 @@ impl SimState {
             profiling: Mutex::new(None),
             responses: Mutex::default(),
             in_flight: Arc::default(),
+            prompt_tokens: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,
         }))
@@ -102,7 +105,17 @@ impl SimState {
     /// Counts a request as in flight until the guard drops.
     pub fn enter(&self) -> InflightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(self.in_flight.clone(), Vec::new())
+        InflightGuard {
+            in_flight: self.in_flight.clone(),
+            holds: Vec::new(),
+            tokens: self.prompt_tokens.clone(),
+            charged: 0,
+        }
+    }
+
+    /// Prompt tokens of the requests in flight ([`InflightGuard::charge`]).
+    pub fn prompt_tokens_in_flight(&self) -> u64 {
+        self.prompt_tokens.load(Ordering::Relaxed)
     }
 
     /// Whether prompts go through the prefix cache (the handlers then tokenize them).
@@ -270,18 +283,30 @@ impl Drop for PrefixHold {
 /// Holds one request in the in-flight count (and what it keeps until it ends, such as the
 /// KV pages of a decode answer).
 #[derive(Debug)]
-pub struct InflightGuard(Arc<AtomicU64>, Vec<Box<dyn std::fmt::Debug + Send + Sync>>);
+pub struct InflightGuard {
+    in_flight: Arc<AtomicU64>,
+    holds: Vec<Box<dyn std::fmt::Debug + Send + Sync>>,
+    tokens: Arc<AtomicU64>,
+    charged: u64,
+}
 
 impl InflightGuard {
     /// Keeps `hold` until the request ends.
     pub fn hold(&mut self, hold: impl std::fmt::Debug + Send + Sync + 'static) {
-        self.1.push(Box::new(hold));
+        self.holds.push(Box::new(hold));
+    }
+
+    /// Counts `tokens` prompt tokens as held by this request until it ends.
+    pub fn charge(&mut self, tokens: u64) {
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.charged += tokens;
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.tokens.fetch_sub(self.charged, Ordering::Relaxed);
     }
 }
 

@@ -109,6 +109,7 @@ pub async fn respond<A: Answer>(
         Ok(a) => a,
         Err(e) => return error(e),
     };
+    guard.charge(answer.prompt_ids().iter().map(|p| p.len() as u64).sum());
     let mut kv = answer.take_kv();
     let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty()).await;
     if let (Some(done), SimMode::Prefill) = (lane, st.mode()) {

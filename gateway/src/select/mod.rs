@@ -14,10 +14,13 @@
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
 //! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
+//! - [`least_load`]: the `least_load` policy (the workers' own reports of their queues).
+//! - [`responses`]: where each Responses API response lives.
 
 pub mod affinity;
 pub mod cache_aware;
 pub mod kv_aware;
+pub mod least_load;
 pub mod namespace;
 pub mod responses;
 pub mod sticky;
@@ -33,6 +36,7 @@ use crate::workers::{Worker, registry::WorkerSet};
 use affinity::{Affinity, HashRing, RoutingKey};
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
+use least_load::LeastLoad;
 use sglang::tokenizer::Tokenizer;
 use sticky::{Sticky, StickyConfig};
 
@@ -47,6 +51,8 @@ pub struct Policy {
     ring: Option<HashRing>,
     /// `manual`'s sticky sessions.
     sticky: Option<Sticky>,
+    /// `least_load`'s scoring.
+    least: Option<LeastLoad>,
     /// The headers of the routing key and the direct target.
     routing: RoutingKey,
     /// `kv_aware`'s tokenizer for text and chat prompts.
@@ -137,6 +143,7 @@ impl Policy {
             kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
             ring: (kind == PolicyKind::ConsistentHashing).then(HashRing::default),
             sticky: (kind == PolicyKind::Manual).then(|| Sticky::new(StickyConfig::default())),
+            least: (kind == PolicyKind::LeastLoad).then(LeastLoad::default),
             routing: RoutingKey::default(),
             tokenizer: None,
         }
@@ -148,6 +155,19 @@ impl Policy {
             self.sticky = Some(Sticky::new(cfg));
         }
         self
+    }
+
+    /// This policy scoring `least_load` with `least` (ignored by the others).
+    pub fn with_least_load(mut self, least: LeastLoad) -> Self {
+        if self.least.is_some() {
+            self.least = Some(least);
+        }
+        self
+    }
+
+    /// Whether this policy reads the workers' load reports (the poll then runs).
+    pub fn needs_loads(&self) -> bool {
+        self.least.is_some()
     }
 
     /// `manual`'s table of sticky sessions.
@@ -245,6 +265,13 @@ impl Policy {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
                         (!all.is_empty())
                             .then(|| Self::pick_sticky(self.sticky.as_ref(), c, &all, want))
+                    }
+                    None => candidates().next(),
+                },
+                PolicyKind::LeastLoad => match &self.least {
+                    Some(l) => {
+                        let all: Vec<&Arc<Worker>> = candidates().collect();
+                        (!all.is_empty()).then(|| l.pick(&all))
                     }
                     None => candidates().next(),
                 },

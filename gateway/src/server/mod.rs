@@ -19,6 +19,7 @@ pub mod exposition;
 pub mod fanout;
 pub mod front;
 pub mod inference;
+pub mod loads;
 pub mod ops;
 pub mod responses;
 pub mod tasks;
@@ -54,6 +55,7 @@ use crate::select::Policy;
 use crate::select::affinity::RoutingKey;
 use crate::select::kv_aware::KvAwareConfig;
 use crate::select::kv_aware::store::StoreSource;
+use crate::select::least_load::LeastLoad;
 use crate::select::responses::ResponseHomes;
 use crate::select::sticky::StickyConfig;
 use crate::workers::{Registry, WorkerManager};
@@ -146,6 +148,7 @@ impl AppState {
         }));
         state.spawn_cache_upkeep();
         state.spawn_kv_upkeep();
+        state.spawn_load_poll();
         Ok(state)
     }
 
@@ -239,6 +242,23 @@ impl AppState {
             });
             if evicted > 0 {
                 tracing::debug!(evicted, "cache_aware trees evicted");
+            }
+        });
+    }
+
+    /// Every `--load-poll-interval-secs`, the workers' `/v1/loads` while a policy in use
+    /// reads them (`least_load`; a reload may switch it on or off).
+    fn spawn_load_poll(&self) {
+        let every = Duration::from_secs(self.config().load_poll_interval_secs.max(1));
+        self.spawn_periodic(Duration::ZERO, every, |st| async move {
+            let router = st.router();
+            let pd = st.pd_router();
+            let mut policies = vec![router.policy()];
+            if let Some(pd) = &pd {
+                policies.extend(pd.policies());
+            }
+            if policies.iter().any(|p| p.needs_loads()) {
+                loads::poll_once(&st).await;
             }
         });
     }
@@ -520,6 +540,7 @@ fn routers(
             .with_tokenizer(tokenizer.clone())
             .with_routing(RoutingKey::from(cfg))
             .with_sticky(StickyConfig::from(cfg))
+            .with_least_load(LeastLoad::from(cfg))
     };
     let pd = cfg.pd_disaggregation.then(|| {
         PdRouter::new(

@@ -39,6 +39,21 @@ pub use registry::Registry;
 
 pub use crate::config::{UrlError, WorkerUrl};
 
+/// What a worker said of its load in its `/v1/loads` (summed over its ranks), and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReportedLoad {
+    /// When it was read.
+    pub at: tokio::time::Instant,
+    /// KV tokens in use.
+    pub used_tokens: u64,
+    /// Requests waiting in its queues.
+    pub waiting_reqs: u64,
+    /// Tokens generated per second.
+    pub gen_throughput: f64,
+    /// The fullest rank's KV usage (0 to 1).
+    pub token_usage: f64,
+}
+
 /// What registering a worker needs (the admin API's `CreateWorkerRequest`, validated).
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -98,6 +113,8 @@ pub struct Worker {
     /// Prompt tokens its requests in flight still have to prefill, as the policy that
     /// picked them estimated (see [`LoadGuard::charge_prefill`]).
     prefill_backlog: AtomicU64,
+    /// What the worker last said of its load (`least_load`'s poll).
+    reported: parking_lot::Mutex<Option<ReportedLoad>>,
     failures: AtomicU64,
     breaker: Breaker,
     draining: AtomicBool,
@@ -134,6 +151,7 @@ impl Worker {
             status: AtomicU8::new(PENDING),
             in_flight: AtomicUsize::new(0),
             prefill_backlog: AtomicU64::new(0),
+            reported: parking_lot::Mutex::new(None),
             failures: AtomicU64::new(0),
             breaker: Breaker::default(),
             draining: AtomicBool::new(false),
@@ -246,6 +264,16 @@ impl Worker {
     #[inline]
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// What the worker last said of its load, if it ever answered the load poll.
+    pub fn reported(&self) -> Option<ReportedLoad> {
+        *self.reported.lock()
+    }
+
+    /// Keeps what the worker said of its load.
+    pub fn set_reported(&self, r: ReportedLoad) {
+        *self.reported.lock() = Some(r);
     }
 
     /// Prompt tokens its requests in flight still have to prefill, by the estimates of the

@@ -135,6 +135,11 @@ pub struct BenchConfig {
     /// With `--kv-store`: memory each worker contributes to the store (suffixes K, M, G).
     #[arg(long, default_value_t = DEFAULT_KV_STORE_SIZE, value_parser = crate::config::parse_size)]
     pub kv_store_size: u64,
+    /// Send each request's conversation as its routing key (`--routing-key-header`: the
+    /// trace's first two block hashes, the shared system prompt and the conversation's
+    /// first turn), for the affinity policies (`manual`, `consistent_hashing`).
+    #[arg(long)]
+    pub session_keys: bool,
     /// Write the summaries here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -413,8 +418,9 @@ async fn run_one(
         );
         let url = urls[i % urls.len()].clone();
         let speedup = cfg.speedup;
+        let session = cfg.session_keys.then(|| reqs[i].session()).flatten();
         tasks.push(tokio::spawn(async move {
-            match one(&client, &url, &reqs[i]).await {
+            match one(&client, &url, &reqs[i], session.as_deref()).await {
                 Ok(m) => {
                     let ms = |d: Duration| d.as_secs_f64() * 1000.0 * speedup;
                     samples.lock().push(Sample {
@@ -472,15 +478,22 @@ struct Measured {
 
 /// Sends one streamed request: its prompt and cached tokens (from the last event's
 /// `meta_info`), the time to its first event and to its end.
-async fn one(client: &HttpClient, url: &str, r: &TraceRequest) -> anyhow::Result<Measured> {
+async fn one(
+    client: &HttpClient,
+    url: &str,
+    r: &TraceRequest,
+    session: Option<&str>,
+) -> anyhow::Result<Measured> {
     let body = serde_json::to_vec(&serde_json::json!({
         "input_ids": r.tokens(),
         "sampling_params": {"max_new_tokens": r.output_length, "ignore_eos": true},
         "stream": true,
     }))?;
-    let req = http::Request::post(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))?;
+    let mut req = http::Request::post(url).header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(key) = session {
+        req = req.header(ServeConfig::default().routing_key_header.as_str(), key);
+    }
+    let req = req.body(Full::new(Bytes::from(body)))?;
     let t = Instant::now();
     let resp = client.request(req).await?;
     let status = resp.status();

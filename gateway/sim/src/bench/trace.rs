@@ -30,6 +30,16 @@ pub struct TraceRequest {
 }
 
 impl TraceRequest {
+    /// The conversation the request belongs to: its first two blocks (the system prompt
+    /// every conversation shares, then the conversation's own first turn, which each later
+    /// turn repeats), `None` for a prompt of fewer blocks.
+    pub fn session(&self) -> Option<String> {
+        match self.hash_ids.as_slice() {
+            [a, b, ..] => Some(format!("{a}-{b}")),
+            _ => None,
+        }
+    }
+
     /// The prompt's token ids: each block's ids come from its hash id alone.
     pub fn tokens(&self) -> Vec<u32> {
         let n = self.input_length as usize;

@@ -173,6 +173,12 @@ async fn unknown_ids_are_found_and_lost_workers_are_clear() {
         "{v}"
     );
 
+    // An id no worker has: asked once, then answered from memory for a while.
+    let gone = format!("{create}/resp_nobody_has_this");
+    let (st, _) = status_of(&c, reqwest::Method::GET, &gone).await;
+    assert_eq!(st, 404);
+    assert!(gw.state().homes().recently_missed("resp_nobody_has_this"));
+
     // Ids that cannot be one: 404 without asking anyone.
     for bad in ["a%2Fb", "a%20b", &"r".repeat(300)] {
         let (st, v) = status_of(&c, reqwest::Method::GET, &format!("{create}/{bad}")).await;

@@ -6,19 +6,32 @@
 //! Memory is bounded: at most `max_ids` ids (the least recently used is forgotten first),
 //! each at most [`MAX_RESPONSE_ID_LEN`] bytes (a longer id is never remembered; the
 //! gateway finds its worker by asking them, as for any id it does not know).
+//!
+//! An id no worker had is remembered as missing for [`MISS_TTL`] (at most
+//! [`MAX_MISSES`] of them), so a client repeating unknown ids cannot make the gateway ask
+//! every worker on each call.
+
+use std::time::Duration;
 
 use hashlink::LruCache;
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use crate::config::ServeConfig;
 
 /// Longest response id remembered, in bytes (SGLang's are `resp_` and 32 hex digits).
 pub const MAX_RESPONSE_ID_LEN: usize = 256;
 
+/// How long an id no worker had is answered 404 without asking them again.
+pub const MISS_TTL: Duration = Duration::from_secs(5);
+/// Missing ids remembered at most.
+pub const MAX_MISSES: usize = 10_000;
+
 /// Response id -> the URL of the worker holding it.
 #[derive(Debug)]
 pub struct ResponseHomes {
     homes: Mutex<LruCache<Box<str>, Box<str>>>,
+    misses: Mutex<LruCache<Box<str>, Instant>>,
 }
 
 impl Default for ResponseHomes {
@@ -38,6 +51,7 @@ impl ResponseHomes {
     pub fn new(max_ids: usize) -> Self {
         Self {
             homes: Mutex::new(LruCache::new(max_ids.max(1))),
+            misses: Mutex::new(LruCache::new(MAX_MISSES)),
         }
     }
 
@@ -46,7 +60,28 @@ impl ResponseHomes {
         if id.is_empty() || id.len() > MAX_RESPONSE_ID_LEN {
             return;
         }
+        self.misses.lock().remove(id);
         self.homes.lock().insert(id.into(), worker.into());
+    }
+
+    /// Remembers that no worker had `id` (for [`MISS_TTL`]).
+    pub fn missed(&self, id: &str) {
+        if !id.is_empty() && id.len() <= MAX_RESPONSE_ID_LEN {
+            self.misses.lock().insert(id.into(), Instant::now());
+        }
+    }
+
+    /// Whether no worker had `id` within the last [`MISS_TTL`].
+    pub fn recently_missed(&self, id: &str) -> bool {
+        let mut misses = self.misses.lock();
+        match misses.get(id) {
+            Some(at) if at.elapsed() < MISS_TTL => true,
+            Some(_) => {
+                misses.remove(id);
+                false
+            }
+            None => false,
+        }
     }
 
     /// The worker URL holding response `id`, if known.
@@ -88,5 +123,21 @@ mod tests {
         assert_eq!(homes.len(), 2);
         homes.forget("resp_a");
         assert_eq!(homes.home("resp_a"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn misses_are_remembered_briefly() {
+        let homes = ResponseHomes::new(8);
+        assert!(!homes.recently_missed("resp_x"));
+        homes.missed("resp_x");
+        assert!(homes.recently_missed("resp_x"));
+        tokio::time::advance(MISS_TTL).await;
+        assert!(
+            !homes.recently_missed("resp_x"),
+            "asked again after the TTL"
+        );
+        homes.missed("resp_y");
+        homes.bind("resp_y", "http://w");
+        assert!(!homes.recently_missed("resp_y"), "found since");
     }
 }

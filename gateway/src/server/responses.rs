@@ -3,8 +3,10 @@
 //! the worker that made them). The gateway remembers the worker of each response it
 //! relayed ([`crate::select::responses::ResponseHomes`]); for an id it does not know (made
 //! through another gateway replica, or before a restart) it asks the ready workers and
-//! remembers the one that has it. A response whose worker has left is a 404 (`response_not_found`), as is an id
-//! no worker knows.
+//! remembers the one that has it; an id none had is answered 404 without asking them again
+//! for a few seconds ([`crate::select::responses::MISS_TTL`]), so repeating unknown ids
+//! cannot make the gateway ask every worker on each call. A response whose worker has
+//! left is a 404 (`response_not_found`), as is an id no worker knows.
 //!
 //! `POST /v1/responses` itself is proxied like the other inference routes
 //! ([`super::inference`]); a `previous_response_id` there is routed the same way.
@@ -70,6 +72,9 @@ pub(super) async fn home_of(
             }
         };
     }
+    if st.homes().recently_missed(id) {
+        return Err(not_found(id, previous));
+    }
     let ready: Vec<Arc<Worker>> = snapshot
         .iter()
         .filter(|w| w.worker_type() == WorkerType::Regular && w.is_available())
@@ -92,6 +97,7 @@ pub(super) async fn home_of(
             return Ok(w);
         }
     }
+    st.homes().missed(id);
     Err(not_found(id, previous))
 }
 

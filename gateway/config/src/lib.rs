@@ -86,6 +86,11 @@ pub enum PolicyKind {
     /// `--load-poll-interval-secs`) and the gateway's requests in flight, plus a KV
     /// pressure term (`--least-load-kv-weight`).
     LeastLoad,
+    /// Prompts of similar length to the same worker (smg's `bucket`): each worker owns a
+    /// range of prompt lengths, cut so each gets an equal share of the recent prompt
+    /// bytes; the least loaded worker while the load is imbalanced
+    /// (`--balance-*-threshold`).
+    Bucket,
 }
 
 impl fmt::Display for PolicyKind {
@@ -99,6 +104,7 @@ impl fmt::Display for PolicyKind {
             Self::ConsistentHashing => "consistent_hashing",
             Self::Manual => "manual",
             Self::LeastLoad => "least_load",
+            Self::Bucket => "bucket",
         })
     }
 }

@@ -15,9 +15,11 @@
 //! - [`tree`]: its approximate radix tree of prompt keys.
 //! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
 //! - [`least_load`]: the `least_load` policy (the workers' own reports of their queues).
+//! - [`bucket`]: the `bucket` policy (prompt-length ranges, one per worker).
 //! - [`responses`]: where each Responses API response lives.
 
 pub mod affinity;
+pub mod bucket;
 pub mod cache_aware;
 pub mod kv_aware;
 pub mod least_load;
@@ -34,6 +36,7 @@ use openapi::workers::{WorkerStatus, WorkerType};
 use crate::config::PolicyKind;
 use crate::workers::{Worker, registry::WorkerSet};
 use affinity::{Affinity, HashRing, RoutingKey};
+use bucket::Bucket;
 use cache_aware::{CacheAware, CacheAwareConfig};
 use kv_aware::{KvAware, KvAwareConfig};
 use least_load::LeastLoad;
@@ -53,6 +56,8 @@ pub struct Policy {
     sticky: Option<Sticky>,
     /// `least_load`'s scoring.
     least: Option<LeastLoad>,
+    /// `bucket`'s ranges.
+    bucket: Option<Bucket>,
     /// The headers of the routing key and the direct target.
     routing: RoutingKey,
     /// `kv_aware`'s tokenizer for text and chat prompts.
@@ -135,6 +140,10 @@ impl Policy {
 
     /// A fresh policy; `kv` configures `kv_aware` and (its fallback) `cache_aware`.
     pub fn with_configs(kind: PolicyKind, kv: KvAwareConfig) -> Self {
+        let balance = (
+            kv.fallback.balance_abs_threshold,
+            kv.fallback.balance_rel_threshold,
+        );
         Self {
             kind,
             cursor: AtomicUsize::new(0),
@@ -144,6 +153,7 @@ impl Policy {
             ring: (kind == PolicyKind::ConsistentHashing).then(HashRing::default),
             sticky: (kind == PolicyKind::Manual).then(|| Sticky::new(StickyConfig::default())),
             least: (kind == PolicyKind::LeastLoad).then(LeastLoad::default),
+            bucket: (kind == PolicyKind::Bucket).then(|| Bucket::new(balance.0, balance.1)),
             routing: RoutingKey::default(),
             tokenizer: None,
         }
@@ -209,7 +219,7 @@ impl Policy {
     /// Whether this policy routes by the prompt (the caller then passes [`Want::key`]).
     #[inline]
     pub fn needs_key(&self) -> bool {
-        self.cache.is_some() || self.kv.is_some()
+        self.cache.is_some() || self.kv.is_some() || self.bucket.is_some()
     }
 
     /// The `cache_aware` state (also `kv_aware`'s fallback), for this policy's upkeep.
@@ -265,6 +275,13 @@ impl Policy {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
                         (!all.is_empty())
                             .then(|| Self::pick_sticky(self.sticky.as_ref(), c, &all, want))
+                    }
+                    None => candidates().next(),
+                },
+                PolicyKind::Bucket => match &self.bucket {
+                    Some(b) => {
+                        let all: Vec<&Arc<Worker>> = candidates().collect();
+                        (!all.is_empty()).then(|| b.pick(&all, want.key.map_or(0, <[u8]>::len)))
                     }
                     None => candidates().next(),
                 },

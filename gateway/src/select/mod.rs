@@ -219,7 +219,7 @@ impl Policy {
     /// Whether this policy routes by the prompt (the caller then passes [`Want::key`]).
     #[inline]
     pub fn needs_key(&self) -> bool {
-        self.cache.is_some() || self.kv.is_some() || self.bucket.is_some()
+        self.cache.is_some() || self.kv.is_some() || self.bucket.is_some() || self.least.is_some()
     }
 
     /// The `cache_aware` state (also `kv_aware`'s fallback), for this policy's upkeep.
@@ -288,6 +288,7 @@ impl Policy {
                 PolicyKind::LeastLoad => match &self.least {
                     Some(l) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
+                        prefill_tokens = least_load::prompt_tokens(want.key);
                         (!all.is_empty()).then(|| l.pick(&all))
                     }
                     None => candidates().next(),

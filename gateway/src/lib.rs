@@ -23,9 +23,9 @@
 //!   once, logprob merge).
 //! - [`select`]: load-balancing policies over the available workers (`cache_aware` with its
 //!   prefix tree, `kv_aware` on the workers' KV events).
-//! - [`workers`]: worker records, the swappable registry, health checks, circuit breakers,
-//!   model discovery, the worker control plane.
-//! - [`client`]: the pooled upstream HTTP client.
+//! - [`workers`] (the `workers` crate): worker records, the swappable registry, health
+//!   checks, circuit breakers, model and rank discovery, the worker control plane, and
+//!   the pooled upstream HTTP client ([`client`]).
 //! - [`error`]: the one error type, mapped once to status + OpenAI error envelope.
 //! - [`outcome`]: outcome types the request path and the metrics share (a leaf module).
 //! - [`metrics`]: Prometheus recorder and the `moongate_gateway_*` series.
@@ -43,10 +43,12 @@
 pub mod admission;
 /// Who may call what: the `planes` crate, under the name the gateway's modules use.
 pub use planes as auth;
-pub mod client;
 /// `moongate serve` and `moongate master` settings: the `settings` crate, under the name the
 /// gateway's modules use.
 pub use settings as config;
+/// The pooled upstream HTTP client: the `workers` crate's, under the name the gateway's
+/// modules use.
+pub use workers::client;
 pub mod docs;
 pub mod error;
 pub mod launch;
@@ -61,4 +63,6 @@ pub mod request_id;
 pub mod select;
 pub mod server;
 pub mod tls;
-pub mod workers;
+/// Worker records, the registry, health checks, breakers, the control plane: the `workers`
+/// crate.
+pub use ::workers;

@@ -18,7 +18,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visi
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// SGLang's request id and PD bootstrap fields, shared by `/generate`, chat completions
+/// SGLang's request id, PD bootstrap fields and data-parallel rank, shared by `/generate`, chat completions
 /// and completions (flattened into each body). Each is a scalar for a single request or a
 /// list with one entry per batch item; the PD rewrite injects the bootstrap fields here.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -35,6 +35,10 @@ pub struct Routing {
     /// PD: the room pairing one prefill with one decode (random 63-bit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_room: Option<OneOrMany<u64>>,
+    /// The data-parallel rank to run the request on (a router's `--dp-aware` writes it;
+    /// absent: the worker's own balancing picks one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel_rank: Option<u32>,
 }
 
 /// A field that is either one value (single request) or a list (one per item of a batch).

@@ -209,6 +209,13 @@ pub struct WorkerInfo {
     pub circuit: WorkerCircuit,
     /// Whether an api key is sent to this worker (the key itself is never shown).
     pub has_api_key: bool,
+    /// With `--dp-aware`: the data-parallel rank this entry routes to (each rank of a
+    /// worker is listed as its own entry, with the worker's URL); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+    /// With `--dp-aware`: how many data-parallel ranks the worker has (its `dp_size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_size: Option<u32>,
 }
 
 /// `GET /workers`.

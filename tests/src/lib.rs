@@ -155,6 +155,11 @@ pub struct Knobs {
     pub status: AtomicU16,
     /// A streamed answer breaks (the connection is cut) after this many chunks.
     pub break_after: AtomicUsize,
+    /// The `dp_size` its `/get_server_info` reports (0: none, and 503 while
+    /// [`Knobs::info_down`]).
+    pub dp_size: AtomicUsize,
+    /// `/get_server_info` answers 503.
+    pub info_down: AtomicBool,
     /// Inference requests wait (after being recorded) until [`Backend::release`].
     held: AtomicBool,
     gate: tokio::sync::Notify,
@@ -219,6 +224,8 @@ impl Backend {
                 head_delay_ms: AtomicUsize::new(0),
                 status: AtomicU16::new(200),
                 break_after: AtomicUsize::new(usize::MAX),
+                dp_size: AtomicUsize::new(0),
+                info_down: AtomicBool::new(false),
                 held: AtomicBool::new(false),
                 gate: tokio::sync::Notify::new(),
             },
@@ -344,7 +351,15 @@ async fn models(State(s): State<Arc<Shared>>, req: Request) -> Response {
 
 async fn info(State(s): State<Arc<Shared>>, req: Request) -> Response {
     probed(&s, &req);
-    axum::Json(serde_json::json!({"worker": s.name, "model_path": s.model})).into_response()
+    if s.knobs.info_down.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let mut info = serde_json::json!({"worker": s.name, "model_path": s.model});
+    match s.knobs.dp_size.load(Ordering::SeqCst) {
+        0 => {}
+        n => info["dp_size"] = n.into(),
+    }
+    axum::Json(info).into_response()
 }
 
 async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {

@@ -64,6 +64,8 @@ pub const HEALTH_FAILURE_THRESHOLD: &str = "MOONGATE_HEALTH_FAILURE_THRESHOLD";
 pub const HEALTH_SUCCESS_THRESHOLD: &str = "MOONGATE_HEALTH_SUCCESS_THRESHOLD";
 /// `--health-check-endpoint`.
 pub const HEALTH_CHECK_ENDPOINT: &str = "MOONGATE_HEALTH_CHECK_ENDPOINT";
+/// `--dp-aware`.
+pub const DP_AWARE: &str = "MOONGATE_DP_AWARE";
 /// `--disable-health-check`.
 pub const DISABLE_HEALTH_CHECK: &str = "MOONGATE_DISABLE_HEALTH_CHECK";
 /// `--health-check-pending-interval-ms`.

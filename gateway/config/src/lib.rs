@@ -172,6 +172,12 @@ pub struct ServeConfig {
     /// assigned afresh).
     #[arg(long, env = env::STICKY_MAX_IDLE_SECS, default_value_t = ServeConfig::default().sticky_max_idle_secs)]
     pub sticky_max_idle_secs: u64,
+    /// Route to each data-parallel rank of a worker as its own target (SGLang's
+    /// `--dp-size`): a worker's ranks are learnt from its `/get_server_info` when it is
+    /// registered, each is listed, probed, counted and chosen by the policy on its own,
+    /// and the chosen rank goes in the request as `data_parallel_rank`.
+    #[arg(long, env = env::DP_AWARE)]
+    pub dp_aware: bool,
     /// Responses API: response ids whose worker is remembered at most (the least recently
     /// used is forgotten first; a forgotten id's worker is found by asking the workers).
     #[arg(long, env = env::RESPONSES_MAX_IDS, default_value_t = ServeConfig::default().responses_max_ids)]
@@ -533,6 +539,7 @@ impl Default for ServeConfig {
             health_success_threshold: 2,
             health_check_endpoint: "/health".into(),
             disable_health_check: false,
+            dp_aware: false,
             health_check_pending_interval_ms: 500,
             retry_max_retries: 5,
             retry_initial_backoff_ms: 50,

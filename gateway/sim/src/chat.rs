@@ -37,6 +37,8 @@ pub async fn chat_completions(State(st): State<Arc<SimState>>, body: Bytes) -> R
 /// A request turned into finished sequences, ready to render.
 struct Chat {
     kv: Vec<KvItem>,
+    /// The data-parallel rank the request names.
+    dp_rank: Option<u32>,
     id: String,
     created: u64,
     model: String,
@@ -95,6 +97,7 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Chat, SimError> {
     };
     Ok(Chat {
         kv,
+        dp_rank: req.routing.data_parallel_rank,
         id,
         created: unix_now(),
         stream: req.is_stream(),
@@ -246,6 +249,10 @@ impl Answer for Chat {
 
     fn whole(self) -> ChatCompletionResponse {
         self.complete()
+    }
+
+    fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
     }
 
     fn take_kv(&mut self) -> Vec<KvItem> {

@@ -47,6 +47,8 @@ struct PromptEntry {
 
 struct Completion {
     kv: Vec<KvItem>,
+    /// The data-parallel rank the request names.
+    dp_rank: Option<u32>,
     prompt_logprobs: bool,
     id: String,
     created: u64,
@@ -179,6 +181,7 @@ fn prepare(st: &SimState, body: &[u8]) -> Result<Completion, SimError> {
     };
     Ok(Completion {
         kv,
+        dp_rank: req.routing.data_parallel_rank,
         prompt_logprobs: st.prompt_logprobs(),
         id,
         created: unix_now(),
@@ -314,6 +317,10 @@ impl Answer for Completion {
 
     fn whole(self) -> CompletionResponse {
         self.complete()
+    }
+
+    fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
     }
 
     fn take_kv(&mut self) -> Vec<KvItem> {

@@ -43,6 +43,8 @@ pub const DEFAULT_KV_STORE_BUFFER_SIZE: u64 = 16 << 20;
 pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "1s";
 /// Default failed heartbeats in a row after which a prefill counts as dead.
 pub const DEFAULT_HEARTBEAT_MAX_FAILURES: u32 = 2;
+/// The most data-parallel ranks a simulated worker runs.
+pub const MAX_DP_SIZE: u32 = 64;
 
 /// Role of a simulated worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -153,6 +155,12 @@ pub struct SimConfig {
     /// `/get_server_info` (`disaggregation_bootstrap_port`).
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
     pub bootstrap_port: u16,
+    /// Data-parallel ranks (SGLang's `--dp-size`; regular mode): each has its own prefix
+    /// cache (its own `--kv-pool-size`), KV events (rank `r` on the endpoints' ports + `r`,
+    /// as SGLang offsets them), prefill lane and load; a request runs on the rank its
+    /// `data_parallel_rank` names, or the next in turn.
+    #[arg(long, alias = "data-parallel-size", default_value_t = 1)]
+    pub dp_size: u32,
     /// Model shape sizing the KV cache (bytes per token): the prefix cache and PD pages.
     #[arg(long, value_enum, default_value_t = DEFAULT_MODEL_SHAPE)]
     pub model_shape: ModelShape,
@@ -241,6 +249,7 @@ impl Default for SimConfig {
             tpot: parse_default(DEFAULT_TPOT),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             bootstrap_port: DEFAULT_BOOTSTRAP_PORT,
+            dp_size: 1,
             model_shape: DEFAULT_MODEL_SHAPE,
             page_size: DEFAULT_PAGE_SIZE,
             kv_pool_size: DEFAULT_KV_POOL_SIZE,
@@ -305,6 +314,22 @@ impl SimConfig {
                 "kv_pool_size ({}) is smaller than one page ({page} bytes)",
                 self.kv_pool_size
             ));
+        }
+        if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
+            return Err(format!("dp_size must be 1 to {MAX_DP_SIZE}"));
+        }
+        if self.dp_size > 1 {
+            if self.mode != SimMode::Regular {
+                return Err("dp_size over 1 is simulated for regular workers only".to_owned());
+            }
+            if let Some(c) = self.kv_events_config.as_ref().filter(|c| c.enabled()) {
+                let fixed = |e: &str| {
+                    sglang::kv_events::offset_port(e, 0).is_some_and(|e| !e.ends_with(":0"))
+                };
+                if !fixed(&c.endpoint) || c.replay_endpoint.as_deref().is_some_and(|r| !fixed(r)) {
+                    return Err("dp_size over 1 with kv_events_config needs fixed ports (rank r publishes on port + r)".to_owned());
+                }
+            }
         }
         if self.kv_store.is_some() {
             if self.disable_radix_cache {

@@ -49,6 +49,8 @@ struct PromptEntry {
 
 struct Generation {
     kv: Vec<KvItem>,
+    /// The data-parallel rank the request names.
+    dp_rank: Option<u32>,
     prompt_logprobs: bool,
     stream: bool,
     listed: bool,
@@ -201,6 +203,7 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
         .collect();
     Ok(Generation {
         kv,
+        dp_rank: req.routing.data_parallel_rank,
         prompt_logprobs: st.prompt_logprobs(),
         stream: req.is_stream(),
         listed,
@@ -333,6 +336,10 @@ impl Answer for Generation {
     }
 
     /// One object for a single prompt, a list for a batch or `n > 1`.
+    fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
+    }
+
     fn take_kv(&mut self) -> Vec<KvItem> {
         std::mem::take(&mut self.kv)
     }

@@ -13,7 +13,7 @@ use openapi::sglang::server::{
 use serde_json::{Value, json};
 
 use super::error::json;
-use super::state::{SimState, unix_now};
+use super::state::{Rank, SimState, unix_now};
 
 /// KV cache capacity the simulator reports, in tokens.
 const KV_CAPACITY_TOKENS: u64 = 1 << 20;
@@ -48,7 +48,7 @@ pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
     let cfg = &st.cfg;
     // SGLang reports its `--kv-events-config` as the JSON string it was given; the
     // simulator reports the endpoints it bound (ports resolved), so routers can find them.
-    let kv_events_config = st.events.as_ref().map(|p| {
+    let kv_events_config = st.events().map(|p| {
         json!({"publisher": "zmq", "endpoint": p.endpoint(),
                "replay_endpoint": p.replay_endpoint(),
                "topic": cfg.kv_events_config.as_ref().map_or("", |c| c.topic.as_str())})
@@ -75,7 +75,7 @@ pub async fn server_info(State(st): State<Arc<SimState>>) -> Response {
         host: Some(cfg.host.clone()),
         port: Some(cfg.port),
         tp_size: Some(1),
-        dp_size: Some(1),
+        dp_size: Some(cfg.dp_size.max(1)),
         context_length: Some(u64::from(cfg.context_length)),
         disaggregation_mode: Some(cfg.mode.disaggregation_mode().to_owned()),
         disaggregation_transfer_backend: Some("mooncake".to_owned()),
@@ -179,17 +179,32 @@ fn usage(st: &SimState) -> (u64, u64) {
     )
 }
 
-/// `GET /get_load`: one entry per data-parallel rank (the simulator has one).
+/// [`usage`] of one rank.
+fn rank_usage(st: &SimState, rank: &Rank) -> (u64, u64) {
+    let n = rank.in_flight();
+    (
+        n,
+        rank.prompt_tokens_in_flight() + n * u64::from(st.cfg.output_tokens),
+    )
+}
+
+/// `GET /get_load`: one entry per data-parallel rank.
 pub async fn get_load(State(st): State<Arc<SimState>>) -> Response {
-    let (n, tokens) = usage(&st);
-    let load = LoadReport {
-        dp_rank: 0,
-        num_reqs: n,
-        num_waiting_reqs: 0,
-        num_tokens: tokens,
-        extra: Extra::new(),
-    };
-    json(StatusCode::OK, &[load])
+    let loads: Vec<LoadReport> = st
+        .ranks()
+        .iter()
+        .map(|r| {
+            let (n, tokens) = rank_usage(&st, r);
+            LoadReport {
+                dp_rank: r.index,
+                num_reqs: n,
+                num_waiting_reqs: 0,
+                num_tokens: tokens,
+                extra: Extra::new(),
+            }
+        })
+        .collect();
+    json(StatusCode::OK, &loads)
 }
 
 /// `GET /metrics`: SGLang's scheduler gauges (`sglang:` names, `model_name` label) in the
@@ -236,33 +251,45 @@ pub async fn metrics(State(st): State<Arc<SimState>>) -> Response {
         .into_response()
 }
 
-/// `GET /v1/loads`: the detailed load of the one rank, and its aggregate.
+/// `GET /v1/loads`: the detailed load of each rank (with the requests it has taken so
+/// far, `sim_served`), and their aggregate.
 pub async fn loads(State(st): State<Arc<SimState>>) -> Response {
-    let (n, tokens) = usage(&st);
-    let token_usage = tokens as f64 / KV_CAPACITY_TOKENS as f64;
-    let utilization = n as f64 / MAX_RUNNING_REQUESTS as f64;
-    let rank = RankLoad {
-        num_running_reqs: n,
-        num_total_reqs: n,
-        num_used_tokens: tokens,
-        max_total_num_tokens: KV_CAPACITY_TOKENS,
-        token_usage,
-        utilization,
-        max_running_requests: MAX_RUNNING_REQUESTS,
-        ..RankLoad::default()
-    };
+    let ranks: Vec<RankLoad> = st
+        .ranks()
+        .iter()
+        .map(|r| {
+            let (n, tokens) = rank_usage(&st, r);
+            let mut extra = Extra::new();
+            extra.insert("sim_served".to_owned(), r.served().into());
+            RankLoad {
+                dp_rank: r.index,
+                num_running_reqs: n,
+                num_total_reqs: n,
+                num_used_tokens: tokens,
+                max_total_num_tokens: KV_CAPACITY_TOKENS,
+                token_usage: tokens as f64 / KV_CAPACITY_TOKENS as f64,
+                utilization: n as f64 / MAX_RUNNING_REQUESTS as f64,
+                max_running_requests: MAX_RUNNING_REQUESTS,
+                extra,
+                ..RankLoad::default()
+            }
+        })
+        .collect();
+    let count = ranks.len().max(1) as f64;
+    let mean = |f: fn(&RankLoad) -> f64| ranks.iter().map(f).sum::<f64>() / count;
+    let total: u64 = ranks.iter().map(|r| r.num_running_reqs).sum();
     let body = Loads {
         timestamp: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         version: Some(version()),
-        dp_rank_count: 1,
-        loads: vec![rank],
+        dp_rank_count: ranks.len() as u32,
         aggregate: Some(LoadAggregate {
-            total_running_reqs: n,
-            total_reqs: n,
-            avg_token_usage: token_usage,
-            avg_utilization: utilization,
+            total_running_reqs: total,
+            total_reqs: total,
+            avg_token_usage: mean(|r| r.token_usage),
+            avg_utilization: mean(|r| r.utilization),
             ..LoadAggregate::default()
         }),
+        loads: ranks,
         extra: Extra::new(),
     };
     json(StatusCode::OK, &body)

@@ -11,7 +11,8 @@
 //! `/sim/profile`, what it profiles).
 //! Streaming and not, usage counts, finish reasons (`length` at the token limit, `stop` at
 //! a stop string, stop token or the model's end-of-sequence after `output_tokens` words),
-//! `n > 1`, batch `/generate`, logprobs, `rid`. Output text is a deterministic function of the prompt
+//! `n > 1`, batch `/generate`, logprobs, `rid`, data-parallel ranks (`--dp-size`, picked by
+//! `data_parallel_rank`). Output text is a deterministic function of the prompt
 //! (see [`model`]); the first token comes after `ttft` and each further one `tpot` later.
 //! Bad input answers 400 in SGLang's error shapes, never a panic.
 //!
@@ -28,7 +29,9 @@
 //! # Layout
 //! - [`config`]: [`SimConfig`], every default in one place.
 //! - [`serve`]: the HTTP/1.1 accept loop and its bounded graceful shutdown.
-//! - [`state`]: shared state: config, requests in flight, request ids.
+//! - [`state`]: shared state: config, data-parallel ranks, request ids.
+//! - [`rank`]: one data-parallel rank (`--dp-size`): its prefix cache, events, prefill
+//!   lane and requests in flight.
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
 //! - [`embeddings`]: `/v1/embeddings`, as an embedding model answers it.
 //! - [`pooling`]: rerank, classify, score, tokenize and detokenize.
@@ -63,6 +66,7 @@ pub mod model;
 pub mod pd;
 pub mod pooling;
 pub mod prefix;
+pub mod rank;
 pub mod response_store;
 pub mod responses;
 pub mod serve;
@@ -230,11 +234,23 @@ pub async fn spawn(mut cfg: SimConfig, listener: TcpListener) -> anyhow::Result<
     if let Some(b) = pd.as_ref().and_then(|p| p.bootstrap_addr()) {
         cfg.bootstrap_port = b.port();
     }
-    let events = match cfg.kv_events_config.as_ref().filter(|c| c.enabled()) {
-        Some(c) => Some(sglang::kv_events::publish::Publisher::start(c).await?),
-        None => None,
-    };
-    let bound = events.as_ref().map(|p| {
+    let mut events = Vec::new();
+    if let Some(c) = cfg.kv_events_config.as_ref().filter(|c| c.enabled()) {
+        for rank in 0..cfg.dp_size.max(1) {
+            let mut c = c.clone();
+            if rank > 0 {
+                // Checked by `validate`: fixed ports, so the rank's are these plus `rank`.
+                let moved = |e: &str| sglang::kv_events::offset_port(e, rank);
+                c.endpoint = moved(&c.endpoint).context("kv events endpoint of a rank")?;
+                c.replay_endpoint = match c.replay_endpoint.as_deref() {
+                    Some(r) => Some(moved(r).context("kv events replay endpoint of a rank")?),
+                    None => None,
+                };
+            }
+            events.push(sglang::kv_events::publish::Publisher::start(&c).await?);
+        }
+    }
+    let bound = events.first().map(|p| {
         (
             p.endpoint().to_owned(),
             p.replay_endpoint().map(str::to_owned),

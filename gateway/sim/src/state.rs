@@ -1,20 +1,21 @@
-//! Shared state of one simulated worker: its config, the requests in flight, request ids,
-//! the prefix cache and its events, its L3 tier, and the prefill lane (one prefill computes
-//! at a time).
+//! Shared state of one simulated worker: its config, its data-parallel ranks (each with
+//! its prefix cache and events, prefill lane and requests in flight: [`Rank`]), request
+//! ids, and its L3 tier.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::config::{SimConfig, SimMode};
+use super::error::SimError;
 use super::l3::L3;
 use super::model;
 use super::pd::PdState;
-use super::prefix::{Admission, PrefixCache, PrefixStats};
-use sglang::kv_events::hash::{self, PageDigest};
+use super::prefix::PrefixStats;
+pub use super::rank::{InflightGuard, PrefixHold, Rank};
 use sglang::kv_events::publish::Publisher;
 use sglang::tokenizer::Tokenizer;
 
@@ -25,22 +26,18 @@ pub struct SimState {
     pub cfg: SimConfig,
     /// The PD machinery (prefill and decode modes).
     pub pd: Option<Arc<PdState>>,
-    /// The KV events publisher (`--kv-events-config`).
-    pub events: Option<Publisher>,
-    prefix: Option<Arc<Mutex<PrefixCache>>>,
+    /// The data-parallel ranks (`--dp-size`; at least one).
+    ranks: Vec<Rank>,
+    /// The rank the next request that names none runs on.
+    next_rank: AtomicUsize,
     /// `--kv-store`: evicted pages go to the store, and are loaded back from there.
     l3: Option<Arc<L3>>,
     /// `--tokenizer-path`: prompts tokenized as SGLang does (else the built-in tokenizer).
     tokenizer: Option<Arc<Tokenizer>>,
-    /// When the prefill lane is free again.
-    lane: Mutex<Instant>,
     /// The options of the profiling run in progress (`/start_profile`), if any.
     pub profiling: Mutex<Option<serde_json::Value>>,
     /// The Responses API's stored responses.
     pub responses: Mutex<super::response_store::ResponseStore>,
-    in_flight: Arc<AtomicU64>,
-    /// Prompt tokens of the requests in flight (what their KV holds, for `/v1/loads`).
-    prompt_tokens: Arc<AtomicU64>,
     next_id: AtomicU64,
     id_base: u64,
 }
@@ -54,14 +51,15 @@ impl SimState {
 
     /// State for a worker configured by `cfg`, with its PD machinery.
     pub fn with_pd(cfg: SimConfig, pd: Option<Arc<PdState>>) -> anyhow::Result<Arc<Self>> {
-        Self::with_parts(cfg, pd, None, None)
+        Self::with_parts(cfg, pd, Vec::new(), None)
     }
 
-    /// State with its PD machinery, its KV events publisher and its L3 tier.
+    /// State with its PD machinery, the KV events publisher of each rank (none, or one
+    /// per rank) and its L3 tier.
     pub fn with_parts(
         cfg: SimConfig,
         pd: Option<Arc<PdState>>,
-        events: Option<Publisher>,
+        events: Vec<Publisher>,
         l3: Option<Arc<L3>>,
     ) -> anyhow::Result<Arc<Self>> {
         let tokenizer =
@@ -73,25 +71,19 @@ impl SimState {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let id_base = model::mix(nanos as u64 ^ u64::from(std::process::id()) << 32);
-        let prefix = (!cfg.disable_radix_cache).then(|| {
-            let c = PrefixCache::new(cfg.page_size as usize, cfg.pool_pages());
-            Arc::new(Mutex::new(match l3 {
-                Some(_) => c.keep_for_store(cfg.kv_store_write_policy),
-                None => c,
-            }))
-        });
+        let mut events = events.into_iter();
+        let ranks = (0..cfg.dp_size.max(1))
+            .map(|r| Rank::new(r, &cfg, events.next(), l3.is_some()))
+            .collect();
         Ok(Arc::new(SimState {
             cfg,
             pd,
-            events,
-            prefix,
+            ranks,
+            next_rank: AtomicUsize::new(0),
             l3,
             tokenizer,
-            lane: Mutex::new(Instant::now()),
             profiling: Mutex::new(None),
             responses: Mutex::default(),
-            in_flight: Arc::default(),
-            prompt_tokens: Arc::default(),
             next_id: AtomicU64::new(0),
             id_base,
         }))
@@ -102,98 +94,71 @@ impl SimState {
         self.tokenizer.as_deref()
     }
 
-    /// Counts a request as in flight until the guard drops.
-    pub fn enter(&self) -> InflightGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard {
-            in_flight: self.in_flight.clone(),
-            holds: Vec::new(),
-            tokens: self.prompt_tokens.clone(),
-            charged: 0,
-        }
+    /// The KV events publisher of rank 0 (what `/get_server_info` reports; rank `r`
+    /// publishes on its endpoints' ports + `r`).
+    pub fn events(&self) -> Option<&Publisher> {
+        self.ranks[0].events.as_ref()
     }
 
-    /// Prompt tokens of the requests in flight ([`InflightGuard::charge`]).
+    /// Prompt tokens of the requests in flight, over every rank.
     pub fn prompt_tokens_in_flight(&self) -> u64 {
-        self.prompt_tokens.load(Ordering::Relaxed)
+        self.ranks.iter().map(Rank::prompt_tokens_in_flight).sum()
     }
 
     /// Whether prompts go through the prefix cache (the handlers then tokenize them).
     pub fn caches_prefixes(&self) -> bool {
-        self.prefix.is_some()
+        self.ranks[0].caches_prefixes()
     }
 
-    /// Runs `prompts` through the prefix cache: how many tokens of each were cached, and
-    /// what holds their pages until the request ends. With L3, the pages that continue a
-    /// prompt's cached prefix in the store are loaded first (the caller waits for them),
-    /// and the pages computed (write-through) or evicted (write-back) are queued for
-    /// it. Publishes what changed.
-    pub async fn admit(&self, prompts: &[Arc<[u32]>]) -> (Vec<u64>, Option<PrefixHold>) {
-        let Some(cache) = &self.prefix else {
-            return (vec![0; prompts.len()], None);
-        };
-        let ps = self.cfg.page_size as usize;
-        let digests: Vec<Vec<PageDigest>> =
-            prompts.iter().map(|p| hash::page_digests(p, ps)).collect();
-        let mut loaded = vec![0..0; prompts.len()];
-        if let Some(l3) = &self.l3 {
-            for (d, range) in digests.iter().zip(&mut loaded) {
-                let hit = cache.lock().cached_pages(d);
-                *range = hit..hit + l3.load(&d[hit..]).await;
-            }
+    /// The rank a request runs on: the one it names (`data_parallel_rank`), or the next
+    /// in turn. A rank the worker does not have is an error, as SGLang reports it.
+    pub fn rank(&self, wanted: Option<u32>) -> Result<&Rank, SimError> {
+        let n = self.ranks.len();
+        match wanted {
+            Some(r) => self.ranks.get(r as usize).ok_or_else(|| {
+                SimError::BadRequest(format!(
+                    "data_parallel_rank {r} is out of range: this worker has {n} data-parallel rank(s)"
+                ))
+            }),
+            None => Ok(&self.ranks[self.next_rank.fetch_add(1, Ordering::Relaxed) % n]),
         }
-        let mut c = cache.lock();
-        let held: Vec<Admission> = prompts
-            .iter()
-            .zip(&digests)
-            .zip(loaded)
-            .map(|((p, d), l)| c.admit_pages(p, d, l))
-            .collect();
-        let events = c.take_events();
-        if let Some(p) = &self.events {
-            // Published under the lock, so batches leave in the order the cache changed.
-            p.publish(events);
-        }
-        let to_store = c.take_for_store();
-        drop(c);
-        if let Some(l3) = &self.l3 {
-            l3.spill(to_store);
-        }
-        let cached = held.iter().map(|a| a.cached_tokens).collect();
-        (cached, Some(PrefixHold(cache.clone(), held)))
     }
 
-    /// Reserves the prefill lane for `uncached` tokens: when their prefill is done (none
-    /// when there is nothing to compute). A worker computes one prefill at a time, in
-    /// arrival order.
-    pub fn prefill_done_at(&self, uncached: u64) -> Option<Instant> {
-        let per = self.cfg.prefill_compute_per_token;
-        let now = Instant::now();
-        if per.is_zero() || uncached == 0 {
-            return None;
-        }
-        let work = per.saturating_mul(u32::try_from(uncached).unwrap_or(u32::MAX));
-        let mut lane = self.lane.lock();
-        let start = (*lane).max(now);
-        *lane = start + work.min(Duration::from_secs(3600));
-        Some(*lane)
+    /// Every rank, in order.
+    pub fn ranks(&self) -> &[Rank] {
+        &self.ranks
     }
 
-    /// `/flush_cache`: drops every cached page (published as `AllBlocksCleared`).
+    /// Runs `prompts` through `rank`'s prefix cache ([`Rank::admit`], with this worker's
+    /// page size and L3 tier).
+    pub async fn admit(
+        &self,
+        rank: &Rank,
+        prompts: &[Arc<[u32]>],
+    ) -> (Vec<u64>, Option<PrefixHold>) {
+        rank.admit(self.cfg.page_size, self.l3.as_deref(), prompts)
+            .await
+    }
+
+    /// Reserves `rank`'s prefill lane for `uncached` tokens ([`Rank::prefill_done_at`]).
+    pub fn prefill_done_at(&self, rank: &Rank, uncached: u64) -> Option<Instant> {
+        rank.prefill_done_at(self.cfg.prefill_compute_per_token, uncached)
+    }
+
+    /// `/flush_cache`: drops every cached page of every rank.
     pub fn flush_prefixes(&self) {
-        if let Some(cache) = &self.prefix {
-            let mut c = cache.lock();
-            c.clear();
-            let events = c.take_events();
-            if let Some(p) = &self.events {
-                p.publish(events);
-            }
-        }
+        self.ranks.iter().for_each(Rank::flush_prefixes);
     }
 
-    /// The prefix cache's counters.
+    /// The prefix caches' counters, summed over the ranks.
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
-        let mut s = self.prefix.as_ref().map(|c| c.lock().stats())?;
+        let mut all = self.ranks.iter().filter_map(Rank::prefix_stats);
+        let mut s = all.next()?;
+        for r in all {
+            s.capacity_pages += r.capacity_pages;
+            s.cached_pages += r.cached_pages;
+            s.evicted_pages += r.evicted_pages;
+        }
         s.store = self.l3.as_ref().map(|l| l.stats());
         Some(s)
     }
@@ -232,9 +197,9 @@ impl SimState {
         self.cfg.mode != SimMode::Decode
     }
 
-    /// Requests in flight (streams count until their body ends).
+    /// Requests in flight over every rank (streams count until their body ends).
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.ranks.iter().map(Rank::in_flight).sum()
     }
 
     /// A fresh id in UUID form (`8-4-4-4-12` hex digits), unique within this process.
@@ -260,56 +225,6 @@ impl SimState {
     }
 }
 
-/// The pages a request holds in the prefix cache, released when it drops.
-pub struct PrefixHold(Arc<Mutex<PrefixCache>>, Vec<Admission>);
-
-impl std::fmt::Debug for PrefixHold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrefixHold")
-            .field("prompts", &self.1.len())
-            .finish()
-    }
-}
-
-impl Drop for PrefixHold {
-    fn drop(&mut self) {
-        let mut c = self.0.lock();
-        for a in self.1.drain(..) {
-            c.release(a);
-        }
-    }
-}
-
-/// Holds one request in the in-flight count (and what it keeps until it ends, such as the
-/// KV pages of a decode answer).
-#[derive(Debug)]
-pub struct InflightGuard {
-    in_flight: Arc<AtomicU64>,
-    holds: Vec<Box<dyn std::fmt::Debug + Send + Sync>>,
-    tokens: Arc<AtomicU64>,
-    charged: u64,
-}
-
-impl InflightGuard {
-    /// Keeps `hold` until the request ends.
-    pub fn hold(&mut self, hold: impl std::fmt::Debug + Send + Sync + 'static) {
-        self.holds.push(Box::new(hold));
-    }
-
-    /// Counts `tokens` prompt tokens as held by this request until it ends.
-    pub fn charge(&mut self, tokens: u64) {
-        self.tokens.fetch_add(tokens, Ordering::Relaxed);
-        self.charged += tokens;
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.tokens.fetch_sub(self.charged, Ordering::Relaxed);
-    }
-}
-
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -330,7 +245,7 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(a.matches('-').count(), 4);
         assert_eq!(s.new_rid().len(), 32);
-        let g = s.enter();
+        let g = s.rank(None).unwrap().enter();
         assert_eq!(s.in_flight(), 1);
         drop(g);
         assert_eq!(s.in_flight(), 0);

@@ -24,7 +24,7 @@ use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
 use super::model::Token;
 use super::pd::KvItem;
-use super::state::{InflightGuard, SimState};
+use super::state::{InflightGuard, Rank, SimState};
 
 /// Streams with no delays and at most this many steps are written as one buffer.
 const ONE_SHOT_MAX_STEPS: usize = 64;
@@ -83,6 +83,10 @@ pub trait Answer: Steps + Sized {
     fn take_kv(&mut self) -> Vec<KvItem> {
         Vec::new()
     }
+    /// The data-parallel rank the request names (`data_parallel_rank`), if any.
+    fn dp_rank(&self) -> Option<u32> {
+        None
+    }
     /// The token ids of each prompt, for the prefix cache (filled only when the worker
     /// caches prefixes).
     fn prompt_ids(&self) -> &[Arc<[u32]>];
@@ -93,7 +97,8 @@ pub trait Answer: Steps + Sized {
 
 /// Runs a generation request: `prepare` parses it and runs the model; the answer is then
 /// streamed, or sent whole once its last token is due. `error` renders failures in the
-/// route's error shape. The request counts as in flight until its response is done.
+/// route's error shape. The request runs on the rank it names (or the next in turn) and
+/// counts as in flight there until its response is done.
 pub async fn respond<A: Answer>(
     st: &SimState,
     prepare: impl FnOnce(Clock) -> Result<A, SimError>,
@@ -104,14 +109,18 @@ pub async fn respond<A: Answer>(
         ttft: st.cfg.ttft,
         tpot: st.cfg.tpot,
     };
-    let mut guard = st.enter();
     let mut answer = match prepare(clock) {
         Ok(a) => a,
         Err(e) => return error(e),
     };
+    let rank = match st.rank(answer.dp_rank()) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let mut guard = rank.enter();
     guard.charge(answer.prompt_ids().iter().map(|p| p.len() as u64).sum());
     let mut kv = answer.take_kv();
-    let (clock, lane) = prefill(st, &mut answer, clock, &mut guard, kv.is_empty()).await;
+    let (clock, lane) = prefill(st, rank, &mut answer, clock, &mut guard, kv.is_empty()).await;
     if let (Some(done), SimMode::Prefill) = (lane, st.mode()) {
         // The lane computes the uncached part; the rooms wait for it, then move the KV.
         for item in &mut kv {
@@ -145,6 +154,7 @@ pub async fn respond<A: Answer>(
 /// the clock and when the lane is done.
 async fn prefill<A: Answer>(
     st: &SimState,
+    rank: &Rank,
     answer: &mut A,
     clock: Clock,
     guard: &mut InflightGuard,
@@ -154,14 +164,14 @@ async fn prefill<A: Answer>(
     if ids.is_empty() {
         return (clock, None);
     }
-    let (cached, hold) = st.admit(ids).await;
+    let (cached, hold) = st.admit(rank, ids).await;
     let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
     let uncached = total.saturating_sub(cached.iter().sum());
     if let Some(h) = hold {
         guard.hold(h);
     }
     let computes = st.mode() != SimMode::Decode || local;
-    let done = st.prefill_done_at(if computes { uncached } else { 0 });
+    let done = st.prefill_done_at(rank, if computes { uncached } else { 0 });
     let compute = done.map_or(Duration::ZERO, |d| d.saturating_duration_since(clock.start));
     let clock = Clock {
         ttft: clock.ttft + compute,
@@ -311,7 +321,7 @@ mod tests {
             ttft: Duration::from_millis(100),
             tpot: Duration::from_millis(10),
         };
-        let resp = sse_response(Count(3), clock, state.enter());
+        let resp = sse_response(Count(3), clock, state.rank(None).unwrap().enter());
         assert_eq!(state.in_flight(), 1);
         let mut body = resp.into_body();
         let mut seen = Vec::new();
@@ -343,7 +353,7 @@ mod tests {
             ttft: Duration::from_millis(50),
             tpot: Duration::ZERO,
         };
-        let body = sse_response(Count(0), clock, state.enter()).into_body();
+        let body = sse_response(Count(0), clock, state.rank(None).unwrap().enter()).into_body();
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"data: [DONE]\n\n");
         assert_eq!(start.elapsed(), Duration::from_millis(50));
@@ -353,7 +363,7 @@ mod tests {
             ttft: Duration::ZERO,
             tpot: Duration::ZERO,
         };
-        let resp = sse_response(Count(2), clock, state.enter());
+        let resp = sse_response(Count(2), clock, state.rank(None).unwrap().enter());
         assert_eq!(state.in_flight(), 0, "an instant stream is done when built");
         assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();

@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
+use common::{get_json, post, start};
+
 async fn generate(url: &str, ids: &[u32]) -> Value {
     let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 2}});
     common::post(&format!("{url}/generate"), &body).await.1
@@ -193,4 +195,70 @@ async fn events_tell_what_is_cached_and_evicted() {
         [KvEvent::AllBlocksCleared]
     ));
     stop.cancel();
+}
+
+#[tokio::test]
+async fn data_parallel_ranks_keep_their_own_caches_and_counts() {
+    let w = start(SimConfig {
+        dp_size: 2,
+        page_size: 2,
+        ..SimConfig::default()
+    })
+    .await;
+    let url = format!("{}/generate", w.url());
+    let info = get_json(&format!("{}/get_server_info", w.url())).await;
+    assert_eq!(info["dp_size"], 2);
+    let prompt = |rank: Option<u32>| {
+        let mut b = json!({"input_ids": [5, 6, 7, 8, 9, 10, 11, 12],
+            "sampling_params": {"max_new_tokens": 1}});
+        if let Some(r) = rank {
+            b["data_parallel_rank"] = r.into();
+        }
+        b
+    };
+    let cached = |v: &Value| v["meta_info"]["cached_tokens"].as_u64().unwrap();
+    // Rank 1 computes the prompt, then has it; rank 0 has not seen it.
+    let (s, v) = post(&url, &prompt(Some(1))).await;
+    assert_eq!((s, cached(&v)), (200, 0), "{v}");
+    let (_, v) = post(&url, &prompt(Some(1))).await;
+    assert!(cached(&v) >= 6, "{v}");
+    let (_, v) = post(&url, &prompt(Some(0))).await;
+    assert_eq!(cached(&v), 0, "{v}");
+    // A rank the worker does not have: 400, nothing run.
+    let (s, v) = post(&url, &prompt(Some(2))).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("data_parallel_rank 2"), "{v}");
+    // Without a rank: in turn.
+    for _ in 0..4 {
+        assert_eq!(post(&url, &prompt(None)).await.0, 200);
+    }
+    let loads = get_json(&format!("{}/v1/loads", w.url())).await;
+    let served: Vec<u64> = loads["loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["sim_served"].as_u64().unwrap())
+        .collect();
+    assert_eq!(served, [3, 4], "{loads}");
+    assert_eq!(loads["dp_rank_count"], 2);
+    let load = get_json(&format!("{}/get_load", w.url())).await;
+    assert_eq!(load.as_array().unwrap().len(), 2, "{load}");
+    // Config checks: ranks need a regular worker and bounded counts.
+    for bad in [
+        SimConfig {
+            dp_size: 0,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            dp_size: 65,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            dp_size: 2,
+            mode: sim::config::SimMode::Prefill,
+            ..SimConfig::default()
+        },
+    ] {
+        assert!(bad.validate().is_err(), "{}", bad.dp_size);
+    }
 }

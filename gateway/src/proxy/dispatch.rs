@@ -1,7 +1,8 @@
 //! Dispatch: send one request to one worker over the pooled client.
 //!
 //! The upstream request is the client's request with the same method, path, query and body
-//! bytes; hop-by-hop headers are dropped, `x-request-id` is set, and the worker's api key
+//! bytes (with `--dp-aware`, the entry's rank added to a JSON body that takes one:
+//! [`Outgoing::ranked`]); hop-by-hop headers are dropped, `x-request-id` is set, and the worker's api key
 //! (if any) replaces `Authorization`.
 
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use tokio::time::Sleep;
 
 use crate::client::{HttpClient, describe};
 use crate::error::GatewayError;
+use crate::proxy::members;
 use crate::workers::Worker;
 
 /// The request id header.
@@ -61,6 +63,9 @@ pub struct Outgoing<'a> {
     pub request_id: &'a HeaderValue,
     /// The body bytes.
     pub body: &'a Bytes,
+    /// The body is a JSON object that takes the worker's data-parallel rank: sent to an
+    /// entry of `--dp-aware` with a rank, it carries `data_parallel_rank`.
+    pub ranked: bool,
 }
 
 /// Sends requests to workers.
@@ -101,7 +106,12 @@ impl Dispatcher {
             .url()
             .join_pq(out.path_and_query.clone())
             .map_err(|e| DispatchError::Build(e.to_string()))?;
-        let mut req = Request::new(Full::new(out.body.clone()));
+        let body = match worker.dp_rank() {
+            Some(dp) if out.ranked => members::with_dp_rank(out.body, dp.rank)
+                .map_err(|e| DispatchError::Build(e.to_string()))?,
+            _ => out.body.clone(),
+        };
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = out.method.clone();
         *req.uri_mut() = uri;
         let (headers, request_id) = (out.headers, out.request_id);

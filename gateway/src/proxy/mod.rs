@@ -15,6 +15,7 @@ pub mod body;
 pub mod dispatch;
 pub mod envelope;
 pub mod inspect;
+pub mod members;
 pub mod pd;
 pub mod prompt;
 pub mod rerank;
@@ -118,6 +119,13 @@ impl Endpoint {
             Self::Tokenize | Self::Detokenize => PdServing::Prefill,
             Self::Embeddings | Self::Classify | Self::Score | Self::Responses => PdServing::No,
         }
+    }
+
+    /// Whether a `POST` body of this endpoint carries the chosen data-parallel rank
+    /// (`--dp-aware`): every one that runs on a rank's scheduler, not tokenize and
+    /// detokenize (the worker's tokenizer answers those alone).
+    pub fn takes_dp_rank(self) -> bool {
+        !matches!(self, Self::Tokenize | Self::Detokenize)
     }
 
     /// Whether the answer is rewritten into the router's rerank envelope.
@@ -234,6 +242,7 @@ impl RegularRouter {
             headers: &req.parts.headers,
             request_id: &req.request_id,
             body: &req.body,
+            ranked: req.endpoint.takes_dp_rank() && req.parts.method == http::Method::POST,
         };
         loop {
             let want = Want {

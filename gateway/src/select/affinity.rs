@@ -86,7 +86,17 @@ impl RoutingKey {
 /// Whether `w` is the worker `target` names (its id, or its URL with or without a
 /// trailing slash).
 pub fn is_target(w: &Worker, target: &str) -> bool {
-    w.id() == target || w.url().as_str().trim_end_matches('/') == target.trim_end_matches('/')
+    let url = w.url().as_str().trim_end_matches('/');
+    if w.id() == target || url == target.trim_end_matches('/') {
+        return true;
+    }
+    // `<url>@<rank>` names one data-parallel rank (`--dp-aware`).
+    match (target.rsplit_once('@'), w.dp_rank()) {
+        (Some((u, r)), Some(dp)) => {
+            u.trim_end_matches('/') == url && r.parse::<u32>().is_ok_and(|r| r == dp.rank)
+        }
+        _ => false,
+    }
 }
 
 /// The stable hash of the ring (rapidhash v3, whose output is fixed across versions and
@@ -113,20 +123,16 @@ impl Ring {
         for (i, w) in set.iter().enumerate() {
             for v in 0..VIRTUAL_NODES {
                 buf.clear();
-                buf.extend_from_slice(w.url().as_str().as_bytes());
+                buf.extend_from_slice(w.name().as_bytes());
                 buf.push(b'#');
                 buf.extend_from_slice(&v.to_le_bytes());
                 points.push((hash(&buf), i as u32));
             }
         }
-        // Ties (two URLs' points colliding) are broken by the URL, not by the set's order.
+        // Ties (two names' points colliding) are broken by the name, not by the set's order.
         points.sort_unstable_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| {
-                set[a.1 as usize]
-                    .url()
-                    .as_str()
-                    .cmp(set[b.1 as usize].url().as_str())
-            })
+            a.0.cmp(&b.0)
+                .then_with(|| set[a.1 as usize].name().cmp(&set[b.1 as usize].name()))
         });
         Self {
             members: set.iter().map(|w| w.uid()).collect(),
@@ -193,7 +199,7 @@ impl HashRing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::tests::ready_workers;
+    use workers::testing::ready_workers;
 
     fn owners(ring: &HashRing, set: &[Arc<Worker>], keys: usize) -> Vec<String> {
         (0..keys)

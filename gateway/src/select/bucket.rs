@@ -119,7 +119,7 @@ impl Bucket {
 mod tests {
     use super::*;
     use crate::workers::LoadGuard;
-    use crate::workers::tests::ready_workers;
+    use workers::testing::ready_workers;
 
     #[test]
     fn ranges_share_the_bytes_equally() {

@@ -204,7 +204,7 @@ impl CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::{LoadGuard, tests::ready_workers};
+    use crate::workers::{LoadGuard, testing::ready_workers};
 
     fn workers(n: usize) -> Vec<Arc<Worker>> {
         ready_workers(n).into_iter().collect()

@@ -109,9 +109,9 @@ impl LeastLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::tests::ready_workers;
     use crate::workers::{LoadGuard, ReportedLoad};
     use tokio::time::Instant;
+    use workers::testing::ready_workers;
 
     fn report(used: u64, waiting: u64, usage: f64) -> ReportedLoad {
         ReportedLoad {

@@ -379,24 +379,32 @@ impl Policy {
 
     /// The worker a request targets by name: `None` where the name is another role's
     /// worker (PD: the target is the other side's, this side is picked as usual), else
-    /// that worker if it can take the request, or why not.
+    /// that worker if it can take the request, or why not. A URL names every
+    /// data-parallel rank of its worker (`--dp-aware`): the least loaded that can take
+    /// the request is picked; `<url>@<rank>` names one.
     fn pick_target(
         set: &WorkerSet,
         want: &Want<'_>,
         target: &str,
     ) -> Option<Result<Pick, NoWorker>> {
         let named = |w: &&Arc<Worker>| affinity::is_target(w, target);
-        match set
+        let mut of_role = set
             .iter()
             .filter(named)
-            .find(|w| w.worker_type() == want.worker_type)
-        {
-            Some(w) if want.admits(w) => Some(Ok(Pick {
+            .filter(|w| w.worker_type() == want.worker_type)
+            .peekable();
+        if of_role.peek().is_none() {
+            return if set.iter().any(|w| named(&w)) {
+                None
+            } else {
+                Some(Err(NoWorker::TargetUnavailable(target.to_owned())))
+            };
+        }
+        match of_role.filter(|w| want.admits(w)).min_by_key(|w| w.load()) {
+            Some(w) => Some(Ok(Pick {
                 worker: w.clone(),
                 prefill_tokens: 0,
             })),
-            Some(_) => Some(Err(NoWorker::TargetUnavailable(target.to_owned()))),
-            None if set.iter().any(|w| named(&w)) => None,
             None => Some(Err(NoWorker::TargetUnavailable(target.to_owned()))),
         }
     }
@@ -407,7 +415,7 @@ mod tests {
     use super::*;
     use crate::workers::{
         LoadGuard,
-        tests::{ready_workers, spec},
+        testing::{ready_workers, spec},
     };
     use tokio_util::sync::CancellationToken;
 

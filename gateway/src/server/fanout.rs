@@ -7,7 +7,8 @@
 //! `--health-check-timeout-secs` and with the worker's own key; what a worker answers is
 //! read up to a bound ([`LOAD_LIMIT`], [`METRICS_LIMIT`]), so a worker cannot make the
 //! gateway hold more than that per call, and `/engine_metrics` keeps at most
-//! [`METRICS_TOTAL_LIMIT`] of all answers together.
+//! [`METRICS_TOTAL_LIMIT`] of all answers together. Each worker is asked once, however
+//! many data-parallel ranks `--dp-aware` lists it with.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,7 +139,7 @@ fn failure(status: StatusCode, body: &[u8]) -> String {
         (status = 206, description = "Some workers did not flush: `successful` and `failed` name them", body = FlushCacheResult),
     ))]
 pub async fn flush_cache(State(st): State<AppState>) -> Response {
-    let workers: Vec<Arc<Worker>> = st.registry().snapshot().iter().cloned().collect();
+    let workers = st.registry().one_per_url();
     let answers = ask_all(
         &st,
         &workers,
@@ -177,7 +178,7 @@ pub async fn flush_cache(State(st): State<AppState>) -> Response {
     path = openapi::routes::gateway::GetLoads::PATH, tag = "workers",
     responses((status = 200, description = "One entry per worker", body = WorkerLoads)))]
 pub async fn get_loads(State(st): State<AppState>) -> Json<WorkerLoads> {
-    let workers: Vec<Arc<Worker>> = st.registry().snapshot().iter().cloned().collect();
+    let workers = st.registry().one_per_url();
     let answers = ask_all(
         &st,
         &workers,
@@ -230,14 +231,7 @@ pub async fn get_loads(State(st): State<AppState>) -> Json<WorkerLoads> {
         (status = 503, description = "No worker, or none answered (`no_worker_metrics`)", body = ErrorResponse),
     ))]
 pub async fn engine_metrics(State(st): State<AppState>) -> Response {
-    let mut seen = std::collections::HashSet::new();
-    let workers: Vec<Arc<Worker>> = st
-        .registry()
-        .snapshot()
-        .iter()
-        .filter(|w| seen.insert(w.url().as_str().to_owned()))
-        .cloned()
-        .collect();
+    let workers = st.registry().one_per_url();
     // Answers are taken as they come (FAN_OUT in flight), and asking stops once the
     // total bound is reached: in flight plus held stays bounded whatever the fleet.
     let mut answers = asking(
@@ -392,14 +386,13 @@ async fn profile(st: &AppState, path: &'static str, body: &[u8]) -> Response {
     };
     let workers: Vec<Arc<Worker>> = st
         .registry()
-        .snapshot()
-        .iter()
+        .one_per_url()
+        .into_iter()
         .filter(|w| {
             req.url
                 .as_deref()
                 .is_none_or(|u| crate::select::affinity::is_target(w, u))
         })
-        .cloned()
         .collect();
     let options = match serde_json::to_vec(&req.options) {
         Ok(o) => Bytes::from(o),

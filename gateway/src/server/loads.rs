@@ -2,7 +2,8 @@
 //! worker's `/v1/loads` is read ([`super::fanout`]'s bounded fan-out, within
 //! `--health-check-timeout-secs`) and kept on the worker ([`Worker::set_reported`]): its
 //! ranks' used tokens, waiting requests and generation throughput summed, its KV usage the
-//! fullest rank's. A worker that does not answer keeps its last report, which goes stale
+//! fullest rank's. With `--dp-aware` each rank's entry keeps its own rank's line, and a
+//! worker is asked once for all of its ranks. A worker that does not answer keeps its last report, which goes stale
 //! (see [`crate::select::least_load`]). Runs only while some policy is `least_load`
 //! (`AppState::spawn_load_poll`).
 
@@ -18,9 +19,14 @@ use super::AppState;
 use super::fanout::{LOAD_LIMIT, asking};
 use crate::workers::{ReportedLoad, Worker};
 
-/// A worker's `/v1/loads` answer as the policy reads it.
-pub fn reported(loads: &Loads, at: Instant) -> ReportedLoad {
-    let ranks = &loads.loads;
+/// A worker's `/v1/loads` answer as the policy reads it: every rank's lines, or only
+/// `rank`'s (an entry of `--dp-aware`).
+pub fn reported(loads: &Loads, rank: Option<u32>, at: Instant) -> ReportedLoad {
+    let ranks: Vec<_> = loads
+        .loads
+        .iter()
+        .filter(|l| rank.is_none_or(|r| l.dp_rank == r))
+        .collect();
     ReportedLoad {
         at,
         used_tokens: ranks.iter().map(|r| r.num_used_tokens).sum(),
@@ -32,11 +38,11 @@ pub fn reported(loads: &Loads, at: Instant) -> ReportedLoad {
 
 /// One poll of every available worker.
 pub async fn poll_once(st: &AppState) {
-    let workers: Vec<Arc<Worker>> = st
-        .registry()
-        .snapshot()
+    let snapshot = st.registry().list();
+    let mut urls = std::collections::HashSet::new();
+    let workers: Vec<Arc<Worker>> = snapshot
         .iter()
-        .filter(|w| w.is_available())
+        .filter(|w| w.is_available() && urls.insert(w.url().as_str()))
         .cloned()
         .collect();
     let mut answers = asking(
@@ -54,8 +60,44 @@ pub async fn poll_once(st: &AppState) {
             _ => None,
         };
         match parsed {
-            Some(l) => workers[i].set_reported(reported(&l, Instant::now())),
+            Some(l) => {
+                let at = Instant::now();
+                for w in snapshot.iter().filter(|w| w.url() == workers[i].url()) {
+                    w.set_reported(reported(&l, w.dp_rank().map(|d| d.rank), at));
+                }
+            }
             None => tracing::debug!(worker = workers[i].url().as_str(), "no /v1/loads answer"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openapi::sglang::server::RankLoad;
+
+    #[test]
+    fn a_rank_entry_reads_its_own_line() {
+        let line = |dp_rank, used, waiting, usage| RankLoad {
+            dp_rank,
+            num_used_tokens: used,
+            num_waiting_reqs: waiting,
+            token_usage: usage,
+            gen_throughput: 10.0,
+            ..RankLoad::default()
+        };
+        let loads = Loads {
+            loads: vec![line(0, 100, 1, 0.1), line(1, 700, 5, 0.7)],
+            ..Loads::default()
+        };
+        let at = Instant::now();
+        let all = reported(&loads, None, at);
+        assert_eq!((all.used_tokens, all.waiting_reqs), (800, 6));
+        assert_eq!((all.token_usage, all.gen_throughput), (0.7, 20.0));
+        let one = reported(&loads, Some(0), at);
+        assert_eq!((one.used_tokens, one.waiting_reqs), (100, 1));
+        assert_eq!((one.token_usage, one.gen_throughput), (0.1, 10.0));
+        let none = reported(&loads, Some(5), at);
+        assert_eq!(none.used_tokens, 0);
     }
 }

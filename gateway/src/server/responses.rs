@@ -64,7 +64,9 @@ pub(super) async fn home_of(
     }
     let snapshot = st.registry().snapshot();
     if let Some(url) = st.homes().home(id) {
-        return match snapshot.iter().find(|w| is_target(w, &url)) {
+        // With `--dp-aware` the URL has an entry per rank; they share the worker's store.
+        let ranks = snapshot.iter().filter(|w| is_target(w, &url));
+        return match ranks.min_by_key(|w| (!w.is_available(), w.load())) {
             Some(w) => Ok(w.clone()),
             None => {
                 st.homes().forget(id);
@@ -75,9 +77,11 @@ pub(super) async fn home_of(
     if st.homes().recently_missed(id) {
         return Err(not_found(id, previous));
     }
+    let mut urls = std::collections::HashSet::new();
     let ready: Vec<Arc<Worker>> = snapshot
         .iter()
         .filter(|w| w.worker_type() == WorkerType::Regular && w.is_available())
+        .filter(|w| urls.insert(w.url().as_str()))
         .cloned()
         .collect();
     let path = format!("{}/{id}", routes::Responses::PATH);

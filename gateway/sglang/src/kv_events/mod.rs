@@ -58,6 +58,16 @@ impl Default for KvEventsConfig {
     }
 }
 
+/// `endpoint` (`tcp://host:port`) with its port moved up by `by`: where data-parallel rank
+/// `by` of a worker publishes (SGLang offsets each rank's endpoints so). `None` when the
+/// endpoint has no port or the sum leaves the port range.
+pub fn offset_port(endpoint: &str, by: u32) -> Option<String> {
+    let (head, port) = endpoint.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let moved = u16::try_from(u32::from(port) + by).ok()?;
+    Some(format!("{head}:{moved}"))
+}
+
 impl KvEventsConfig {
     /// Parses the JSON of `--kv-events-config`.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -81,4 +91,23 @@ impl KvEventsConfig {
 /// A ZMQ endpoint with `*` turned into an address this crate can bind (`0.0.0.0`).
 pub fn bindable(endpoint: &str) -> String {
     endpoint.replacen("://*:", "://0.0.0.0:", 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_endpoints_move_the_port() {
+        assert_eq!(
+            offset_port("tcp://10.0.0.1:5557", 3).as_deref(),
+            Some("tcp://10.0.0.1:5560")
+        );
+        assert_eq!(
+            offset_port("tcp://[::1]:5557", 0).as_deref(),
+            Some("tcp://[::1]:5557")
+        );
+        assert_eq!(offset_port("tcp://h:65535", 1), None);
+        assert_eq!(offset_port("ipc:///tmp/x", 1), None);
+    }
 }

@@ -174,6 +174,7 @@ impl PdRouter {
             headers: &req.parts.headers,
             request_id: &req.request_id,
             body: &req.body,
+            ranked: req.endpoint.takes_dp_rank() && req.parts.method == http::Method::POST,
         };
         match self.dispatcher.send(&decode, &out, deadline).await {
             Ok(resp) => {
@@ -264,7 +265,10 @@ impl PdRouter {
             };
             tries.attempts += 1;
             // A new pair gets new rooms: a retried request never reuses a cancelled room.
-            let rooms = Rooms::mint(batch, self.bounds.max_batch)?;
+            let mut rooms = Rooms::mint(batch, self.bounds.max_batch)?;
+            if let Some(dp) = prefill.dp_rank() {
+                rooms.align(dp.rank, dp.size);
+            }
             let host = prefill.url().authority().host();
             let body = rewrite::inject(&req.body, host, prefill.bootstrap_port(), &rooms, replace)?;
             let out = Outgoing {
@@ -273,6 +277,7 @@ impl PdRouter {
                 headers: &req.parts.headers,
                 request_id: &req.request_id,
                 body: &body,
+                ranked: true,
             };
             let built = self
                 .dispatcher

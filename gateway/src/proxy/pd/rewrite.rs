@@ -12,15 +12,12 @@
 //! bootstrap keys are left out. Either way the new body is the old one's size plus the
 //! fields, and the rooms are minted only for a batch within `--max-batch-size`.
 
-use std::fmt;
 use std::io::Write;
 
 use bytes::Bytes;
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
 
 use crate::error::GatewayError;
-use crate::proxy::inspect::KeyName;
+use crate::proxy::members;
 
 /// The keys the rewrite owns.
 const BOOTSTRAP_KEYS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
@@ -49,6 +46,27 @@ impl Rooms {
         }
     }
 
+    /// The rooms moved so that each is `rank` modulo `size` (`--dp-aware`, a prefill
+    /// worker with several ranks): a decode worker finds the prefill rank holding a
+    /// room's KV as the room modulo the prefill's `dp_size` (what SGLang's decode side
+    /// does when it is not told the rank), so the room must agree with the rank the
+    /// prefill request was sent to.
+    pub fn align(&mut self, rank: u32, size: u32) {
+        let size = u64::from(size.max(1));
+        let rank = u64::from(rank) % size;
+        let fix = |r: &mut u64| {
+            let mut v = *r - *r % size + rank;
+            if v >= 1 << 63 {
+                v -= size;
+            }
+            *r = v;
+        };
+        match self {
+            Rooms::One(r) => fix(r),
+            Rooms::Many(v) => v.iter_mut().for_each(fix),
+        }
+    }
+
     /// Every room, in item order.
     pub fn as_slice(&self) -> &[u64] {
         match self {
@@ -74,62 +92,10 @@ pub fn inject(
     replace: bool,
 ) -> Result<Bytes, GatewayError> {
     if replace {
-        let clean = without_bootstrap(body)?;
+        let clean = members::without(body, &BOOTSTRAP_KEYS)?;
         return splice(&clean, host, port, rooms);
     }
     splice(body, host, port, rooms)
-}
-
-/// The object `body` without its top-level bootstrap keys: every other member copied as
-/// the client wrote it (keys re-escaped, values byte for byte).
-fn without_bootstrap(body: &[u8]) -> Result<Vec<u8>, GatewayError> {
-    let mut out = Vec::with_capacity(body.len());
-    let mut de = serde_json::Deserializer::from_slice(body);
-    Members { out: &mut out }
-        .deserialize(&mut de)
-        .and_then(|()| de.end())
-        .map_err(|e| GatewayError::InvalidRequest(format!("invalid request: {e}")))?;
-    Ok(out)
-}
-
-/// Writes an object's members, bootstrap keys left out, as an object into `out`.
-struct Members<'o> {
-    out: &'o mut Vec<u8>,
-}
-
-impl<'de> DeserializeSeed<'de> for Members<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Members<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        self.out.push(b'{');
-        let mut first = true;
-        while let Some(KeyName(k)) = map.next_key::<KeyName<'de>>()? {
-            let v: &'de RawValue = map.next_value()?;
-            if BOOTSTRAP_KEYS.contains(&k.as_ref()) {
-                continue;
-            }
-            if !first {
-                self.out.push(b',');
-            }
-            first = false;
-            serde_json::to_writer(&mut *self.out, k.as_ref()).map_err(serde::de::Error::custom)?;
-            self.out.push(b':');
-            self.out.extend_from_slice(v.get().as_bytes());
-        }
-        self.out.push(b'}');
-        Ok(())
-    }
 }
 
 fn splice(
@@ -138,24 +104,8 @@ fn splice(
     port: Option<u16>,
     rooms: &Rooms,
 ) -> Result<Bytes, GatewayError> {
-    let not_object =
-        || GatewayError::InvalidRequest("the request body must be a JSON object".into());
-    let is_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
-    let open = body.iter().position(|b| !is_ws(b)).ok_or_else(not_object)?;
-    let close = body
-        .iter()
-        .rposition(|b| !is_ws(b))
-        .ok_or_else(not_object)?;
-    if body[open] != b'{' || body[close] != b'}' || close <= open {
-        return Err(not_object());
-    }
-    let empty = body[open + 1..close].iter().all(is_ws);
     let n = rooms.as_slice().len();
-    let mut out = Vec::with_capacity(close + 96 + n * (host.len() + 32));
-    out.extend_from_slice(&body[..close]);
-    if !empty {
-        out.push(b',');
-    }
+    let mut out = Vec::with_capacity(64 + n * (host.len() + 32));
     let host_json =
         serde_json::to_string(host).map_err(|e| GatewayError::Internal(e.to_string()))?;
     let port_json = |out: &mut Vec<u8>| match port {
@@ -197,8 +147,7 @@ fn splice(
             out.push(b']');
         }
     }
-    out.push(b'}');
-    Ok(Bytes::from(out))
+    members::append(body, &out)
 }
 
 #[cfg(test)]
@@ -261,6 +210,16 @@ mod tests {
         assert_eq!(distinct.len(), 64);
         assert!(r.iter().all(|&x| x < 1 << 63));
         assert!(matches!(Rooms::mint(None, 1), Ok(Rooms::One(x)) if x < 1 << 63));
+        // Aligned to a prefill rank: each room is the rank modulo the size, still 63-bit.
+        let mut m = Rooms::Many(vec![0, 5, (1 << 63) - 1, 1 << 40]);
+        m.align(3, 4);
+        assert!(
+            m.as_slice().iter().all(|r| r % 4 == 3 && *r < 1 << 63),
+            "{m:?}"
+        );
+        let mut top = Rooms::One((1 << 63) - 1);
+        top.align(6, 7);
+        assert!(matches!(top, Rooms::One(x) if x % 7 == 6 && x < 1 << 63));
         // Over the limit: no room is minted at all.
         let e = Rooms::mint(Some(100_000_000_000), 4096).unwrap_err();
         assert_eq!(e.status().as_u16(), 400);

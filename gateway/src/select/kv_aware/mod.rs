@@ -439,8 +439,26 @@ impl KvAware {
         }
     }
 
-    /// Where `w` publishes its events.
+    /// Where `w` publishes its events: a data-parallel rank `r` of a worker (`--dp-aware`)
+    /// on the worker's endpoints with their ports moved up by `r`, as SGLang binds them.
     async fn source(&self, w: &Worker, client: &HttpClient) -> Option<Source> {
+        let base = self.worker_source(w, client).await?;
+        let Some(dp) = w.dp_rank() else {
+            return Some(base);
+        };
+        let moved = |e: &str| sglang::kv_events::offset_port(e, dp.rank);
+        Some(Source {
+            endpoint: moved(&base.endpoint)?,
+            replay_endpoint: match base.replay_endpoint.as_deref() {
+                Some(r) => Some(moved(r)?),
+                None => None,
+            },
+            topic: base.topic,
+        })
+    }
+
+    /// Where the worker `w` is an entry of says it publishes (its rank 0).
+    async fn worker_source(&self, w: &Worker, client: &HttpClient) -> Option<Source> {
         let host = w.url().authority().host().to_owned();
         if let Some(t) = &self.cfg.events_endpoint {
             return Some(Source {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::workers::{LoadGuard, tests::ready_workers};
+use crate::workers::{LoadGuard, testing::ready_workers};
 
 fn key(ids: &[u32]) -> Vec<u8> {
     let mut k = vec![b'i'];

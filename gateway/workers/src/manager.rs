@@ -2,6 +2,11 @@
 //! applies updates, and drains then removes workers. The admin API and the static
 //! `--worker-urls` both go through here.
 //!
+//! With `--dp-aware` a worker is registered as one entry; once its probe learns that it
+//! runs several data-parallel ranks, that entry becomes rank 0 and one entry per other
+//! rank is registered beside it (by a task of the manager), each probed, counted and broken on its
+//! own. Removing any of them removes the worker: every rank.
+//!
 //! The gateway's `--api-key` is the key of the static workers only (`--worker-urls`,
 //! `--prefill`, `--decode`: the operator named those URLs); a worker registered through the
 //! API has the key given with it or none, so the gateway's key never goes to a URL someone
@@ -17,7 +22,7 @@ use super::health::{self, HealthConfig, HttpProbe};
 use super::registry::Duplicate;
 use super::{DEFAULT_PRIORITY, Origin, Registry, UrlError, Worker, WorkerSpec, WorkerUrl};
 use crate::client::HttpClient;
-use crate::config::{PrefillSpec, ServeConfig};
+use settings::{PrefillSpec, ServeConfig};
 
 /// Why a worker could not be registered.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +54,9 @@ pub struct WorkerManager {
     /// Whether discovered workers get `default_key` (not when discovery watches every
     /// namespace).
     discovered_keyed: std::sync::atomic::AtomicBool,
+    /// `--dp-aware`: the workers whose other ranks are to be registered, until the task
+    /// that does it is started by the first registration.
+    ranks: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Arc<Worker>>>>,
     root: CancellationToken,
 }
 
@@ -72,8 +80,16 @@ impl WorkerManager {
         root: CancellationToken,
     ) -> Self {
         let health = HealthConfig::from(cfg);
+        let mut probe = HttpProbe::new(client, &health);
+        let mut ranks = None;
+        if cfg.dp_aware {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            probe = probe.learning_ranks(tx);
+            ranks = Some(rx);
+        }
         Self {
-            probe: Arc::new(HttpProbe::new(client, &health)),
+            probe: Arc::new(probe),
+            ranks: parking_lot::Mutex::new(ranks),
             registry,
             health,
             breaker: Arc::new(BreakerConfig::from(cfg)),
@@ -112,7 +128,7 @@ impl WorkerManager {
         if req
             .api_key
             .as_deref()
-            .is_some_and(|k| !crate::auth::keys::is_sendable(k))
+            .is_some_and(|k| !planes::keys::is_sendable(k))
         {
             return Err(AddError::Invalid(
                 "api_key must be non-empty visible ASCII without spaces".into(),
@@ -140,10 +156,30 @@ impl WorkerManager {
             kind = worker.worker_type().as_str(),
             "worker registered"
         );
+        if let Some(rx) = self.ranks.lock().take() {
+            tokio::spawn(expand_ranks(
+                rx,
+                self.registry.clone(),
+                self.probe.clone(),
+                self.health.clone(),
+                self.root.clone(),
+            ));
+        }
         if self.health.disabled {
-            worker.set_status(WorkerStatus::Ready);
             let (w, probe) = (worker.clone(), self.probe.clone());
-            tokio::spawn(async move { probe.discover(&w).await });
+            let retry = self.health.pending_interval;
+            tokio::spawn(async move {
+                // Ready once its ranks are known (at once without `--dp-aware`).
+                while let Err(e) = probe.learn_ranks(&w).await {
+                    tracing::warn!(worker = %w.url().as_str(), error = %e, "not taking requests yet");
+                    tokio::select! {
+                        _ = w.cancel_token().cancelled() => return,
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                }
+                w.set_status(WorkerStatus::Ready);
+                probe.discover(&w).await
+            });
         } else {
             tokio::spawn(health::run(
                 worker.clone(),
@@ -154,14 +190,15 @@ impl WorkerManager {
         Ok(worker)
     }
 
-    /// Applies a PATCH; `None` if there is no such worker.
+    /// Applies a PATCH (with `--dp-aware`, to every rank of the worker); `None` if there
+    /// is no such worker.
     pub fn update(
         &self,
         id: &str,
         req: UpdateWorkerRequest,
     ) -> Result<Option<Arc<Worker>>, AddError> {
         if let Some(Some(k)) = &req.api_key
-            && !crate::auth::keys::is_sendable(k)
+            && !planes::keys::is_sendable(k)
         {
             return Err(AddError::Invalid(
                 "api_key must be non-empty visible ASCII without spaces (null removes it)".into(),
@@ -170,10 +207,13 @@ impl WorkerManager {
         let Some(worker) = self.registry.get(id) else {
             return Ok(None);
         };
-        worker.update_admin(req.labels, req.priority);
-        if let Some(key) = req.api_key {
-            let default_key = self.default_key_for(worker.origin());
-            worker.set_api_key(key.as_deref(), default_key.as_deref());
+        // With `--dp-aware` the change is the worker's: every rank of it takes it.
+        let default_key = self.default_key_for(worker.origin());
+        for w in self.registry.ranks_of(worker.url()) {
+            w.update_admin(req.labels.clone(), req.priority);
+            if let Some(key) = &req.api_key {
+                w.set_api_key(key.as_deref(), default_key.as_deref());
+            }
         }
         Ok(Some(worker))
     }
@@ -203,11 +243,22 @@ impl WorkerManager {
         }
     }
 
-    /// Starts removing a worker: it gets no new requests at once; it leaves the registry
-    /// (and its health loop stops) when its in-flight requests have finished. `None` if
-    /// there is no such worker.
+    /// Starts removing a worker (with `--dp-aware`, every rank of it): it gets no new
+    /// requests at once; it leaves the registry (and its health loop stops) when its
+    /// in-flight requests have finished. `None` if there is no such worker.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
         let worker = self.registry.get(id)?;
+        for rank in self.registry.ranks_of(worker.url()) {
+            if rank.id() != id {
+                self.remove_entry(rank);
+            }
+        }
+        self.remove_entry(worker.clone());
+        Some(worker)
+    }
+
+    /// Drains one registry entry, then takes it out.
+    fn remove_entry(&self, worker: Arc<Worker>) {
         let registry = self.registry.clone();
         let finish = move |w: &Worker| {
             registry.remove(w.id());
@@ -223,13 +274,11 @@ impl WorkerManager {
         if futures::FutureExt::now_or_never(&mut drain).is_some() {
             finish(&worker);
         } else {
-            let w = worker.clone();
             tokio::spawn(async move {
                 drain.await;
-                finish(&w);
+                finish(&worker);
             });
         }
-        Some(worker)
     }
 
     /// Whether discovered workers get the gateway's `--api-key`.
@@ -350,6 +399,47 @@ impl WorkerManager {
             self.register(static_worker(url, WorkerType::Decode, None), Origin::Static)?;
         }
         Ok(())
+    }
+}
+
+/// Registers the other data-parallel ranks of each worker `rx` brings (rank 0 of several,
+/// from [`HttpProbe::learn_ranks`]), each probed on its own (ready at once when probing is
+/// off). A worker removed meanwhile gets none, or loses the ones just added.
+async fn expand_ranks(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Arc<Worker>>,
+    registry: Arc<Registry>,
+    probe: Arc<HttpProbe>,
+    health: HealthConfig,
+    root: CancellationToken,
+) {
+    loop {
+        let leader = tokio::select! {
+            _ = root.cancelled() => return,
+            w = rx.recv() => match w {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let Some(dp) = leader.dp_rank() else { continue };
+        let mut added = Vec::new();
+        for rank in 1..dp.size {
+            let w = Arc::new(leader.rank_sibling(rank, dp.size, root.child_token()));
+            if !registry.insert_rank(w.clone()) {
+                continue;
+            }
+            if health.disabled {
+                w.set_status(WorkerStatus::Ready);
+            } else {
+                tokio::spawn(health::run(w.clone(), probe.clone(), health.clone()));
+            }
+            added.push(w);
+        }
+        if leader.is_draining() || registry.get(leader.id()).is_none() {
+            for w in added {
+                registry.remove(w.id());
+                w.cancel_token().cancel();
+            }
+        }
     }
 }
 

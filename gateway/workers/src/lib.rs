@@ -1,19 +1,27 @@
-//! The worker set: who the workers are, their state, and the swappable set requests are
-//! routed over.
+//! The gateway's workers: who the workers are, their state, the swappable set requests are
+//! routed over, and the pooled HTTP client the gateway speaks to them with. The gateway
+//! re-exports this crate as `gateway::workers` (and its client as `gateway::client`).
 //!
+//! # Layout
+//! In the order a worker meets them:
+//! - [`manager`]: the control plane (add, update, drain, remove; with `--dp-aware`, one
+//!   entry per data-parallel rank).
 //! - [`Worker`]: one backend (URL, type, model, health status, in-flight load, api key,
-//!   circuit breaker).
+//!   circuit breaker, data-parallel rank).
 //! - [`Registry`]: the current set of workers, an atomically swapped snapshot; readers on
 //!   the request path never lock.
 //! - [`health`]: the per-worker probe loop and its `pending -> ready <-> not_ready` rules.
+//! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`, and its
+//!   data-parallel size from `/get_server_info`.
+//! - [`client`]: the pooled upstream HTTP client (plain or TLS).
 //! - [`breaker`]: the per-worker circuit breaker (`closed -> open -> half_open`), fed by
 //!   request outcomes.
-//! - [`discovery`]: learns a worker's model from `/v1/models` or `/get_model_info`.
-//! - [`manager`]: the control plane tying them together (add, update, drain, remove).
 //! - [`pods`]: Kubernetes service discovery's reconcile step (pods to workers); the
 //!   watch that feeds it is `k8s` (cargo feature `kubernetes`).
+//! - `testing` (cargo feature `testing`): workers for other crates' tests.
 
 pub mod breaker;
+pub mod client;
 pub mod discovery;
 pub mod health;
 #[cfg(feature = "kubernetes")]
@@ -37,7 +45,7 @@ pub use breaker::{Breaker, BreakerConfig, Outcome};
 pub use manager::WorkerManager;
 pub use registry::Registry;
 
-pub use crate::config::{UrlError, WorkerUrl};
+pub use settings::{UrlError, WorkerUrl};
 
 /// What a worker said of its load in its `/v1/loads` (summed over its ranks), and when.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,6 +60,15 @@ pub struct ReportedLoad {
     pub gen_throughput: f64,
     /// The fullest rank's KV usage (0 to 1).
     pub token_usage: f64,
+}
+
+/// One data-parallel rank of a worker (`--dp-aware`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DpRank {
+    /// The rank requests to this entry go to (`data_parallel_rank`).
+    pub rank: u32,
+    /// The worker's `dp_size`.
+    pub size: u32,
 }
 
 /// What registering a worker needs (the admin API's `CreateWorkerRequest`, validated).
@@ -115,6 +132,9 @@ pub struct Worker {
     prefill_backlog: AtomicU64,
     /// What the worker last said of its load (`least_load`'s poll).
     reported: parking_lot::Mutex<Option<ReportedLoad>>,
+    /// `--dp-aware`: unset until the worker's `dp_size` is known; then the rank this entry
+    /// routes to, or `None` for a worker with one rank.
+    dp: std::sync::OnceLock<Option<DpRank>>,
     failures: AtomicU64,
     breaker: Breaker,
     draining: AtomicBool,
@@ -152,6 +172,7 @@ impl Worker {
             in_flight: AtomicUsize::new(0),
             prefill_backlog: AtomicU64::new(0),
             reported: parking_lot::Mutex::new(None),
+            dp: std::sync::OnceLock::new(),
             failures: AtomicU64::new(0),
             breaker: Breaker::default(),
             draining: AtomicBool::new(false),
@@ -169,6 +190,59 @@ impl Worker {
         };
         w.set_api_key(spec.api_key.as_deref(), default_key);
         w
+    }
+
+    /// Another data-parallel rank of this worker (`--dp-aware`): the same URL, role,
+    /// model, key, labels and priority, its own load, breaker and health, routed to `rank`.
+    pub fn rank_sibling(&self, rank: u32, size: u32, cancel: CancellationToken) -> Self {
+        let admin = self.admin.lock();
+        let spec = WorkerSpec {
+            url: self.url.clone(),
+            worker_type: self.worker_type,
+            bootstrap_port: self.bootstrap_port,
+            model_id: self.model().map(|m| m.to_string()),
+            api_key: None,
+            labels: admin.labels.clone(),
+            priority: admin.priority,
+        };
+        let w = Self {
+            origin: self.origin,
+            breaker: self.breaker.fresh(),
+            ..Self::new(spec, None, cancel)
+        };
+        w.own_key
+            .store(self.own_key.load(Ordering::Acquire), Ordering::Release);
+        w.bearer.store(self.bearer.load_full());
+        let _ = w.dp.set(Some(DpRank { rank, size }));
+        w
+    }
+
+    /// The data-parallel rank requests to this entry carry (`--dp-aware`, a worker with
+    /// more than one rank).
+    #[inline]
+    pub fn dp_rank(&self) -> Option<DpRank> {
+        self.dp.get().copied().flatten()
+    }
+
+    /// The entry's name: its URL, with `@<rank>` for a data-parallel rank (as
+    /// sglang-router names them). What routing keys hash and targets name.
+    pub fn name(&self) -> std::borrow::Cow<'_, str> {
+        match self.dp_rank() {
+            Some(dp) => format!("{}@{}", self.url.as_str(), dp.rank).into(),
+            None => self.url.as_str().into(),
+        }
+    }
+
+    /// Whether the worker's `dp_size` is known (always, unless `--dp-aware` is still
+    /// learning it).
+    pub fn dp_known(&self) -> bool {
+        self.dp.get().is_some()
+    }
+
+    /// Records what `--dp-aware` learnt: this entry is `rank` of `size` (`None`: one
+    /// rank). Set once; later calls change nothing.
+    pub fn set_dp(&self, dp: Option<DpRank>) {
+        let _ = self.dp.set(dp);
     }
 
     /// The same worker, registered by `origin`.
@@ -403,6 +477,8 @@ impl Worker {
             draining: self.is_draining(),
             circuit: self.breaker.info(),
             has_api_key: self.own_key.load(Ordering::Acquire),
+            dp_rank: self.dp_rank().map(|d| d.rank),
+            dp_size: self.dp_rank().map(|d| d.size),
         }
     }
 }
@@ -493,11 +569,13 @@ impl Drop for LoadGuard {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// Workers for tests (cargo feature `testing`; always in this crate's own tests).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use super::*;
 
-    pub(crate) fn spec(url: &str) -> WorkerSpec {
+    /// The spec of a regular worker at `url`, nothing else given.
+    pub fn spec(url: &str) -> WorkerSpec {
         WorkerSpec {
             url: WorkerUrl::parse(url).unwrap(),
             worker_type: WorkerType::Regular,
@@ -510,7 +588,7 @@ pub(crate) mod tests {
     }
 
     /// `n` ready regular workers `http://w{i}:1` serving model `m`.
-    pub(crate) fn ready_workers(n: usize) -> Vec<Arc<Worker>> {
+    pub fn ready_workers(n: usize) -> Vec<Arc<Worker>> {
         (0..n)
             .map(|i| {
                 let w = Worker::new(
@@ -524,6 +602,12 @@ pub(crate) mod tests {
             })
             .collect()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::spec;
+    use super::*;
 
     #[test]
     fn guard_counts_and_model_matching() {

@@ -19,7 +19,7 @@ use openapi::workers::{WorkerHealth, WorkerStatus};
 
 use super::{Worker, discovery};
 use crate::client::HttpClient;
-use crate::config::ServeConfig;
+use settings::ServeConfig;
 
 /// Health-check settings (from [`ServeConfig`]).
 #[derive(Debug, Clone)]
@@ -105,16 +105,21 @@ pub fn next_delay(status: WorkerStatus, h: &WorkerHealth, cfg: &HealthConfig) ->
 /// One health check of a worker.
 pub trait Probe: Send + Sync + 'static {
     /// `Ok` if the worker is healthy (and, once, its model was looked up).
-    fn check(&self, worker: &Worker) -> impl Future<Output = Result<(), String>> + Send;
+    fn check(&self, worker: &Arc<Worker>) -> impl Future<Output = Result<(), String>> + Send;
 }
 
-/// The real probe: `GET <endpoint>` must answer 2xx within the timeout; then, if the
-/// worker's model is unknown, model discovery.
+/// The real probe: `GET <endpoint>` must answer 2xx within the timeout; then, with
+/// `--dp-aware`, the worker's `dp_size` once (the worker is not healthy until it is
+/// known; one of several ranks is sent on to be expanded); then, if the worker's model is
+/// unknown, model discovery.
 #[derive(Debug, Clone)]
 pub struct HttpProbe {
     client: HttpClient,
     endpoint: String,
     timeout: Duration,
+    /// `--dp-aware`: where a worker found to have several ranks goes (as rank 0), for its
+    /// other ranks to be registered.
+    ranks: Option<tokio::sync::mpsc::UnboundedSender<Arc<Worker>>>,
 }
 
 impl HttpProbe {
@@ -124,7 +129,42 @@ impl HttpProbe {
             client,
             endpoint: cfg.endpoint.clone(),
             timeout: cfg.timeout,
+            ranks: None,
         }
+    }
+
+    /// The same probe learning each worker's data-parallel ranks (`--dp-aware`): a worker
+    /// with several is sent to `ranks` once, as rank 0.
+    pub fn learning_ranks(
+        mut self,
+        ranks: tokio::sync::mpsc::UnboundedSender<Arc<Worker>>,
+    ) -> Self {
+        self.ranks = Some(ranks);
+        self
+    }
+
+    /// With `--dp-aware`, learns `worker`'s ranks unless known: `Err` while the worker
+    /// does not say (it must not take requests without a rank).
+    pub async fn learn_ranks(&self, worker: &Arc<Worker>) -> Result<(), String> {
+        let Some(ranks) = &self.ranks else {
+            return Ok(());
+        };
+        if worker.dp_known() {
+            return Ok(());
+        }
+        let size = discovery::dp_size(&self.client, worker, self.timeout)
+            .await
+            .map_err(|e| format!("--dp-aware: its data-parallel size is not known: {e}"))?;
+        self.discover(worker).await;
+        if size > 1 {
+            worker.set_dp(Some(super::DpRank { rank: 0, size }));
+            tracing::info!(worker = %worker.url().as_str(), dp_size = size,
+                "data-parallel ranks learnt; each is routed to on its own");
+            let _ = ranks.send(worker.clone());
+        } else {
+            worker.set_dp(None);
+        }
+        Ok(())
     }
 
     /// Model discovery only (used when probing is disabled).
@@ -144,7 +184,7 @@ impl HttpProbe {
 }
 
 impl Probe for HttpProbe {
-    async fn check(&self, worker: &Worker) -> Result<(), String> {
+    async fn check(&self, worker: &Arc<Worker>) -> Result<(), String> {
         let uri = worker
             .url()
             .join(&self.endpoint)
@@ -157,6 +197,7 @@ impl Probe for HttpProbe {
         if !status.is_success() {
             return Err(format!("{} answered {status}", self.endpoint));
         }
+        self.learn_ranks(worker).await?;
         self.discover(worker).await;
         Ok(())
     }
@@ -196,7 +237,7 @@ pub async fn run<P: Probe>(worker: Arc<Worker>, probe: Arc<P>, cfg: HealthConfig
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::tests::spec;
+    use crate::testing::spec;
     use parking_lot::Mutex;
     use std::collections::VecDeque;
     use tokio_util::sync::CancellationToken;
@@ -250,7 +291,7 @@ mod tests {
     }
 
     impl Probe for Scripted {
-        async fn check(&self, _: &Worker) -> Result<(), String> {
+        async fn check(&self, _: &Arc<Worker>) -> Result<(), String> {
             self.calls.lock().push(tokio::time::Instant::now());
             if self.answers.lock().pop_front().unwrap_or(true) {
                 Ok(())

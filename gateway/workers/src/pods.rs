@@ -230,8 +230,8 @@ mod tests {
 
     use super::*;
     use crate::client::HttpClient;
-    use crate::config::ServeConfig;
-    use crate::workers::{Origin, Registry};
+    use crate::{Origin, Registry};
+    use settings::ServeConfig;
 
     fn manager() -> WorkerManager {
         let cfg = ServeConfig {
@@ -469,7 +469,7 @@ mod tests {
         let ready = [(WorkerType::Regular, vec![pod("a", "10.0.0.1")])];
         r.reconcile(&m, &ready);
         let old = m.registry().list()[0].clone();
-        let in_flight = crate::workers::LoadGuard::new(old.clone());
+        let in_flight = crate::LoadGuard::new(old.clone());
         let mut flap = pod("a", "10.0.0.1");
         flap.ready = false;
         let done = r.reconcile(&m, &[(WorkerType::Regular, vec![flap])]);

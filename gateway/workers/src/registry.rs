@@ -65,6 +65,46 @@ impl Registry {
         Ok(())
     }
 
+    /// Adds another data-parallel rank of a registered worker (`--dp-aware`) unless that
+    /// rank of that URL is registered already; `false` when it was.
+    pub fn insert_rank(&self, worker: Arc<Worker>) -> bool {
+        let _w = self.write.lock();
+        let cur = self.set.load();
+        if cur
+            .iter()
+            .any(|w| w.url() == worker.url() && w.dp_rank() == worker.dp_rank())
+        {
+            return false;
+        }
+        let mut next = WorkerSet::with_capacity(cur.len() + 1);
+        next.extend(cur.iter().cloned());
+        next.push(worker);
+        self.set.store(Arc::new(next));
+        true
+    }
+
+    /// Every registered entry with `url` (a worker's data-parallel ranks; one entry
+    /// without `--dp-aware`).
+    pub fn ranks_of(&self, url: &super::WorkerUrl) -> Vec<Arc<Worker>> {
+        self.set
+            .load()
+            .iter()
+            .filter(|w| w.url() == url)
+            .cloned()
+            .collect()
+    }
+
+    /// One entry per worker URL, the first registered of each (`--dp-aware` lists a
+    /// worker once per rank): what the routes that ask every worker once go to.
+    pub fn one_per_url(&self) -> Vec<Arc<Worker>> {
+        let snap = self.set.load();
+        let mut seen = std::collections::HashSet::with_capacity(snap.len());
+        snap.iter()
+            .filter(|w| seen.insert(w.url().as_str()))
+            .cloned()
+            .collect()
+    }
+
     /// The worker with this id.
     pub fn get(&self, id: &str) -> Option<Arc<Worker>> {
         self.set.load().iter().find(|w| w.id() == id).cloned()
@@ -111,7 +151,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::tests::spec;
+    use crate::testing::spec;
     use openapi::workers::WorkerStatus;
     use tokio_util::sync::CancellationToken;
 
@@ -134,6 +174,31 @@ mod tests {
         assert!(r.remove(a.id()).is_none());
         assert_eq!(before.len(), 2, "an old snapshot is unchanged");
         assert_eq!(r.list().len(), 1);
+    }
+
+    #[test]
+    fn ranks_share_a_url_and_the_fan_outs_see_it_once() {
+        let r = Registry::new();
+        let lead = worker("http://a:1");
+        lead.set_dp(Some(crate::DpRank { rank: 0, size: 3 }));
+        r.insert(lead.clone()).unwrap();
+        r.insert(worker("http://b:1")).unwrap();
+        let sibling = |rank| Arc::new(lead.rank_sibling(rank, 3, CancellationToken::new()));
+        assert!(r.insert_rank(sibling(1)) && r.insert_rank(sibling(2)));
+        assert!(!r.insert_rank(sibling(2)), "a rank is registered once");
+        assert!(r.insert(worker("http://a:1")).is_err(), "the URL is taken");
+        assert_eq!(r.ranks_of(lead.url()).len(), 3);
+        let once: Vec<String> = r
+            .one_per_url()
+            .iter()
+            .map(|w| w.name().into_owned())
+            .collect();
+        assert_eq!(once, ["http://a:1@0", "http://b:1"]);
+        let names: Vec<String> = r.list().iter().map(|w| w.name().into_owned()).collect();
+        assert_eq!(names[2..], ["http://a:1@1", "http://a:1@2"]);
+        let info = r.list()[3].info();
+        assert_eq!((info.dp_rank, info.dp_size), (Some(2), Some(3)));
+        assert_eq!(r.list()[1].info().dp_rank, None);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerManager;
 use super::pods::{PodView, Reconciler};
-use crate::config::{ALL_NAMESPACES, DiscoveryConfig};
+use settings::{ALL_NAMESPACES, DiscoveryConfig};
 
 /// How soon to reconcile again while a pod waits for a draining worker's URL.
 const DRAIN_POLL: Duration = Duration::from_millis(500);

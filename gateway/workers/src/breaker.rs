@@ -40,14 +40,14 @@ pub struct BreakerConfig {
 }
 
 impl Default for BreakerConfig {
-    /// The defaults of [`crate::config::ServeConfig`] (sglang-router's).
+    /// The defaults of [`settings::ServeConfig`] (sglang-router's).
     fn default() -> Self {
-        Self::from(&crate::config::ServeConfig::default())
+        Self::from(&settings::ServeConfig::default())
     }
 }
 
-impl From<&crate::config::ServeConfig> for BreakerConfig {
-    fn from(c: &crate::config::ServeConfig) -> Self {
+impl From<&settings::ServeConfig> for BreakerConfig {
+    fn from(c: &settings::ServeConfig) -> Self {
         Self {
             enabled: !c.disable_circuit_breaker,
             failure_threshold: c.cb_failure_threshold.max(1),
@@ -107,6 +107,11 @@ impl Breaker {
             streak: AtomicU32::new(0),
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// A closed breaker with the same settings.
+    pub fn fresh(&self) -> Self {
+        Self::new(self.cfg.clone())
     }
 
     /// The settings.

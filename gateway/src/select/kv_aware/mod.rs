@@ -35,7 +35,8 @@
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than
 //!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
 //!   instead, and said so once in the log; with no events at all, or no token ids,
-//!   `cache_aware` decides.
+//!   `cache_aware` decides. So it does for a request in a cache namespace (LoRA adapter,
+//!   `cache_salt`, `extra_key`): its tree keeps namespaces apart, the index cannot.
 
 pub mod index;
 pub mod store;
@@ -322,7 +323,13 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, KvDecision, u64) {
-        let tokens = key.and_then(key_tokens);
+        // A request in a cache namespace (a LoRA adapter, `cache_salt`, `extra_key`) is
+        // placed by the fallback tree, which keeps namespaces apart: the index knows pages
+        // by their token ids, and a worker's events do not name the namespace a page
+        // belongs to in a form a request's fields map to (SGLang's `lora_id` is its own
+        // adapter id), so a page of another namespace would look like a hit.
+        let namespaced = key.is_some_and(|k| super::namespace::prompt_of(k).len() != k.len());
+        let tokens = key.filter(|_| !namespaced).and_then(key_tokens);
         let live = self.live_slots();
         let (Some(tokens), true) = (tokens, live != 0) else {
             return (

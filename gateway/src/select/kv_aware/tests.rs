@@ -111,6 +111,27 @@ fn the_backlog_weight_keeps_a_prompt_with_its_prefix_through_a_short_queue() {
 }
 
 #[test]
+fn a_namespaced_prompt_is_placed_by_the_tree_not_by_other_namespaces_pages() {
+    let (kv, ws, sinks) = following(2, KvAwareConfig::default());
+    let prompt: Vec<u32> = (0..64).collect();
+    sinks[1].apply(&stored(&prompt, 16));
+    sinks[0].apply(&stored(&[7; 16], 16));
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    let plain = key(&prompt);
+    let (w, d) = kv.decide(&all, Some(&plain));
+    assert!(Arc::ptr_eq(w, &ws[1]) && d == KvDecision::Events);
+    // The same tokens for an adapter: the pages worker 1 holds are not its pages.
+    let scoped = crate::select::namespace::scoped(plain.clone(), 42);
+    let (first, d) = kv.pick(&all, Some(&scoped));
+    assert_eq!(d, 0, "the tree decided");
+    assert_eq!(kv.decide(&all, Some(&scoped)).1, KvDecision::Fallback);
+    // ... and the tree keeps it where it sent it first.
+    for _ in 0..3 {
+        assert!(Arc::ptr_eq(kv.decide(&all, Some(&scoped)).0, first));
+    }
+}
+
+#[test]
 fn without_events_or_ids_cache_aware_decides() {
     let (kv, ws, sinks) = following(2, KvAwareConfig::default());
     let all: Vec<&Arc<Worker>> = ws.iter().collect();

@@ -159,14 +159,14 @@ fn matching(c: &mut Criterion) {
     g.bench_function("overlap_1m_blocks_32_pages", |b| {
         b.iter(|| {
             k = (k + 1) % hashed.len();
-            black_box(ix.overlap(&hashed[k], 0xff, 8))
+            black_box(ix.overlap(&hashed[k], 0xff, 8, |_| 0))
         })
     });
     g.bench_function("hash_and_overlap_1m_blocks_32_pages", |b| {
         b.iter(|| {
             k = (k + 1) % prompts.len();
             let h = hash::block_hashes(&prompts[k], PAGE);
-            black_box(ix.overlap(&h, 0xff, 8))
+            black_box(ix.overlap(&h, 0xff, 8, |_| 0))
         })
     });
     // The same, the digests from the gateway's memo (every prompt met before).
@@ -182,7 +182,7 @@ fn matching(c: &mut Criterion) {
                 .iter()
                 .map(hash::block_hash)
                 .collect();
-            black_box(ix.overlap(&h, 0xff, 8))
+            black_box(ix.overlap(&h, 0xff, 8, |_| 0))
         })
     });
     g.finish();

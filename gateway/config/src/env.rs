@@ -147,6 +147,10 @@ pub const MAX_TREE_SIZE: &str = "MOONGATE_MAX_TREE_SIZE";
 pub const KV_OVERLAP_WEIGHT: &str = "MOONGATE_KV_OVERLAP_WEIGHT";
 /// `--kv-backlog-weight`.
 pub const KV_BACKLOG_WEIGHT: &str = "MOONGATE_KV_BACKLOG_WEIGHT";
+/// `--kv-load-weight`.
+pub const KV_LOAD_WEIGHT: &str = "MOONGATE_KV_LOAD_WEIGHT";
+/// `--kv-no-predictions`.
+pub const KV_NO_PREDICTIONS: &str = "MOONGATE_KV_NO_PREDICTIONS";
 /// `--kv-l3-page-value`.
 pub const KV_L3_PAGE_VALUE: &str = "MOONGATE_KV_L3_PAGE_VALUE";
 /// `--kv-l3-key-format`.

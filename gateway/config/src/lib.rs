@@ -348,9 +348,9 @@ pub struct ServeConfig {
     /// used prompts beyond it are evicted.
     #[arg(long, env = env::MAX_TREE_SIZE, default_value_t = ServeConfig::default().max_tree_size)]
     pub max_tree_size: usize,
-    /// `kv_aware`: weight of a token to prefill against the tokens of the requests in
-    /// flight (cost = weight x (uncached tokens + backlog weight x the worker's prefill
-    /// backlog) + in-flight requests x mean prompt tokens).
+    /// `kv_aware`: weight of a token to prefill (cost = this x (uncached tokens + backlog
+    /// weight x the worker's prefill backlog) + load weight x in-flight requests x mean
+    /// prompt tokens).
     #[arg(long, env = env::KV_OVERLAP_WEIGHT, default_value_t = ServeConfig::default().kv_overlap_weight)]
     pub kv_overlap_weight: f64,
     /// `kv_aware`: weight of a token a worker still has to prefill for earlier requests
@@ -359,6 +359,16 @@ pub struct ServeConfig {
     /// worker's cache with the same pages (1: both count alike, as Dynamo's cost).
     #[arg(long, env = env::KV_BACKLOG_WEIGHT, default_value_t = ServeConfig::default().kv_backlog_weight)]
     pub kv_backlog_weight: f64,
+    /// `kv_aware`: weight of a request in flight on a worker, in mean prompts (0: they only
+    /// break ties; what a request still costs a worker's next prefill is in its prefill
+    /// backlog).
+    #[arg(long, env = env::KV_LOAD_WEIGHT, default_value_t = ServeConfig::default().kv_load_weight)]
+    pub kv_load_weight: f64,
+    /// `kv_aware`: do not predict a routed request's pages on its worker until the
+    /// worker's events report them (the requests sharing a new prefix that arrive before
+    /// then are placed as if nobody held it).
+    #[arg(long, env = env::KV_NO_PREDICTIONS)]
+    pub kv_no_predictions: bool,
     /// `kv_aware`: what a prompt page in the hosted KV master's store (L3, written there by
     /// SGLang HiCache's Mooncake backend) is worth against one in a worker's GPU cache, for
     /// the pages that continue a worker's cached prefix (a value v says loading a page
@@ -562,7 +572,9 @@ impl Default for ServeConfig {
             eviction_interval_secs: 60,
             max_tree_size: 64 * 1024 * 1024,
             kv_overlap_weight: 1.0,
-            kv_backlog_weight: 0.1875,
+            kv_backlog_weight: 0.25,
+            kv_load_weight: 0.0,
+            kv_no_predictions: false,
             kv_l3_page_value: 0.5,
             kv_l3_key_format: "{hash}_0_k".into(),
             router_temperature: 0.0,

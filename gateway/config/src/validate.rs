@@ -173,6 +173,7 @@ impl ServeConfig {
             ("cache_threshold", self.cache_threshold, 0.0, 1.0),
             ("kv_overlap_weight", self.kv_overlap_weight, 0.0, 1e6),
             ("kv_backlog_weight", self.kv_backlog_weight, 0.0, 1e6),
+            ("kv_load_weight", self.kv_load_weight, 0.0, 1e6),
             ("least_load_kv_weight", self.least_load_kv_weight, 0.0, 1e6),
             ("kv_l3_page_value", self.kv_l3_page_value, 0.0, 1.0),
             ("router_temperature", self.router_temperature, 0.0, 1e6),

@@ -42,6 +42,11 @@ enum Command {
     /// Replay a Mooncake-format trace through gateways and simulated workers, once per
     /// policy, and compare prefix hit rate, TTFT and throughput.
     BenchRouting(sim::bench::BenchConfig),
+    /// Write a trace of a traffic shape (agents, chats, bursts, long and short mixed) in
+    /// Mooncake's format, for `bench-routing`.
+    GenTrace(sim::bench::shapes::GenConfig),
+    /// Draw the runs `bench-routing --csv` wrote as an SVG chart.
+    BenchChart(sim::bench::chart::ChartConfig),
 }
 
 #[derive(clap::Args, Debug)]
@@ -194,6 +199,8 @@ pub fn run() -> anyhow::Result<()> {
             gateway::logging::init(config::LogLevel::Warn);
             runtime(0)?.block_on(sim::demo::run(cfg))
         }
+        Command::GenTrace(cfg) => sim::bench::shapes::run(&cfg),
+        Command::BenchChart(cfg) => sim::bench::chart::run(&cfg),
         Command::BenchRouting(cfg) => {
             gateway::logging::init(config::LogLevel::Error);
             runtime(0)?.block_on(sim::bench::run(cfg)).map(|_| ())

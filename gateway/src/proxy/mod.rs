@@ -271,6 +271,9 @@ impl RegularRouter {
                 continue;
             };
             guard.charge_prefill(pick.prefill_tokens);
+            if let Some(p) = pick.prediction {
+                guard.keep(Box::new(p));
+            }
             tries.attempts += 1;
             let sent = self.dispatcher.send(&worker, &out, &mut deadline).await;
             match sent {

@@ -79,7 +79,7 @@ pub enum NoWorker {
 }
 
 /// A worker chosen by [`Policy::pick`], with what the policy expects of it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Pick {
     /// The worker.
     pub worker: Arc<Worker>,
@@ -87,6 +87,9 @@ pub struct Pick {
     /// part of the prompt it does not hold; 0 where the policy does not know), for its
     /// [`crate::workers::LoadGuard::charge_prefill`].
     pub prefill_tokens: u64,
+    /// `kv_aware`: the prompt's pages predicted on the worker, until the request ends
+    /// (keep it on the request's load guard).
+    pub prediction: Option<kv_aware::predict::Prediction>,
 }
 
 /// What a request asks of selection.
@@ -250,6 +253,7 @@ impl Policy {
         let candidates = || set.iter().filter(|w| want.admits(w));
         let n = candidates().count();
         let mut prefill_tokens = 0;
+        let mut prediction = None;
         let pick = match n {
             0 => None,
             1 if !self.needs_key() => candidates().next(),
@@ -297,8 +301,9 @@ impl Policy {
                     Some(k) => {
                         let all: Vec<&Arc<Worker>> = candidates().collect();
                         (!all.is_empty()).then(|| {
-                            let (w, tokens) = k.pick(&all, want.key);
+                            let (w, tokens, predicted) = k.pick(&all, want.key);
                             prefill_tokens = tokens;
+                            prediction = predicted;
                             w
                         })
                     }
@@ -311,6 +316,7 @@ impl Policy {
             return Ok(Pick {
                 worker: w.clone(),
                 prefill_tokens,
+                prediction,
             });
         }
         if set.iter().any(|w| want.fits(w)) {
@@ -404,6 +410,7 @@ impl Policy {
             Some(w) => Some(Ok(Pick {
                 worker: w.clone(),
                 prefill_tokens: 0,
+                prediction: None,
             })),
             None => Some(Err(NoWorker::TargetUnavailable(target.to_owned()))),
         }

@@ -500,6 +500,8 @@ pub struct LoadGuard {
     trial: bool,
     /// Tokens charged to the worker's prefill backlog, until released.
     prefill: u64,
+    /// What the policy keeps until the request ends ([`LoadGuard::keep`]).
+    kept: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
 }
 
 impl LoadGuard {
@@ -511,6 +513,7 @@ impl LoadGuard {
             worker,
             trial: false,
             prefill: 0,
+            kept: None,
         }
     }
 
@@ -524,6 +527,7 @@ impl LoadGuard {
             worker,
             trial,
             prefill: 0,
+            kept: None,
         })
     }
 
@@ -542,6 +546,12 @@ impl LoadGuard {
             .prefill_backlog
             .fetch_add(tokens, Ordering::Relaxed);
         self.prefill += tokens;
+    }
+
+    /// Keeps `it` until the request ends (the guard drops): what the policy that routed
+    /// the request holds for as long as it runs (`kv_aware`'s predicted pages).
+    pub fn keep(&mut self, it: Box<dyn std::fmt::Debug + Send + Sync>) {
+        self.kept = Some(it);
     }
 
     /// The request's prefill is over (its first output arrived): releases its charge.

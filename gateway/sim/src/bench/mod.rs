@@ -24,10 +24,16 @@
 //! ([`crate::l3`]); the gateways' `kv_aware` counts the pages the store holds.
 //!
 //! # Layout
-//! - [`trace`]: the trace format and the token ids synthesized from its block hashes.
+//! - [`trace`]: the trace format, the token ids synthesized from its block hashes, and a
+//!   trace's offered load.
+//! - [`shapes`]: traces made by code (`moongate gen-trace`: agents, chats, bursts, long
+//!   and short mixed).
 //! - [`report`]: summaries, the table, `--json`, the TTFT CDF plot.
+//! - [`chart`]: results across runs: `--csv` rows and the `--chart` SVG.
 
+pub mod chart;
 pub mod report;
+pub mod shapes;
 pub mod trace;
 
 use std::path::PathBuf;
@@ -98,6 +104,11 @@ pub struct BenchConfig {
     /// Replay only the first N requests.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Spread or squeeze the arrivals so the trace's offered load is this share of the
+    /// workers' prefill capacity (1: the tokens an ideal shared cache leaves to compute
+    /// keep every worker busy; see `trace::offered_load`). Unset: the trace's own pace.
+    #[arg(long)]
+    pub load: Option<f64>,
     /// Gateway replicas splitting the requests (each with its own policy state).
     #[arg(long, default_value_t = DEFAULT_GATEWAYS)]
     pub gateways: usize,
@@ -124,6 +135,13 @@ pub struct BenchConfig {
     /// to prefill (the gateway's `--kv-backlog-weight`).
     #[arg(long, default_value_t = ServeConfig::default().kv_backlog_weight)]
     pub kv_backlog_weight: f64,
+    /// `kv_aware`'s weight of a request in flight, in mean prompts (the gateway's
+    /// `--kv-load-weight`).
+    #[arg(long, default_value_t = ServeConfig::default().kv_load_weight)]
+    pub kv_load_weight: f64,
+    /// `kv_aware` without predicted pages (the gateway's `--kv-no-predictions`).
+    #[arg(long)]
+    pub kv_no_predictions: bool,
     /// `kv_aware`'s value of a page in the store against one on the GPU (the gateway's
     /// `--kv-l3-page-value`; used with `--kv-store`).
     #[arg(long, default_value_t = ServeConfig::default().kv_l3_page_value)]
@@ -143,6 +161,13 @@ pub struct BenchConfig {
     /// Write the summaries here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Append the summaries to this CSV (the trace, its offered load, one row per policy).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Draw every run of `--csv` as an SVG chart here (hit rate and TTFT against
+    /// `cache_aware`'s, per trace and load).
+    #[arg(long, requires = "csv")]
+    pub chart: Option<PathBuf>,
     /// Draw the TTFT CDF of each policy here (PNG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -183,6 +208,12 @@ impl BenchConfig {
                 "--prefill-tokens-per-sec, --page-size and --kv-pool-tokens must be positive"
                     .into(),
             );
+        }
+        if self
+            .load
+            .is_some_and(|l| !(l.is_finite() && (1e-3..=100.0).contains(&l)))
+        {
+            return Err("--load must be within 0.001..=100".into());
         }
         if self.policies.is_empty() {
             return Err("--policies names no policy".into());
@@ -229,8 +260,19 @@ struct Run {
 /// Runs the benchmark; prints the table (and the legend of the plot) to stdout.
 pub async fn run(cfg: BenchConfig) -> anyhow::Result<Vec<Summary>> {
     cfg.validate().map_err(anyhow::Error::msg)?;
-    let reqs = Arc::new(trace::read(&cfg.trace, cfg.limit)?);
+    let mut reqs = trace::read(&cfg.trace, cfg.limit)?;
     anyhow::ensure!(!reqs.is_empty(), "{} has no requests", cfg.trace.display());
+    let prefill_workers = cfg.pd.map_or(cfg.workers, |(p, _)| p);
+    let capacity = (prefill_workers as u64 * cfg.prefill_tokens_per_sec) as f64;
+    let native = trace::offered_load(&reqs, capacity);
+    if let Some(want) = cfg.load.filter(|_| native.is_finite() && native > 0.0) {
+        let stretch = native / want;
+        for r in &mut reqs {
+            r.timestamp = (r.timestamp as f64 * stretch) as u64;
+        }
+    }
+    let load = trace::offered_load(&reqs, capacity);
+    let reqs = Arc::new(reqs);
     let mut runs = Vec::new();
     for &p in &cfg.policies {
         let suffix = if cfg.gateways > 1 {
@@ -261,7 +303,7 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Vec<Summary>> {
         cdfs.push((run.name.clone(), ttfts));
     }
     println!(
-        "{} requests of {}, speedup {}, {}",
+        "{} requests of {}, offered load {load:.2} (the trace's own: {native:.2}), speedup {}, {}",
         reqs.len(),
         cfg.trace.display(),
         cfg.speedup,
@@ -274,6 +316,13 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Vec<Summary>> {
     if let Some(path) = &cfg.json {
         std::fs::write(path, serde_json::to_vec_pretty(&summaries)?)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &cfg.csv {
+        chart::append(path, &cfg.trace, load, &summaries)?;
+        if let Some(svg) = &cfg.chart {
+            let text = chart::svg(&chart::read(path)?);
+            std::fs::write(svg, text).with_context(|| format!("writing {}", svg.display()))?;
+        }
     }
     if let Some(path) = &cfg.plot {
         print!("{}", report::plot(path, &cdfs)?);
@@ -308,6 +357,8 @@ fn gateway_config(cfg: &BenchConfig, run: &Run, sims: &[SimHandle]) -> ServeConf
         pd_min_uncached_tokens: run.pd_min_uncached,
         kv_overlap_weight: cfg.kv_overlap_weight,
         kv_backlog_weight: cfg.kv_backlog_weight,
+        kv_load_weight: cfg.kv_load_weight,
+        kv_no_predictions: cfg.kv_no_predictions,
         kv_l3_page_value: cfg.kv_l3_page_value,
         ..ServeConfig::default()
     };

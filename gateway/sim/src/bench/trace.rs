@@ -7,7 +7,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::Context as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{FIRST_HASHED_ID, VOCAB_SIZE, mix};
 
@@ -17,7 +17,7 @@ pub const BLOCK_TOKENS: usize = 512;
 pub const MAX_INPUT_TOKENS: u64 = 1 << 20;
 
 /// One request of a trace.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceRequest {
     /// Arrival, in milliseconds since the trace's start.
     pub timestamp: u64,
@@ -65,6 +65,63 @@ impl TraceRequest {
         }
         out
     }
+}
+
+/// What a trace holds, in the terms its load is measured in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// From the first arrival to the last, in seconds.
+    pub seconds: f64,
+    /// Mean prompt tokens.
+    pub mean_input: f64,
+    /// Mean output tokens.
+    pub mean_output: f64,
+    /// Prompt tokens an infinite cache shared by every worker would not have to compute:
+    /// each request's leading blocks met before, over all prompt tokens.
+    pub ideal_hit: f64,
+    /// The prompt tokens left to compute with that cache.
+    pub ideal_uncached_tokens: u64,
+}
+
+/// [`Stats`] of `reqs` (in arrival order).
+pub fn stats(reqs: &[TraceRequest]) -> Stats {
+    let mut seen = std::collections::HashSet::new();
+    let (mut input, mut output, mut uncached) = (0u64, 0u64, 0u64);
+    for r in reqs {
+        let hits = r.hash_ids.iter().take_while(|h| seen.contains(*h)).count() as u64;
+        let cached = (hits * BLOCK_TOKENS as u64).min(r.input_length);
+        uncached += r.input_length - cached;
+        input += r.input_length;
+        output += r.output_length;
+        seen.extend(r.hash_ids.iter().copied());
+    }
+    let n = reqs.len().max(1) as f64;
+    let span = match (reqs.first(), reqs.last()) {
+        (Some(a), Some(b)) => b.timestamp.saturating_sub(a.timestamp) as f64 / 1000.0,
+        _ => 0.0,
+    };
+    Stats {
+        seconds: span,
+        mean_input: input as f64 / n,
+        mean_output: output as f64 / n,
+        ideal_hit: if input == 0 {
+            0.0
+        } else {
+            1.0 - uncached as f64 / input as f64
+        },
+        ideal_uncached_tokens: uncached,
+    }
+}
+
+/// The offered load of `reqs` on a cluster that prefills `capacity` tokens a second: the
+/// tokens left to compute with an ideal shared cache, per second of the trace, over the
+/// capacity (1: the cluster is busy all the time even when it never recomputes a block).
+pub fn offered_load(reqs: &[TraceRequest], capacity: f64) -> f64 {
+    let s = stats(reqs);
+    if s.seconds <= 0.0 || capacity <= 0.0 {
+        return f64::INFINITY;
+    }
+    s.ideal_uncached_tokens as f64 / s.seconds / capacity
 }
 
 /// Reads at most `limit` requests of the trace at `path`.

@@ -115,8 +115,15 @@ impl KvIndex {
     }
 
     /// How far each slot of `candidates` holds the prefix named by `hashes` (`slots` is
-    /// the number of slots in use, the length of the answer's vectors).
-    pub fn overlap(&self, hashes: &[BlockHash], candidates: SlotSet, slots: usize) -> Overlap {
+    /// the number of slots in use, the length of the answer's vectors), a page on the
+    /// slots `predicted` names counting as a device page there.
+    pub fn overlap(
+        &self,
+        hashes: &[BlockHash],
+        candidates: SlotSet,
+        slots: usize,
+        predicted: impl Fn(&BlockHash) -> SlotSet,
+    ) -> Overlap {
         let mut out = Overlap {
             depth: vec![0; slots],
             host: vec![0; slots],
@@ -127,9 +134,10 @@ impl KvIndex {
         let mut i = 0;
         while active != 0 && i < hashes.len() {
             let held = self.blocks.get(&hashes[i]).copied().unwrap_or_default();
-            let dropped = active & !held.gpu;
+            let device = held.gpu | predicted(&hashes[i]);
+            let dropped = active & !device;
             for_each(dropped, |s| gpu_end[s] = i as u32);
-            active &= held.gpu;
+            active &= device;
             i += 1;
         }
         for_each(candidates, |s| {
@@ -187,7 +195,7 @@ mod tests {
         ix.apply(1, &stored(&[1, 2], Some("GPU")));
         ix.apply(1, &stored(&[3, 4], Some("CPU")));
         ix.apply(2, &stored(&[9], None));
-        let o = ix.overlap(&[1, 2, 3, 4], 0b111, 3);
+        let o = ix.overlap(&[1, 2, 3, 4], 0b111, 3, |_| 0);
         assert_eq!(o.depth, [3, 2, 0]);
         assert_eq!(o.host, [0, 2, 0]);
         ix.apply(
@@ -197,9 +205,9 @@ mod tests {
                 medium: None,
             },
         );
-        assert_eq!(ix.overlap(&[1, 2, 3], 0b001, 3).depth, [1, 0, 0]);
+        assert_eq!(ix.overlap(&[1, 2, 3], 0b001, 3, |_| 0).depth, [1, 0, 0]);
         ix.apply(1, &KvEvent::AllBlocksCleared);
-        assert_eq!(ix.overlap(&[1, 2, 3, 4], 0b111, 3).depth, [1, 0, 0]);
+        assert_eq!(ix.overlap(&[1, 2, 3, 4], 0b111, 3, |_| 0).depth, [1, 0, 0]);
         ix.remove_slot(0);
         ix.remove_slot(2);
         assert!(ix.is_empty(), "{ix:?}");
@@ -211,7 +219,7 @@ mod tests {
         let mut ix = KvIndex::new();
         ix.apply(0, &stored(&[1, 2], None));
         ix.apply(1, &stored(&[1, 2], None));
-        assert_eq!(ix.overlap(&[1, 2], 0b10, 2).depth, [0, 2]);
-        assert_eq!(ix.overlap(&[], 0b11, 2).depth, [0, 0]);
+        assert_eq!(ix.overlap(&[1, 2], 0b10, 2, |_| 0).depth, [0, 2]);
+        assert_eq!(ix.overlap(&[], 0b11, 2, |_| 0).depth, [0, 0]);
     }
 }

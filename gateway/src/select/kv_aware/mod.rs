@@ -17,8 +17,9 @@
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
 //!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
 //!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + `--kv-backlog-weight` ×
-//!   the worker's prefill backlog) + requests in flight × mean prompt tokens (Dynamo's
-//!   prefill-blocks-plus-decode-blocks cost, in tokens). A backlog weight below 1 makes a
+//!   the worker's prefill backlog) + `--kv-load-weight` × requests in flight × mean prompt
+//!   tokens (Dynamo's prefill-blocks-plus-decode-blocks cost, in tokens; the load term
+//!   small by default, as a request past its prefill costs the next one little). A backlog weight below 1 makes a
 //!   request's own uncached tokens dearer than the tokens queued before it: computing them
 //!   also fills the worker's cache with pages another worker may already hold, so a
 //!   prompt stays with its prefix through short queues. The backlog
@@ -29,6 +30,9 @@
 //!   while the request is retried. The
 //!   cheapest wins (`--router-temperature` 0), or one is drawn with softmax(−cost / max
 //!   cost / T).
+//! - **Predicted pages.** A request routed on events predicts its prompt's pages on the
+//!   worker it went to until it ends ([`predict`]): the requests sharing a new prefix that
+//!   arrive before the worker's events find it there.
 //! - **Store.** With the KV master hosted here ([`KvAware::use_store`]), the pages that
 //!   continue a candidate's cached prefix in the master's store (SGLang HiCache's L3,
 //!   [`store`]) count `--kv-l3-page-value` each: any worker can load them.
@@ -39,6 +43,7 @@
 //!   `cache_salt`, `extra_key`): its tree keeps namespaces apart, the index cannot.
 
 pub mod index;
+pub mod predict;
 pub mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -56,6 +61,7 @@ use crate::metrics;
 use crate::outcome::KvDecision;
 use crate::workers::Worker;
 use index::{KvIndex, MAX_SLOTS, SlotSet};
+use predict::{Predicted, Prediction};
 use sglang::kv_events::hash;
 use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
@@ -74,6 +80,10 @@ pub struct KvAwareConfig {
     pub overlap_weight: f64,
     /// Weight of a token in a worker's prefill backlog against one of the request's own.
     pub backlog_weight: f64,
+    /// Weight of a request in flight, in mean prompts.
+    pub load_weight: f64,
+    /// Predict routed requests' pages ([`predict`]).
+    pub predict: bool,
     /// Softmax temperature (0: argmin).
     pub temperature: f64,
     /// Every worker's endpoint, `{host}` for the worker's host.
@@ -97,6 +107,8 @@ impl From<&ServeConfig> for KvAwareConfig {
         KvAwareConfig {
             overlap_weight: c.kv_overlap_weight,
             backlog_weight: c.kv_backlog_weight,
+            load_weight: c.kv_load_weight,
+            predict: !c.kv_no_predictions,
             temperature: c.router_temperature,
             events_endpoint: c.kv_events_endpoint.clone(),
             l3_page_value: c.kv_l3_page_value,
@@ -147,6 +159,8 @@ pub struct KvAware {
     store: OnceLock<Arc<dyn StoreSource>>,
     /// Prompts' page digests met before.
     digests: hash::DigestMemo,
+    /// Pages of the requests routed and still in flight, on the worker they went to.
+    predicted: Arc<RwLock<Predicted>>,
 }
 
 struct Sink {
@@ -197,6 +211,7 @@ impl KvAware {
             mean_pages: AtomicU64::new(0f64.to_bits()),
             store: OnceLock::new(),
             digests: hash::DigestMemo::default(),
+            predicted: Arc::default(),
         }
     }
 
@@ -279,7 +294,13 @@ impl KvAware {
             }
             let digests = self.digests.page_digests(tokens, ps as usize);
             let hashes: Vec<hash::BlockHash> = digests.iter().map(hash::block_hash).collect();
-            let o = self.shared.index.read().overlap(&hashes, mask, MAX_SLOTS);
+            let o = {
+                let predicted = self.predicted.read();
+                self.shared
+                    .index
+                    .read()
+                    .overlap(&hashes, mask, MAX_SLOTS, |h| predicted.slots(h))
+            };
             let master = self.store.get().and_then(|s| s.master());
             let mut probe = master.map(|m| Probe::new(m, &self.cfg.l3_keys, &digests));
             for (i, s) in slots.iter().enumerate() {
@@ -297,15 +318,43 @@ impl KvAware {
     }
 
     /// Picks one of `candidates` (not empty) for the prompt `key`; also answers the prompt
-    /// tokens the chosen worker is expected to compute (0 when `cache_aware` decided).
+    /// tokens the chosen worker is expected to compute (0 when `cache_aware` decided), and
+    /// the prompt's pages predicted on it (when events decided) until the handle drops:
+    /// keep it as long as the request runs.
     pub fn pick<'a>(
         &self,
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
-    ) -> (&'a Arc<Worker>, u64) {
+    ) -> (&'a Arc<Worker>, u64, Option<Prediction>) {
         let (w, d, uncached) = self.decide_charged(candidates, key);
         metrics::kv_aware_decision(d);
-        (w, uncached)
+        let prediction = match d {
+            KvDecision::Events | KvDecision::Mixed if self.cfg.predict => self.predict(w, key),
+            _ => None,
+        };
+        (w, uncached, prediction)
+    }
+
+    /// The prompt of `key` predicted on `w` (see [`predict`]), when `w` sends events.
+    fn predict(&self, w: &Worker, key: Option<&[u8]>) -> Option<Prediction> {
+        let slot = self.subs.read().get(&w.uid())?.slot;
+        let ps = self.shared.page_size[slot].load(Ordering::Relaxed);
+        let tokens = key.and_then(key_tokens)?;
+        if ps == 0 {
+            return None;
+        }
+        let hashes: Vec<hash::BlockHash> = self
+            .digests
+            .page_digests(&tokens, ps as usize)
+            .iter()
+            .map(hash::block_hash)
+            .collect();
+        (!hashes.is_empty()).then(|| Prediction::new(self.predicted.clone(), slot, hashes))
+    }
+
+    /// Pages predicted now (on any worker).
+    pub fn predicted_pages(&self) -> usize {
+        self.predicted.read().len()
     }
 
     /// [`KvAware::pick`] without the metric and the tokens to prefill.
@@ -369,7 +418,8 @@ impl KvAware {
             .zip(&uncached)
             .map(|(w, u)| {
                 let backlog = self.cfg.backlog_weight * w.prefill_backlog() as f64;
-                self.cfg.overlap_weight * (u + backlog) + w.load() as f64 * mean
+                self.cfg.overlap_weight * (u + backlog)
+                    + self.cfg.load_weight * w.load() as f64 * mean
             })
             .collect();
         let i = choose(&costs, self.cfg.temperature, |i| candidates[i].load());
@@ -413,6 +463,7 @@ impl KvAware {
                     s.stop.cancel();
                     self.shared.live.fetch_and(!(1 << s.slot), Ordering::AcqRel);
                     self.shared.index.write().remove_slot(s.slot);
+                    self.predicted.write().remove_slot(s.slot);
                 }
             }
         }

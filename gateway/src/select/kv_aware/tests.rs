@@ -47,7 +47,12 @@ fn following(n: usize, cfg: KvAwareConfig) -> (KvAware, Vec<Arc<Worker>>, Vec<Si
 
 #[test]
 fn the_worker_holding_the_prefix_wins() {
-    let (kv, ws, sinks) = following(3, KvAwareConfig::default());
+    // Load at full weight (the default is 0: in-flight requests only break ties).
+    let cfg = KvAwareConfig {
+        load_weight: 1.0,
+        ..KvAwareConfig::default()
+    };
+    let (kv, ws, sinks) = following(3, cfg);
     let prompt: Vec<u32> = (0..64).collect();
     sinks[2].apply(&stored(&prompt[..48], 16));
     sinks[0].apply(&stored(&prompt[..16], 16));
@@ -66,11 +71,11 @@ fn the_worker_holding_the_prefix_wins() {
     // to worker 1, which holds nothing but has nothing to do.
     let mut queued = LoadGuard::new(ws[0].clone());
     queued.charge_prefill(200);
-    let (w, d) = kv.pick(&all, Some(&key(&prompt)));
+    let (w, d, _) = kv.pick(&all, Some(&key(&prompt)));
     assert!(Arc::ptr_eq(w, &ws[1]), "{}", w.url().as_str());
     assert_eq!(d, 64, "it computes the whole prompt");
     drop(queued);
-    let (w, d) = kv.pick(&all, Some(&key(&prompt)));
+    let (w, d, _) = kv.pick(&all, Some(&key(&prompt)));
     assert!(Arc::ptr_eq(w, &ws[0]));
     assert_eq!(d, 48, "16 of 64 tokens cached");
     // A resync forgets the worker's pages.
@@ -97,13 +102,13 @@ fn the_backlog_weight_keeps_a_prompt_with_its_prefix_through_a_short_queue() {
         queued.charge_prefill(40);
         let _decoding = LoadGuard::new(ws[1].clone());
         let all: Vec<&Arc<Worker>> = ws.iter().collect();
-        let (w, uncached) = kv.pick(&all, Some(&key(&prompt)));
+        let (w, uncached, _) = kv.pick(&all, Some(&key(&prompt)));
         (ws.iter().position(|x| Arc::ptr_eq(x, w)).unwrap(), uncached)
     };
     // Both count alike (Dynamo's cost): 48 + 40 tokens against 64, so worker 1.
     assert_eq!(route(1.0), (1, 64));
-    // At the default 0.1875: 48 + 7.5 against 64, so the prompt stays with its prefix.
-    assert_eq!(KvAwareConfig::default().backlog_weight, 0.1875);
+    // At the default 0.25: 48 + 10 against 64, so the prompt stays with its prefix.
+    assert_eq!(KvAwareConfig::default().backlog_weight, 0.25);
     assert_eq!(route(0.1875), (0, 48));
     // So it does below 0.4 (48 + 16 = 64 ties); past it the idle worker wins.
     assert_eq!(route(0.25), (0, 48));
@@ -122,7 +127,7 @@ fn a_namespaced_prompt_is_placed_by_the_tree_not_by_other_namespaces_pages() {
     assert!(Arc::ptr_eq(w, &ws[1]) && d == KvDecision::Events);
     // The same tokens for an adapter: the pages worker 1 holds are not its pages.
     let scoped = crate::select::namespace::scoped(plain.clone(), 42);
-    let (first, d) = kv.pick(&all, Some(&scoped));
+    let (first, d, _) = kv.pick(&all, Some(&scoped));
     assert_eq!(d, 0, "the tree decided");
     assert_eq!(kv.decide(&all, Some(&scoped)).1, KvDecision::Fallback);
     // ... and the tree keeps it where it sent it first.
@@ -168,4 +173,36 @@ fn temperature_spreads_and_zero_is_argmin() {
     assert!(seen[2] < seen[0], "{seen:?}");
     assert_eq!(key_tokens(&key(&[7, 8])), Some(vec![7, 8]));
     assert_eq!(key_tokens(b"tabc"), None);
+}
+
+#[test]
+fn a_routed_prefix_is_predicted_on_its_worker_until_the_request_ends() {
+    let (kv, ws, sinks) = following(3, KvAwareConfig::default());
+    for (i, s) in sinks.iter().enumerate() {
+        s.apply(&stored(&[i as u32 + 1; 16], 16));
+    }
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    let prompt: Vec<u32> = (100..164).collect();
+    let (w, uncached, prediction) = kv.pick(&all, Some(&key(&prompt)));
+    assert_eq!(uncached, 64, "nobody holds it yet");
+    let i = ws.iter().position(|x| Arc::ptr_eq(x, w)).unwrap();
+    assert!(prediction.is_some());
+    assert_eq!(kv.predicted_pages(), 4);
+    // Before any event: the worker it went to is seen holding it, the others not.
+    let seen = kv.cached_tokens(&all, &prompt);
+    for (j, c) in seen.iter().enumerate() {
+        assert_eq!(*c, Some(if j == i { 64.0 } else { 0.0 }), "{seen:?}");
+    }
+    // A longer prompt sharing it is seen there up to the shared pages.
+    let longer: Vec<u32> = (100..196).collect();
+    assert_eq!(kv.cached_tokens(&all, &longer)[i], Some(64.0));
+    // The request ends: the prediction goes; the events say what the worker holds.
+    drop(prediction);
+    assert_eq!(kv.predicted_pages(), 0);
+    assert_eq!(kv.cached_tokens(&all, &prompt)[i], Some(0.0));
+    sinks[i].apply(&stored(&prompt, 16));
+    assert_eq!(kv.cached_tokens(&all, &prompt)[i], Some(64.0));
+    // No prediction where the tree decided (no token ids).
+    let (_, _, none) = kv.pick(&all, Some(b"thello"));
+    assert!(none.is_none());
 }

@@ -7,8 +7,6 @@
 //! (see [`crate::select::least_load`]). Runs only while some policy is `least_load`
 //! (`AppState::spawn_load_poll`).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use futures::StreamExt;
 use http::Method;
@@ -39,12 +37,7 @@ pub fn reported(loads: &Loads, rank: Option<u32>, at: Instant) -> ReportedLoad {
 /// One poll of every available worker.
 pub async fn poll_once(st: &AppState) {
     let snapshot = st.registry().list();
-    let mut urls = std::collections::HashSet::new();
-    let workers: Vec<Arc<Worker>> = snapshot
-        .iter()
-        .filter(|w| w.is_available() && urls.insert(w.url().as_str()))
-        .cloned()
-        .collect();
+    let workers = st.registry().one_per_url_where(Worker::is_available);
     let mut answers = asking(
         st,
         &workers,

@@ -77,13 +77,9 @@ pub(super) async fn home_of(
     if st.homes().recently_missed(id) {
         return Err(not_found(id, previous));
     }
-    let mut urls = std::collections::HashSet::new();
-    let ready: Vec<Arc<Worker>> = snapshot
-        .iter()
-        .filter(|w| w.worker_type() == WorkerType::Regular && w.is_available())
-        .filter(|w| urls.insert(w.url().as_str()))
-        .cloned()
-        .collect();
+    let ready = st
+        .registry()
+        .one_per_url_where(|w| w.worker_type() == WorkerType::Regular && w.is_available());
     let path = format!("{}/{id}", routes::Responses::PATH);
     let mut answers = asking(
         st,

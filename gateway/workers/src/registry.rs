@@ -97,10 +97,16 @@ impl Registry {
     /// One entry per worker URL, the first registered of each (`--dp-aware` lists a
     /// worker once per rank): what the routes that ask every worker once go to.
     pub fn one_per_url(&self) -> Vec<Arc<Worker>> {
+        self.one_per_url_where(|_| true)
+    }
+
+    /// One entry per worker URL among the entries `keep` takes, the first registered of
+    /// each (a worker whose first rank is not ready is still found through another).
+    pub fn one_per_url_where(&self, keep: impl Fn(&Worker) -> bool) -> Vec<Arc<Worker>> {
         let snap = self.set.load();
         let mut seen = std::collections::HashSet::with_capacity(snap.len());
         snap.iter()
-            .filter(|w| seen.insert(w.url().as_str()))
+            .filter(|w| keep(w) && seen.insert(w.url().as_str()))
             .cloned()
             .collect()
     }

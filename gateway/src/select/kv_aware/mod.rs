@@ -118,6 +118,23 @@ impl From<&ServeConfig> for KvAwareConfig {
     }
 }
 
+/// What [`KvAware::scan`] found: each candidate's cached tokens and slot (`None`: no
+/// events), and the prompt's page hashes per page size met.
+struct Scan {
+    cached: Vec<Option<f64>>,
+    slots: Vec<Option<usize>>,
+    page_hashes: HashMap<u32, Vec<hash::BlockHash>>,
+}
+
+/// A decision: the worker, how it was made, its tokens to compute, and its slot with the
+/// prompt's page hashes there (see [`KvAware::decide_charged`]).
+type Decided<'a> = (
+    &'a Arc<Worker>,
+    KvDecision,
+    u64,
+    Option<(usize, Vec<hash::BlockHash>)>,
+);
+
 /// What the subscriber tasks share with the policy.
 #[derive(Debug)]
 struct Shared {
@@ -257,6 +274,12 @@ impl KvAware {
     /// [`HOST_PAGE_VALUE`]; then pages in the store at `--kv-l3-page-value`), `None` for
     /// a candidate without events.
     pub fn cached_tokens(&self, candidates: &[&Arc<Worker>], tokens: &[u32]) -> Vec<Option<f64>> {
+        self.scan(candidates, tokens).cached
+    }
+
+    /// [`KvAware::cached_tokens`], with each candidate's slot and the prompt's page hashes
+    /// per page size met (what a prediction on the chosen worker is made of).
+    fn scan(&self, candidates: &[&Arc<Worker>], tokens: &[u32]) -> Scan {
         let live = self.live_slots();
         let slots: Vec<Option<usize>> = {
             let subs = self.subs.read();
@@ -270,6 +293,7 @@ impl KvAware {
                 .collect()
         };
         let mut out = vec![None; candidates.len()];
+        let mut page_hashes: HashMap<u32, Vec<hash::BlockHash>> = HashMap::new();
         // Workers may differ in page size: one match per page size.
         let mut sizes: Vec<u32> = slots
             .iter()
@@ -293,13 +317,15 @@ impl KvAware {
                 continue;
             }
             let digests = self.digests.page_digests(tokens, ps as usize);
-            let hashes: Vec<hash::BlockHash> = digests.iter().map(hash::block_hash).collect();
+            let hashes: &[hash::BlockHash] = page_hashes
+                .entry(ps)
+                .or_insert_with(|| digests.iter().map(hash::block_hash).collect());
             let o = {
                 let predicted = self.predicted.read();
                 self.shared
                     .index
                     .read()
-                    .overlap(&hashes, mask, MAX_SLOTS, |h| predicted.slots(h))
+                    .overlap(hashes, mask, MAX_SLOTS, |h| predicted.slots(h))
             };
             let master = self.store.get().and_then(|s| s.master());
             let mut probe = master.map(|m| Probe::new(m, &self.cfg.l3_keys, &digests));
@@ -314,7 +340,11 @@ impl KvAware {
                 }
             }
         }
-        out
+        Scan {
+            cached: out,
+            slots,
+            page_hashes,
+        }
     }
 
     /// Picks one of `candidates` (not empty) for the prompt `key`; also answers the prompt
@@ -326,30 +356,12 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, u64, Option<Prediction>) {
-        let (w, d, uncached) = self.decide_charged(candidates, key);
+        let (w, d, uncached, pages) = self.decide_charged(candidates, key);
         metrics::kv_aware_decision(d);
-        let prediction = match d {
-            KvDecision::Events | KvDecision::Mixed if self.cfg.predict => self.predict(w, key),
-            _ => None,
-        };
+        let prediction = pages
+            .filter(|(_, hashes)| self.cfg.predict && !hashes.is_empty())
+            .map(|(slot, hashes)| Prediction::new(self.predicted.clone(), slot, hashes));
         (w, uncached, prediction)
-    }
-
-    /// The prompt of `key` predicted on `w` (see [`predict`]), when `w` sends events.
-    fn predict(&self, w: &Worker, key: Option<&[u8]>) -> Option<Prediction> {
-        let slot = self.subs.read().get(&w.uid())?.slot;
-        let ps = self.shared.page_size[slot].load(Ordering::Relaxed);
-        let tokens = key.and_then(key_tokens)?;
-        if ps == 0 {
-            return None;
-        }
-        let hashes: Vec<hash::BlockHash> = self
-            .digests
-            .page_digests(&tokens, ps as usize)
-            .iter()
-            .map(hash::block_hash)
-            .collect();
-        (!hashes.is_empty()).then(|| Prediction::new(self.predicted.clone(), slot, hashes))
     }
 
     /// Pages predicted now (on any worker).
@@ -363,15 +375,18 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, KvDecision) {
-        let (w, d, _) = self.decide_charged(candidates, key);
+        let (w, d, _, _) = self.decide_charged(candidates, key);
         (w, d)
     }
 
+    /// The choice, how it was made, the tokens the chosen worker is expected to compute,
+    /// and, when events decided and it sends them, its slot and the prompt's page hashes
+    /// at its page size (the scan's own, for its prediction).
     fn decide_charged<'a>(
         &self,
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
-    ) -> (&'a Arc<Worker>, KvDecision, u64) {
+    ) -> Decided<'a> {
         // A request in a cache namespace (a LoRA adapter, `cache_salt`, `extra_key`) is
         // placed by the fallback tree, which keeps namespaces apart: the index knows pages
         // by their token ids, and a worker's events do not name the namespace a page
@@ -385,15 +400,21 @@ impl KvAware {
                 self.fallback.decide(candidates, key).0,
                 KvDecision::Fallback,
                 0,
+                None,
             );
         };
-        let mut cached = self.cached_tokens(candidates, &tokens);
+        let Scan {
+            mut cached,
+            slots,
+            mut page_hashes,
+        } = self.scan(candidates, &tokens);
         let mixed = cached.iter().any(Option::is_none);
         if cached.iter().all(Option::is_none) {
             return (
                 self.fallback.decide(candidates, key).0,
                 KvDecision::Fallback,
                 0,
+                None,
             );
         }
         let key = key.unwrap_or_default();
@@ -427,6 +448,10 @@ impl KvAware {
         if mixed {
             self.fallback.record(chosen, key);
         }
+        let pages = slots[i].and_then(|slot| {
+            let ps = self.shared.page_size[slot].load(Ordering::Relaxed);
+            Some((slot, page_hashes.remove(&ps)?))
+        });
         (
             chosen,
             if mixed {
@@ -435,6 +460,7 @@ impl KvAware {
                 KvDecision::Events
             },
             uncached[i] as u64,
+            pages,
         )
     }
 

@@ -32,6 +32,8 @@
 //! - [`state`]: shared state: config, data-parallel ranks, request ids.
 //! - [`rank`]: one data-parallel rank (`--dp-size`): its prefix cache, events, prefill
 //!   lane and requests in flight.
+//! - [`outbox`]: when a rank's KV events leave (once the prefill that made the pages has
+//!   run, as SGLang publishes them).
 //! - [`chat`], [`completions`], [`generate`]: the three generation APIs.
 //! - [`embeddings`]: `/v1/embeddings`, as an embedding model answers it.
 //! - [`pooling`]: rerank, classify, score, tokenize and detokenize.
@@ -63,6 +65,7 @@ pub mod info;
 pub mod job;
 pub mod l3;
 pub mod model;
+pub mod outbox;
 pub mod pd;
 pub mod pooling;
 pub mod prefix;

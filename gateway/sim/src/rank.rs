@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::config::SimConfig;
 use super::l3::L3;
+use super::outbox::{Outbox, Release};
 use super::prefix::{Admission, PrefixCache, PrefixStats};
 use sglang::kv_events::hash::{self, PageDigest};
 use sglang::kv_events::publish::Publisher;
@@ -23,7 +24,9 @@ pub struct Rank {
     pub index: u32,
     prefix: Option<Arc<Mutex<PrefixCache>>>,
     /// Its KV events publisher (`--kv-events-config`; rank `r` on the endpoint's port + `r`).
-    pub events: Option<Publisher>,
+    pub events: Option<Arc<Publisher>>,
+    /// What its events wait in until their prefill has run.
+    outbox: Option<Outbox>,
     /// When its prefill lane is free again.
     lane: Mutex<Instant>,
     in_flight: Arc<AtomicU64>,
@@ -34,8 +37,10 @@ pub struct Rank {
 }
 
 impl Rank {
-    /// Rank `index` of a worker configured by `cfg`, publishing on `events`.
+    /// Rank `index` of a worker configured by `cfg`, publishing on `events` (which needs
+    /// a tokio runtime).
     pub fn new(index: u32, cfg: &SimConfig, events: Option<Publisher>, l3: bool) -> Self {
+        let events = events.map(Arc::new);
         let prefix = (!cfg.disable_radix_cache).then(|| {
             let c = PrefixCache::new(cfg.page_size as usize, cfg.pool_pages());
             Arc::new(Mutex::new(if l3 {
@@ -47,6 +52,7 @@ impl Rank {
         Rank {
             index,
             prefix,
+            outbox: events.clone().map(Outbox::new),
             events,
             lane: Mutex::new(Instant::now()),
             in_flight: Arc::default(),
@@ -91,15 +97,16 @@ impl Rank {
     /// what holds their pages until the request ends. With L3, the pages that continue a
     /// prompt's cached prefix in the store are loaded first (the caller waits for them),
     /// and the pages computed (write-through) or evicted (write-back) are queued for
-    /// it. Publishes what changed.
+    /// it. Queues what changed for publication: it leaves when the returned [`Release`]
+    /// says (the end of the prefill), as SGLang publishes a prompt's pages.
     pub async fn admit(
         &self,
         page_size: u32,
         l3: Option<&L3>,
         prompts: &[Arc<[u32]>],
-    ) -> (Vec<u64>, Option<PrefixHold>) {
+    ) -> (Vec<u64>, Option<PrefixHold>, Release) {
         let Some(cache) = &self.prefix else {
-            return (vec![0; prompts.len()], None);
+            return (vec![0; prompts.len()], None, Release::none());
         };
         let digests: Vec<Vec<PageDigest>> = prompts
             .iter()
@@ -120,17 +127,18 @@ impl Rank {
             .map(|((p, d), l)| c.admit_pages(p, d, l))
             .collect();
         let events = c.take_events();
-        if let Some(p) = &self.events {
-            // Published under the lock, so batches leave in the order the cache changed.
-            p.publish(events);
-        }
+        // Queued under the lock, so batches leave in the order the cache changed.
+        let release = match &self.outbox {
+            Some(o) => o.queue(events),
+            None => Release::none(),
+        };
         let to_store = c.take_for_store();
         drop(c);
         if let Some(l3) = l3 {
             l3.spill(to_store);
         }
         let cached = held.iter().map(|a| a.cached_tokens).collect();
-        (cached, Some(PrefixHold(cache.clone(), held)))
+        (cached, Some(PrefixHold(cache.clone(), held)), release)
     }
 
     /// Reserves the prefill lane for `uncached` tokens at `per` each: when their prefill
@@ -154,8 +162,9 @@ impl Rank {
             let mut c = cache.lock();
             c.clear();
             let events = c.take_events();
-            if let Some(p) = &self.events {
-                p.publish(events);
+            if let Some(o) = &self.outbox {
+                // Behind the batches already queued, and at once.
+                o.queue(events).at(None);
             }
         }
     }

@@ -13,6 +13,7 @@ use super::config::{SimConfig, SimMode};
 use super::error::SimError;
 use super::l3::L3;
 use super::model;
+use super::outbox::Release;
 use super::pd::PdState;
 use super::prefix::PrefixStats;
 pub use super::rank::{InflightGuard, PrefixHold, Rank};
@@ -97,7 +98,7 @@ impl SimState {
     /// The KV events publisher of rank 0 (what `/get_server_info` reports; rank `r`
     /// publishes on its endpoints' ports + `r`).
     pub fn events(&self) -> Option<&Publisher> {
-        self.ranks[0].events.as_ref()
+        self.ranks[0].events.as_deref()
     }
 
     /// Prompt tokens of the requests in flight, over every rank.
@@ -135,7 +136,7 @@ impl SimState {
         &self,
         rank: &Rank,
         prompts: &[Arc<[u32]>],
-    ) -> (Vec<u64>, Option<PrefixHold>) {
+    ) -> (Vec<u64>, Option<PrefixHold>, Release) {
         rank.admit(self.cfg.page_size, self.l3.as_deref(), prompts)
             .await
     }

@@ -164,7 +164,7 @@ async fn prefill<A: Answer>(
     if ids.is_empty() {
         return (clock, None);
     }
-    let (cached, hold) = st.admit(rank, ids).await;
+    let (cached, hold, release) = st.admit(rank, ids).await;
     let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
     let uncached = total.saturating_sub(cached.iter().sum());
     if let Some(h) = hold {
@@ -172,6 +172,8 @@ async fn prefill<A: Answer>(
     }
     let computes = st.mode() != SimMode::Decode || local;
     let done = st.prefill_done_at(rank, if computes { uncached } else { 0 });
+    // The pages this prompt added are known to routers once they are computed.
+    release.at(done);
     let compute = done.map_or(Duration::ZERO, |d| d.saturating_duration_since(clock.start));
     let clock = Clock {
         ttft: clock.ttft + compute,

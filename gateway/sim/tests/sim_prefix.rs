@@ -197,6 +197,68 @@ async fn events_tell_what_is_cached_and_evicted() {
     stop.cancel();
 }
 
+/// A subscriber on `w`'s events, live (it has seen a batch) when this returns.
+async fn live_subscriber(w: &sim::SimHandle) -> (Arc<Collect>, CancellationToken) {
+    let (endpoint, replay) = w.kv_events().unwrap();
+    let sink = Arc::new(Collect::default());
+    let stop = CancellationToken::new();
+    let src = Source {
+        endpoint: endpoint.to_owned(),
+        replay_endpoint: replay.map(str::to_owned),
+        topic: "kv-events".into(),
+    };
+    tokio::spawn(subscribe::run(src, sink.clone(), stop.clone()));
+    let mut k = 0;
+    while sink.batches.lock().is_empty() {
+        generate(&w.url(), &ids(20_000 + 4 * k, 4)).await;
+        k += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(k < 200, "no events");
+    }
+    (sink, stop)
+}
+
+#[tokio::test]
+async fn a_prompts_pages_are_published_once_its_prefill_has_run() {
+    let w = common::start(SimConfig {
+        port: 0,
+        page_size: 4,
+        prefill_compute_per_token: Duration::from_millis(2),
+        kv_events_config: Some(KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            topic: "kv-events".into(),
+            ..KvEventsConfig::default()
+        }),
+        ..SimConfig::default()
+    })
+    .await;
+    let (sink, stop) = live_subscriber(&w).await;
+    let n = sink.batches.lock().len();
+    // 400 uncached tokens at 2 ms: the prefill takes 800 ms.
+    let prompt = ids(1000, 400);
+    let first = hash::block_hashes(&prompt, 4)[0];
+    let url = w.url();
+    let t = Instant::now();
+    let req = tokio::spawn(async move { generate(&url, &prompt).await });
+    let seen = loop {
+        let got = sink.wait_for(n + 1).await;
+        let has = got.iter().flat_map(|b| &b.events).any(|e| {
+            matches!(e, KvEvent::BlockStored { block_hashes, .. } if block_hashes.contains(&first))
+        });
+        if has {
+            break t.elapsed();
+        }
+        sink.wait_for(got.len() + 1).await;
+    };
+    assert!(
+        seen >= Duration::from_millis(790),
+        "published after {seen:?}"
+    );
+    req.await.unwrap();
+    stop.cancel();
+}
+
 #[tokio::test]
 async fn data_parallel_ranks_keep_their_own_caches_and_counts() {
     let w = start(SimConfig {

@@ -265,15 +265,11 @@ impl RegularRouter {
                     };
                 }
             };
-            let worker = pick.worker;
-            let Some(mut guard) = LoadGuard::admit(worker.clone()) else {
+            let worker = pick.worker.clone();
+            let Some(mut guard) = pick.admit() else {
                 tries.refused(worker);
                 continue;
             };
-            guard.charge_prefill(pick.prefill_tokens);
-            if let Some(p) = pick.prediction {
-                guard.keep(Box::new(p));
-            }
             tries.attempts += 1;
             let sent = self.dispatcher.send(&worker, &out, &mut deadline).await;
             match sent {

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use openapi::workers::{WorkerStatus, WorkerType};
 
 use crate::config::PolicyKind;
-use crate::workers::{Worker, registry::WorkerSet};
+use crate::workers::{LoadGuard, Worker, registry::WorkerSet};
 use affinity::{Affinity, HashRing, RoutingKey};
 use bucket::Bucket;
 use cache_aware::{CacheAware, CacheAwareConfig};
@@ -90,6 +90,20 @@ pub struct Pick {
     /// `kv_aware`: the prompt's pages predicted on the worker, until the request ends
     /// (keep it on the request's load guard).
     pub prediction: Option<kv_aware::predict::Prediction>,
+}
+
+impl Pick {
+    /// Admits the request on the worker (`None` when its circuit refuses it) with what
+    /// the policy expects: its tokens to prefill charged to the worker's backlog and its
+    /// predicted pages kept, both until the guard's end (or its `prefill_done`).
+    pub fn admit(self) -> Option<LoadGuard> {
+        let mut guard = LoadGuard::admit(self.worker)?;
+        guard.charge_prefill(self.prefill_tokens);
+        if let Some(p) = self.prediction {
+            guard.keep(Box::new(p));
+        }
+        Some(guard)
+    }
 }
 
 /// What a request asks of selection.

@@ -33,9 +33,10 @@ use super::{Inbound, PdServing};
 use crate::error::{GatewayError, PdSide};
 use crate::metrics::{self, Route};
 use crate::outcome::PdPath;
+use crate::select::Pick;
 use crate::select::kv_aware::key_tokens;
 use crate::select::{NoWorker, Policy, Want};
-use crate::workers::{LoadGuard, Registry, Worker};
+use crate::workers::{Registry, Worker};
 use exchange::{Failure, Plan, PrefillSide};
 use fields::{MergeKind, PdFields};
 use rewrite::Rooms;
@@ -112,7 +113,7 @@ impl PdRouter {
         key: Option<&[u8]>,
         headers: &http::HeaderMap,
         tries: &Tries,
-    ) -> Result<Arc<Worker>, (PdSide, NoWorker)> {
+    ) -> Result<Pick, (PdSide, NoWorker)> {
         let (policy, worker_type) = match side {
             PdSide::Prefill => (&self.prefill_policy, WorkerType::Prefill),
             PdSide::Decode => (&self.decode_policy, WorkerType::Decode),
@@ -126,7 +127,6 @@ impl PdRouter {
         };
         tries
             .select(policy, &self.registry.snapshot(), want)
-            .map(|p| p.worker)
             .map_err(|e| (side, e))
     }
 
@@ -155,16 +155,17 @@ impl PdRouter {
 
     /// Sends the request, unchanged, to one worker of `side` alone: decode computing the
     /// prompt itself (the decider's choice), or prefill answering what needs no generation
-    /// (tokenize).
+    /// (tokenize). The worker is charged what its policy expects it to compute.
     async fn alone(
         &self,
         req: &PdInbound<'_>,
         path_and_query: PathAndQuery,
-        (side, decode): (PdSide, Arc<Worker>),
+        (side, pick): (PdSide, Pick),
         tries: &mut Tries,
         deadline: &mut std::pin::Pin<Box<tokio::time::Sleep>>,
     ) -> Result<Response, GatewayError> {
-        let Some(guard) = LoadGuard::admit(decode.clone()) else {
+        let decode = pick.worker.clone();
+        let Some(guard) = pick.admit() else {
             return Err(GatewayError::PdCircuitOpen { side });
         };
         tries.attempts += 1;
@@ -231,7 +232,7 @@ impl PdRouter {
                     let d = self.pick(PdSide::Decode, model, key.as_deref(), headers, &tries)?;
                     Ok((p, d))
                 });
-            let (prefill, decode) = match pair {
+            let (prefill_pick, decode_pick) = match pair {
                 Ok(pair) => pair,
                 Err((side, e)) => {
                     if let Some(f) = last {
@@ -241,25 +242,34 @@ impl PdRouter {
                 }
             };
             if self.bounds.decider.enabled() {
-                let path = self.path_for(key.as_deref(), &decode);
+                let path = self.path_for(key.as_deref(), &decode_pick.worker);
                 metrics::pd_path(path);
                 if path != PdPath::Disaggregated {
                     return self
                         .alone(
                             &req,
                             path_and_query.clone(),
-                            (PdSide::Decode, decode),
+                            (PdSide::Decode, decode_pick),
                             &mut tries,
                             &mut deadline,
                         )
                         .await;
                 }
             }
-            let Some(p_guard) = LoadGuard::admit(prefill.clone()) else {
+            // The prefill worker computes the prompt: its backlog is charged until its
+            // answer (the KV sent). The decode worker computes none of it; both keep
+            // their predicted pages while the request runs.
+            let prefill = prefill_pick.worker.clone();
+            let decode = decode_pick.worker.clone();
+            let Some(p_guard) = prefill_pick.admit() else {
                 tries.refused(prefill);
                 continue;
             };
-            let Some(d_guard) = LoadGuard::admit(decode.clone()) else {
+            let decode_pick = Pick {
+                prefill_tokens: 0,
+                ..decode_pick
+            };
+            let Some(d_guard) = decode_pick.admit() else {
                 tries.refused(decode);
                 continue;
             };

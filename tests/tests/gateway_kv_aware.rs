@@ -278,6 +278,52 @@ async fn pd_skips_the_prefill_when_decode_has_the_prompt() {
     assert_eq!(p.pd().unwrap().stats().moves, 1, "the prefill was skipped");
 }
 
+#[tokio::test]
+async fn pd_charges_the_prefill_worker_the_tokens_it_computes() {
+    // The prefill worker computes at 10 ms a token: a 64-token prompt takes 640 ms.
+    let p = sim_with(
+        sim::SimMode::Prefill,
+        SimConfig {
+            prefill_compute_per_token: std::time::Duration::from_millis(10),
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    let d = sim_with_events(sim::SimMode::Decode).await;
+    let boot = p.bootstrap_addr().unwrap().port();
+    let gw = moongate_tests::start_pd_gateway(&[(&p.url(), Some(boot))], &[&d.url()], |c| {
+        c.prefill_policy = Some(PolicyKind::KvAware);
+    })
+    .await;
+    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    let pd = gw.state().pd_router().unwrap();
+    let kv = pd.policies()[0].kv_aware().unwrap();
+    eventually("the prefill worker's events followed", || {
+        kv.followed() == 1
+    })
+    .await;
+    let ws = workers(&gw);
+    let prefill = ws.iter().find(|w| w.url().as_str() == p.url()).unwrap();
+    let decode = ws.iter().find(|w| w.url().as_str() == d.url()).unwrap();
+    // A first request through the gateway makes the prefill worker publish.
+    let c = reqwest::Client::new();
+    generate(&c, &gw.url(), &(1..9).collect::<Vec<u32>>()).await;
+    eventually("the prefill worker's events", || kv.has_events(prefill)).await;
+    let body = json!({"input_ids": (700..764).collect::<Vec<u32>>(),
+        "sampling_params": {"max_new_tokens": 2}});
+    let sent = generate_later(&gw, body);
+    eventually("the prompt charged to the prefill worker", || {
+        prefill.prefill_backlog() == 64
+    })
+    .await;
+    assert_eq!(decode.prefill_backlog(), 0, "decode computes none of it");
+    assert_eq!(sent.await.unwrap().status(), 200);
+    eventually("released with the prefill's answer", || {
+        prefill.prefill_backlog() == 0
+    })
+    .await;
+}
+
 /// The test tokenizer (a small byte-level BPE with a ChatML template; its golden ids come
 /// from Hugging Face's own code, see `tests/fixtures/tokenizer/make.py`).
 fn tokenizer_dir() -> std::path::PathBuf {

@@ -120,6 +120,16 @@ impl Collect {
     }
 }
 
+/// Events (and their replay socket) on loopback ports of their own.
+fn loopback_events() -> KvEventsConfig {
+    KvEventsConfig {
+        endpoint: "tcp://127.0.0.1:0".into(),
+        replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+        topic: "kv-events".into(),
+        ..KvEventsConfig::default()
+    }
+}
+
 #[tokio::test]
 async fn events_tell_what_is_cached_and_evicted() {
     // Two pages of 4 tokens fit: the third prompt page evicts the oldest.
@@ -127,38 +137,17 @@ async fn events_tell_what_is_cached_and_evicted() {
         port: 0,
         page_size: 4,
         kv_pool_size: 2 * 4 * 131_072,
-        kv_events_config: Some(KvEventsConfig {
-            endpoint: "tcp://127.0.0.1:0".into(),
-            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            topic: "kv-events".into(),
-            ..KvEventsConfig::default()
-        }),
+        kv_events_config: Some(loopback_events()),
         ..SimConfig::default()
     };
     let w = common::start(cfg).await;
     let (endpoint, replay) = w.kv_events().unwrap();
     assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+    assert!(replay.is_some(), "a replay socket was asked for");
     // One request before anyone listens: the subscriber gets it through the replay socket.
     generate(&w.url(), &ids(1, 8)).await;
-    let sink = Arc::new(Collect::default());
-    let stop = CancellationToken::new();
-    let src = Source {
-        endpoint: endpoint.to_owned(),
-        replay_endpoint: replay.map(str::to_owned),
-        topic: "kv-events".into(),
-    };
-    tokio::spawn(subscribe::run(src, sink.clone(), stop.clone()));
-    tokio::time::timeout(Duration::from_secs(10), sink.up.notified())
-        .await
-        .unwrap();
     // Keep publishing until the subscription is live (PUB drops what it sends before).
-    let mut k = 0;
-    while sink.batches.lock().len() < 2 {
-        generate(&w.url(), &ids(100 + 4 * k, 4)).await;
-        k += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(k < 200, "no events");
-    }
+    let (sink, stop) = live_subscriber(&w, 2).await;
     let got = sink.wait_for(2).await;
     let first = &got[0].events[0];
     let KvEvent::BlockStored {
@@ -197,8 +186,9 @@ async fn events_tell_what_is_cached_and_evicted() {
     stop.cancel();
 }
 
-/// A subscriber on `w`'s events, live (it has seen a batch) when this returns.
-async fn live_subscriber(w: &sim::SimHandle) -> (Arc<Collect>, CancellationToken) {
+/// A subscriber on `w`'s events, live when this returns: it has seen `n` batches (the
+/// worker is sent one-page prompts until then, as PUB drops what it sends before).
+async fn live_subscriber(w: &sim::SimHandle, n: usize) -> (Arc<Collect>, CancellationToken) {
     let (endpoint, replay) = w.kv_events().unwrap();
     let sink = Arc::new(Collect::default());
     let stop = CancellationToken::new();
@@ -208,8 +198,11 @@ async fn live_subscriber(w: &sim::SimHandle) -> (Arc<Collect>, CancellationToken
         topic: "kv-events".into(),
     };
     tokio::spawn(subscribe::run(src, sink.clone(), stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), sink.up.notified())
+        .await
+        .unwrap();
     let mut k = 0;
-    while sink.batches.lock().is_empty() {
+    while sink.batches.lock().len() < n {
         generate(&w.url(), &ids(20_000 + 4 * k, 4)).await;
         k += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -224,16 +217,11 @@ async fn a_prompts_pages_are_published_once_its_prefill_has_run() {
         port: 0,
         page_size: 4,
         prefill_compute_per_token: Duration::from_millis(2),
-        kv_events_config: Some(KvEventsConfig {
-            endpoint: "tcp://127.0.0.1:0".into(),
-            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            topic: "kv-events".into(),
-            ..KvEventsConfig::default()
-        }),
+        kv_events_config: Some(loopback_events()),
         ..SimConfig::default()
     })
     .await;
-    let (sink, stop) = live_subscriber(&w).await;
+    let (sink, stop) = live_subscriber(&w, 1).await;
     let n = sink.batches.lock().len();
     // 400 uncached tokens at 2 ms: the prefill takes 800 ms.
     let prompt = ids(1000, 400);

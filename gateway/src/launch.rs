@@ -30,6 +30,8 @@ pub struct Gateway {
     task: JoinHandle<std::io::Result<()>>,
     grace: Duration,
     master_task: Option<JoinHandle<()>>,
+    /// Where Mooncake's master HTTP service listens (`--mooncake-http-port`), if it does.
+    pub mooncake_addr: Option<SocketAddr>,
 }
 
 impl Gateway {
@@ -110,6 +112,21 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         }
     };
     if let Some(h) = hosted {
+        let cfg = gw.state.config();
+        if let Some(port) = cfg.mooncake_http_port {
+            let at = (cfg.mooncake_http_host.as_str(), port);
+            let stop = gw.state.cancel_token().clone();
+            let limits = ClientLimits::from(cfg);
+            let spawned =
+                crate::master::mooncake::spawn(&h, gw.state.auth(), at, stop, gw.grace, limits);
+            match spawned.await {
+                Ok((addr, _task)) => gw.mooncake_addr = Some(addr),
+                Err(e) => {
+                    gw.state.cancel_token().cancel();
+                    return Err(e);
+                }
+            }
+        }
         gw.master_task = Some(h.spawn_background(gw.state.cancel_token().clone()));
     }
     Ok(gw)
@@ -193,6 +210,7 @@ pub async fn spawn_with(
         task,
         grace,
         master_task: None,
+        mooncake_addr: None,
     })
 }
 

@@ -12,6 +12,11 @@
 //! OpenAPI document and Swagger UI, and serves it all with `moongate serve`'s accept loop
 //! ([`crate::listen::accept_loop`]: the same client limits, graceful shutdown, TLS with
 //! `--tls-cert-file`).
+//!
+//! Either command serves Mooncake's master HTTP service on `--mooncake-http-port`
+//! ([`mooncake`]).
+
+pub mod mooncake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,7 +169,7 @@ impl HostedMaster {
 
 /// How a master route refuses a request: 401 `UNAUTHORIZED` (key missing or wrong), 403
 /// `FORBIDDEN` (admin plane, no admin key, caller not on loopback).
-fn master_rejection() -> Rejection {
+pub(crate) fn master_rejection() -> Rejection {
     Rejection {
         respond: |refusal| {
             let e = match refusal {
@@ -281,6 +286,8 @@ pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
 #[derive(Debug)]
 pub struct MasterProcess {
     addr: std::net::SocketAddr,
+    mooncake_addr: Option<std::net::SocketAddr>,
+    mooncake: Option<JoinHandle<std::io::Result<()>>>,
     tls: bool,
     master: Arc<Master>,
     stop: CancellationToken,
@@ -299,6 +306,11 @@ impl MasterProcess {
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.addr
+    }
+
+    /// Where Mooncake's master HTTP service listens (`--mooncake-http-port`), if it does.
+    pub fn mooncake_addr(&self) -> Option<std::net::SocketAddr> {
+        self.mooncake_addr
     }
 
     /// The master itself.
@@ -321,6 +333,11 @@ impl MasterProcess {
         if tokio::time::timeout(backstop, &mut serving).await.is_err() {
             tracing::error!("the master's accept loop did not stop; aborting it");
             serving.abort();
+        }
+        if let Some(mut task) = self.mooncake
+            && tokio::time::timeout(backstop, &mut task).await.is_err()
+        {
+            task.abort();
         }
         if let Err(e) = self.background.await {
             tracing::warn!(error = %e, "KV master background task failed");
@@ -345,6 +362,15 @@ pub async fn spawn_master(
     let stop = CancellationToken::new();
     let background = hosted.spawn_background(stop.clone());
     crate::auth::spawn_open_admin_warning(&auth, stop.clone());
+    let (mooncake_addr, mooncake) = match cfg.mooncake_http_port {
+        Some(port) => {
+            let at = (cfg.mooncake_http_host.as_str(), port);
+            let limits = ClientLimits::from(&cfg);
+            let (a, t) = mooncake::spawn(&hosted, &auth, at, stop.clone(), grace, limits).await?;
+            (Some(a), Some(t))
+        }
+        None => (None, None),
+    };
     let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
     let serving = tokio::spawn(crate::listen::accept_loop(
         listener,
@@ -357,6 +383,8 @@ pub async fn spawn_master(
     tracing::info!(%addr, "KV master serving");
     Ok(MasterProcess {
         addr,
+        mooncake_addr,
+        mooncake,
         tls: tls.is_some(),
         master: hosted.master,
         stop,

@@ -628,6 +628,16 @@ pub fn committed_openapi() -> serde_json::Value {
     serde_json::from_str(&text).expect("openapi/openapi.json is JSON")
 }
 
+/// A client that never uses a proxy (a request to this host's own non-loopback address
+/// must leave from it), with a 10 s timeout.
+pub fn direct() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("a reqwest client")
+}
+
 /// Sends `method path` (a `{}` JSON body for methods that take one) with `auth` as the
 /// `Authorization` header; returns the status, the `WWW-Authenticate` header and the body.
 pub async fn call(

@@ -3,13 +3,11 @@
 //! plane of a server without an admin key answering loopback callers only, tested from a
 //! real non-loopback address of this host.
 
-use std::time::Duration;
-
 use gateway::config::{MasterHostConfig, Secret, ServeConfig};
 use http::Method;
 use moongate_tests::{
-    Backend, call, check_planes, eventually, fast_config, get_json, get_text, non_loopback_ip,
-    operations, start_gateway, start_regular_gateway,
+    Backend, call, check_planes, direct, eventually, fast_config, get_json, get_text,
+    non_loopback_ip, operations, start_gateway, start_regular_gateway,
 };
 use serde_json::{Value, json};
 
@@ -283,15 +281,6 @@ async fn the_gateway_worker_key_goes_only_to_the_workers_it_was_given_for() {
         assert!(!list.contains(k), "GET /workers shows {k}");
     }
     gw.shutdown().await;
-}
-
-/// A client that never uses a proxy (the requests must leave from this host's address).
-fn direct() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
 }
 
 /// This host's non-loopback address: these tests need one.

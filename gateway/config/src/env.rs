@@ -92,6 +92,10 @@ pub const PREFILL_POLICY: &str = "MOONGATE_PREFILL_POLICY";
 pub const DECODE_POLICY: &str = "MOONGATE_DECODE_POLICY";
 /// `--disable-master`.
 pub const DISABLE_MASTER: &str = "MOONGATE_DISABLE_MASTER";
+/// `--mooncake-http-port`.
+pub const MOONCAKE_HTTP_PORT: &str = "MOONGATE_MOONCAKE_HTTP_PORT";
+/// `--mooncake-http-host`.
+pub const MOONCAKE_HTTP_HOST: &str = "MOONGATE_MOONCAKE_HTTP_HOST";
 /// `--admin-api-key`.
 pub const ADMIN_API_KEY: &str = "MOONGATE_ADMIN_API_KEY";
 /// `--insecure-open-admin`.

@@ -461,6 +461,16 @@ pub struct ServeConfig {
     /// Do not host the KV master (no `/api/v1/...` or `/metadata` routes, no background task).
     #[arg(long, env = env::DISABLE_MASTER)]
     pub disable_master: bool,
+    /// Port of Mooncake's master HTTP service for the hosted master (what `mooncake_master`
+    /// serves on its `--metrics_port`): `/get_all_segments` (SGLang's
+    /// `MOONCAKE_CHECK_SERVER`), `/query_key`, `/batch_query_keys`, `/get_segments_detail`,
+    /// `/get_all_keys`, `/query_segment`, `/health`, `/metrics`. Admin plane: the admin key,
+    /// or loopback callers without one. Off when absent.
+    #[arg(long, env = env::MOONCAKE_HTTP_PORT)]
+    pub mooncake_http_port: Option<u16>,
+    /// Address `--mooncake-http-port` binds.
+    #[arg(long, env = env::MOONCAKE_HTTP_HOST, default_value_t = ServeConfig::default().mooncake_http_host)]
+    pub mooncake_http_host: String,
     /// Admin API key: the worker API (`/workers`) and the KV master's admin routes require
     /// `Authorization: Bearer <key>` (401 otherwise), and every other plane accepts it.
     /// Without one, those routes answer loopback callers only (403 for others). Reloaded on
@@ -604,6 +614,8 @@ impl Default for ServeConfig {
             prefill_policy: None,
             decode_policy: None,
             disable_master: false,
+            mooncake_http_port: None,
+            mooncake_http_host: "0.0.0.0".into(),
             admin_api_key: None,
             insecure_open_admin: false,
             client_api_keys_file: None,

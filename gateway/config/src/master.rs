@@ -77,6 +77,16 @@ pub struct MasterHostConfig {
     /// (0: never), as `serve`'s.
     #[arg(long, env = env::BUSY_POLL_US, default_value_t = MasterHostConfig::default().busy_poll_us)]
     pub busy_poll_us: u64,
+    /// Port of Mooncake's master HTTP service (what `mooncake_master` serves on its
+    /// `--metrics_port`): `/get_all_segments` (SGLang's `MOONCAKE_CHECK_SERVER`),
+    /// `/query_key`, `/batch_query_keys`, `/get_segments_detail`, `/get_all_keys`,
+    /// `/query_segment`, `/health`, `/metrics`. Admin plane: the admin key, or loopback
+    /// callers without one. Off when absent.
+    #[arg(long, env = env::MOONCAKE_HTTP_PORT)]
+    pub mooncake_http_port: Option<u16>,
+    /// Address `--mooncake-http-port` binds.
+    #[arg(long, env = env::MOONCAKE_HTTP_HOST, default_value_t = MasterHostConfig::default().mooncake_http_host)]
+    pub mooncake_http_host: String,
     /// The master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
@@ -106,6 +116,8 @@ impl Default for MasterHostConfig {
             client_body_timeout_secs: serve.client_body_timeout_secs,
             max_connections: serve.max_connections,
             busy_poll_us: serve.busy_poll_us,
+            mooncake_http_port: serve.mooncake_http_port,
+            mooncake_http_host: serve.mooncake_http_host,
             master: serve.master,
             ha: serve.ha,
         }
@@ -132,6 +144,12 @@ impl MasterHostConfig {
             ("max_connections", self.max_connections as u64),
         ];
         errs.extend(validate::listener_problems(&positive, self.busy_poll_us));
+        if self
+            .mooncake_http_port
+            .is_some_and(|p| p != 0 && p == self.port)
+        {
+            errs.push("mooncake_http_port must differ from port".to_string());
+        }
         errs.extend(security::master_problems(self));
         errs.extend(
             trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())

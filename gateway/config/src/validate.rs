@@ -105,6 +105,12 @@ impl ServeConfig {
         {
             errs.push("prometheus_port must differ from port".to_string());
         }
+        if self
+            .mooncake_http_port
+            .is_some_and(|p| p != 0 && p == self.port)
+        {
+            errs.push("mooncake_http_port must differ from port".to_string());
+        }
         if self.pd_disaggregation && !self.worker_urls.is_empty() {
             errs.push(
                 "worker_urls are regular workers; in PD mode give --prefill and --decode".into(),
@@ -141,6 +147,8 @@ impl ServeConfig {
         errs.extend(master_problem(&self.master));
         if !self.disable_master {
             errs.extend(self.ha.problems());
+        } else if self.mooncake_http_port.is_some() {
+            errs.push("mooncake_http_port serves the hosted master: drop --disable-master".into());
         }
         errs.extend(self.discovery.problems(self.pd_disaggregation));
         errs.extend(sglang::tokenizer::flags_problem(

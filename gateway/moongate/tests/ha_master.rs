@@ -648,10 +648,55 @@ async fn etcd_lost_and_back_under_load_acknowledges_nothing_meanwhile() {
 async fn an_etcd_url_finds_every_master_and_the_client_follows_them() {
     let etcd = Etcd::start();
     let logs = tempfile::tempdir().unwrap();
-    let mut masters: Vec<MasterProc> = (0..2)
-        .map(|n| MasterProc::start(&etcd.url(), "t3", logs.path(), n))
+    // Each with Mooncake's HTTP service, which a follower answers as a Mooncake standby.
+    let services: Vec<String> = (0..2)
+        .map(|_| common::restartable_loopback_addr())
         .collect();
-    leader(&masters).await;
+    let mut masters: Vec<MasterProc> = (0..2)
+        .map(|n| {
+            let port = services[n].rsplit_once(':').unwrap().1.to_string();
+            let extra = ["--mooncake-http-port".to_string(), port];
+            MasterProc::start_with(&etcd.url(), "t3", logs.path(), n, &extra)
+        })
+        .collect();
+    let (first, term) = leader(&masters).await;
+    let health = |i: usize| {
+        let url = format!("http://{}/health", services[i]);
+        async move {
+            reqwest::get(url)
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let (lead, follow) = (health(first).await, health(1 - first).await);
+    assert_eq!(
+        (lead["role"].as_str(), lead["ha_state"].as_str()),
+        (Some("leader"), Some("serving")),
+        "{lead}"
+    );
+    assert_eq!(lead["service_ready"], true);
+    assert_eq!(
+        (follow["role"].as_str(), follow["service_ready"].as_bool()),
+        (Some("standby"), Some(false)),
+        "{follow}"
+    );
+    assert_eq!(
+        follow["leader_address"].as_str(),
+        Some(masters[first].url().as_str()),
+        "{follow}"
+    );
+    assert_eq!(follow["view_version"].as_i64(), Some(term), "{follow}");
+    let r = reqwest::get(format!("http://{}/get_all_segments", services[1 - first]))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error_code"],
+        -1011
+    );
     let url = format!("etcd://{}/t3", etcd.client);
     let want: std::collections::BTreeSet<String> = masters.iter().map(MasterProc::url).collect();
     let deadline = Instant::now() + Duration::from_secs(10);

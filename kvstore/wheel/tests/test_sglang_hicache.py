@@ -3,6 +3,9 @@ reproduced in its order and shapes without a GPU: a numpy array stands in for th
 pool (`page_first` layout: one page holds k then v of every layer)."""
 
 import hashlib
+import re
+import time
+import urllib.request
 import uuid
 
 import numpy as np
@@ -170,3 +173,58 @@ def test_tensor_parallel_ranks_share_one_store(master, tp):
     assert (pool.buf == tp + 1).all()
     assert batch_exists(s, keys, suffix=str(1 - tp)) == 0
     s.close()
+
+
+def sglang_check_server(master_server_address, metrics_port, timeout):
+    """MooncakeStore.check_server with MOONCAKE_CHECK_SERVER=true: poll the master's
+    `/get_all_segments` on its metrics port until the body is not empty."""
+    ip, _, _ = master_server_address.partition(":")
+    url = f"http://{ip}:{metrics_port}/get_all_segments"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=3) as r:
+                text = r.read().decode()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        if text == "":
+            time.sleep(0.05)
+            continue
+        return text
+    return None
+
+
+def test_check_server_waits_for_a_mounted_segment():
+    from conftest import Master, new_store
+
+    m = Master("--mooncake-http-port", "0")
+    try:
+        port = re.search(r"Mooncake's master HTTP service listening addr=\S+:(\d+)",
+                         m.text()).group(1)
+        # Nothing mounted yet: SGLang keeps waiting.
+        assert sglang_check_server(m.addr, port, 0.3) is None
+        # A store (the standalone store process, or another worker) mounts its segment.
+        other = new_store(m)
+        try:
+            listed = sglang_check_server(m.addr, port, 5)
+            assert listed is not None and listed.endswith("\n")
+            assert listed.splitlines() == [s["name"] for s in m.segments()["segments"]]
+            # Then SGLang sets its own store up and warms it up.
+            store = sglang_store(m)
+            warmup(store)
+            assert len(sglang_check_server(m.addr, port, 5).splitlines()) == 2
+            assert store.close() == 0
+        finally:
+            assert other.close() == 0
+    finally:
+        m.stop()
+
+
+def sglang_store(master):
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    ret, _ = setup_like_sglang(store, master, {})
+    assert ret == 0
+    return store

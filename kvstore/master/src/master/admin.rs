@@ -108,6 +108,21 @@ impl Master {
         Ok(KeyPage { keys, next_after })
     }
 
+    /// Every key, in no particular order (Mooncake's `GetAllKeys`): one pass over the shards,
+    /// each locked in turn.
+    pub fn all_keys(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in 0..self.shards.len() {
+            let shard = self.lock_shard(s);
+            out.extend(
+                shard
+                    .indices()
+                    .map(|i| shard.get(i).key.as_str().to_string()),
+            );
+        }
+        out
+    }
+
     /// Every mounted segment, by name.
     pub fn segments(&self) -> Vec<SegmentView> {
         let mut out: Vec<_> = self.segments.read().list.iter().map(|s| s.view()).collect();

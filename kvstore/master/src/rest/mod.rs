@@ -35,11 +35,13 @@
 //! - `objects`: one object's lifecycle and reads, key listing, bulk removal.
 //! - `batch`: batch forms of every object operation.
 //! - `metadata`: the Mooncake-compatible transfer-metadata store at `/metadata`.
+//! - [`mooncake`]: Mooncake's master HTTP service (its metrics port), a router of its own.
 
 mod batch;
 mod cluster;
 pub mod limits;
 mod metadata;
+pub mod mooncake;
 mod objects;
 
 use std::sync::Arc;

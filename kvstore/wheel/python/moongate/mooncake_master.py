@@ -1,0 +1,246 @@
+"""``mooncake_master``: Mooncake's master command line, running ``moongate master``.
+
+SGLang's and Mooncake's docs start the store with ``mooncake_master --port 50051 ...``. This
+console script takes Mooncake's flags (gflags syntax: ``--flag=value``, ``--flag value``,
+``-flag``, ``--flag`` / ``--noflag`` for booleans), says how each maps onto ``moongate
+master``, and replaces itself with that process. The ``moongate`` binary is
+``$MOONGATE_BIN`` or the first ``moongate`` on ``PATH``.
+
+Three kinds of flags:
+
+- mapped: the RPC port and address, Mooncake's HTTP service (``--metrics_port``, served by
+  ``--mooncake-http-port``), leases, soft pins, eviction, client TTL, put timeouts, HA on
+  etcd;
+- accepted without effect, each with the reason (``IGNORED``): tuning of Mooncake's own RPC
+  server and allocator that Moongate does not have;
+- refused, with the reason (``REFUSED``): features Moongate's master does not have, so a
+  command line that needs them fails at start instead of running without them.
+
+``--print`` prints the ``moongate master`` command line instead of running it.
+"""
+
+import os
+import re
+import shutil
+import sys
+
+# Mooncake's flag -> (kind, Moongate flag, converter). Kinds: "int", "float", "bool",
+# "str", "ms" (duration: raw milliseconds or a number with ms/s/m/h), "sec" (seconds).
+MAPPED = {
+    "port": ("int", "--port"),
+    "rpc_port": ("int", "--port"),
+    "rpc_address": ("str", "--host"),
+    "metrics_port": ("int", "--mooncake-http-port"),
+    "metrics_host": ("str", "--mooncake-http-host"),
+    "default_kv_lease_ttl": ("ms", "--master-lease-ttl-ms"),
+    "default_kv_soft_pin_ttl": ("ms", "--master-soft-pin-ttl-ms"),
+    "allow_evict_soft_pinned_objects": ("bool", "--master-allow-evict-soft-pinned"),
+    "eviction_ratio": ("float", "--master-eviction-ratio"),
+    "eviction_high_watermark_ratio": ("float", "--master-eviction-high-watermark"),
+    "client_ttl": ("sec", "--master-client-ttl-ms"),
+    "put_start_discard_timeout_sec": ("sec", "--master-put-start-discard-timeout-ms"),
+    "put_start_release_timeout_sec": ("sec", "--master-put-start-release-timeout-ms"),
+    "enable_ha": ("bool", "--ha"),
+    "etcd_endpoints": ("str", "--etcd-endpoints"),
+    "ha_backend_connstring": ("str", "--etcd-endpoints"),
+    "cluster_id": ("str", "--cluster-id"),
+}
+
+# Mooncake's defaults for the mapped flags where they differ from Moongate's: a drop-in
+# behaves as ``mooncake_master`` does when a flag is left out.
+MOONCAKE_DEFAULTS = {
+    "port": "50051",
+    "metrics_port": "9003",
+    "cluster_id": "mooncake_cluster",
+}
+
+IGNORED = {
+    "enable_metric_reporting": "Moongate exports its metrics at /metrics and logs no periodic report",
+    "max_threads": "the master runs on a tokio runtime (--worker-threads)",
+    "rpc_thread_num": "the master runs on a tokio runtime (--worker-threads)",
+    "rpc_conn_timeout_seconds": "idle connections close after --client-header-timeout-secs",
+    "rpc_enable_tcp_no_delay": "Moongate always sets TCP_NODELAY",
+    "rpc_interface": "give the address with --rpc_address",
+    "memory_allocator": "Moongate's master has one allocator (offset-based)",
+    "allocation_strategy": "Moongate places replicas by its own rule (free space, preferred segments)",
+    "pod_name": "no Kubernetes labels are set by the master",
+    "pod_namespace": "no Kubernetes labels are set by the master",
+    "enable_metadata_cleanup_on_timeout": "segments of a client past its TTL are dropped anyway",
+    "global_file_segment_size": "Moongate has no file-system segments (--root_fs_dir is refused)",
+    "max_kv_soft_pin_ttl": "a put's soft pin lasts --default_kv_soft_pin_ttl",
+    "enable_disk_eviction": "there is no disk tier yet",
+}
+
+REFUSED = {
+    "config_path": "give the settings as flags, or use `moongate master --config FILE`",
+    "enable_offload": "Moongate has no SSD offload tier yet",
+    "offload_on_evict": "Moongate has no SSD offload tier yet",
+    "offload_force_evict": "Moongate has no SSD offload tier yet",
+    "promotion_on_hit": "Moongate has no SSD offload tier yet",
+    "enable_cxl": "Moongate has no CXL segments",
+    "enable_kv_events": "Moongate's master publishes no KV events yet",
+    "enable_multi_tenants": "Moongate's master has no tenants",
+    "enable_snapshot": "Moongate's master persists through HA on etcd (--enable_ha), not snapshots",
+    "enable_snapshot_restore": "Moongate's master persists through HA on etcd, not snapshots",
+    "enable_oplog": "Moongate's HA journal is always on with --enable_ha",
+    "enable_http_metadata_server": (
+        "Moongate's master serves the HTTP metadata store at /metadata on its own port: "
+        "point MOONCAKE_TE_META_DATA_SERVER at http://HOST:PORT/metadata"
+    ),
+}
+# Flags whose value is refused only when it asks for something Moongate lacks.
+REFUSED_UNLESS = {
+    "dynamic_replication_mode": ("off", "Moongate's master has no dynamic replication"),
+    "ha_backend_type": ("etcd", "etcd is Moongate's one HA backend"),
+    "root_fs_dir": ("", "Moongate has no file-system segments yet"),
+}
+
+
+class FlagError(ValueError):
+    """A command line ``mooncake_master`` would run, but Moongate cannot run as asked."""
+
+
+def _bool(name, value):
+    v = value.lower()
+    if v in ("true", "1", "yes", "t", "y"):
+        return True
+    if v in ("false", "0", "no", "f", "n"):
+        return False
+    raise FlagError(f"--{name}: {value!r} is not a boolean")
+
+
+def _duration_ms(name, value):
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h)?\s*", value)
+    if not m:
+        raise FlagError(f"--{name}: {value!r} is not milliseconds or a duration (ms, s, m, h)")
+    return int(m.group(1)) * {None: 1, "ms": 1, "s": 1000, "m": 60000, "h": 3600000}[m.group(2)]
+
+
+def _number(name, value, kind):
+    try:
+        return int(value) if kind in ("int", "sec") else float(value)
+    except ValueError:
+        raise FlagError(f"--{name}: {value!r} is not a number") from None
+
+
+def parse(argv):
+    """Mooncake's flags in ``argv`` as {name: value string}, gflags' syntax."""
+    known = set(MAPPED) | set(IGNORED) | set(REFUSED) | set(REFUSED_UNLESS)
+    bools = {n for n, (k, _) in MAPPED.items() if k == "bool"} | {
+        n for n in set(REFUSED) | set(IGNORED) if n.startswith(("enable_", "allow_", "offload_", "promotion_", "rpc_enable"))
+    }
+    out, i = {}, 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("-") or arg in ("-", "--"):
+            raise FlagError(f"unexpected argument {arg!r} (flags only)")
+        body = arg.lstrip("-")
+        name, eq, value = body.partition("=")
+        if not eq and name not in known and name.startswith("no") and name[2:] in bools:
+            out[name[2:]] = "false"
+            continue
+        if name not in known:
+            raise FlagError(f"unknown command line flag '{name}'")
+        if not eq:
+            if name in bools:
+                value = "true"
+            elif i < len(argv):
+                value, i = argv[i], i + 1
+            else:
+                raise FlagError(f"flag '{name}' is missing its value")
+        out[name] = value
+    return out
+
+
+def translate(argv):
+    """The ``moongate master`` arguments and the notes (one per flag without effect) for
+    Mooncake's command line ``argv``; raises FlagError for what Moongate cannot do."""
+    flags = parse(argv)
+    for name, value in flags.items():
+        if name in REFUSED and _truthy(name, value):
+            raise FlagError(f"--{name}: {REFUSED[name]}")
+        if name in REFUSED_UNLESS:
+            allowed, why = REFUSED_UNLESS[name]
+            if value.strip() not in (allowed, ""):
+                raise FlagError(f"--{name}={value}: {why}")
+    if flags.get("rpc_port", "0") in ("0", ""):
+        flags.pop("rpc_port", None)
+    else:
+        flags.pop("port", None)
+    args, notes = [], []
+    for name in sorted(set(MOONCAKE_DEFAULTS) | set(flags)):
+        if name in IGNORED:
+            notes.append(f"--{name} has no effect on Moongate: {IGNORED[name]}")
+            continue
+        if name not in MAPPED:
+            continue
+        if name == "port" and "rpc_port" in flags:
+            continue
+        kind, target = MAPPED[name]
+        value = flags.get(name, MOONCAKE_DEFAULTS.get(name))
+        if kind == "bool":
+            on = _bool(name, value)
+            if target == "--ha":
+                args += [target] if on else []
+            else:
+                args += [target, "true" if on else "false"]
+        elif kind == "ms":
+            args += [target, str(_duration_ms(name, value))]
+        elif kind == "sec":
+            args += [target, str(_number(name, value, kind) * 1000)]
+        elif kind in ("int", "float"):
+            args += [target, str(_number(name, value, kind))]
+        elif target == "--etcd-endpoints":
+            urls = [e if "://" in e else f"http://{e}" for e in re.split(r"[;,]", value) if e]
+            args += [target, ",".join(urls)]
+        else:
+            args += [target, value]
+    if "--ha" in args and "--etcd-endpoints" not in args:
+        raise FlagError("--enable_ha needs --etcd_endpoints (Moongate's HA runs on etcd)")
+    return args, notes
+
+
+def _truthy(name, value):
+    try:
+        return _bool(name, value)
+    except FlagError:
+        return bool(value.strip())
+
+
+def moongate_binary():
+    """``$MOONGATE_BIN``, else ``moongate`` on ``PATH``."""
+    path = os.environ.get("MOONGATE_BIN") or shutil.which("moongate")
+    if not path or not os.access(path, os.X_OK):
+        raise FlagError(
+            "the moongate binary was not found: put it on PATH or set MOONGATE_BIN "
+            "(cargo install --path gateway/moongate)"
+        )
+    return path
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    show = "--print" in argv
+    argv = [a for a in argv if a != "--print"]
+    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        args, notes = translate(argv)
+        cmd = [moongate_binary(), "master", *args]
+    except FlagError as e:
+        print(f"mooncake_master: {e}", file=sys.stderr)
+        return 1
+    for n in notes:
+        print(f"mooncake_master: {n}", file=sys.stderr)
+    if show:
+        print(" ".join(cmd))
+        return 0
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

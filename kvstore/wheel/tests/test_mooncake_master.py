@@ -1,0 +1,108 @@
+"""`mooncake_master`, the wheel's console script: Mooncake's flags as its docs and SGLang's
+give them, mapped onto `moongate master`, refused where Moongate lacks the feature, and a
+real master started from them that a store and SGLang's server check use."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import Proc, binary, new_store
+from moongate import mooncake_master as mm
+
+
+def test_flags_map_onto_moongate_master():
+    args, notes = mm.translate([])
+    # Mooncake's defaults where a flag is left out: the RPC port, the HTTP service.
+    assert args == ["--cluster-id", "mooncake_cluster", "--mooncake-http-port", "9003",
+                    "--port", "50051"]
+    assert notes == []
+    args, notes = mm.translate([
+        "--port=50151", "-metrics_port", "9103", "--rpc_address", "127.0.0.1",
+        "--default_kv_lease_ttl=5s", "--noallow_evict_soft_pinned_objects", "--enable_ha",
+        "--etcd_endpoints", "h1:2379;h2:2379", "--client_ttl=20", "--rpc_thread_num=4",
+        "--eviction_high_watermark_ratio=0.95",
+    ])
+    assert "--ha" in args
+    valued = [a for a in args if a != "--ha"]
+    pairs = dict(zip(valued[::2], valued[1::2]))
+    assert pairs["--port"] == "50151" and pairs["--host"] == "127.0.0.1"
+    assert pairs["--mooncake-http-port"] == "9103"
+    assert pairs["--master-lease-ttl-ms"] == "5000"
+    assert pairs["--master-allow-evict-soft-pinned"] == "false"
+    assert pairs["--master-client-ttl-ms"] == "20000"
+    assert pairs["--master-eviction-high-watermark"] == "0.95"
+    assert pairs["--etcd-endpoints"] == "http://h1:2379,http://h2:2379"
+    assert notes == ["--rpc_thread_num has no effect on Moongate: the master runs on a "
+                     "tokio runtime (--worker-threads)"]
+    # rpc_port wins over port, as in Mooncake; 0 means "use port".
+    assert ("--port", "7000") in zip(*[iter(mm.translate(["--rpc_port=7000", "--port=1"])[0])] * 2)
+    assert ("--port", "1") in zip(*[iter(mm.translate(["--rpc_port=0", "--port=1"])[0])] * 2)
+    # Features left at their "off" values are fine.
+    mm.translate(["--enable_offload=false", "--dynamic_replication_mode=off", "--config_path="])
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--enable_offload"], "no SSD offload tier"),
+    (["--enable_http_metadata_server=true"], "/metadata on its own port"),
+    (["--root_fs_dir=/mnt/3fs"], "no file-system segments"),
+    (["--dynamic_replication_mode=enforce"], "no dynamic replication"),
+    (["--ha_backend_type=redis"], "etcd is Moongate's one HA backend"),
+    (["--enable_ha"], "needs --etcd_endpoints"),
+    (["--bogus=1"], "unknown command line flag 'bogus'"),
+    (["--default_kv_lease_ttl=5d"], "not milliseconds or a duration"),
+    (["--client_ttl=ten"], "not a number"),
+    (["--port"], "missing its value"),
+    (["50051"], "flags only"),
+])
+def test_what_moongate_cannot_do_is_refused_at_start(argv, why):
+    with pytest.raises(mm.FlagError, match=why):
+        mm.translate(argv)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script():
+    path = Path(sys.executable).parent / "mooncake_master"
+    assert path.exists(), f"{path}: the wheel installs the console script"
+    return path
+
+
+def test_refusals_exit_1_with_the_reason():
+    r = subprocess.run([script(), "--enable_offload"], capture_output=True, text=True,
+                       env={"MOONGATE_BIN": str(binary("MOONGATE_BIN", "moongate"))})
+    assert r.returncode == 1
+    assert "--enable_offload: Moongate has no SSD offload tier yet" in r.stderr
+    r = subprocess.run([script(), "--port=1"], capture_output=True, text=True,
+                       env={"PATH": "/nonexistent"})
+    assert r.returncode == 1 and "moongate binary was not found" in r.stderr
+
+
+def test_a_master_started_the_way_mooncake_docs_start_it():
+    from test_sglang_hicache import sglang_check_server, warmup
+
+    rpc, http = free_port(), free_port()
+    p = Proc([script(), f"--port={rpc}", "--rpc_address=127.0.0.1", "--metrics_port", str(http),
+              "--metrics_host=127.0.0.1", "--default_kv_lease_ttl=300ms",
+              "--enable_metric_reporting=true"],
+             r"moongate master listening addr=(\S+)",
+             env={"MOONGATE_BIN": str(binary("MOONGATE_BIN", "moongate"))})
+    try:
+        assert p.match.group(1) == f"127.0.0.1:{rpc}"
+        assert "--enable_metric_reporting has no effect on Moongate" in p.text()
+        p.addr = f"127.0.0.1:{rpc}"
+        assert sglang_check_server(p.addr, http, 0.2) is None
+        store = new_store(p)
+        try:
+            assert sglang_check_server(p.addr, http, 5) is not None
+            warmup(store)
+        finally:
+            assert store.close() == 0
+    finally:
+        p.stop()

@@ -146,7 +146,7 @@ impl StoreClient {
     /// Opens the segment holding `replica` and checks it is the very engine instance the
     /// replica was allocated on (refetching a descriptor that predates a restart once): a
     /// node restarted at the same address must never serve its predecessor's objects.
-    async fn open_replica(
+    pub(super) async fn open_replica(
         &self,
         opened: &mut Opened,
         replica: &wire::Replica,
@@ -211,7 +211,7 @@ impl StoreClient {
     /// A new nonzero id for one put-start request. Its RPC may send the request to more
     /// than one master (HA: the first did not answer in time, yet may have done it); the
     /// id lets the master recognise the repeat and answer the same replicas.
-    fn next_put_id(&self) -> u32 {
+    pub(super) fn next_put_id(&self) -> u32 {
         loop {
             let id = self
                 .inner
@@ -227,7 +227,7 @@ impl StoreClient {
     /// Starts puts: the single-key route for one item, the batch route for more; asks for
     /// `reserve` along. Answers per item its replicas, then the reservations it got, then
     /// the master's `write_within_ms` (0: none given).
-    async fn put_starts(
+    pub(super) async fn put_starts(
         &self,
         items: &[(&str, u64)],
         reserve: Option<wire::ReserveRequest>,
@@ -236,9 +236,25 @@ impl StoreClient {
         Vec<wire::Reservation>,
         u64,
     ) {
+        self.put_starts_as(items, reserve, self.next_put_id(), false)
+            .await
+    }
+
+    /// [`StoreClient::put_starts`] under `put_id`; with `renew`, only renewals of this
+    /// client's unfinished puts under that id (nothing allocated, nothing reserved).
+    pub(super) async fn put_starts_as(
+        &self,
+        items: &[(&str, u64)],
+        reserve: Option<wire::ReserveRequest>,
+        put_id: u32,
+        renew: bool,
+    ) -> (
+        Vec<StoreResult<Vec<wire::Replica>>>,
+        Vec<wire::Reservation>,
+        u64,
+    ) {
         let rpc = &self.inner.rpc;
         let client_id = self.inner.id.to_string();
-        let put_id = self.next_put_id();
         if let [(key, length)] = items {
             let body = wire::PutStartRequest {
                 client_id,
@@ -246,6 +262,7 @@ impl StoreClient {
                 config: self.replicate.clone(),
                 reserve,
                 put_id,
+                renew,
             };
             return match rpc.put_start(key, &body).await {
                 Ok(r) => (vec![Ok(r.replicas)], r.reservations, r.write_within_ms),
@@ -264,6 +281,7 @@ impl StoreClient {
             config: self.replicate.clone(),
             reserve,
             put_id,
+            renew,
         };
         match rpc.batch_put_start(&body).await {
             Ok(r) => {
@@ -285,7 +303,7 @@ impl StoreClient {
     }
 
     /// Ends (`end`) or revokes puts of `keys`, one request.
-    async fn put_finish(&self, keys: &[&str], end: bool) -> Vec<StoreResult<()>> {
+    pub(super) async fn put_finish(&self, keys: &[&str], end: bool) -> Vec<StoreResult<()>> {
         let rpc = &self.inner.rpc;
         let client_id = self.inner.id.to_string();
         match keys {

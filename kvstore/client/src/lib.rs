@@ -37,6 +37,8 @@
 //! - `staging`: the registered copy buffer and its slots.
 //! - `io`: the put pipeline shared by single and batch forms, and what gets share with it.
 //! - `read`: the get pipeline (lookups, reads, lease checks) and `batch_get_into`.
+//! - `session`: objects held (reads) or started (writes) once, then moved in byte ranges by
+//!   many calls ([`Held`], [`Writable`], [`Range`]; Mooncake's get and put sessions).
 //! - `reserve`: space held reserved at the master, so a put is one request (a commit).
 //! - `results`: per-item results of batch calls, in request order.
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
@@ -56,6 +58,7 @@ mod read;
 mod reserve;
 mod results;
 mod rpc;
+mod session;
 mod staging;
 mod values;
 
@@ -79,6 +82,7 @@ pub use config::{
 };
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;
+pub use session::{Held, Range, Writable};
 
 use heartbeat::HealthState;
 use openapi::master::{ReplicateConfig, SegmentSpec};

@@ -4,7 +4,8 @@ runs on Mooncake's wheel and on Moongate's (py_bench.sh runs it in both venvs, i
 
   py_bench.py store --metadata URL|P2PHANDSHAKE --master host:port [--rounds 5]
       batch_put_from / batch_get_into of 64 x 4 KiB and 64 x 1 MiB values from and into a
-      registered numpy pool (the bench client holds the segment, protocol tcp), and
+      registered numpy pool (the bench client holds the segment, protocol tcp), SGLang's
+      layer-wise load (a get session, 61 ranged reads of 64 pages x 16 KiB), and
       batch_is_exist of 128 keys.
   py_bench.py te [--rounds 10]
       batch_transfer_sync_write of 64 MiB (64 x 1 MiB) into a target process (P2PHANDSHAKE,
@@ -97,6 +98,7 @@ def store_bench(a):
                 med = statistics.median(times)
                 emit(wheel=wheel(), op=op, value_bytes=size, batch=BATCH,
                      GBps=round(size * BATCH / med / 1e9, 3), median_ms=round(med * 1e3, 3))
+        layer_wise(s, a, tag, pool)
         keys = [f"pb-{tag}-{1 * M}-0-{i}" for i in range(BATCH)] + [f"absent-{i}" for i in range(BATCH)]
         times = []
         for _ in range(max(20, a.rounds * 4)):
@@ -108,6 +110,38 @@ def store_bench(a):
              median_ms=round(statistics.median(times) * 1e3, 3))
     finally:
         s.close()
+
+
+def layer_wise(s, a, tag, pool):
+    """SGLang's layer-wise loader (mooncake_direct_linker): 64 pages of 61 layers x 16 KiB,
+    one get session, one batch_get_into_multi_buffer_ranges per layer into a layer-major
+    pool, the end. Timed from the session's start to its end."""
+    layers, chunk = 61, 16 * K
+    obj = layers * chunk
+    src, dst = pool.ctypes.data, pool.ctypes.data + BATCH * M
+    pool[: BATCH * obj] = np.resize(np.arange(241, dtype=np.uint8), BATCH * obj)
+    keys = [f"pb-{tag}-lw-{i}" for i in range(BATCH)]
+    assert s.batch_put_from(keys, [src + i * obj for i in range(BATCH)], [obj] * BATCH) == [0] * BATCH
+    times, per_layer = [], []
+    for _ in range(a.rounds):
+        t = time.perf_counter()
+        assert s.batch_get_session_start(keys) == [0] * BATCH
+        for layer in range(layers):
+            ptrs = [[dst + (layer * BATCH + i) * chunk] for i in range(BATCH)]
+            tl = time.perf_counter()
+            got = s.batch_get_into_multi_buffer_ranges(keys, ptrs, [[chunk]] * BATCH,
+                                                       [[layer * chunk]] * BATCH)
+            per_layer.append(time.perf_counter() - tl)
+            assert got == [chunk] * BATCH, got
+        s.batch_get_session_end(keys)
+        times.append(time.perf_counter() - t)
+        # Page 5's layer 7 landed where the loader put it.
+        at = BATCH * M + (7 * BATCH + 5) * chunk
+        assert np.array_equal(pool[at:at + chunk], pool[5 * obj + 7 * chunk:5 * obj + 8 * chunk])
+    med = statistics.median(times)
+    emit(wheel=wheel(), op="layer_wise_load", layers=layers, pages=BATCH, chunk_bytes=chunk,
+         GBps=round(obj * BATCH / med / 1e9, 3), median_ms=round(med * 1e3, 3),
+         layer_call_ms=round(statistics.median(per_layer) * 1e3, 3))
 
 
 def engine():

@@ -110,7 +110,7 @@ def key(r):
         return ("batch_transfer_sync_write", 64 << 20)
     if op == "batch_exists":
         op = "batch_is_exist"
-    return (op, x.get("value_bytes") or x.get("bytes") or x.get("keys"))
+    return (op, x.get("value_bytes") or x.get("bytes") or x.get("keys") or x.get("chunk_bytes"))
 def value(r):
     x = r["r"]
     if "GBps" in x:

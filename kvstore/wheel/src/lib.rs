@@ -18,6 +18,7 @@
 //!   turned into a `kvclient::ClientConfig`.
 //! - `store`: `MooncakeDistributedStore` (setup, close, health, existence, removal).
 //! - `store_io`: its data path (put / get and their zero-copy, batch and multi-buffer forms).
+//! - `session`: its get and put sessions and their ranged reads and writes.
 //! - `codes`: Mooncake's return codes.
 
 use pyo3::prelude::*;
@@ -27,6 +28,7 @@ mod engine;
 mod memory;
 mod replicate;
 mod runtime;
+mod session;
 mod setup;
 mod store;
 mod store_io;

@@ -30,6 +30,23 @@ pub struct StoreState {
     pub(crate) zero_copy_only: bool,
     /// `host:port` as Mooncake names this client (`local_hostname`'s host, the engine's port).
     pub(crate) hostname: String,
+    /// Get and put sessions.
+    pub(crate) sessions: Sessions,
+}
+
+/// A put session: the started put and its ranged writes under way.
+pub(crate) struct PutSession {
+    pub(crate) put: kvclient::Writable,
+    pub(crate) writing: usize,
+}
+
+/// The get and put sessions of one store (`session`).
+#[derive(Default)]
+pub struct Sessions {
+    pub(crate) gets: parking_lot::Mutex<std::collections::HashMap<String, kvclient::Held>>,
+    pub(crate) puts: parking_lot::Mutex<std::collections::HashMap<String, PutSession>>,
+    /// Signalled when a ranged write ends.
+    pub(crate) written: parking_lot::Condvar,
 }
 
 /// Mooncake's store client.
@@ -76,6 +93,7 @@ impl MooncakeDistributedStore {
                     regions: Regions::default(),
                     zero_copy_only: args.local_buffer_size == 0,
                     hostname: format!("{}:{}", crate::setup::host_of(&args.local_hostname), port),
+                    sessions: Default::default(),
                 }));
                 OK
             }

@@ -70,7 +70,10 @@ fn value_bytes<'a>(v: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [u8]>> {
 }
 
 /// The client handle for a put with `config` (the default one without), or `-600`.
-fn placed(s: &StoreState, config: Option<&ReplicateConfig>) -> Result<kvclient::StoreClient, i32> {
+pub(crate) fn placed(
+    s: &StoreState,
+    config: Option<&ReplicateConfig>,
+) -> Result<kvclient::StoreClient, i32> {
     match config {
         None => Ok(s.client.clone()),
         Some(c) => c

@@ -16,7 +16,9 @@ STORE = """setup setup_dummy put get is_exist batch_is_exist register_buffer unr
 batch_put_from batch_get_into batch_put_from_multi_buffers batch_get_into_multi_buffers
 remove_all put_batch get_batch get_buffer batch_get_buffer get_size remove remove_by_regex
 batch_remove put_from get_into get_into_ranges upsert upsert_from upsert_batch
-batch_upsert_from close get_hostname health_check""".split()
+batch_upsert_from close get_hostname health_check batch_get_session_start
+batch_get_into_multi_buffer_ranges batch_get_session_end batch_put_session_start
+batch_put_from_multi_buffer_ranges batch_put_session_end batch_put_session_revoke""".split()
 
 REPLICATE = """replica_num with_hard_pin preferred_segment preferred_segments soft_pin_action
 soft_pin_ttl_ms nof_replica_num dfs_replica_num preferred_nof_segments

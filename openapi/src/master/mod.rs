@@ -212,6 +212,12 @@ pub struct PutStartRequest {
     /// `OBJECT_ALREADY_EXISTS`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub put_id: u32,
+    /// Only renew: answer the replicas of this client's unfinished put of the key under
+    /// the same nonzero `put_id` and `length`, allocating nothing (`INVALID_WRITE` when the
+    /// master has no such put: ended, revoked, discarded or lost in a restart). A writer
+    /// asks this to go on writing past its write window: each answer opens a new one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renew: bool,
 }
 
 /// Space to reserve for future puts of one length: each reservation is later filled and
@@ -490,6 +496,9 @@ pub struct BatchPutStartRequest {
     /// answers its replicas again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub put_id: u32,
+    /// Only renew, as [`PutStartRequest::renew`], each item.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renew: bool,
 }
 
 /// Result of one batch put-start item.

@@ -220,6 +220,14 @@ impl MasterConfig {
         if self.reservation_ttl_ms < 10 {
             return bad("reservation_ttl_ms must be at least 10");
         }
+        // A writer that stopped renewing its put must be out of its write window before
+        // another may take the key over and be given its space.
+        if self.reservation_ttl_ms / 10 >= self.put_start_discard_timeout_ms {
+            return bad(
+                "the write window (a tenth of reservation_ttl_ms) must be shorter than \
+                 put_start_discard_timeout_ms",
+            );
+        }
         if !self.shards.is_power_of_two() || self.shards > 1 << 16 {
             return bad("shards must be a power of two, at most 65536");
         }

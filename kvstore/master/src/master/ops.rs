@@ -141,6 +141,48 @@ impl Master {
         }
     }
 
+    /// The replicas of `client`'s unfinished put of `key` under `put_id` (nonzero) and
+    /// `length`, as its put-start answered them, allocating nothing: what a writer asks to
+    /// go on writing past its write window. The put's discard and release timeouts count
+    /// again from now. `INVALID_WRITE` when there is no such put (ended, revoked,
+    /// discarded, another's, or lost in a restart).
+    pub fn renew_put(
+        &self,
+        client: ClientId,
+        key: &str,
+        length: u64,
+        put_id: u32,
+    ) -> MasterResult<Vec<ReplicaLocation>> {
+        self.check_key(key)?;
+        if put_id == 0 {
+            return Err(MasterError::InvalidParams(
+                "a put is renewed by its nonzero put_id".into(),
+            ));
+        }
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let put = Put {
+            client,
+            length,
+            put_id,
+        };
+        match self.claim_key(&shard, hash, key, now, Some(put)) {
+            Ok(Claim::Again(i)) => {
+                // The writer is alive: its put is neither discarded nor released for as
+                // long again as after its start.
+                shard.get_mut(i).aux = now;
+                let o = shard.get(i);
+                let locations = o.replicas.as_slice().iter();
+                Ok(locations.map(|r| r.location(o.length)).collect())
+            }
+            _ => Err(MasterError::InvalidWrite(format!(
+                "{key:?}: no unfinished put of this client under put id {put_id} and length \
+                 {length} (ended, revoked, discarded or lost in a restart)"
+            ))),
+        }
+    }
+
     fn try_put_start(
         &self,
         put: Put,
@@ -483,6 +525,18 @@ impl Master {
         self.check_config(cfg)?;
         self.batch(items, |(k, len)| {
             self.put_start_with_id(client, k.as_ref(), *len, cfg, put_id)
+        })
+    }
+
+    /// [`Master::renew_put`] for many keys under one put id.
+    pub fn batch_renew_put<K: AsRef<str>>(
+        &self,
+        client: ClientId,
+        items: &[(K, u64)],
+        put_id: u32,
+    ) -> MasterResult<Vec<MasterResult<Vec<ReplicaLocation>>>> {
+        self.batch(items, |(k, len)| {
+            self.renew_put(client, k.as_ref(), *len, put_id)
         })
     }
 

@@ -153,6 +153,77 @@ fn a_put_start_sent_again_under_its_put_id_answers_the_same_replicas() {
 }
 
 #[test]
+fn a_renewal_answers_the_same_replicas_and_keeps_the_writer_s_put() {
+    let (m, clock) = with_segments(1);
+    let first = m.put_start_with_id(client(7), "k", 100, &one(), 5).unwrap();
+    let used = m.stats().allocated_bytes;
+    let at = |l: &[ReplicaLocation]| l.iter().map(|r| r.address).collect::<Vec<_>>();
+    // Renewed every 20 s, the put outlives its 30 s discard timeout many times over.
+    for _ in 0..5 {
+        clock.advance(20_000);
+        assert_eq!(
+            at(&m.renew_put(client(7), "k", 100, 5).unwrap()),
+            at(&first)
+        );
+        assert!(matches!(
+            m.put_start(client(8), "k", 100, &one()),
+            Err(MasterError::ObjectAlreadyExists(_))
+        ));
+    }
+    assert_eq!(
+        m.stats().allocated_bytes,
+        used,
+        "a renewal allocates nothing"
+    );
+    // Another client, id or length, a missing key: no such put, nothing allocated.
+    for (who, key, len, id) in [
+        (8, "k", 100, 5),
+        (7, "k", 100, 6),
+        (7, "k", 101, 5),
+        (7, "none", 100, 5),
+    ] {
+        assert!(
+            matches!(
+                m.renew_put(client(who), key, len, id),
+                Err(MasterError::InvalidWrite(_))
+            ),
+            "client {who}, {key}, {len} bytes, put id {id}"
+        );
+    }
+    assert!(matches!(
+        m.renew_put(client(7), "k", 100, 0),
+        Err(MasterError::InvalidParams(_))
+    ));
+    assert_eq!(m.stats().allocated_bytes, used);
+    // Left alone past its discard timeout, the put is taken over: a renewal then fails.
+    clock.advance(30_001);
+    m.put_start(client(8), "k", 100, &one()).unwrap();
+    assert!(matches!(
+        m.renew_put(client(7), "k", 100, 5),
+        Err(MasterError::InvalidWrite(_))
+    ));
+    // Ended puts renew nothing; the batch form answers item by item.
+    m.put_end(client(8), "k").unwrap();
+    assert!(matches!(
+        m.renew_put(client(8), "k", 100, 0),
+        Err(MasterError::InvalidParams(_))
+    ));
+    let items = [("b1", 64u64), ("b2", 64)];
+    let started = m.batch_put_start(client(7), &items, &one(), 9).unwrap();
+    m.put_end(client(7), "b2").unwrap();
+    let r = m.batch_renew_put(client(7), &items, 9).unwrap();
+    assert_eq!(at(r[0].as_ref().unwrap()), at(started[0].as_ref().unwrap()));
+    assert!(matches!(r[1], Err(MasterError::InvalidWrite(_))));
+    // A write window as long as the discard timeout could let a silent writer's space go
+    // to another while it may still write: refused.
+    let cfg = MasterConfig {
+        reservation_ttl_ms: 300_000,
+        ..MasterConfig::default()
+    };
+    assert!(matches!(cfg.validate(), Err(MasterError::InvalidParams(_))));
+}
+
+#[test]
 fn replicas_go_to_distinct_segments_preferred_first() {
     let (m, _) = with_segments(3);
     let cfg = ReplicateConfig {

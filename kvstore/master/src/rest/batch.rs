@@ -44,8 +44,11 @@ pub async fn put_start(
     let pairs: Vec<(String, u64)> = req.items.into_iter().map(|i| (i.key, i.length)).collect();
     let r = check_reserve(&m, req.reserve.as_ref()).and_then(|()| client_id(&req.client_id));
     let r = r.and_then(|c| {
-        m.batch_put_start(c, &pairs, &cfg, req.put_id)
-            .map(|r| (c, r))
+        match req.renew {
+            true => m.batch_renew_put(c, &pairs, req.put_id),
+            false => m.batch_put_start(c, &pairs, &cfg, req.put_id),
+        }
+        .map(|r| (c, r))
     });
     let (c, results) = observed("batch_put_start", r)?;
     items("put_start", &results);
@@ -65,9 +68,10 @@ pub async fn put_start(
             },
         })
         .collect();
+    let ask = req.reserve.as_ref().filter(|_| !req.renew);
     Ok(Json(wire::BatchPutStartResponse {
         results,
-        reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+        reservations: reserve(&m, c, ask, &cfg),
         write_within_ms: m.use_within_ms(),
     }))
 }

@@ -16,7 +16,9 @@ use super::{
 };
 use crate::master::{Master, MasterError, ObjectStatus};
 
-/// Start a put: allocates replicas; the object stays invisible until put-end.
+/// Start a put: allocates replicas; the object stays invisible until put-end. With
+/// `renew`, answers the replicas of the client's own unfinished put again (a new write
+/// window), allocating nothing.
 #[utoipa::path(post, operation_id = routes::master::PutStart::OPERATION_ID,
     path = routes::master::PutStart::PATH, tag = super::TAG,
     params(("key" = String, Path, description = "Object key (percent-encoded)")),
@@ -30,14 +32,19 @@ pub async fn put_start(
     let cfg = req.config;
     let r = check_reserve(&m, req.reserve.as_ref()).and_then(|()| client_id(&req.client_id));
     let r = r.and_then(|c| {
-        m.put_start_with_id(c, &key, req.length, &cfg, req.put_id)
-            .map(|l| (c, l))
+        match req.renew {
+            true => m.renew_put(c, &key, req.length, req.put_id),
+            false => m.put_start_with_id(c, &key, req.length, &cfg, req.put_id),
+        }
+        .map(|l| (c, l))
     });
     let (c, locs) = observed("put_start", r)?;
+    // A renewal reserves nothing.
+    let ask = req.reserve.as_ref().filter(|_| !req.renew);
     Ok(Json(wire::PutStartResponse {
         key,
         replicas: replicas(&locs),
-        reservations: reserve(&m, c, req.reserve.as_ref(), &cfg),
+        reservations: reserve(&m, c, ask, &cfg),
         write_within_ms: m.use_within_ms(),
     }))
 }

@@ -62,6 +62,16 @@ impl StoreClient {
         }
     }
 
+    /// Where each of `keys` lies: its length and replicas, as the master answers a read
+    /// lookup (granting a read lease, as Mooncake's `get_replica_desc` does).
+    pub async fn replicas_of(&self, keys: &[&str]) -> Vec<StoreResult<(u64, Vec<wire::Replica>)>> {
+        self.lookups(keys)
+            .await
+            .into_iter()
+            .map(|r| r.map(|l| (l.length, l.replicas)))
+            .collect()
+    }
+
     /// The get pipeline: looks every key up, reads each from its nearest replica (trying
     /// the next replica of those that fail), then checks every lease held to the end.
     /// `dest(i, length)` says where object `i` goes once its length is known.

@@ -14,10 +14,13 @@
 //!   mappings first) and the address table that resolves a raw pointer to its registration.
 //! - `engine`: `TransferEngine`, `TransferOpcode`, `TransferNotify`, `InnerTransferEngine`.
 //! - `replicate`: `ReplicateConfig` and `SoftPinAction`.
+//! - `replica`: replica descriptions (`get_replica_desc`) and Mooncake's descriptor and
+//!   enum classes.
 //! - `setup`: the arguments of `MooncakeDistributedStore.setup` (positional and dict forms)
 //!   turned into a `kvclient::ClientConfig`.
 //! - `store`: `MooncakeDistributedStore` (setup, close, health, existence, removal).
 //! - `store_io`: its data path (put / get and their zero-copy, batch and multi-buffer forms).
+//! - `parts`: puts of one object from several pieces (`put_parts`, `put_from_with_metadata`).
 //! - `session`: its get and put sessions and their ranged reads and writes.
 //! - `codes`: Mooncake's return codes.
 
@@ -26,6 +29,8 @@ use pyo3::prelude::*;
 mod codes;
 mod engine;
 mod memory;
+mod parts;
+mod replica;
 mod replicate;
 mod runtime;
 mod session;
@@ -43,6 +48,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::InnerTransferEngine>()?;
     m.add_class::<replicate::ReplicateConfig>()?;
     m.add_class::<replicate::SoftPinAction>()?;
+    m.add_class::<replica::ReplicaStatus>()?;
+    m.add_class::<replica::ObjectDataType>()?;
+    m.add_class::<replica::Descriptor>()?;
+    m.add_class::<replica::MemoryDescriptor>()?;
+    m.add_class::<replica::DiskDescriptor>()?;
+    m.add_class::<replica::ReplicaDescriptor>()?;
     m.add_class::<store::MooncakeDistributedStore>()?;
     m.add_class::<store_io::BufferHandle>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

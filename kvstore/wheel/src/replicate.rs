@@ -74,12 +74,12 @@ pub struct ReplicateConfig {
     /// Mooncake's same-node preference (no effect: preferred segments say it).
     #[pyo3(get, set)]
     pub prefer_alloc_in_same_node: bool,
-    /// Mooncake's `ObjectDataType` as an int (no effect).
+    /// What the object holds (no effect).
     #[pyo3(get, set)]
-    pub data_type: i64,
-    /// Mooncake's group ids (no effect).
+    pub data_type: crate::replica::ObjectDataType,
+    /// Mooncake's group ids (no effect); `None` by default, as Mooncake's.
     #[pyo3(get, set)]
-    pub group_ids: Vec<String>,
+    pub group_ids: Option<Vec<String>>,
 }
 
 impl Default for ReplicateConfig {
@@ -95,8 +95,8 @@ impl Default for ReplicateConfig {
             dfs_replica_num: 0,
             preferred_nof_segments: Vec::new(),
             prefer_alloc_in_same_node: false,
-            data_type: 0,
-            group_ids: Vec::new(),
+            data_type: Default::default(),
+            group_ids: None,
         }
     }
 }

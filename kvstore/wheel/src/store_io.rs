@@ -56,7 +56,7 @@ impl BufferHandle {
 
 /// The bytes of a Python value: `bytes` as they are, anything with the buffer protocol
 /// (bytearray, memoryview, numpy) through `memoryview(v).tobytes()`; else `TypeError`.
-fn value_bytes<'a>(v: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [u8]>> {
+pub(crate) fn value_bytes<'a>(v: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [u8]>> {
     if let Ok(b) = v.cast::<PyBytes>() {
         return Ok(Cow::Borrowed(b.as_bytes()));
     }
@@ -154,7 +154,7 @@ impl MooncakeDistributedStore {
     }
 
     /// The copying puts: refused when `local_buffer_size` was 0.
-    fn put_values(
+    pub(crate) fn put_values(
         &self,
         py: Python<'_>,
         op: &str,
@@ -303,6 +303,17 @@ macro_rules! put_methods {
             }
         }
     };
+    (@parts $(#[$doc:meta])* $name:ident, $upsert:expr) => {
+        #[pymethods]
+        impl MooncakeDistributedStore {
+            $(#[$doc])*
+            #[pyo3(signature = (key, *args, config = None))]
+            fn $name(&self, py: Python<'_>, key: String, args: &Bound<'_, pyo3::types::PyTuple>, config: Option<ReplicateConfig>) -> PyResult<i32> {
+                let v = Cow::Owned(crate::parts::joined(args)?);
+                Ok(self.put_values(py, stringify!($name), &[key], &[v], config.as_ref(), $upsert)[0])
+            }
+        }
+    };
     (@values $(#[$doc:meta])* $name:ident, $upsert:expr) => {
         #[pymethods]
         impl MooncakeDistributedStore {
@@ -347,6 +358,10 @@ put_methods! {
     put: value, upsert = false;
     /// Inserts or replaces `key`.
     upsert: value, upsert = true;
+    /// Stores the concatenation of `args` (bytes-like parts) under `key`, as `put` does.
+    put_parts: parts, upsert = false;
+    /// Inserts or replaces `key` with the concatenation of `args`.
+    upsert_parts: parts, upsert = true;
     /// Stores many values, one master request per step; 0 or the first failure's code.
     put_batch: values, upsert = false;
     /// Inserts or replaces many keys; 0 or the first failure's code.
@@ -462,7 +477,7 @@ impl MooncakeDistributedStore {
 
     /// Each object is the concatenation of its buffers (SGLang's layer-first MLA layout).
     #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None))]
-    fn batch_put_from_multi_buffers(
+    pub(crate) fn batch_put_from_multi_buffers(
         &self,
         py: Python<'_>,
         keys: Vec<String>,

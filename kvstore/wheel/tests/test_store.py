@@ -310,3 +310,26 @@ def test_dead_master_and_threads(master):
     assert got == [-900], "another thread's own connection sees the dead master too"
     assert wait_until(lambda: s.health_check() == 2, 10, "health_check to see the dead master")
     s.close()
+
+
+def test_one_object_from_several_pieces(store):
+    import numpy as np
+
+    assert store.put_parts("parts", b"ab", bytearray(b"cd"), memoryview(b"ef")) == 0
+    assert store.get("parts") == b"abcdef"
+    assert store.put_parts("parts", b"zz") == 0  # exists: kept, as a put of it is
+    assert store.get("parts") == b"abcdef"
+    # Replaced once the read lease of the gets above has run out.
+    wait_until(lambda: store.upsert_parts("parts", b"x", b"y") == 0, 5, "the lease to end")
+    assert store.get("parts") == b"xy"
+    with pytest.raises(TypeError):
+        store.put_parts("parts", 5)
+    buf = np.frombuffer(b"META" + b"d" * 60, dtype=np.uint8).copy()
+    assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+    base = buf.ctypes.data
+    assert store.put_from_with_metadata("with-meta", base + 4, base, 60, 4) == 0
+    assert store.get("with-meta") == b"META" + b"d" * 60
+    assert store.put_from_with_metadata("empty", base + 4, base, 0, 4) == 0
+    assert store.is_exist("empty") == 0
+    assert store.put_from_with_metadata("unregistered", 8, 16, 4, 4) == -600
+    assert store.unregister_buffer(buf.ctypes.data) == 0

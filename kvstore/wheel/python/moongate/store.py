@@ -2,9 +2,25 @@
 
 from moongate._native import (
     BufferHandle,
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
     MooncakeDistributedStore,
+    ObjectDataType,
+    ReplicaDescriptor,
+    ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
 )
 
-__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
+           "MooncakeDistributedStore", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
+           "ReplicateConfig", "SoftPinAction"]
+
+# pybind11 exports an enum's members at module level too (``mooncake.store.COMPLETE``).
+for _enum in (ReplicaStatus, ObjectDataType):
+    for _name in dir(_enum):
+        if _name.isupper():
+            globals()[_name] = getattr(_enum, _name)
+            __all__.append(_name)
+del _enum, _name

@@ -182,6 +182,45 @@ pub async fn run(
     Ok(())
 }
 
+/// Most bytes of a node's `/health` answer [`node_health`] reads.
+const MAX_HEALTH_BYTES: usize = 64 << 10;
+
+/// The `/health` of the storage node whose HTTP address is `addr` (`host:port`): its master
+/// and segment, for a client that works beside it (the wheel's `setup_dummy`). Plain HTTP:
+/// meant for a node on the same host.
+pub async fn node_health(addr: &str, timeout: Duration) -> StoreResult<NodeHealth> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    let fail = |why: String| StoreError::Rpc {
+        url: format!("http://{addr}{}", routes::node::Health::PATH),
+        reason: why,
+    };
+    let uri: http::Uri = format!("http://{addr}{}", routes::node::Health::PATH)
+        .parse()
+        .map_err(|e| fail(format!("not a host:port: {e}")))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let call = async {
+        let resp = client
+            .request(
+                http::Request::get(uri)
+                    .body(Empty::<bytes::Bytes>::new())
+                    .map_err(|e| fail(e.to_string()))?,
+            )
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let body = Limited::new(resp.into_body(), MAX_HEALTH_BYTES)
+            .collect()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .to_bytes();
+        serde_json::from_slice::<NodeHealth>(&body)
+            .map_err(|e| fail(format!("not a node's health: {e}")))
+    };
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| fail(format!("no answer within {} ms", timeout.as_millis())))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

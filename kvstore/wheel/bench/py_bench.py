@@ -7,6 +7,9 @@ runs on Mooncake's wheel and on Moongate's (py_bench.sh runs it in both venvs, i
       registered numpy pool (the bench client holds the segment, protocol tcp), SGLang's
       layer-wise load (a get session, 61 ranged reads of 64 pages x 16 KiB), and
       batch_is_exist of 128 keys.
+  py_bench.py standalone --client host:port --metadata URL|P2PHANDSHAKE --master host:port
+      64 x 1 MiB batch_get_into on a setup_dummy client beside the local store process
+      (mooncake_client) at --client, then on a full client holding its own segment.
   py_bench.py te [--rounds 10]
       batch_transfer_sync_write of 64 MiB (64 x 1 MiB) into a target process (P2PHANDSHAKE,
       tcp), then a read-back check.
@@ -14,6 +17,7 @@ runs on Mooncake's wheel and on Moongate's (py_bench.sh runs it in both venvs, i
 Prints one `RESULT {json}` line per figure: the median over rounds (GB/s, or ms per call).
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -144,6 +148,51 @@ def layer_wise(s, a, tag, pool):
          layer_call_ms=round(statistics.median(per_layer) * 1e3, 3))
 
 
+def standalone_bench(a):
+    """64 x 1 MiB batch_get_into on a setup_dummy client beside the local store process at
+    --client (its pool from MooncakeHostMemAllocator), then on a full client holding its
+    own segment, in the same process and run."""
+    from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
+
+    tag = f"{os.getpid()}-{time.time_ns()}"
+    rows = {}
+    for mode in ("dummy", "full"):
+        s = MooncakeDistributedStore()
+        if mode == "dummy":
+            alloc = MooncakeHostMemAllocator()
+            size = 2 * BATCH * M
+            ptr = alloc.alloc(size)
+            assert ptr, "alloc failed"
+            rc = s.setup_dummy(size, 64 * M, a.client)
+            assert rc == 0, f"setup_dummy -> {rc}"
+        else:
+            rc = s.setup("127.0.0.1", a.metadata, 2 * G, 64 * M, "tcp", "", a.master)
+            assert rc == 0, f"setup -> {rc}"
+            wait = getattr(s, "wait_memory_resident", None)
+            if wait is not None:
+                wait(120)
+            pool = np.zeros(2 * BATCH * M, dtype=np.uint8)
+            ptr = pool.ctypes.data
+        assert s.register_buffer(ptr, 2 * BATCH * M) == 0
+        src, dst = ptr, ptr + BATCH * M
+        view = np.frombuffer((ctypes.c_byte * (2 * BATCH * M)).from_address(ptr), dtype=np.uint8)
+        view[: BATCH * M] = np.resize(np.arange(239, dtype=np.uint8), BATCH * M)
+        times = []
+        for r in range(a.rounds):
+            keys = [f"sb-{tag}-{mode}-{r}-{i}" for i in range(BATCH)]
+            assert s.batch_put_from(keys, [src + i * M for i in range(BATCH)], [M] * BATCH) == [0] * BATCH
+            t = time.perf_counter()
+            got = s.batch_get_into(keys, [dst + i * M for i in range(BATCH)], [M] * BATCH)
+            times.append(time.perf_counter() - t)
+            assert got == [M] * BATCH, got
+        assert np.array_equal(view[BATCH * M:], view[: BATCH * M])
+        med = statistics.median(times)
+        rows[mode] = M * BATCH / med / 1e9
+        emit(wheel=wheel(), op=f"batch_get_into_{mode}", value_bytes=M, batch=BATCH,
+             GBps=round(rows[mode], 3), median_ms=round(med * 1e3, 3))
+        s.close()
+
+
 def engine():
     from mooncake.engine import TransferEngine
 
@@ -192,9 +241,11 @@ def te_bench(a):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["store", "te", "te-target"])
+    ap.add_argument("what", choices=["store", "standalone", "te", "te-target"])
     ap.add_argument("--metadata", default="P2PHANDSHAKE")
     ap.add_argument("--master", default="127.0.0.1:50051")
+    ap.add_argument("--client", default="127.0.0.1:50052", help="the local store process")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    {"store": store_bench, "te": te_bench, "te-target": te_target}[a.what](a)
+    {"store": store_bench, "standalone": standalone_bench, "te": te_bench,
+     "te-target": te_target}[a.what](a)

@@ -22,6 +22,7 @@
 //! - `store_io`: its data path (put / get and their zero-copy, batch and multi-buffer forms).
 //! - `parts`: puts of one object from several pieces (`put_parts`, `put_from_with_metadata`).
 //! - `session`: its get and put sessions and their ranged reads and writes.
+//! - `standalone`: `setup_dummy` beside a local store process, `MooncakeHostMemAllocator`.
 //! - `codes`: Mooncake's return codes.
 
 use pyo3::prelude::*;
@@ -35,6 +36,7 @@ mod replicate;
 mod runtime;
 mod session;
 mod setup;
+mod standalone;
 mod store;
 mod store_io;
 
@@ -56,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<replica::ReplicaDescriptor>()?;
     m.add_class::<store::MooncakeDistributedStore>()?;
     m.add_class::<store_io::BufferHandle>()?;
+    m.add_class::<standalone::MooncakeHostMemAllocator>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

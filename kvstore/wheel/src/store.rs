@@ -69,6 +69,18 @@ impl MooncakeDistributedStore {
     }
 
     fn open(&self, py: Python<'_>, args: SetupArgs) -> i32 {
+        self.open_with(py, args, |_| {}, None)
+    }
+
+    /// [`Self::open`], with `tweak` applied to the client's settings, and puts placed on
+    /// the segment `prefer` first when one is given.
+    pub(crate) fn open_with(
+        &self,
+        py: Python<'_>,
+        args: SetupArgs,
+        tweak: impl Fn(&mut kvclient::ClientConfig),
+        prefer: Option<String>,
+    ) -> i32 {
         if self.state.read().is_some() {
             return codes::invalid("setup", "the store is already set up (close it first)");
         }
@@ -76,6 +88,7 @@ impl MooncakeDistributedStore {
             Ok(c) => c,
             Err(e) => return codes::invalid("setup", e),
         };
+        tweak(&mut config);
         let mut result = Err(kvclient::StoreError::Setup("no port to listen on".into()));
         for port in listen_ports(&args.local_hostname) {
             config.listen.set_port(port);
@@ -87,6 +100,14 @@ impl MooncakeDistributedStore {
         }
         match result {
             Ok(client) => {
+                let client = match prefer {
+                    Some(seg) => {
+                        let mut placement = client.replication().clone();
+                        placement.preferred_segments = vec![seg];
+                        client.with_replication(placement)
+                    }
+                    None => client,
+                };
                 let port = client.engine().local_addr().port();
                 *self.state.write() = Some(Arc::new(StoreState {
                     client,
@@ -245,17 +266,6 @@ impl MooncakeDistributedStore {
             tracing::info!("setup(engine=...): the store client runs its own transfer engine");
         }
         Ok(self.open(py, args))
-    }
-
-    /// Mooncake's standalone (dummy) client talks to a separate `mooncake_client` process
-    /// over shared memory; Moongate has none: refused (`INVALID_PARAMS`).
-    fn setup_dummy(&self, mem_pool_size: u64, local_buffer_size: u64, server_address: &str) -> i32 {
-        let _ = (mem_pool_size, local_buffer_size, server_address);
-        codes::invalid(
-            "setup_dummy",
-            "the standalone (dummy) client is not supported by Moongate; call setup() \
-             (SGLang: standalone_storage=false)",
-        )
     }
 
     /// Leaves the store: unmounts the segment (its objects go), stops the heartbeat. 0, or

@@ -151,7 +151,9 @@ def test_setup_forms_and_refusals(master):
     assert s.setup({**cfg, "metadata_server": "127.0.0.1:2379"}) == INVALID
     assert s.setup({**cfg, "protocol": "nvlink"}) == INVALID
     assert s.setup({"local_hostname": "x"}) == INVALID
-    assert s.setup_dummy(1 << 20, 1 << 20, "127.0.0.1:50052") == INVALID
+    # No local store process at that address: the master is unreachable (RPC_FAIL).
+    assert s.setup_dummy(1 << 20, 1 << 20, "127.0.0.1:9") == -900
+    assert s.setup_dummy(0, 1 << 20, "127.0.0.1:9") == INVALID
     # SGLang's keyword retry: unknown keywords raise TypeError naming them.
     args = ("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", master.addr, None)
     with pytest.raises(TypeError, match="no_such_option"):

@@ -6,6 +6,8 @@ console script takes Mooncake's flags (gflags syntax: ``--flag=value``, ``--flag
 master``, and replaces itself with that process. The ``moongate`` binary is
 ``$MOONGATE_BIN`` or the first ``moongate`` on ``PATH``.
 
+``FlagError`` (re-exported from ``moongate._gflags``) is what ``translate`` raises.
+
 Three kinds of flags:
 
 - mapped: the RPC port and address, Mooncake's HTTP service (``--metrics_port``, served by
@@ -19,10 +21,10 @@ Three kinds of flags:
 ``--print`` prints the ``moongate master`` command line instead of running it.
 """
 
-import os
 import re
-import shutil
 import sys
+
+from moongate._gflags import FlagError, boolean, parse_flags, run, truthy
 
 # Mooncake's flag -> (kind, Moongate flag, converter). Kinds: "int", "float", "bool",
 # "str", "ms" (duration: raw milliseconds or a number with ms/s/m/h), "sec" (seconds).
@@ -96,19 +98,6 @@ REFUSED_UNLESS = {
 }
 
 
-class FlagError(ValueError):
-    """A command line ``mooncake_master`` would run, but Moongate cannot run as asked."""
-
-
-def _bool(name, value):
-    v = value.lower()
-    if v in ("true", "1", "yes", "t", "y"):
-        return True
-    if v in ("false", "0", "no", "f", "n"):
-        return False
-    raise FlagError(f"--{name}: {value!r} is not a boolean")
-
-
 def _duration_ms(name, value):
     m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h)?\s*", value)
     if not m:
@@ -127,30 +116,10 @@ def parse(argv):
     """Mooncake's flags in ``argv`` as {name: value string}, gflags' syntax."""
     known = set(MAPPED) | set(IGNORED) | set(REFUSED) | set(REFUSED_UNLESS)
     bools = {n for n, (k, _) in MAPPED.items() if k == "bool"} | {
-        n for n in set(REFUSED) | set(IGNORED) if n.startswith(("enable_", "allow_", "offload_", "promotion_", "rpc_enable"))
+        n for n in set(REFUSED) | set(IGNORED)
+        if n.startswith(("enable_", "allow_", "offload_", "promotion_", "rpc_enable"))
     }
-    out, i = {}, 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not arg.startswith("-") or arg in ("-", "--"):
-            raise FlagError(f"unexpected argument {arg!r} (flags only)")
-        body = arg.lstrip("-")
-        name, eq, value = body.partition("=")
-        if not eq and name not in known and name.startswith("no") and name[2:] in bools:
-            out[name[2:]] = "false"
-            continue
-        if name not in known:
-            raise FlagError(f"unknown command line flag '{name}'")
-        if not eq:
-            if name in bools:
-                value = "true"
-            elif i < len(argv):
-                value, i = argv[i], i + 1
-            else:
-                raise FlagError(f"flag '{name}' is missing its value")
-        out[name] = value
-    return out
+    return parse_flags(argv, known, bools)
 
 
 def translate(argv):
@@ -158,7 +127,7 @@ def translate(argv):
     Mooncake's command line ``argv``; raises FlagError for what Moongate cannot do."""
     flags = parse(argv)
     for name, value in flags.items():
-        if name in REFUSED and _truthy(name, value):
+        if name in REFUSED and truthy(name, value):
             raise FlagError(f"--{name}: {REFUSED[name]}")
         if name in REFUSED_UNLESS:
             allowed, why = REFUSED_UNLESS[name]
@@ -180,7 +149,7 @@ def translate(argv):
         kind, target = MAPPED[name]
         value = flags.get(name, MOONCAKE_DEFAULTS.get(name))
         if kind == "bool":
-            on = _bool(name, value)
+            on = boolean(name, value)
             if target == "--ha":
                 args += [target] if on else []
             else:
@@ -201,45 +170,8 @@ def translate(argv):
     return args, notes
 
 
-def _truthy(name, value):
-    try:
-        return _bool(name, value)
-    except FlagError:
-        return bool(value.strip())
-
-
-def moongate_binary():
-    """``$MOONGATE_BIN``, else ``moongate`` on ``PATH``."""
-    path = os.environ.get("MOONGATE_BIN") or shutil.which("moongate")
-    if not path or not os.access(path, os.X_OK):
-        raise FlagError(
-            "the moongate binary was not found: put it on PATH or set MOONGATE_BIN "
-            "(cargo install --path gateway/moongate)"
-        )
-    return path
-
-
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    show = "--print" in argv
-    argv = [a for a in argv if a != "--print"]
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        args, notes = translate(argv)
-        cmd = [moongate_binary(), "master", *args]
-    except FlagError as e:
-        print(f"mooncake_master: {e}", file=sys.stderr)
-        return 1
-    for n in notes:
-        print(f"mooncake_master: {n}", file=sys.stderr)
-    if show:
-        print(" ".join(cmd))
-        return 0
-    sys.stderr.flush()
-    os.execv(cmd[0], cmd)
-    return 0  # not reached
+    return run("mooncake_master", __doc__, "master", translate, argv)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from moongate._native import (
     DiskDescriptor,
     MemoryDescriptor,
     MooncakeDistributedStore,
+    MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
@@ -14,7 +15,7 @@ from moongate._native import (
 )
 
 __all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
-           "MooncakeDistributedStore", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
+           "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
            "ReplicateConfig", "SoftPinAction"]
 
 # pybind11 exports an enum's members at module level too (``mooncake.store.COMPLETE``).

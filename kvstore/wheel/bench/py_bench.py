@@ -9,7 +9,8 @@ runs on Mooncake's wheel and on Moongate's (py_bench.sh runs it in both venvs, i
       batch_is_exist of 128 keys.
   py_bench.py standalone --client host:port --metadata URL|P2PHANDSHAKE --master host:port
       64 x 1 MiB batch_get_into on a setup_dummy client beside the local store process
-      (mooncake_client) at --client, then on a full client holding its own segment.
+      (mooncake_client) at --client, then on a full client holding its own segment;
+      with --clients N, N dummy clients in their own processes reading at once (aggregate).
   py_bench.py te [--rounds 10]
       batch_transfer_sync_write of 64 MiB (64 x 1 MiB) into a target process (P2PHANDSHAKE,
       tcp), then a read-back check.
@@ -193,6 +194,60 @@ def standalone_bench(a):
         s.close()
 
 
+def standalone_one(a):
+    """One dummy client of `standalone --clients N`: sets up, puts its 64 values, says
+    "ready", waits for a line on stdin, then times batch_get_into calls and prints
+    `{"bytes", "seconds"}`."""
+    from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
+
+    s = MooncakeDistributedStore()
+    size = 2 * BATCH * M
+    ptr = MooncakeHostMemAllocator().alloc(size)
+    assert ptr and s.setup_dummy(size, 64 * M, a.client) == 0
+    assert s.register_buffer(ptr, size) == 0
+    keys = [f"sm-{os.getpid()}-{i}" for i in range(BATCH)]
+    assert s.batch_put_from(keys, [ptr + i * M for i in range(BATCH)], [M] * BATCH) == [0] * BATCH
+    dsts = [ptr + (BATCH + i) * M for i in range(BATCH)]
+    assert s.batch_get_into(keys, dsts, [M] * BATCH) == [M] * BATCH  # warm
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t = time.perf_counter()
+    for _ in range(a.rounds):
+        assert s.batch_get_into(keys, dsts, [M] * BATCH) == [M] * BATCH
+    print(json.dumps({"bytes": a.rounds * BATCH * M, "seconds": time.perf_counter() - t}),
+          flush=True)
+    sys.stdin.readline()
+    s.close()
+
+
+def standalone_many(a):
+    """`--clients N` dummy clients beside one store process, each in its own process, all
+    reading 64 x 1 MiB batches at once: the aggregate rate over the slowest client's time."""
+    kids = [subprocess.Popen([sys.executable, __file__, "standalone-one", "--client", a.client,
+                              "--rounds", str(a.rounds)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(a.clients)]
+    try:
+        for k in kids:
+            assert k.stdout.readline().strip() == "ready"
+        for k in kids:
+            k.stdin.write("go\n")
+            k.stdin.flush()
+        done = [json.loads(k.stdout.readline()) for k in kids]
+        total = sum(d["bytes"] for d in done)
+        wall = max(d["seconds"] for d in done)
+        emit(wheel=wheel(), op=f"batch_get_into_dummy_x{a.clients}", value_bytes=M, batch=BATCH,
+             GBps=round(total / wall / 1e9, 3), median_ms=round(wall * 1e3, 3))
+    finally:
+        for k in kids:
+            try:
+                k.stdin.write("end\n")
+                k.stdin.close()
+            except OSError:
+                pass
+            k.wait(60)
+
+
 def engine():
     from mooncake.engine import TransferEngine
 
@@ -241,11 +296,16 @@ def te_bench(a):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["store", "standalone", "te", "te-target"])
+    ap.add_argument("what", choices=["store", "standalone", "standalone-one", "te", "te-target"])
     ap.add_argument("--metadata", default="P2PHANDSHAKE")
     ap.add_argument("--master", default="127.0.0.1:50051")
     ap.add_argument("--client", default="127.0.0.1:50052", help="the local store process")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=0,
+                    help="standalone: that many dummy clients at once instead")
     a = ap.parse_args()
-    {"store": store_bench, "standalone": standalone_bench, "te": te_bench,
-     "te-target": te_target}[a.what](a)
+    if a.what == "standalone" and a.clients:
+        standalone_many(a)
+    else:
+        {"store": store_bench, "standalone": standalone_bench, "standalone-one": standalone_one,
+         "te": te_bench, "te-target": te_target}[a.what](a)

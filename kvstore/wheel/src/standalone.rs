@@ -18,6 +18,7 @@
 //! the allocator, so `mem_pool_size` only has to be positive.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -33,18 +34,24 @@ use crate::store::MooncakeDistributedStore;
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Mooncake's host memory allocator: page-aligned shared memory, zeroed, that a store can
-/// register (`register_buffer`) and move bytes into and out of.
+/// register (`register_buffer`) and move bytes into and out of. The memory stays until
+/// `free`, whatever becomes of the allocator object (as Mooncake's: code that allocates
+/// through a temporary allocator keeps a valid pointer).
 #[pyclass(module = "moongate.store", frozen)]
 #[derive(Default)]
-pub struct MooncakeHostMemAllocator {
-    regions: Mutex<HashMap<u64, MemoryRegion>>,
+pub struct MooncakeHostMemAllocator;
+
+/// Every region an allocator gave and nobody freed, by address.
+fn regions() -> &'static Mutex<HashMap<u64, MemoryRegion>> {
+    static REGIONS: OnceLock<Mutex<HashMap<u64, MemoryRegion>>> = OnceLock::new();
+    REGIONS.get_or_init(Mutex::default)
 }
 
 #[pymethods]
 impl MooncakeHostMemAllocator {
     #[new]
     fn new() -> Self {
-        Self::default()
+        Self
     }
 
     /// `size` bytes of shared memory: their address, or 0 when they cannot be had.
@@ -55,7 +62,7 @@ impl MooncakeHostMemAllocator {
         match r {
             Ok(region) => {
                 let addr = region.addr();
-                self.regions.lock().insert(addr, region);
+                regions().lock().insert(addr, region);
                 addr
             }
             Err(e) => {
@@ -68,7 +75,7 @@ impl MooncakeHostMemAllocator {
     /// Frees memory `alloc` gave (unregister it from every store first): 0, or -1 for an
     /// address it did not give.
     fn free(&self, ptr: u64) -> i32 {
-        match self.regions.lock().remove(&ptr) {
+        match regions().lock().remove(&ptr) {
             Some(_) => 0,
             None => {
                 tracing::warn!(

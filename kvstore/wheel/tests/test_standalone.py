@@ -112,6 +112,13 @@ def test_the_allocator_and_setup_dummy_refuse_what_they_cannot_do():
     a = MooncakeHostMemAllocator()
     assert a.alloc(1 << 62) == 0
     assert a.free(12345) == -1
+    # Memory from a temporary allocator stays until freed (SGLang-style code may drop it).
+    ptr = MooncakeHostMemAllocator().alloc(1 << 20)
+    import gc
+    gc.collect()
+    ctypes.memset(ptr, 1, 1 << 20)
+    assert ctypes.string_at(ptr + (1 << 20) - 1, 1) == b"\x01"
+    assert a.free(ptr) == 0
     s = MooncakeDistributedStore()
     assert s.setup_dummy(0, 16 * MiB, "127.0.0.1:9") == -600
     assert s.setup_dummy(1 << 20, 16 * MiB, "127.0.0.1:9") == -900  # nothing listens

@@ -1,7 +1,9 @@
-"""`mooncake_master`, the wheel's console script: Mooncake's flags as its docs and SGLang's
-give them, mapped onto `moongate master`, refused where Moongate lacks the feature, and a
-real master started from them that a store and SGLang's server check use."""
+"""The wheel's console scripts for Mooncake's command lines: `mooncake_master` (Mooncake's
+flags as its docs and SGLang's give them, mapped onto `moongate master`, refused where
+Moongate lacks the feature, and a real master started from them that a store and SGLang's
+server check use) and `transfer_engine_bench` (a target and an initiator)."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -106,3 +108,41 @@ def test_a_master_started_the_way_mooncake_docs_start_it():
             assert store.close() == 0
     finally:
         p.stop()
+
+
+def test_transfer_engine_bench_runs_mooncakes_command_lines():
+    from moongate import transfer_engine_bench as teb
+
+    args, notes = teb.translate(["--segment_id=h:1", "--protocol=tcp", "--device_name=mlx5_0"])
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs == {"--mode": "initiator", "--metadata": "p2p", "--protocol": "tcp",
+                     "--listen": "0.0.0.0:0", "--buffer-size": "1073741824", "--threads": "12",
+                     "--segment": "h:1", "--op": "read", "--block-size": "65536",
+                     "--batch-size": "128", "--duration": "10"}
+    assert notes == ["--device_name has no effect on Moongate: RDMA devices are found by the "
+                     "transfer engine"]
+    for argv, why in [(["--segment_id=h:1", "--metadata_server=10.0.0.1:2379"], "etcd"),
+                      (["--segment_id=h:1", "--protocol=nvlink"], "tcp and rdma"),
+                      (["--segment_id=h:1", "--backend=tent"], "one transfer engine"),
+                      ([], "--segment_id is required"),
+                      (["--segment_id=h:1", "--batch_size=0"], "positive")]:
+        with pytest.raises(mm.FlagError, match=why):
+            teb.translate(argv)
+
+    script_dir = Path(sys.executable).parent
+    env = {"TRANSFER_BENCH_BIN": str(binary("TRANSFER_BENCH_BIN", "transfer-bench")),
+           **{k: v for k, v in os.environ.items() if k.startswith("MOONGATE_")}}
+    port = free_port()
+    target = Proc([script_dir / "transfer_engine_bench", "--mode=target", "--protocol=tcp",
+                   f"--local_server_name=127.0.0.1:{port}", "--buffer_size=4194304"],
+                  r"ready: segment (\S+)", env=env)
+    try:
+        assert target.match.group(1) == f"127.0.0.1:{port}"
+        r = subprocess.run([script_dir / "transfer_engine_bench", f"--segment_id=127.0.0.1:{port}",
+                            "--protocol=tcp", "--buffer_size=4194304", "--duration=1",
+                            "--operation=write", "--threads=1"],
+                           capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "verified: 4194304 bytes match" in r.stdout, r.stdout
+    finally:
+        target.stop()

@@ -55,19 +55,21 @@ def parse_flags(argv, known, bools):
     return out
 
 
-def moongate_binary():
-    """``$MOONGATE_BIN``, else ``moongate`` on ``PATH``."""
-    path = os.environ.get("MOONGATE_BIN") or shutil.which("moongate")
+def binary(env="MOONGATE_BIN", name="moongate", install="cargo install --path gateway/moongate"):
+    """``$env``, else ``name`` on ``PATH``."""
+    path = os.environ.get(env) or shutil.which(name)
     if not path or not os.access(path, os.X_OK):
-        raise FlagError(
-            "the moongate binary was not found: put it on PATH or set MOONGATE_BIN "
-            "(cargo install --path gateway/moongate)"
-        )
+        raise FlagError(f"the {name} binary was not found: put it on PATH or set {env} ({install})")
     return path
 
 
-def run(prog, doc, subcommand, translate, argv=None):
-    """Runs ``moongate <subcommand>`` with ``translate(argv)``'s arguments in place of this
+def moongate_binary():
+    """``$MOONGATE_BIN``, else ``moongate`` on ``PATH``."""
+    return binary()
+
+
+def run(prog, doc, subcommand, translate, argv=None, program=moongate_binary):
+    """Runs ``program() [subcommand]`` with ``translate(argv)``'s arguments in place of this
     process (``--print``: prints the command line instead); 1 and the reason on stderr when
     Moongate cannot run as asked."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -78,7 +80,7 @@ def run(prog, doc, subcommand, translate, argv=None):
         return 0
     try:
         args, notes = translate(argv)
-        cmd = [moongate_binary(), subcommand, *args]
+        cmd = [program(), *([subcommand] if subcommand else []), *args]
     except FlagError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

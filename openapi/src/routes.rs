@@ -315,7 +315,8 @@ pub mod master {
         BatchRemoveRequest, BatchReplicasResponse, Client, ClientList, ClientRequest,
         DeleteObjectsQuery, ExistsResponse, HaStatus, KeyPage, ListObjectsQuery, MasterStats,
         MetadataQuery, ObjectInfo, PingResponse, PutStartRequest, PutStartResponse, RemountRequest,
-        RemoveQuery, RemovedResponse, ReplicasResponse, Segment, SegmentList, SegmentSpec,
+        RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse, ReplicasResponse,
+        Segment, SegmentList, SegmentSpec,
     };
 
     routes! {
@@ -394,6 +395,9 @@ pub mod master {
         /// Removes many objects.
         BatchRemove = Post "/api/v1/batch/remove", Store, "master_batch_remove",
             BatchRemoveRequest => BatchKeyResponse;
+        /// Clears the replicas of a client's own objects, on one segment or all.
+        BatchReplicaClear = Post "/api/v1/batch/replica-clear", Store, "master_batch_replica_clear",
+            ReplicaClearRequest => ReplicaClearResponse;
         /// This master's role in an HA cluster (answered by every master itself).
         HaStatusRoute = Get "/api/v1/ha", Store, "master_ha_status", () => HaStatus;
         /// A transfer-metadata entry (Mooncake's HTTP metadata interface).

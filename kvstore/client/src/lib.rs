@@ -494,6 +494,26 @@ impl StoreClient {
         out
     }
 
+    /// Clears the replicas this client's objects `keys` have on the segment named `segment`
+    /// (every replica when `None`: the objects go); read-leased and unfinished objects,
+    /// another client's and missing ones are left alone. Answers the keys cleared.
+    pub async fn replica_clear<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segment: Option<&str>,
+    ) -> StoreResult<Vec<String>> {
+        let body = wire::ReplicaClearRequest {
+            client_id: self.inner.id.to_string(),
+            keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+            segment: segment.map(str::to_owned),
+        };
+        self.inner
+            .rpc
+            .batch_replica_clear(&body)
+            .await
+            .map(|r| r.cleared)
+    }
+
     /// Removes every complete object without a live lease; returns how many went.
     pub async fn remove_all(&self) -> StoreResult<u64> {
         let r = self.inner.rpc.remove_all().await.map(|r| r.removed);

@@ -172,6 +172,7 @@ json_answers!(
     wire::BatchKeyResponse,
     wire::BatchReplicasResponse,
     wire::BatchExistsResponse,
+    wire::ReplicaClearResponse,
 );
 
 impl MasterRpc {
@@ -579,6 +580,14 @@ impl MasterRpc {
         body: &wire::BatchRemoveRequest,
     ) -> StoreResult<wire::BatchKeyResponse> {
         self.call::<route::BatchRemove>(&[], None, Some(body)).await
+    }
+
+    pub(crate) async fn batch_replica_clear(
+        &self,
+        body: &wire::ReplicaClearRequest,
+    ) -> StoreResult<wire::ReplicaClearResponse> {
+        self.call::<route::BatchReplicaClear>(&[], None, Some(body))
+            .await
     }
 }
 

@@ -30,13 +30,14 @@ const CLIENT: &str = "00000000-0000-0000-0000-000000000001";
 
 /// Every route whose body holds a list (and the one-object put-start, whose placement
 /// config does).
-const ROUTES: [&str; 9] = [
+const ROUTES: [&str; 10] = [
     "/api/v1/batch/put-start",
     "/api/v1/batch/put-end",
     "/api/v1/batch/put-revoke",
     "/api/v1/batch/replicas",
     "/api/v1/batch/exists",
     "/api/v1/batch/remove",
+    "/api/v1/batch/replica-clear",
     "/api/v1/clients/00000000-0000-0000-0000-000000000001/remount",
     "/api/v1/clients/00000000-0000-0000-0000-000000000002/segments",
     "/api/v1/objects/k/put-start",
@@ -220,7 +221,10 @@ fn list_bodies_cannot_hurt_the_master() {
                     "client_id": CLIENT,
                     "items": keys.iter().map(|k| json!({"key": k, "length": 64})).collect::<Vec<_>>(),
                 }),
-                r if r.ends_with("/put-end") || r.ends_with("/put-revoke") => {
+                r if r.ends_with("/put-end")
+                    || r.ends_with("/put-revoke")
+                    || r.ends_with("/replica-clear") =>
+                {
                     json!({"client_id": CLIENT, "keys": keys})
                 }
                 r if r.ends_with("/remount") => json!({"segments": segs}),

@@ -1,6 +1,7 @@
 //! Where values lie: `get_replica_desc` and `batch_get_replica_desc`, with Mooncake's
 //! descriptor classes (`ReplicaDescriptor`, `MemoryDescriptor`, `Descriptor`,
-//! `DiskDescriptor`) and enums (`ReplicaStatus`, `ObjectDataType`).
+//! `DiskDescriptor`) and enums (`ReplicaStatus`, `ObjectDataType`); and clearing them
+//! (`batch_replica_clear`).
 //!
 //! A description is a read lookup: the master grants a read lease on each object described,
 //! as Mooncake's does. Every replica Moongate's store holds is a complete memory replica;
@@ -233,6 +234,39 @@ impl MooncakeDistributedStore {
             .pop()
             .flatten()
             .unwrap_or_default()
+    }
+
+    /// Clears the replicas this client's objects `keys` have on `segment_name` (its
+    /// `get_hostname()` names this client's own segment; empty: every replica, so the objects
+    /// go). Read-leased and unfinished objects, another client's and missing ones are left
+    /// alone, as Mooncake's are. The keys cleared (an empty list when the call fails).
+    #[pyo3(signature = (keys, segment_name = String::new()))]
+    fn batch_replica_clear(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        segment_name: String,
+    ) -> Vec<String> {
+        let op = "batch_replica_clear";
+        let Some(s) = self.state() else {
+            codes::invalid(op, "the store is not set up");
+            return Vec::new();
+        };
+        let own = s.client.segment().map(|seg| seg.name.clone());
+        let segment = match segment_name.as_str() {
+            "" => None,
+            n if n == s.hostname || n == s.client.engine().segment_name() => {
+                own.or(Some(segment_name))
+            }
+            _ => Some(segment_name),
+        };
+        match block_here(py, s.client.replica_clear(&keys, segment.as_deref())) {
+            Ok(cleared) => cleared,
+            Err(e) => {
+                codes::store_code(op, &e);
+                Vec::new()
+            }
+        }
     }
 
     /// The replicas of each of `keys` that can be read (one request); the others are left

@@ -87,3 +87,54 @@ def test_mooncake_config_from_env_and_file(master, monkeypatch, tmp_path):
         args.update(bad)
         with pytest.raises(ValueError):
             MooncakeConfig(**args)
+
+
+def test_bind_to_numa_node_runs_the_thread_on_the_node_s_cpus():
+    import os
+    import threading
+
+    from mooncake.store import bind_to_numa_node
+
+    seen = {}
+
+    def work():
+        before = os.sched_getaffinity(0)
+        assert bind_to_numa_node(0) is None
+        seen["node0"] = os.sched_getaffinity(0)
+        assert bind_to_numa_node(4096) is None  # no such node: nothing changes
+        seen["after_bad"] = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, before)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    with open("/sys/devices/system/node/node0/cpulist") as f:
+        first = int(f.read().split(",")[0].split("-")[0])
+    assert first in seen["node0"] and seen["after_bad"] == seen["node0"]
+
+
+def test_a_client_clears_its_own_replicas(store, master):
+    from mooncake.store import ReplicateConfig
+
+    from conftest import wait_until
+
+    other = new_store(master)
+    try:
+        c = ReplicateConfig()
+        c.replica_num = 2
+        assert store.put("rc-k", b"v" * 100, c) == 0
+        assert other.batch_replica_clear(["rc-k"]) == []  # not its object
+        ends = {r.get_memory_descriptor().buffer_descriptor.transport_endpoint
+                for r in store.get_replica_desc("rc-k")}
+        assert len(ends) == 2
+        # This client's own segment, named as get_hostname() names it, once the read
+        # lease of the description above has run out.
+        wait_until(lambda: store.batch_replica_clear(["rc-k"], store.get_hostname()) == ["rc-k"],
+                   5, "the lease to end")
+        left = store.get_replica_desc("rc-k")
+        assert len(left) == 1 and store.get("rc-k") == b"v" * 100
+        wait_until(lambda: store.batch_replica_clear(["rc-k", "rc-none"]) == ["rc-k"], 5,
+                   "the lease to end")
+        assert store.is_exist("rc-k") == 0
+    finally:
+        assert other.close() == 0

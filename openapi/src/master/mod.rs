@@ -586,6 +586,32 @@ pub struct BatchClientKeysRequest {
     pub keys: Vec<String>,
 }
 
+/// Clear the replicas of a client's own objects (Mooncake's `batch_replica_clear`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaClearRequest {
+    /// The client that wrote the objects (UUID): another's are skipped.
+    #[schema(
+        format = "uuid",
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
+    pub client_id: String,
+    /// Object keys.
+    #[serde(deserialize_with = "crate::bounded::vec")]
+    pub keys: Vec<String>,
+    /// Clear only the replicas on this segment (absent: every replica, so the object goes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+}
+
+/// The keys whose replicas were cleared, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaClearResponse {
+    /// Keys cleared (missing, another client's, read-leased, unfinished or without a
+    /// replica there: left out).
+    pub cleared: Vec<String>,
+}
+
 /// Keys (batch replicas / exists).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -353,3 +353,34 @@ fn a_journaled_master_reserves_nothing() {
     assert_eq!(m.stats().allocated_bytes, 0);
     assert_eq!(j.commit(&m), 0, "nothing to journal");
 }
+
+#[test]
+fn a_cleared_replica_is_journaled_and_its_space_reused_only_once_committed() {
+    let (m, j, clock) = journaled_with_s0(4096);
+    m.mount_segment(client(1), spec("s1", 0x2000_0000, 4096))
+        .unwrap();
+    j.commit(&m);
+    clock.advance(m.use_within_ms());
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..one()
+    };
+    m.put_start(client(7), "k", 4096, &two).unwrap();
+    m.put_end(client(7), "k").unwrap();
+    j.commit(&m);
+    clock.advance(60_000);
+    assert_eq!(
+        m.replica_clear(client(7), &["k"], Some("s0")).unwrap(),
+        ["k"]
+    );
+    assert_eq!(m.get_replicas("k").unwrap().replicas.len(), 1);
+    // The cleared bytes may still come back after a failover until the change commits.
+    assert!(matches!(
+        m.put_start(client(7), "b", 4096, &one()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    j.commit(&m);
+    let rec = j.objects.lock()["k"].clone();
+    assert_eq!(rec.replicas.len(), 1, "journaled with the replica it kept");
+    m.put_start(client(7), "b", 4096, &one()).unwrap();
+}

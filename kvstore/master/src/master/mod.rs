@@ -10,6 +10,7 @@
 //! - `object`: object metadata and the shard that stores it.
 //! - `placement`: choosing segments for replicas (preferred first, then spread).
 //! - `ops`: the object lifecycle: put_start / put_end / put_revoke, reads, removes, batches.
+//! - `clear`: a client clearing its objects' replicas, on one segment or all.
 //! - `clients`: mount / remount / unmount, ping, client TTL.
 //! - `evict`: the background tick: zombie puts, client expiry, watermark eviction.
 //! - `admin`: read-only views (keys with paging, one object, segments, clients, stats).
@@ -25,6 +26,7 @@
 //! allocator -> discarded list. Nobody holds the segment table while taking a shard lock.
 
 mod admin;
+mod clear;
 mod clients;
 mod clock;
 mod config;

@@ -715,3 +715,60 @@ fn concurrent_clients_keep_accounting_exact() {
         .sum();
     assert_eq!(stats.allocated_bytes, live);
 }
+
+#[test]
+fn a_client_clears_its_own_replicas_on_one_segment_or_all() {
+    let (m, clock) = with_segments(2);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..one()
+    };
+    m.put_start(client(7), "two", 100, &two).unwrap();
+    m.put_end(client(7), "two").unwrap();
+    put(&m, "one", 100);
+    m.put_start(client(8), "theirs", 100, &one()).unwrap();
+    m.put_end(client(8), "theirs").unwrap();
+    m.put_start(client(7), "unfinished", 100, &one()).unwrap();
+    m.get_replicas("one").unwrap(); // a read lease
+    let used = m.stats().allocated_bytes;
+    let none: &[&str] = &[];
+    // Read-leased, another client's, unfinished, missing: left alone.
+    let keys = ["one", "theirs", "unfinished", "none", ""];
+    assert_eq!(m.replica_clear(client(7), &keys, None).unwrap(), none);
+    assert_eq!(m.stats().allocated_bytes, used);
+    // One replica of two: the object stays, on the other segment, and its space is freed.
+    let first = m.object("two").unwrap().replicas[0]
+        .segment
+        .name()
+        .to_owned();
+    assert_eq!(
+        m.replica_clear(client(7), &["two"], Some(&first)).unwrap(),
+        ["two"]
+    );
+    let left = m.object("two").unwrap().replicas;
+    assert_eq!(left.len(), 1);
+    assert_ne!(left[0].segment.name(), first);
+    assert_eq!(m.stats().allocated_bytes, used - 128);
+    // No replica there any more: left alone. Every segment: the objects go.
+    assert_eq!(
+        m.replica_clear(client(7), &["two"], Some(&first)).unwrap(),
+        none
+    );
+    clock.advance(m.config().lease_ttl_ms);
+    assert_eq!(
+        m.replica_clear(client(7), &["two", "one"], None).unwrap(),
+        ["two", "one"]
+    );
+    assert!(matches!(
+        m.object("two"),
+        Err(MasterError::ObjectNotFound(_))
+    ));
+    assert!(matches!(
+        m.object("one"),
+        Err(MasterError::ObjectNotFound(_))
+    ));
+    assert!(
+        m.replica_clear(client(7), &["k"], Some(&"x".repeat(5000)))
+            .is_err()
+    );
+}

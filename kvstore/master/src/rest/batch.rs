@@ -218,3 +218,19 @@ pub async fn remove(
     items("remove", &results);
     Ok(Json(key_results(req.keys, results)))
 }
+
+/// Clear the replicas a client's own objects have on one segment (or all of them: the
+/// objects go); read-leased and unfinished objects are left alone.
+#[utoipa::path(post, operation_id = routes::master::BatchReplicaClear::OPERATION_ID,
+    path = routes::master::BatchReplicaClear::PATH, tag = super::TAG,
+    request_body = wire::ReplicaClearRequest,
+    responses((status = 200, description = "The keys cleared", body = wire::ReplicaClearResponse), MasterErrors))]
+pub async fn replica_clear(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::ReplicaClearRequest>,
+) -> ApiResult<Json<wire::ReplicaClearResponse>> {
+    let r = client_id(&req.client_id)
+        .and_then(|c| m.replica_clear(c, &req.keys, req.segment.as_deref()));
+    let r = durable(&m, r).await;
+    observed("batch_replica_clear", r).map(|cleared| Json(wire::ReplicaClearResponse { cleared }))
+}

@@ -23,6 +23,7 @@
 //! | `GET /api/v1/objects/{key}/replicas`, `.../exists` | store | reads (they grant leases) |
 //! | `DELETE /api/v1/objects/{key}[?force=true]` | store | `StoreClient::remove` (Mooncake's `remove(key, force)`) |
 //! | `POST /api/v1/batch/{put-start,put-end,put-commit,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
+//! | `POST /api/v1/batch/replica-clear` | store | a client clears its own objects' replicas (on one segment or all) |
 //! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
 //! | `GET /api/v1/clients`, `GET /api/v1/clients/{id}` | admin | every client of the cluster |
 //! | `GET /api/v1/segments`, `GET /api/v1/segments/{name}` | admin | every segment, with usage |
@@ -98,6 +99,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(batch::replicas_of))
         .routes(routes!(batch::exists))
         .routes(routes!(batch::remove))
+        .routes(routes!(batch::replica_clear))
         .routes(routes!(
             metadata::get_metadata,
             metadata::put_metadata,

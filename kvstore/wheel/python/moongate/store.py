@@ -14,7 +14,9 @@ from moongate._native import (
     SoftPinAction,
 )
 
-__all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
+from moongate.numa import bind_to_numa_node
+
+__all__ = ["bind_to_numa_node", "BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
            "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
            "ReplicateConfig", "SoftPinAction"]
 

@@ -50,7 +50,7 @@ pub struct Sessions {
 }
 
 /// Mooncake's store client.
-#[pyclass(module = "moongate.store", frozen)]
+#[pyclass(module = "moongate.store", frozen, subclass)]
 pub struct MooncakeDistributedStore {
     state: RwLock<Option<Arc<StoreState>>>,
 }

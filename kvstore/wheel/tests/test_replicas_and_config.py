@@ -138,3 +138,27 @@ def test_a_client_clears_its_own_replicas(store, master):
         assert store.is_exist("rc-k") == 0
     finally:
         assert other.close() == 0
+
+
+def test_the_async_store_awaits_every_call(master):
+    import asyncio
+
+    from mooncake.async_store import MooncakeDistributedStoreAsync
+
+    async def run():
+        s = MooncakeDistributedStoreAsync()
+        rc = await s.async_setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
+                                 master.addr)
+        assert rc == 0
+        keys = [f"async-{i}" for i in range(8)]
+        assert await asyncio.gather(*(s.async_put(k, k.encode()) for k in keys)) == [0] * 8
+        got = await asyncio.gather(*(s.async_get(k) for k in keys))
+        assert got == [k.encode() for k in keys]
+        assert await s.async_is_exist("async-0") == 1
+        with pytest.raises(AttributeError):
+            s.async_no_such_call
+        with pytest.raises(AttributeError):
+            s.no_such_attribute
+        assert await s.async_close() == 0
+
+    asyncio.run(run())

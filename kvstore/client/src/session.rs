@@ -231,20 +231,18 @@ impl StoreClient {
                 spans.push((i, first, ranges.len()));
             }
             let results = self.run_transfers(reqs).await;
-            let mut gone = false;
+            // An object with a range whose transfer was abandoned (it may still land later)
+            // is not read again into the same memory in this call.
+            let mut gone = vec![false; items.len()];
             for &(i, first, n) in &spans {
-                if let Some(e) = results[first..first + n]
-                    .iter()
-                    .find_map(|r| r.clone().err())
-                {
-                    gone |= abandoned(&e);
-                    last_err[i] = Some(e);
-                } else {
-                    last_err[i] = None;
-                }
+                let errs = || {
+                    results[first..first + n]
+                        .iter()
+                        .filter_map(|r| r.as_ref().err())
+                };
+                gone[i] = errs().any(abandoned);
+                last_err[i] = errs().next().cloned();
             }
-            // An abandoned transfer may still land later: never read that object again
-            // into the same memory in this call.
             pending = pending
                 .into_iter()
                 .filter_map(|(i, next)| {
@@ -256,7 +254,7 @@ impl StoreClient {
                             }
                             None
                         }
-                        Some(e) if gone || next + 1 >= h.replicas.len() => {
+                        Some(e) if gone[i] || next + 1 >= h.replicas.len() => {
                             out[i] = Err(StoreError::transfer(&h.key, e));
                             None
                         }

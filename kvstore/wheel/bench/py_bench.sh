@@ -2,7 +2,8 @@
 # The Python wheel's bench, side by side in one run, round after round (machine drift hits
 # every column alike):
 #   - py_bench.py on Mooncake's wheel (mooncake-transfer-engine-non-cuda, with its
-#     mooncake_master as master and HTTP metadata server),
+#     mooncake_master as master and HTTP metadata server, and its mooncake_client as the
+#     local store process of the standalone rows),
 #   - the same py_bench.py on Moongate's wheel (release build, `moongate master`),
 #   - the Rust figures of the same operations: store-bench (batch_put_from / batch_get_into,
 #     64 values a call, the client holds the segment), the `kv` example (batch_exists of
@@ -15,7 +16,7 @@
 #
 # Needs the peers (../shared/bench/install_peers.sh: Mooncake's wheel in
 # ~/.cache/moongate-peers/venv). Binaries: STORE_BENCH_BIN, TRANSFER_BENCH_BIN, MOONGATE_BIN,
-# KV_BIN, else $CARGO_TARGET_DIR/release/... Ports: BASE_PORT (default 46000) + 51/80/3/100.
+# KV_BIN, else $CARGO_TARGET_DIR/release/... Ports: BASE_PORT (default 46000) + 51/80/3/100/52/152.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-3}
@@ -62,6 +63,18 @@ pids+=($!)
 pids+=($!)
 wait_port $MC_RPC; wait_port $MC_META; wait_port $MG_PORT
 
+# Standalone storage: each system's local store process (its mooncake_client), for the
+# `standalone` rows (a setup_dummy client beside it, then a full client; 8 dummy clients).
+MC_CLIENT=$((BASE_PORT + 52)); MG_CLIENT=$((BASE_PORT + 152))
+"$MC_DIR/mooncake_client" --master_server_address=127.0.0.1:$MC_RPC --host=127.0.0.1 \
+  --port=$MC_CLIENT --global_segment_size=2GB --metadata_server="http://127.0.0.1:$MC_META/metadata" \
+  --protocol=tcp > "$OUT/mooncake_client.log" 2>&1 &
+pids+=($!)
+MOONGATE_BIN="$MOONGATE" "$MG_VENV/bin/mooncake_client" --master_server_address=127.0.0.1:$MG_PORT \
+  --host=127.0.0.1 --port=$MG_CLIENT --global_segment_size=2GB > "$OUT/moongate_client.log" 2>&1 &
+pids+=($!)
+wait_port $MC_CLIENT; wait_port $MG_CLIENT
+
 # One pass: its RESULT lines, tagged with the round and the system; fails loudly without any.
 pass() {
   local sys=$1; shift
@@ -89,6 +102,12 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r/$ROUNDS" >&2
   k=$(( (r - 1) % ${#systems[@]} ))
   for who in "${systems[@]:k}" "${systems[@]:0:k}"; do store_pass "$who"; done
+  pass mooncake-py "$MC_PY" $BENCH_PY standalone --client 127.0.0.1:$MC_CLIENT \
+    --metadata "http://127.0.0.1:$MC_META/metadata" --master "127.0.0.1:$MC_RPC" --rounds "$INNER"
+  pass moongate-py "$MG_PY" $BENCH_PY standalone --client 127.0.0.1:$MG_CLIENT \
+    --metadata P2PHANDSHAKE --master "127.0.0.1:$MG_PORT" --rounds "$INNER"
+  pass mooncake-py "$MC_PY" $BENCH_PY standalone --clients 8 --client 127.0.0.1:$MC_CLIENT --rounds "$INNER"
+  pass moongate-py "$MG_PY" $BENCH_PY standalone --clients 8 --client 127.0.0.1:$MG_CLIENT --rounds "$INNER"
   pass mooncake-py "$MC_PY" $BENCH_PY te --rounds "$INNER"
   pass moongate-py "$MG_PY" $BENCH_PY te --rounds "$INNER"
   "$TRANSFER_BENCH" --mode target --listen 127.0.0.1:0 --buffer-size 64M --protocol tcp > "$OUT/tb-target.log" 2>&1 &

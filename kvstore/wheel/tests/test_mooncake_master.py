@@ -146,3 +146,16 @@ def test_transfer_engine_bench_runs_mooncakes_command_lines():
         assert "verified: 4194304 bytes match" in r.stdout, r.stdout
     finally:
         target.stop()
+
+
+def test_mooncakes_cli_modules_run_the_same_scripts():
+    for module, want in [("mooncake.cli", "master"), ("mooncake.cli_client", "store"),
+                         ("mooncake.cli_bench", "--segment")]:
+        argv = {"mooncake.cli": ["--port=1"],
+                "mooncake.cli_client": ["--master_server_address=m:1"],
+                "mooncake.cli_bench": ["--segment_id=h:1"]}[module]
+        r = subprocess.run([sys.executable, "-m", module, "--print", *argv], capture_output=True,
+                           text=True, env={**os.environ, "MOONGATE_BIN": "/bin/true",
+                                           "TRANSFER_BENCH_BIN": "/bin/true"})
+        assert r.returncode == 0, r.stderr
+        assert want in r.stdout.split(), r.stdout

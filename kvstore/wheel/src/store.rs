@@ -314,6 +314,15 @@ impl MooncakeDistributedStore {
         }
     }
 
+    /// Moongate's own: the copy buffer `setup` asked for (`local_buffer_size`), or `None`
+    /// when the store is not set up (what `BufferPool` sizes itself by).
+    fn local_buffer_size(&self) -> Option<u64> {
+        self.state().map(|s| match s.zero_copy_only {
+            true => 0,
+            false => s.client.config().local_buffer_size,
+        })
+    }
+
     /// `host:port` of this client's transfer engine, as Mooncake names a client (what
     /// `ReplicateConfig.preferred_segment` takes to place a put on this client's segment).
     fn get_hostname(&self) -> String {

@@ -14,9 +14,18 @@ from moongate._native import (
     SoftPinAction,
 )
 
+from moongate.buffer_pool import (
+    BufferLease,
+    BufferLeaseView,
+    BufferPool,
+    RegisteredBufferLease,
+    RegisteredBufferLeaseView,
+    RegisteredBufferPool,
+)
 from moongate.numa import bind_to_numa_node
 
-__all__ = ["bind_to_numa_node", "BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
+__all__ = ["bind_to_numa_node", "BufferHandle", "BufferLease", "BufferLeaseView", "BufferPool",
+           "RegisteredBufferLease", "RegisteredBufferLeaseView", "RegisteredBufferPool", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
            "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
            "ReplicateConfig", "SoftPinAction"]
 

@@ -59,6 +59,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::MooncakeDistributedStore>()?;
     m.add_class::<store_io::BufferHandle>()?;
     m.add_class::<standalone::MooncakeHostMemAllocator>()?;
+    m.add_function(wrap_pyfunction!(standalone::get_alloc_func_addr, m)?)?;
+    m.add_function(wrap_pyfunction!(standalone::get_free_func_addr, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

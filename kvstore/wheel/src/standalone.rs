@@ -88,6 +88,39 @@ impl MooncakeHostMemAllocator {
     }
 }
 
+/// `void *alloc(size_t size)` for C callers (the address `get_alloc_func_addr()` gives):
+/// `size` bytes of the allocator's shared memory, or NULL.
+extern "C" fn host_alloc(size: usize) -> *mut std::ffi::c_void {
+    match MemoryRegion::alloc_shared(size) {
+        Ok(region) => {
+            let ptr = region.as_ptr();
+            regions().lock().insert(region.addr(), region);
+            ptr.cast()
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// `void free(void *ptr)` for C callers (`get_free_func_addr()`): frees what `host_alloc`
+/// or `MooncakeHostMemAllocator.alloc` gave; anything else is left alone.
+extern "C" fn host_free(ptr: *mut std::ffi::c_void) {
+    regions().lock().remove(&(ptr as u64));
+}
+
+/// The address of a C function `void *alloc(size_t)` handing out the host memory
+/// `MooncakeHostMemAllocator` gives (Mooncake's is its NVMe-oF hugepage allocator, which
+/// answers NULL in builds without NVMe-oF).
+#[pyfunction]
+pub fn get_alloc_func_addr() -> u64 {
+    host_alloc as extern "C" fn(usize) -> *mut std::ffi::c_void as usize as u64
+}
+
+/// The address of the matching C function `void free(void *)`.
+#[pyfunction]
+pub fn get_free_func_addr() -> u64 {
+    host_free as extern "C" fn(*mut std::ffi::c_void) as usize as u64
+}
+
 #[pymethods]
 impl MooncakeDistributedStore {
     /// Sets up a client beside the local store process whose `/health` is at

@@ -145,3 +145,17 @@ def test_mooncake_client_flags_map_onto_moongate_store():
                       (["--master_server_address=m:1", "--metadata_server=etcd://e:2379"], "P2PHANDSHAKE")]:
         with pytest.raises(FlagError, match=why):
             mc.translate(argv)
+
+
+def test_the_allocator_functions_c_callers_get():
+    from mooncake.store import get_alloc_func_addr, get_free_func_addr
+
+    alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(get_alloc_func_addr())
+    free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(get_free_func_addr())
+    ptr = alloc(1 << 20)
+    assert ptr and ptr % 4096 == 0
+    ctypes.memset(ptr, 3, 1 << 20)
+    assert ctypes.string_at(ptr + 12345, 1) == b"\x03"
+    free(ptr)
+    free(12345)  # not one of its own: left alone
+    assert alloc(1 << 62) is None  # too large: NULL

@@ -12,6 +12,8 @@ from moongate._native import (
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    get_alloc_func_addr,
+    get_free_func_addr,
 )
 
 from moongate.buffer_pool import (
@@ -27,7 +29,8 @@ from moongate.numa import bind_to_numa_node
 __all__ = ["bind_to_numa_node", "BufferHandle", "BufferLease", "BufferLeaseView", "BufferPool",
            "RegisteredBufferLease", "RegisteredBufferLeaseView", "RegisteredBufferPool", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
            "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
-           "ReplicateConfig", "SoftPinAction"]
+           "ReplicateConfig", "SoftPinAction", "get_alloc_func_addr",
+           "get_free_func_addr"]
 
 # pybind11 exports an enum's members at module level too (``mooncake.store.COMPLETE``).
 for _enum in (ReplicaStatus, ObjectDataType):

@@ -252,14 +252,7 @@ impl MooncakeDistributedStore {
             codes::invalid(op, "the store is not set up");
             return Vec::new();
         };
-        let own = s.client.segment().map(|seg| seg.name.clone());
-        let segment = match segment_name.as_str() {
-            "" => None,
-            n if n == s.hostname || n == s.client.engine().segment_name() => {
-                own.or(Some(segment_name))
-            }
-            _ => Some(segment_name),
-        };
+        let segment = (!segment_name.is_empty()).then(|| s.segment_named(&segment_name));
         match block_here(py, s.client.replica_clear(&keys, segment.as_deref())) {
             Ok(cleared) => cleared,
             Err(e) => {

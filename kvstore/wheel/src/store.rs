@@ -40,6 +40,20 @@ pub(crate) struct PutSession {
     pub(crate) writing: usize,
 }
 
+impl StoreState {
+    /// The segment name the master knows for `name`: this client's own mounted segment
+    /// when `name` is how Mooncake names this client (`get_hostname()`, or its engine's
+    /// segment name), else `name` as given.
+    pub(crate) fn segment_named(&self, name: &str) -> String {
+        match self.client.segment() {
+            Some(seg) if name == self.hostname || name == self.client.engine().segment_name() => {
+                seg.name.clone()
+            }
+            _ => name.to_owned(),
+        }
+    }
+}
+
 /// The get and put sessions of one store (`session`).
 #[derive(Default)]
 pub struct Sessions {

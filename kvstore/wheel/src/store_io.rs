@@ -79,15 +79,8 @@ pub(crate) fn placed(
         Some(c) => c
             .to_master()
             .map(|mut m| {
-                // `get_hostname()` names this client by `host:port`; the master knows its
-                // segment by the mounted name.
-                if let Some(seg) = s.client.segment() {
-                    let me = s.client.engine().segment_name();
-                    for p in &mut m.preferred_segments {
-                        if p == me || *p == s.hostname {
-                            p.clone_from(&seg.name);
-                        }
-                    }
+                for p in &mut m.preferred_segments {
+                    *p = s.segment_named(p);
                 }
                 s.client.with_replication(m)
             })

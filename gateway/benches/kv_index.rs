@@ -199,6 +199,7 @@ fn store(c: &mut Criterion) {
                 base: 1 << 40,
                 size: 1 << 40,
                 endpoint: "node".into(),
+                disk_bytes: 0,
             },
         )
         .expect("mount");

@@ -316,7 +316,7 @@ pub mod master {
         DeleteObjectsQuery, ExistsResponse, HaStatus, KeyPage, ListObjectsQuery, MasterStats,
         MetadataQuery, ObjectInfo, PingResponse, PutStartRequest, PutStartResponse, RemountRequest,
         RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse, ReplicasResponse,
-        Segment, SegmentList, SegmentSpec,
+        Segment, SegmentList, SegmentSpec, TierExchange, TierTasks,
     };
 
     routes! {
@@ -398,6 +398,10 @@ pub mod master {
         /// Clears the replicas of a client's own objects, on one segment or all.
         BatchReplicaClear = Post "/api/v1/batch/replica-clear", Store, "master_batch_replica_clear",
             ReplicaClearRequest => ReplicaClearResponse;
+        /// The disk tier's exchange with a segment's owner: finished tasks and disk
+        /// records in, the next tasks out (held back up to `wait_ms` while there are none).
+        TierExchangeRoute = Post "/api/v1/segments/{name}/tier", Store, "master_tier_exchange",
+            TierExchange => TierTasks;
         /// This master's role in an HA cluster (answered by every master itself).
         HaStatusRoute = Get "/api/v1/ha", Store, "master_ha_status", () => HaStatus;
         /// A transfer-metadata entry (Mooncake's HTTP metadata interface).

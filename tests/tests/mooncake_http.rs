@@ -57,6 +57,7 @@ fn mount_and_put(
         base,
         size: 64 << 20,
         endpoint: format!("{name}-te"),
+        disk_bytes: 0,
     };
     m.mount_segment(client, spec).unwrap();
     let cfg = ReplicateConfig::default();

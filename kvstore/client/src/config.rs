@@ -22,6 +22,10 @@ pub mod env {
     pub const LOCAL_BUFFER_SIZE: &str = "MOONGATE_STORE_LOCAL_BUFFER_SIZE";
     /// `--hugepages`.
     pub const HUGEPAGES: &str = "MOONGATE_STORE_HUGEPAGES";
+    /// `--disk-path`.
+    pub const DISK_PATH: &str = "MOONGATE_STORE_DISK_PATH";
+    /// `--disk-capacity`.
+    pub const DISK_CAPACITY: &str = "MOONGATE_STORE_DISK_CAPACITY";
     /// `--prefault`.
     pub const PREFAULT: &str = "MOONGATE_STORE_PREFAULT";
     /// `--listen`.
@@ -63,6 +67,8 @@ pub const DEFAULT_LOCAL_BUFFER_SIZE: &str = "64M";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:0";
 /// Default replicas per put.
 pub const DEFAULT_REPLICA_NUM: u32 = 1;
+/// Default `--disk-capacity`.
+pub const DEFAULT_DISK_CAPACITY: &str = "64G";
 /// Default heartbeat period (Mooncake pings every second).
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1000;
 /// Default time a master request may take.
@@ -153,6 +159,16 @@ pub struct ClientConfig {
     /// Back the segment with huge pages (needs pages reserved in /proc/sys/vm/nr_hugepages).
     #[arg(long, env = env::HUGEPAGES)]
     pub hugepages: bool,
+    /// A directory for the disk tier below the segment: values the master evicts from the
+    /// segment are written there instead of being lost, and read back when asked for; a
+    /// restart on the same directory serves them again. Created 0700; an existing one must
+    /// belong to this user and not be writable by others. Needs `--segment-size > 0`.
+    #[arg(long, env = env::DISK_PATH)]
+    pub disk_path: Option<PathBuf>,
+    /// Most bytes of records the disk tier holds (the least recently used go first).
+    /// Suffixes K, M, G, T.
+    #[arg(long, env = env::DISK_CAPACITY, default_value = DEFAULT_DISK_CAPACITY, value_parser = parse_size)]
+    pub disk_capacity: u64,
     /// When the segment, the copy buffer and a buffer of the same size for copying reads'
     /// values (not on a storage node) are faulted in: `background` (right after start, off
     /// the data path), `start` (before serving; a bare `--prefault`) or `off` (on first
@@ -225,6 +241,8 @@ impl Default for ClientConfig {
             segment_size: size(DEFAULT_SEGMENT_SIZE),
             local_buffer_size: size(DEFAULT_LOCAL_BUFFER_SIZE),
             hugepages: false,
+            disk_path: None,
+            disk_capacity: size(DEFAULT_DISK_CAPACITY),
             prefault: Prefault::Background,
             listen: DEFAULT_LISTEN.parse().expect("default listen parses"),
             advertise_host: None,
@@ -265,6 +283,11 @@ impl ClientConfig {
         }
         if self.segment_size > 1 << 50 {
             return bad(format!("segment_size {} is too large", self.segment_size));
+        }
+        if self.disk_path.is_some() && (self.segment_size == 0 || self.disk_capacity == 0) {
+            return bad(
+                "a disk tier (disk_path) needs segment_size > 0 and disk_capacity > 0".into(),
+            );
         }
         if self.replica_num == 0 {
             return bad("replica_num must be at least 1".into());

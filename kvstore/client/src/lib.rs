@@ -49,6 +49,7 @@
 mod caller;
 mod config;
 pub mod discover;
+pub mod disk;
 mod error;
 mod heartbeat;
 mod io;
@@ -60,6 +61,7 @@ mod results;
 mod rpc;
 mod session;
 mod staging;
+pub mod tier;
 mod values;
 
 #[cfg(test)]
@@ -132,6 +134,8 @@ struct Inner {
     rpc: MasterRpc,
     engine: TransferEngine,
     segment: Option<(RegisteredBuffer, SegmentSpec)>,
+    /// The disk tier below the segment (`--disk-path`).
+    disk: Option<Arc<disk::DiskStore>>,
     staging: Arc<Staging>,
     values: Arc<values::ValuePool>,
     health: Arc<HealthState>,
@@ -247,6 +251,11 @@ impl StoreClient {
                 base: buf.addr(),
                 size: config.segment_size,
                 endpoint: engine.segment_name().to_owned(),
+                disk_bytes: if config.disk_path.is_some() {
+                    config.disk_capacity
+                } else {
+                    0
+                },
             };
             Some((buf, spec))
         } else {
@@ -306,6 +315,30 @@ impl StoreClient {
         let health = Arc::new(HealthState::new(segment.is_some()));
         health.set_mounted(mounted);
         let stop = CancellationToken::new();
+        let disk = match (&config.disk_path, &segment) {
+            (Some(path), Some((memory, spec))) => {
+                let (disk, found) =
+                    disk::DiskStore::open(path, config.disk_capacity).map_err(|e| {
+                        StoreError::setup("opening the disk tier", std::io::Error::other(e))
+                    })?;
+                tracing::info!(dir = %path.display(), records = found.len(), capacity = config.disk_capacity, "disk tier open");
+                let disk = Arc::new(disk);
+                tokio::spawn(tier::run(
+                    tier::Owner {
+                        rpc: rpc.clone(),
+                        id,
+                        segment: spec.name.clone(),
+                        memory: memory.clone(),
+                        disk: disk.clone(),
+                        health: health.clone(),
+                        retry: config.heartbeat_interval(),
+                    },
+                    stop.clone(),
+                ));
+                Some(disk)
+            }
+            _ => None,
+        };
         let heartbeat = tokio::spawn(heartbeat::run(
             rpc.clone(),
             id,
@@ -327,6 +360,7 @@ impl StoreClient {
                 rpc,
                 engine,
                 segment,
+                disk,
                 staging,
                 values,
                 health,
@@ -366,6 +400,11 @@ impl StoreClient {
     /// The transfer engine (to register memory, or to move bytes outside the store).
     pub fn engine(&self) -> &TransferEngine {
         &self.inner.engine
+    }
+
+    /// The disk tier below the segment, if `--disk-path` set one.
+    pub fn disk(&self) -> Option<&Arc<disk::DiskStore>> {
+        self.inner.disk.as_ref()
     }
 
     /// The mounted segment, unless this is a pure client.

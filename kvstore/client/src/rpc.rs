@@ -173,6 +173,7 @@ json_answers!(
     wire::BatchReplicasResponse,
     wire::BatchExistsResponse,
     wire::ReplicaClearResponse,
+    wire::TierTasks,
 );
 
 impl MasterRpc {
@@ -442,6 +443,16 @@ impl MasterRpc {
     ) -> StoreResult<wire::Segment> {
         let id = client.to_string();
         self.call::<route::MountSegment>(&[&id], None, Some(spec))
+            .await
+    }
+
+    /// The disk tier's exchange for `segment` (see `crate::tier`).
+    pub(crate) async fn tier_exchange(
+        &self,
+        segment: &str,
+        body: &wire::TierExchange,
+    ) -> StoreResult<wire::TierTasks> {
+        self.call::<route::TierExchangeRoute>(&[segment], None, Some(body))
             .await
     }
 

@@ -18,6 +18,7 @@ fn spec(name: &str, size: u64) -> SegmentSpec {
         base: 0x1000_0000,
         size,
         endpoint: format!("te-{name}"),
+        disk_bytes: 0,
     }
 }
 

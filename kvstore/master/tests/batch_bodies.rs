@@ -30,7 +30,7 @@ const CLIENT: &str = "00000000-0000-0000-0000-000000000001";
 
 /// Every route whose body holds a list (and the one-object put-start, whose placement
 /// config does).
-const ROUTES: [&str; 10] = [
+const ROUTES: [&str; 11] = [
     "/api/v1/batch/put-start",
     "/api/v1/batch/put-end",
     "/api/v1/batch/put-revoke",
@@ -41,6 +41,7 @@ const ROUTES: [&str; 10] = [
     "/api/v1/clients/00000000-0000-0000-0000-000000000001/remount",
     "/api/v1/clients/00000000-0000-0000-0000-000000000002/segments",
     "/api/v1/objects/k/put-start",
+    "/api/v1/segments/seg/tier",
 ];
 
 /// What one request did: its status, its body, the bytes it allocated.
@@ -227,6 +228,7 @@ fn list_bodies_cannot_hurt_the_master() {
                 {
                     json!({"client_id": CLIENT, "keys": keys})
                 }
+                r if r.ends_with("/tier") => json!({"client_id": CLIENT, "dropped": keys}),
                 r if r.ends_with("/remount") => json!({"segments": segs}),
                 r if r.ends_with("/segments") => {
                     json!({"name": "x", "base": 4096, "size": 4096, "endpoint": "e:1"})

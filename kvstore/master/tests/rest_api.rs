@@ -380,6 +380,7 @@ async fn openapi_document_describes_every_route() {
         ("/api/v1/batch/put-commit", "post"),
         ("/api/v1/batch/remove", "post"),
         ("/api/v1/batch/replica-clear", "post"),
+        ("/api/v1/segments/{name}/tier", "post"),
         ("/metadata", "get"),
         ("/metadata", "put"),
         ("/metadata", "delete"),

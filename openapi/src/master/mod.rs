@@ -14,8 +14,10 @@
 //! client decodes it from the envelope ([`MasterError::from_wire`]).
 
 mod error;
+mod tier;
 
 pub use error::{MasterError, MasterResult};
+pub use tier::{DiskRecord, TierDone, TierExchange, TierTask, TierTaskKind, TierTasks};
 
 /// Where the masters of an HA cluster live in etcd, as far as clients need to know: each
 /// running master keeps its advertised URL under `<cluster prefix>masters/` (on its own
@@ -70,6 +72,11 @@ pub struct SegmentSpec {
     /// The owner's `transfer` segment name: where replicas on it are written and read.
     #[schema(min_length = 1)]
     pub endpoint: String,
+    /// Bytes of disk the owner keeps below this segment (its `--disk-capacity`; 0: no
+    /// disk tier). A value evicted from a segment with a disk tier is written to that disk
+    /// by the owner, and read back from it into the segment (see [`TierExchange`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disk_bytes: u64,
 }
 
 /// Remount: every segment the client has, after a ping answered `need_remount`.

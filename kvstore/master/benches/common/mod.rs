@@ -32,6 +32,7 @@ pub fn mount(m: &Master, n: u64, size: u64) {
             base: (s + 1) << 40,
             size,
             endpoint: format!("te-{s}"),
+            disk_bytes: 0,
         };
         m.mount_segment(ClientId::from_u128(1), spec).unwrap();
     }

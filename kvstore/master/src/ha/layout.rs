@@ -239,6 +239,7 @@ mod tests {
                 base: 4096,
                 size: 1 << 20,
                 endpoint: "127.0.0.1:1".into(),
+                disk_bytes: 0,
             },
         };
         let Write::Put(k, v) = l.write(&Record::Mount(seg.clone())) else {

@@ -43,6 +43,8 @@ impl Master {
             let clears = o.client == client
                 && o.is_complete()
                 && !o.has_lease(now)
+                && !o.is_offloading()
+                && !o.is_loading()
                 && o.replicas.as_slice().iter().any(on);
             if !clears {
                 continue;

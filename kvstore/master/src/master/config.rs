@@ -57,6 +57,10 @@ pub mod env {
     pub const METADATA_MAX_ENTRIES: &str = "MOONGATE_MASTER_METADATA_MAX_ENTRIES";
     /// `--master-metadata-max-value-bytes`.
     pub const METADATA_MAX_VALUE_BYTES: &str = "MOONGATE_MASTER_METADATA_MAX_VALUE_BYTES";
+    /// `--master-disk-task-timeout-ms`.
+    pub const DISK_TASK_TIMEOUT_MS: &str = "MOONGATE_MASTER_DISK_TASK_TIMEOUT_MS";
+    /// `--master-disk-load-wait-ms`.
+    pub const DISK_LOAD_WAIT_MS: &str = "MOONGATE_MASTER_DISK_LOAD_WAIT_MS";
 }
 
 /// Configuration of the KV-cache master. Durations are in milliseconds. Defaults follow
@@ -172,6 +176,19 @@ pub struct MasterConfig {
     #[arg(id = "master.metadata_max_value_bytes", long = "master-metadata-max-value-bytes", env = env::METADATA_MAX_VALUE_BYTES, value_name = "BYTES",
         default_value_t = MasterConfig::default().metadata_max_value_bytes)]
     pub metadata_max_value_bytes: usize,
+    /// Longest a segment owner may take over a disk-tier task (writing an evicted value to
+    /// its disk, reading one back) before the master gives it up: an offload keeps the
+    /// value in memory, a load is a miss. Memory an abandoned task may still touch is
+    /// reused only after this.
+    #[arg(id = "master.disk_task_timeout_ms", long = "master-disk-task-timeout-ms", env = env::DISK_TASK_TIMEOUT_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().disk_task_timeout_ms)]
+    pub disk_task_timeout_ms: u64,
+    /// Longest a read of a value that lives on disk waits for its owner to read it back
+    /// into memory before the key answers "not ready"; also the longest an owner's tier
+    /// exchange is held back while there is no task.
+    #[arg(id = "master.disk_load_wait_ms", long = "master-disk-load-wait-ms", env = env::DISK_LOAD_WAIT_MS, value_name = "MS",
+        default_value_t = MasterConfig::default().disk_load_wait_ms)]
+    pub disk_load_wait_ms: u64,
 }
 
 impl Default for MasterConfig {
@@ -200,6 +217,8 @@ impl Default for MasterConfig {
             list_max_limit: 10_000,
             metadata_max_entries: 65_536,
             metadata_max_value_bytes: 1 << 20,
+            disk_task_timeout_ms: 30_000,
+            disk_load_wait_ms: 5_000,
         }
     }
 }
@@ -236,6 +255,9 @@ impl MasterConfig {
         }
         if self.max_replicas == 0 {
             return bad("max_replicas must be at least 1");
+        }
+        if self.disk_task_timeout_ms == 0 || self.disk_load_wait_ms == 0 {
+            return bad("disk_task_timeout_ms and disk_load_wait_ms must be positive");
         }
         if self.lease_ttl_ms == 0 || self.client_ttl_ms == 0 || self.tick_interval_ms == 0 {
             return bad("lease_ttl_ms, client_ttl_ms and tick_interval_ms must be positive");

@@ -17,8 +17,10 @@ use super::object::Object;
 pub struct EvictReport {
     /// Objects evicted.
     pub evicted_objects: u64,
-    /// Segment bytes freed by them.
+    /// Segment bytes freed by them (or, for offloads, to be freed once written).
     pub evicted_bytes: u64,
+    /// Of `evicted_objects`, those being written to a disk tier instead of being lost.
+    pub offloaded_objects: u64,
 }
 
 /// What one background tick did.
@@ -50,6 +52,7 @@ impl Master {
         let expired_clients = self.expire_clients(now);
         let (released_puts, released_bytes) = self.release_expired(now);
         let released_reservations = self.release_expired_reservations(now);
+        self.tier_tick(now);
         let eviction = self.eviction_target().map(|(target, lower)| {
             let _guard = self.evict_lock.lock();
             self.evict_locked(target, lower, self.clock.now_ms())
@@ -92,6 +95,8 @@ impl Master {
     /// `(target, lower bound)` bytes to evict now, if eviction is due.
     fn eviction_target(&self) -> Option<(u64, u64)> {
         let (cap, used) = self.segments.read().usage();
+        // Offloads in flight free their memory once written: count it as freed already.
+        let used = used.saturating_sub(self.offloading_bytes());
         let ratio = self.config.eviction_ratio;
         if cap == 0 || used == 0 || ratio <= 0.0 {
             self.need_eviction.store(false, Ordering::Relaxed);
@@ -227,10 +232,20 @@ impl Master {
                 if got >= want {
                     break;
                 }
+                report.evicted_objects += 1;
+                let o = shard.get_mut(i);
+                if o.has_disk_copy() {
+                    got += self.drop_to_disk(o);
+                    continue;
+                }
+                if let Some(bytes) = self.offload_on_evict(o) {
+                    got += bytes;
+                    report.offloaded_objects += 1;
+                    continue;
+                }
                 let hash = self.hash_bytes(shard.get(i).key.as_bytes());
                 let obj = shard.remove(hash, i);
                 got += obj.footprint();
-                report.evicted_objects += 1;
                 self.retire(obj);
             }
             freed += got;
@@ -239,10 +254,14 @@ impl Master {
     }
 }
 
-/// Eviction never takes an object with a live lease, a hard pin, or an unfinished put;
-/// soft-pinned objects only in their own (later) pass.
+/// Eviction never takes an object with a live lease, a hard pin, an unfinished put, or
+/// one moving between memory and disk (or on disk already); soft-pinned objects only in
+/// their own (later) pass.
 fn evictable(o: &Object, now: u64, class: Class) -> bool {
     o.is_complete()
+        && !o.is_offloading()
+        && !o.is_loading()
+        && !o.is_on_disk()
         && !o.has_lease(now)
         && !o.is_hard_pinned()
         && (o.is_soft_pinned(now) == (class == Class::SoftPinned))

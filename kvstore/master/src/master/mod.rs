@@ -18,12 +18,14 @@
 //!   [`Journal`] (the HA master); without one nothing there runs.
 //! - `restore`: a master rebuilt from durable records ([`Master::restore`]).
 //! - `reserve`: space reserved ahead of puts, so a put can be one commit request.
+//! - `tier`: the disk tier: offload on eviction, reads back from disk, the owners' tasks.
 //!
 //! # Concurrency
 //! Object metadata is split over `config.shards` shards by key hash, each behind its own
 //! mutex; segments sit in one read-mostly table; each segment's allocator has its own
 //! mutex. Lock order, never reversed: clients -> shard -> reservations -> segment table ->
-//! allocator -> discarded list. Nobody holds the segment table while taking a shard lock.
+//! allocator -> discarded list; the disk tier's own locks come after a shard's (or with none
+//! held), never the other way. Nobody holds the segment table while taking a shard lock.
 
 mod admin;
 mod clear;
@@ -38,6 +40,7 @@ mod placement;
 mod reserve;
 mod restore;
 mod segment;
+mod tier;
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -59,6 +62,7 @@ pub use ops::{MAX_PREFERRED, ReplicaSet};
 pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};
+pub use tier::{Lookup, TierStats};
 pub use uuid::Uuid as ClientId;
 
 use clients::ClientTable;
@@ -103,6 +107,7 @@ pub struct Master {
     evicted_bytes: AtomicU64,
     metadata: crate::metadata::MetadataStore,
     journal: Option<Arc<dyn Journal>>,
+    tiers: tier::Tiers,
 }
 
 impl std::fmt::Debug for Master {
@@ -163,6 +168,7 @@ impl Master {
             evicted_objects: AtomicU64::new(0),
             evicted_bytes: AtomicU64::new(0),
             journal,
+            tiers: tier::Tiers::default(),
         })
     }
 
@@ -254,3 +260,5 @@ mod proptests;
 mod reserve_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

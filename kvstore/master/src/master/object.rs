@@ -27,6 +27,21 @@ pub struct ReplicaLocation {
     pub length: u64,
 }
 
+/// Where an object's value lives, for the disk tier (see `tier`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TierState {
+    /// In memory replicas only.
+    Memory,
+    /// In memory, being written to disk.
+    Offloading,
+    /// On disk only.
+    OnDisk,
+    /// On disk, being read into memory.
+    Loading,
+    /// In memory, with a copy on disk.
+    DiskCopy,
+}
+
 /// Lifecycle state of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ObjectStatus {
@@ -134,6 +149,26 @@ const SOFT_PIN: u8 = 2;
 const HARD_PIN: u8 = 4;
 /// Journaled masters: `put_end` is appended and waits for its commit (still unreadable).
 const ENDING: u8 = 8;
+/// The disk tier (see `tier`): the owner of the first disk-tier replica's segment is
+/// writing the value to disk; the memory replicas stay readable meanwhile.
+const OFFLOADING: u8 = 16;
+/// The value lives only on the disk of `replicas[0]`'s segment owner; that replica's
+/// allocation is [`DISK_ALLOCATION`], never released.
+const ON_DISK: u8 = 32;
+/// The disk record is being read into `replicas[0]` (allocated on the disk's segment);
+/// not readable until the owner reports it done.
+const LOADING: u8 = 64;
+/// Read back from disk into `replicas[0]`, whose owner still holds the record: eviction
+/// drops the memory without writing again. Such an object is not journaled (the nodes
+/// report disk records to every new master).
+const DISK_COPY: u8 = 128;
+const TIER: u8 = OFFLOADING | ON_DISK | LOADING | DISK_COPY;
+
+/// The allocation of a replica that lives on disk (no segment space).
+pub(crate) const DISK_ALLOCATION: Allocation = Allocation {
+    offset: 0,
+    node: u32::MAX,
+};
 
 /// Metadata of one object.
 #[derive(Debug)]
@@ -200,6 +235,7 @@ impl Object {
     /// Complete, with at least one replica on a mounted segment: what a reader can get.
     pub(crate) fn is_readable(&self) -> bool {
         self.is_complete()
+            && self.flags & LOADING == 0
             && self
                 .replicas
                 .as_slice()
@@ -230,7 +266,40 @@ impl Object {
     /// Whether a journaled master made this object durable (or is making it): its space
     /// may only be reused once its removal is committed.
     pub(crate) fn is_durable(&self) -> bool {
-        self.flags & (COMPLETE | ENDING) != 0
+        self.flags & (COMPLETE | ENDING) != 0 && self.flags & (ON_DISK | LOADING | DISK_COPY) == 0
+    }
+
+    /// Whether any disk-tier state is set (see the flags above).
+    pub(crate) fn in_tier(&self) -> bool {
+        self.flags & TIER != 0
+    }
+
+    pub(crate) fn is_offloading(&self) -> bool {
+        self.flags & OFFLOADING != 0
+    }
+
+    pub(crate) fn is_on_disk(&self) -> bool {
+        self.flags & ON_DISK != 0
+    }
+
+    pub(crate) fn is_loading(&self) -> bool {
+        self.flags & LOADING != 0
+    }
+
+    pub(crate) fn has_disk_copy(&self) -> bool {
+        self.flags & DISK_COPY != 0
+    }
+
+    /// Sets the tier state to `state` (one of the tier flags, or 0 for none).
+    pub(crate) fn set_tier(&mut self, state: TierState) {
+        self.flags = (self.flags & !TIER)
+            | match state {
+                TierState::Memory => 0,
+                TierState::Offloading => OFFLOADING,
+                TierState::OnDisk => ON_DISK,
+                TierState::Loading => LOADING,
+                TierState::DiskCopy => DISK_COPY,
+            };
     }
 
     /// The durable form of this object.
@@ -276,11 +345,17 @@ impl Object {
 
     /// Bytes of segment space the object holds.
     pub(crate) fn footprint(&self) -> u64 {
+        if self.is_on_disk() {
+            return 0;
+        }
         self.aligned * self.replicas.as_slice().len() as u64
     }
 
     /// Locations of replicas on segments still mounted.
     pub(crate) fn locations(&self) -> Vec<ReplicaLocation> {
+        if self.flags & (ON_DISK | LOADING) != 0 {
+            return Vec::new();
+        }
         self.replicas
             .as_slice()
             .iter()
@@ -289,8 +364,11 @@ impl Object {
             .collect()
     }
 
-    /// Frees every replica's space.
+    /// Frees every replica's space (a disk-only object holds none).
     pub(crate) fn release(self) {
+        if self.is_on_disk() {
+            return;
+        }
         for r in self.replicas.into_vec() {
             r.release();
         }

@@ -336,6 +336,9 @@ impl Master {
     /// Lets go of a removed object's space: at once, or for a durable object of a
     /// journaled master once its removal is committed (see `journal`).
     pub(crate) fn retire(&self, obj: Object) {
+        if obj.in_tier() {
+            return self.retire_tiered(obj);
+        }
         match &self.journal {
             Some(journal) if obj.is_durable() => {
                 let key = obj.key.as_str().to_owned();
@@ -376,31 +379,16 @@ impl Master {
         Ok(())
     }
 
-    /// Replicas of a readable object, granting (or extending) a read lease.
+    /// Replicas of a readable object, granting (or extending) a read lease. An object
+    /// that lives on disk is not ready yet: this starts reading it back (see
+    /// [`Master::lookup`], which says so instead of failing).
     pub fn get_replicas(&self, key: &str) -> MasterResult<ReplicaSet> {
-        self.check_key(key)?;
-        let hash = self.hash(key);
-        let now = self.clock.now_ms();
-        let mut shard = self.lock_shard(self.shard_of(hash));
-        let i = shard
-            .find(hash, key)
-            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
-        let o = shard.get_mut(i);
-        if !o.is_complete() {
-            return Err(MasterError::ReplicaIsNotReady(key.to_string()));
+        match self.lookup(key)? {
+            super::Lookup::Ready(set) => Ok(set),
+            super::Lookup::Loading => Err(MasterError::ReplicaIsNotReady(format!(
+                "{key} is being read back from disk"
+            ))),
         }
-        let replicas = o.locations();
-        if replicas.is_empty() {
-            return Err(MasterError::ObjectNotFound(format!(
-                "{key}: every replica's segment is unmounted"
-            )));
-        }
-        o.grant_lease(now, self.config.lease_ttl_ms);
-        Ok(ReplicaSet {
-            length: o.length,
-            lease_ttl_ms: self.config.lease_ttl_ms,
-            replicas,
-        })
     }
 
     /// Whether a readable object exists; if so, grants (or extends) a read lease.
@@ -564,6 +552,14 @@ impl Master {
         keys: &[K],
     ) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
         self.batch(keys, |k| self.get_replicas(k.as_ref()))
+    }
+
+    /// [`Master::lookup`] for many keys.
+    pub fn batch_lookup<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> MasterResult<Vec<MasterResult<super::Lookup>>> {
+        self.batch(keys, |k| self.lookup(k.as_ref()))
     }
 
     /// [`Master::exists`] for many keys.

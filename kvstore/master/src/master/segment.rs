@@ -41,6 +41,8 @@ pub struct Segment {
     /// Master clock (ms) before which the segment takes no new values: set on a remount,
     /// while a client may still write into space reserved under the mount before (0: none).
     held_until_ms: u64,
+    /// Bytes of disk its owner keeps below it (0: no disk tier; see `tier`).
+    disk_bytes: u64,
 }
 
 /// A snapshot of one segment for admin reads.
@@ -110,6 +112,7 @@ impl Segment {
             allocated: AtomicU64::new(allocated),
             mounted: AtomicBool::new(true),
             held_until_ms: 0,
+            disk_bytes: spec.disk_bytes,
         }
     }
 
@@ -164,7 +167,12 @@ impl Segment {
         self.client
     }
 
-    /// Whether the segment is still mounted.
+    /// Bytes of disk its owner keeps below it (0: no disk tier).
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    /// Whether the segment is mounted (serves replicas).
     pub fn is_mounted(&self) -> bool {
         self.mounted.load(Ordering::Acquire)
     }

@@ -16,6 +16,7 @@ pub(super) fn spec(name: &str, base: u64, size: u64) -> SegmentSpec {
         base,
         size,
         endpoint: format!("node-{name}"),
+        disk_bytes: 0,
     }
 }
 

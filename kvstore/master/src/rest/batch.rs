@@ -149,7 +149,10 @@ pub async fn replicas_of(
     State(m): State<Arc<Master>>,
     ApiJson(req): ApiJson<wire::BatchKeysRequest>,
 ) -> ApiResult<Json<wire::BatchReplicasResponse>> {
-    let results = observed("batch_get_replicas", m.batch_get_replicas(&req.keys))?;
+    let results = observed(
+        "batch_get_replicas",
+        super::tier::read_batch(&m, &req.keys).await,
+    )?;
     items("get_replicas", &results);
     let results = req
         .keys

@@ -24,6 +24,7 @@
 //! | `DELETE /api/v1/objects/{key}[?force=true]` | store | `StoreClient::remove` (Mooncake's `remove(key, force)`) |
 //! | `POST /api/v1/batch/{put-start,put-end,put-commit,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
 //! | `POST /api/v1/batch/replica-clear` | store | a client clears its own objects' replicas (on one segment or all) |
+//! | `POST /api/v1/segments/{name}/tier` | store | a segment's owner takes its disk-tier tasks; the master refuses another client's segment (`ILLEGAL_CLIENT`) |
 //! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
 //! | `GET /api/v1/clients`, `GET /api/v1/clients/{id}` | admin | every client of the cluster |
 //! | `GET /api/v1/segments`, `GET /api/v1/segments/{name}` | admin | every segment, with usage |
@@ -35,6 +36,8 @@
 //! - `cluster`: clients and segments (mount, remount, unmount, ping, admin reads, stats).
 //! - `objects`: one object's lifecycle and reads, key listing, bulk removal.
 //! - `batch`: batch forms of every object operation.
+//! - `tier`: the disk tier: reads that wait for a value coming back from disk, and the
+//!   segment owners' exchange of tasks.
 //! - `metadata`: the Mooncake-compatible transfer-metadata store at `/metadata`.
 //! - [`mooncake`]: Mooncake's master HTTP service (its metrics port), a router of its own.
 
@@ -44,6 +47,7 @@ pub mod limits;
 mod metadata;
 pub mod mooncake;
 mod objects;
+mod tier;
 
 use std::sync::Arc;
 
@@ -100,6 +104,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(batch::exists))
         .routes(routes!(batch::remove))
         .routes(routes!(batch::replica_clear))
+        .routes(routes!(tier::exchange))
         .routes(routes!(
             metadata::get_metadata,
             metadata::put_metadata,

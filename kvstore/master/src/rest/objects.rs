@@ -89,7 +89,7 @@ pub async fn get_replicas(
     State(m): State<Arc<Master>>,
     ApiPath(key): ApiPath<String>,
 ) -> ApiResult<Json<wire::ReplicasResponse>> {
-    observed("get_replicas", m.get_replicas(&key)).map(|set| {
+    observed("get_replicas", super::tier::read(&m, &key).await).map(|set| {
         Json(wire::ReplicasResponse {
             key,
             length: set.length,

@@ -1,0 +1,456 @@
+//! The disk below a segment (`--disk-path`, `--disk-capacity`): one file per value, named
+//! by the SHA-256 of its key, each a checksummed record.
+//!
+//! ```text
+//! record = header (32 bytes) | key | value
+//! header = "MGKVREC1" | key length u32 | 0u32 | value length u64 | CRC-32 of the value u32
+//!          | CRC-32 of the first 28 header bytes and the key u32          (little endian)
+//! ```
+//!
+//! - **Durable before visible**: a record is written to `<name>.tmp`, its data synced,
+//!   renamed to `<name>.rec`; the caller syncs the directory ([`DiskStore::sync`]) before
+//!   it reports the record to the master. A crash leaves a `.tmp` (removed at the next
+//!   open) or a whole record.
+//! - **Never served torn or corrupt**: the header checksum is checked when the directory
+//!   is scanned at open and at every read, the value's at every read; a record that fails
+//!   is removed and counted, and the read is a miss.
+//! - **Bounded**: at most `capacity` bytes of records; writing past it drops the least
+//!   recently used records first (their keys are returned, for the master). A full file
+//!   system (`ENOSPC`) lowers the bound to what is written, with a warning.
+//! - **Safe directory**: created `0700`; an existing one must belong to this user and not
+//!   be writable by others, and every file in it must belong to this user.
+//!
+//! I/O is positional (`pread`/`pwrite`) through a bounce buffer, on blocking threads the
+//! caller provides; values move between the segment and the buffer with the registered
+//! buffer's own copies.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use openapi::master::DiskRecord;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+const MAGIC: &[u8; 8] = b"MGKVREC1";
+const HEADER: usize = 32;
+const RECORD: &str = "rec";
+const PARTIAL: &str = "tmp";
+
+/// What went wrong with a disk-tier operation.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The store holds no record of the key.
+    #[error("no disk record of {0:?}")]
+    Missing(String),
+    /// The record failed a check (torn, corrupt, another key's); it was removed.
+    #[error("disk record of {key:?} is corrupt ({why}); removed")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// Which check failed.
+        why: String,
+    },
+    /// The value is larger than the whole disk tier.
+    #[error("a {0}-byte value does not fit the disk tier's capacity")]
+    TooLarge(u64),
+    /// The file system said no.
+    #[error("disk tier I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+#[derive(Debug)]
+struct Entry {
+    length: u64,
+    /// Bytes the record takes (header, key, value).
+    bytes: u64,
+    /// Last use, for least-recently-used dropping.
+    stamp: u64,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    entries: HashMap<String, Entry>,
+    used: u64,
+    clock: u64,
+}
+
+/// Totals of one disk store since it opened.
+#[derive(Debug, Default)]
+pub struct DiskCounters {
+    /// Records written.
+    pub writes: AtomicU64,
+    /// Records read back whole.
+    pub reads: AtomicU64,
+    /// Records that failed a check (at a scan or a read) and were removed.
+    pub corrupt: AtomicU64,
+    /// Records dropped to stay within the capacity.
+    pub evicted: AtomicU64,
+    /// Records found at open (a warm restart).
+    pub adopted: AtomicU64,
+    /// Writes that failed (a full or failing disk).
+    pub write_failures: AtomicU64,
+}
+
+/// One directory of records; see the module doc. Share it by `Arc`; calls block.
+#[derive(Debug)]
+pub struct DiskStore {
+    dir: PathBuf,
+    capacity: AtomicU64,
+    index: Mutex<Index>,
+    counters: DiskCounters,
+}
+
+fn header(key: &[u8], value: &[u8]) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&(value.len() as u64).to_le_bytes());
+    h[24..28].copy_from_slice(&crc32fast::hash(value).to_le_bytes());
+    let mut c = crc32fast::Hasher::new();
+    c.update(&h[..28]);
+    c.update(key);
+    h[28..32].copy_from_slice(&c.finalize().to_le_bytes());
+    h
+}
+
+/// A parsed header: (key length, value length, value CRC), once its own CRC held.
+fn parse(h: &[u8; HEADER], key: &[u8]) -> Result<(u64, u32), String> {
+    if &h[..8] != MAGIC {
+        return Err("not a record".into());
+    }
+    let mut c = crc32fast::Hasher::new();
+    c.update(&h[..28]);
+    c.update(key);
+    if c.finalize().to_le_bytes() != h[28..32] {
+        return Err("header checksum".into());
+    }
+    let len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
+    Ok((len, crc))
+}
+
+fn key_len(h: &[u8; HEADER]) -> usize {
+    u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize
+}
+
+/// Longest key a record holds (the master's own bound is lower).
+const MAX_KEY: usize = 64 << 10;
+
+impl DiskStore {
+    /// Opens (creating it `0700` if absent) the directory `dir` holding at most
+    /// `capacity` bytes of records, and scans it: leftover partial writes and records that
+    /// fail their header check are removed; the rest are answered, to be reported to the
+    /// master.
+    pub fn open(dir: &Path, capacity: u64) -> Result<(Self, Vec<DiskRecord>), DiskError> {
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        // This process's effective user: the owner of its /proc entry.
+        let me = fs::metadata("/proc/self")?.uid();
+        let meta = fs::metadata(dir)?;
+        if !meta.is_dir() {
+            return Err(io::Error::other(format!("{} is not a directory", dir.display())).into());
+        }
+        if meta.uid() != me || meta.permissions().mode() & 0o022 != 0 {
+            return Err(io::Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{} must belong to this user (uid {me}) and not be writable by others (it is uid {}, mode {:o})",
+                    dir.display(),
+                    meta.uid(),
+                    meta.permissions().mode() & 0o7777
+                ),
+            )
+            .into());
+        }
+        let store = Self {
+            dir: dir.to_owned(),
+            capacity: AtomicU64::new(capacity),
+            index: Mutex::new(Index::default()),
+            counters: DiskCounters::default(),
+        };
+        let mut found = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            let meta = entry.metadata()?;
+            if meta.uid() != me {
+                return Err(io::Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "{} belongs to another user (uid {})",
+                        path.display(),
+                        meta.uid()
+                    ),
+                )
+                .into());
+            }
+            match path.extension().and_then(|e| e.to_str()) {
+                Some(PARTIAL) => fs::remove_file(&path)?,
+                Some(RECORD) if meta.is_file() => match store.scan_one(&path, meta.len()) {
+                    Some((key, length)) => found.push((meta.mtime(), key, length, meta.len())),
+                    None => {
+                        store.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                        fs::remove_file(&path)?;
+                    }
+                },
+                _ => {}
+            }
+        }
+        // Oldest first, so the least recently written go first when space runs out.
+        found.sort_by_key(|f| f.0);
+        let mut records = Vec::with_capacity(found.len());
+        {
+            let mut index = store.index.lock();
+            for (_, key, length, bytes) in found {
+                index.clock += 1;
+                let stamp = index.clock;
+                index.used += bytes;
+                index.entries.insert(
+                    key.clone(),
+                    Entry {
+                        length,
+                        bytes,
+                        stamp,
+                    },
+                );
+                records.push(DiskRecord { key, length });
+            }
+        }
+        store
+            .counters
+            .adopted
+            .store(records.len() as u64, Ordering::Relaxed);
+        Ok((store, records))
+    }
+
+    /// A record's key and value length, if its header holds and its size is whole.
+    fn scan_one(&self, path: &Path, size: u64) -> Option<(String, u64)> {
+        let f = File::open(path).ok()?;
+        let mut h = [0u8; HEADER];
+        f.read_exact_at(&mut h, 0).ok()?;
+        let klen = key_len(&h);
+        if klen > MAX_KEY {
+            return None;
+        }
+        let mut key = vec![0u8; klen];
+        f.read_exact_at(&mut key, HEADER as u64).ok()?;
+        let (length, _) = parse(&h, &key).ok()?;
+        let key = String::from_utf8(key).ok()?;
+        (size == (HEADER + klen) as u64 + length && self.path(&key) == path)
+            .then_some((key, length))
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        let name = hex::encode(Sha256::digest(key.as_bytes()));
+        self.dir.join(format!("{name}.{RECORD}"))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Totals since open.
+    pub fn counters(&self) -> &DiskCounters {
+        &self.counters
+    }
+
+    /// Bytes of records held and their number.
+    pub fn usage(&self) -> (u64, usize) {
+        let i = self.index.lock();
+        (i.used, i.entries.len())
+    }
+
+    /// The bound on record bytes (lowered after the file system ran out of space).
+    pub fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Whether a record of `key` is held.
+    pub fn contains(&self, key: &str) -> bool {
+        self.index.lock().entries.contains_key(key)
+    }
+
+    /// Every record held.
+    pub fn records(&self) -> Vec<DiskRecord> {
+        self.index
+            .lock()
+            .entries
+            .iter()
+            .map(|(k, e)| DiskRecord {
+                key: k.clone(),
+                length: e.length,
+            })
+            .collect()
+    }
+
+    /// Writes `value` as `key`'s record (replacing one there). Answers the keys of the
+    /// records dropped to make room. Durable once [`DiskStore::sync`] returned.
+    pub fn write(&self, key: &str, value: &[u8]) -> Result<Vec<String>, DiskError> {
+        let bytes = (HEADER + key.len() + value.len()) as u64;
+        if bytes > self.capacity() || key.len() > MAX_KEY {
+            return Err(DiskError::TooLarge(value.len() as u64));
+        }
+        let dropped = self.make_room(key, bytes);
+        let path = self.path(key);
+        let partial = path.with_extension(PARTIAL);
+        match self.write_file(&partial, &path, key, value) {
+            Ok(()) => {}
+            Err(e) => {
+                let _ = fs::remove_file(&partial);
+                self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+                if e.kind() == ErrorKind::StorageFull {
+                    let (used, _) = self.usage();
+                    self.capacity.store(used, Ordering::Relaxed);
+                    tracing::warn!(dir = %self.dir.display(), bound = used, "the disk tier's file system is full: holding no more than what is written");
+                }
+                return Err(e.into());
+            }
+        }
+        let mut index = self.index.lock();
+        index.clock += 1;
+        let stamp = index.clock;
+        index.used += bytes;
+        if let Some(old) = index.entries.insert(
+            key.to_owned(),
+            Entry {
+                length: value.len() as u64,
+                bytes,
+                stamp,
+            },
+        ) {
+            index.used -= old.bytes;
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(dropped)
+    }
+
+    fn write_file(&self, partial: &Path, path: &Path, key: &str, value: &[u8]) -> io::Result<()> {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(partial)?;
+        let h = header(key.as_bytes(), value);
+        f.write_all_at(&h, 0)?;
+        f.write_all_at(key.as_bytes(), HEADER as u64)?;
+        f.write_all_at(value, (HEADER + key.len()) as u64)?;
+        f.sync_data()?;
+        fs::rename(partial, path)
+    }
+
+    /// Drops least recently used records (not `key`'s) until `bytes` more fit.
+    fn make_room(&self, key: &str, bytes: u64) -> Vec<String> {
+        let cap = self.capacity();
+        let mut index = self.index.lock();
+        let mut dropped = Vec::new();
+        if index.used + bytes <= cap {
+            return dropped;
+        }
+        let mut by_age: Vec<(u64, String)> = index
+            .entries
+            .iter()
+            .filter(|(k, _)| k.as_str() != key)
+            .map(|(k, e)| (e.stamp, k.clone()))
+            .collect();
+        by_age.sort_unstable();
+        for (_, k) in by_age {
+            if index.used + bytes <= cap {
+                break;
+            }
+            if let Some(e) = index.entries.remove(&k) {
+                index.used -= e.bytes;
+                let _ = fs::remove_file(self.path(&k));
+                self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                dropped.push(k);
+            }
+        }
+        dropped
+    }
+
+    /// Makes the records written so far durable (syncs the directory's entries).
+    pub fn sync(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Reads `key`'s value into `out` (cleared first), checking both checksums; a record
+    /// that fails is removed.
+    pub fn read(&self, key: &str, out: &mut Vec<u8>) -> Result<(), DiskError> {
+        let length = {
+            let mut index = self.index.lock();
+            index.clock += 1;
+            let stamp = index.clock;
+            let e = index
+                .entries
+                .get_mut(key)
+                .ok_or_else(|| DiskError::Missing(key.to_owned()))?;
+            e.stamp = stamp;
+            e.length
+        };
+        let corrupt = |why: &str| {
+            self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+            self.delete(key);
+            DiskError::Corrupt {
+                key: key.to_owned(),
+                why: why.to_owned(),
+            }
+        };
+        let f = match File::open(self.path(key)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(corrupt("file missing")),
+            Err(e) => return Err(e.into()),
+        };
+        let mut h = [0u8; HEADER];
+        if f.read_exact_at(&mut h, 0).is_err() || key_len(&h) != key.len() {
+            return Err(corrupt("short or foreign header"));
+        }
+        let mut stored_key = vec![0u8; key.len()];
+        f.read_exact_at(&mut stored_key, HEADER as u64)?;
+        let (len, crc) = match parse(&h, &stored_key) {
+            Ok(p) if stored_key == key.as_bytes() && p.0 == length => p,
+            Ok(_) => return Err(corrupt("another key or length")),
+            Err(why) => return Err(corrupt(&why)),
+        };
+        out.clear();
+        out.resize(len as usize, 0);
+        if f.read_exact_at(out, (HEADER + key.len()) as u64).is_err() {
+            return Err(corrupt("value cut short"));
+        }
+        if crc32fast::hash(out) != crc {
+            return Err(corrupt("value checksum"));
+        }
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes `key`'s record, if held.
+    pub fn delete(&self, key: &str) {
+        let gone = {
+            let mut index = self.index.lock();
+            let e = index.entries.remove(key);
+            if let Some(e) = &e {
+                index.used -= e.bytes;
+            }
+            e.is_some()
+        };
+        if gone
+            && let Err(e) = fs::remove_file(self.path(key))
+            && e.kind() != ErrorKind::NotFound
+        {
+            tracing::warn!(key, error = %e, "cannot remove a disk record");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "disk_tests.rs"]
+mod tests;

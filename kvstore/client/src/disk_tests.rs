@@ -1,0 +1,123 @@
+use super::*;
+
+fn value(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+fn open(dir: &Path, cap: u64) -> (DiskStore, Vec<DiskRecord>) {
+    DiskStore::open(dir, cap).unwrap()
+}
+
+#[test]
+fn a_record_reads_back_and_survives_a_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tier");
+    let (d, found) = open(&dir, 1 << 20);
+    assert!(found.is_empty());
+    assert_eq!(
+        fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let v = value(10_000, 7);
+    assert!(d.write("k/1", &v).unwrap().is_empty());
+    d.sync().unwrap();
+    let mut out = Vec::new();
+    d.read("k/1", &mut out).unwrap();
+    assert_eq!(out, v);
+    assert!(matches!(
+        d.read("k/2", &mut out),
+        Err(DiskError::Missing(_))
+    ));
+    drop(d);
+    let (d, found) = open(&dir, 1 << 20);
+    assert_eq!(
+        found,
+        vec![DiskRecord {
+            key: "k/1".into(),
+            length: 10_000
+        }]
+    );
+    d.read("k/1", &mut out).unwrap();
+    assert_eq!(out, v);
+    assert_eq!(d.counters().adopted.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_corrupt_value_is_a_miss_never_served_and_its_record_goes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, _) = open(tmp.path(), 1 << 20);
+    d.write("k", &value(4096, 1)).unwrap();
+    let path = d.path("k");
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[0xff], (HEADER + 1 + 100) as u64).unwrap();
+    let mut out = Vec::new();
+    let e = d.read("k", &mut out).unwrap_err();
+    assert!(
+        matches!(e, DiskError::Corrupt { ref why, .. } if why == "value checksum"),
+        "{e}"
+    );
+    assert!(!path.exists());
+    assert!(!d.contains("k"));
+    assert_eq!(d.counters().corrupt.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn torn_records_and_partial_writes_are_removed_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, _) = open(tmp.path(), 1 << 20);
+    d.write("whole", &value(1000, 2)).unwrap();
+    d.write("torn", &value(1000, 3)).unwrap();
+    let torn = d.path("torn");
+    OpenOptions::new()
+        .write(true)
+        .open(&torn)
+        .unwrap()
+        .set_len(500)
+        .unwrap();
+    let partial = d.path("late").with_extension(PARTIAL);
+    fs::write(&partial, b"half a record").unwrap();
+    // A record renamed to another key's name is not served as that key.
+    let moved = d.path("moved");
+    fs::copy(d.path("whole"), &moved).unwrap();
+    drop(d);
+    let (d, found) = open(tmp.path(), 1 << 20);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].key, "whole");
+    assert!(!torn.exists() && !partial.exists() && !moved.exists());
+    assert_eq!(d.counters().corrupt.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn writing_past_the_capacity_drops_the_least_recently_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rec = (HEADER + 2 + 1000) as u64;
+    let (d, _) = open(tmp.path(), rec * 3);
+    for k in ["k1", "k2", "k3"] {
+        assert!(d.write(k, &value(1000, 4)).unwrap().is_empty());
+    }
+    let mut out = Vec::new();
+    d.read("k1", &mut out).unwrap(); // k2 is now the least recently used
+    assert_eq!(
+        d.write("k4", &value(1000, 5)).unwrap(),
+        vec!["k2".to_string()]
+    );
+    assert_eq!(d.usage(), (rec * 3, 3));
+    assert!(!d.path("k2").exists());
+    assert!(matches!(
+        d.write("big", &value(4 * 1000, 6)),
+        Err(DiskError::TooLarge(4000))
+    ));
+    d.delete("k1");
+    assert_eq!(d.usage(), (rec * 2, 2));
+    assert!(!d.path("k1").exists());
+}
+
+#[test]
+fn a_directory_others_may_write_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let e = DiskStore::open(tmp.path(), 1 << 20).unwrap_err();
+    assert!(e.to_string().contains("not be writable by others"), "{e}");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    DiskStore::open(tmp.path(), 1 << 20).unwrap();
+}

@@ -1,0 +1,224 @@
+//! The owner's side of the disk tier: takes the master's tasks for this client's segment
+//! and moves values between the segment and the disk ([`DiskStore`]), on blocking
+//! threads, up to [`QUEUE_DEPTH`] at a time; then reports them with the next exchange.
+//!
+//! After a mount, a remount or a master change (its view version), the records the disk
+//! holds are reported again, in chunks, so that a restarted node, a restarted master or a
+//! new HA leader serves them without a re-put. Offloads are reported only once the
+//! directory is synced: a record the master serves is durable.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use openapi::master::{DiskRecord, TierDone, TierExchange, TierTask, TierTaskKind};
+use tokio_util::sync::CancellationToken;
+use transfer::RegisteredBuffer;
+use uuid::Uuid as ClientId;
+
+use crate::disk::DiskStore;
+use crate::heartbeat::HealthState;
+use crate::rpc::MasterRpc;
+
+/// Disk tasks in flight at once (enough requests to keep an NVMe queue busy).
+pub const QUEUE_DEPTH: usize = 16;
+/// Longest the master may hold an exchange back while it has no task for us.
+const POLL_MS: u64 = 1000;
+/// Records reported per exchange.
+const REPORT_CHUNK: usize = 1024;
+
+/// Counter: disk-tier tasks done by this owner, by `kind` and `result`.
+pub const TASKS: &str = "moongate_store_disk_tasks_total";
+/// Gauge: bytes of records on this owner's disk.
+pub const DISK_BYTES: &str = "moongate_store_disk_bytes";
+/// Gauge: records on this owner's disk.
+pub const DISK_RECORDS: &str = "moongate_store_disk_records";
+/// Counter: records that failed a checksum or were torn, and were removed.
+pub const DISK_CORRUPT: &str = "moongate_store_disk_corrupt_total";
+
+/// What the loop needs of the client.
+pub(crate) struct Owner {
+    pub(crate) rpc: MasterRpc,
+    pub(crate) id: ClientId,
+    pub(crate) segment: String,
+    pub(crate) memory: RegisteredBuffer,
+    pub(crate) disk: Arc<DiskStore>,
+    pub(crate) health: Arc<HealthState>,
+    pub(crate) retry: Duration,
+}
+
+/// Runs the exchange until `stop`.
+pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
+    let mut done: Vec<TierDone> = Vec::new();
+    let mut dropped: Vec<String> = Vec::new();
+    // Records still to report; filled after a mount, a remount or a master change.
+    let mut report: Vec<DiskRecord> = owner.disk.records();
+    let mut view = 0u64;
+    let mut remounts = owner.health.snapshot().remounts;
+    loop {
+        let now_remounts = owner.health.snapshot().remounts;
+        if now_remounts != remounts {
+            remounts = now_remounts;
+            report = owner.disk.records();
+        }
+        let chunk: Vec<DiskRecord> = report
+            .drain(report.len().saturating_sub(REPORT_CHUNK)..)
+            .collect();
+        let quiet = done.is_empty() && dropped.is_empty() && chunk.is_empty();
+        let body = TierExchange {
+            client_id: owner.id.to_string(),
+            done: std::mem::take(&mut done),
+            dropped: std::mem::take(&mut dropped),
+            records: chunk,
+            wait_ms: if quiet { POLL_MS } else { 0 },
+        };
+        let answer = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = owner.rpc.tier_exchange(&owner.segment, &body) => a,
+        };
+        let tasks = match answer {
+            Ok(a) => {
+                if view != 0 && a.view_version != view {
+                    tracing::info!(segment = %owner.segment, "a new master: reporting the disk tier's records again");
+                    report = owner.disk.records();
+                }
+                view = a.view_version;
+                a.tasks
+            }
+            Err(e) => {
+                // Not mounted yet, or the master is away: what was reported is lost with
+                // it, so everything is reported again once it answers.
+                tracing::debug!(segment = %owner.segment, error = %e, "disk tier exchange failed; retrying");
+                done = body.done;
+                dropped = body.dropped;
+                report = owner.disk.records();
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(owner.retry) => {}
+                }
+                continue;
+            }
+        };
+        if tasks.is_empty() {
+            continue;
+        }
+        let (d, gone) = run_tasks(&owner, tasks).await;
+        done = d;
+        dropped = gone;
+        let (bytes, records) = owner.disk.usage();
+        metrics::gauge!(DISK_BYTES).set(bytes as f64);
+        metrics::gauge!(DISK_RECORDS).set(records as f64);
+        metrics::gauge!(DISK_CORRUPT)
+            .set(owner.disk.counters().corrupt.load(Ordering::Relaxed) as f64);
+    }
+}
+
+/// Runs `tasks`; answers their reports and the keys dropped to make room.
+async fn run_tasks(owner: &Owner, tasks: Vec<TierTask>) -> (Vec<TierDone>, Vec<String>) {
+    let results: Vec<(TierDone, Vec<String>)> = futures::stream::iter(tasks)
+        .map(|t| {
+            let memory = owner.memory.clone();
+            let disk = owner.disk.clone();
+            async move {
+                let (kind, key) = (t.kind, t.key.clone());
+                let (ok, gone) =
+                    match tokio::task::spawn_blocking(move || one(&memory, &disk, t)).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(key, error = %e, "disk tier task failed");
+                            (false, Vec::new())
+                        }
+                    };
+                (TierDone { kind, key, ok }, gone)
+            }
+        })
+        .buffer_unordered(QUEUE_DEPTH)
+        .collect()
+        .await;
+    let mut done = Vec::with_capacity(results.len());
+    let mut dropped = Vec::new();
+    for (d, gone) in results {
+        dropped.extend(gone);
+        done.push(d);
+    }
+    if done.iter().any(|d| d.ok && d.kind == TierTaskKind::Offload) {
+        let disk = owner.disk.clone();
+        let synced = tokio::task::spawn_blocking(move || disk.sync()).await;
+        if !matches!(synced, Ok(Ok(()))) {
+            tracing::warn!(segment = %owner.segment, "cannot sync the disk tier's directory: reporting this round's offloads as failed");
+            for d in done.iter_mut().filter(|d| d.kind == TierTaskKind::Offload) {
+                d.ok = false;
+            }
+        }
+    }
+    for d in &done {
+        let kind = match d.kind {
+            TierTaskKind::Offload => "offload",
+            TierTaskKind::Load => "load",
+            TierTaskKind::Delete => "delete",
+        };
+        let result = if d.ok { "ok" } else { "failed" };
+        metrics::counter!(TASKS, "kind" => kind, "result" => result).increment(1);
+    }
+    (done, dropped)
+}
+
+/// One task, on a blocking thread: whether it succeeded, and records dropped for room.
+fn one(memory: &RegisteredBuffer, disk: &DiskStore, t: TierTask) -> (bool, Vec<String>) {
+    let range = || -> Option<usize> {
+        let offset = t.address.checked_sub(memory.addr())?;
+        let end = offset.checked_add(t.length)?;
+        (end <= memory.len() as u64).then_some(offset as usize)
+    };
+    match t.kind {
+        TierTaskKind::Delete => {
+            disk.delete(&t.key);
+            (true, Vec::new())
+        }
+        TierTaskKind::Offload => {
+            let Some(offset) = range() else {
+                tracing::warn!(
+                    key = t.key,
+                    address = t.address,
+                    length = t.length,
+                    "an offload outside the segment: refused"
+                );
+                return (false, Vec::new());
+            };
+            let mut value = vec![0u8; t.length as usize];
+            if memory.read_at(offset, &mut value).is_err() {
+                return (false, Vec::new());
+            }
+            match disk.write(&t.key, &value) {
+                Ok(gone) => (true, gone),
+                Err(e) => {
+                    tracing::warn!(key = t.key, error = %e, "offload to disk failed; the value stays in memory");
+                    (false, Vec::new())
+                }
+            }
+        }
+        TierTaskKind::Load => {
+            let Some(offset) = range() else {
+                tracing::warn!(
+                    key = t.key,
+                    address = t.address,
+                    length = t.length,
+                    "a load outside the segment: refused"
+                );
+                return (false, Vec::new());
+            };
+            let mut value = Vec::new();
+            match disk.read(&t.key, &mut value) {
+                Ok(()) if value.len() as u64 == t.length => {
+                    (memory.write_at(offset, &value).is_ok(), Vec::new())
+                }
+                Ok(()) => (false, Vec::new()),
+                Err(e) => {
+                    tracing::warn!(key = t.key, error = %e, "reading back from disk failed: a miss");
+                    (false, Vec::new())
+                }
+            }
+        }
+    }
+}

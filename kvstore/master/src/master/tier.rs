@@ -1,0 +1,651 @@
+//! The disk tier: values evicted from a segment whose owner keeps a disk
+//! (`SegmentSpec::disk_bytes > 0`) are written to that disk instead of being lost, and
+//! read back into the segment when a reader asks for them.
+//!
+//! The master decides and the owner moves the bytes, between its own memory and its own
+//! disk; no byte passes through the master. Per segment the master keeps a queue of
+//! [`TierTask`]s, which the owner takes with [`Master::tier_exchange`] while reporting
+//! what it finished. An object's tier state (`object::TierState`) goes:
+//!
+//! ```text
+//!  memory --evict--> offloading --offload ok--> on disk --read--> loading --load ok--> disk copy
+//!    ^                   |  (offload failed,                          | (load failed:  |
+//!    +-------------------+   timed out)                               |  gone)   evict: on disk
+//! ```
+//!
+//! - Eviction picks objects as before; one with a replica on a disk-tier segment is marked
+//!   offloading (still readable from memory) and an offload task queued; its memory is
+//!   freed when the owner reports the record durable, and not while a reader holds a lease
+//!   (the conversion waits for the lease to end).
+//! - A read of an on-disk object allocates space on the disk's segment and queues a load;
+//!   the REST layer waits for it ([`Master::tier_changed`]), bounded by
+//!   `disk_load_wait_ms`. A loaded object keeps its disk record: evicting it again costs
+//!   no write.
+//! - Memory a task may still touch (an offload's source, a load's target) is reused only
+//!   after `disk_task_timeout_ms` when its object goes away mid-task.
+//! - Disk state is not journaled: an object moved to disk leaves the journal (its memory is
+//!   freed), and every new master learns the disk records from the owners, which report
+//!   them after a mount and whenever the master's view version changes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::journal::{Change, Record};
+use super::object::{DISK_ALLOCATION, Object, Replica, Replicas, TierState};
+use super::segment::Segment;
+use super::{ClientId, Discarded, Master, MasterError, MasterResult, ReplicaSet};
+use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
+
+/// A task's identity: the segment and the key.
+type TaskId = (Arc<str>, Box<str>);
+
+/// A task handed to an owner and not reported yet.
+#[derive(Debug)]
+struct Inflight {
+    kind: TierTaskKind,
+    deadline: u64,
+    /// Bytes an offload will free (counted out of the eviction target meanwhile).
+    bytes: u64,
+}
+
+/// The tier's bookkeeping beside the objects. Lock order: after the shard locks.
+#[derive(Debug, Default)]
+pub(crate) struct Tiers {
+    /// Tasks not handed out yet, per segment name.
+    queues: Mutex<HashMap<Arc<str>, Vec<TierTask>>>,
+    /// Tasks handed out (or queued) and not reported, by (segment, key).
+    inflight: Mutex<HashMap<TaskId, Inflight>>,
+    /// Offloads whose record is durable but whose object was leased: converted at a tick
+    /// once the lease is over.
+    deferred: Mutex<Vec<TaskId>>,
+    /// Bytes of memory offloads in flight will free.
+    offloading_bytes: AtomicU64,
+    /// Wakes owners waiting in an exchange (a task was queued).
+    pub(crate) tasks_queued: tokio::sync::Notify,
+    /// Wakes readers waiting for loads (a load finished, either way).
+    pub(crate) loads_done: tokio::sync::Notify,
+    counters: TierCounters,
+}
+
+/// Totals of the disk tier since the master started.
+#[derive(Debug, Default)]
+struct TierCounters {
+    offloads: AtomicU64,
+    offload_failures: AtomicU64,
+    loads: AtomicU64,
+    load_failures: AtomicU64,
+    adopted: AtomicU64,
+    dropped: AtomicU64,
+    timeouts: AtomicU64,
+}
+
+/// Totals of the disk tier (see [`Master::tier_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Values written to disk by an owner (offloads reported durable).
+    pub offloads: u64,
+    /// Offloads that failed or timed out (the value stayed in memory).
+    pub offload_failures: u64,
+    /// Values read back from disk into memory.
+    pub loads: u64,
+    /// Loads that failed (a record missing or failing its checksum) or timed out.
+    pub load_failures: u64,
+    /// Disk records taken from owners' reports (after a restart of either side).
+    pub adopted: u64,
+    /// Records owners dropped on their own (disk full, checksum).
+    pub dropped: u64,
+    /// Objects that live only on disk now.
+    pub on_disk_objects: u64,
+    /// Bytes offloads in flight will free.
+    pub offloading_bytes: u64,
+}
+
+/// What one read found: the replicas, or a load under way.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Readable now.
+    Ready(ReplicaSet),
+    /// On disk: its owner is reading it back; ask again after [`Master::tier_changed`].
+    Loading,
+}
+
+impl Master {
+    /// The notifications of the disk tier: `loads_done` for readers waiting on loads,
+    /// `tasks_queued` for owners waiting in [`Master::tier_exchange`].
+    pub fn tier_changed(&self) -> (&tokio::sync::Notify, &tokio::sync::Notify) {
+        (&self.tiers.loads_done, &self.tiers.tasks_queued)
+    }
+
+    /// Totals of the disk tier.
+    pub fn tier_stats(&self) -> TierStats {
+        let c = &self.tiers.counters;
+        let on_disk_objects = (0..self.shards.len())
+            .map(|s| {
+                let shard = self.lock_shard(s);
+                shard
+                    .indices()
+                    .filter(|&i| shard.get(i).is_on_disk())
+                    .count() as u64
+            })
+            .sum();
+        TierStats {
+            offloads: c.offloads.load(Ordering::Relaxed),
+            offload_failures: c.offload_failures.load(Ordering::Relaxed),
+            loads: c.loads.load(Ordering::Relaxed),
+            load_failures: c.load_failures.load(Ordering::Relaxed),
+            adopted: c.adopted.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            on_disk_objects,
+            offloading_bytes: self.tiers.offloading_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes offloads in flight will free: eviction counts them as freed already.
+    pub(crate) fn offloading_bytes(&self) -> u64 {
+        self.tiers.offloading_bytes.load(Ordering::Relaxed)
+    }
+
+    fn queue(&self, seg: &Arc<str>, task: TierTask, bytes: u64) {
+        let deadline = self
+            .clock
+            .now_ms()
+            .saturating_add(self.config.disk_task_timeout_ms);
+        if task.kind != TierTaskKind::Delete {
+            self.tiers.inflight.lock().insert(
+                (seg.clone(), task.key.as_str().into()),
+                Inflight {
+                    kind: task.kind,
+                    deadline,
+                    bytes,
+                },
+            );
+            self.tiers
+                .offloading_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+        self.tiers
+            .queues
+            .lock()
+            .entry(seg.clone())
+            .or_default()
+            .push(task);
+        self.tiers.tasks_queued.notify_waiters();
+    }
+
+    fn queue_delete(&self, seg: &Arc<Segment>, key: &str) {
+        self.queue(
+            seg.name_arc(),
+            TierTask {
+                kind: TierTaskKind::Delete,
+                key: key.to_owned(),
+                address: 0,
+                length: 0,
+            },
+            0,
+        );
+    }
+
+    /// Settles an in-flight task: whether it was known, with its offload bytes released.
+    fn settle(&self, seg: &Arc<str>, key: &str) -> Option<Inflight> {
+        let done = self
+            .tiers
+            .inflight
+            .lock()
+            .remove(&(seg.clone(), Box::from(key)))?;
+        self.tiers
+            .offloading_bytes
+            .fetch_sub(done.bytes, Ordering::Relaxed);
+        Some(done)
+    }
+
+    /// Eviction of `o` when its value can go to disk instead of being lost: marks it
+    /// offloading and queues the write. Returns the bytes this will free, or `None` when
+    /// the object has no replica on a mounted disk-tier segment (evict it as before).
+    pub(crate) fn offload_on_evict(&self, o: &mut Object) -> Option<u64> {
+        if o.has_disk_copy() {
+            return None;
+        }
+        let r = o
+            .replicas
+            .as_slice()
+            .iter()
+            .find(|r| r.segment.disk_bytes() > 0 && r.segment.is_mounted())?;
+        let task = TierTask {
+            kind: TierTaskKind::Offload,
+            key: o.key.as_str().to_owned(),
+            address: r.segment.address_of(r.alloc),
+            length: o.length,
+        };
+        let seg = r.segment.name_arc().clone();
+        let bytes = o.footprint();
+        o.set_tier(TierState::Offloading);
+        self.queue(&seg, task, bytes);
+        Some(bytes)
+    }
+
+    /// Eviction of a loaded object whose disk record is still there: its memory goes at
+    /// once and it lives on on disk. Returns the bytes freed.
+    pub(crate) fn drop_to_disk(&self, o: &mut Object) -> u64 {
+        let bytes = o.footprint();
+        let seg = o.replicas.as_slice()[0].segment.clone();
+        let memory = std::mem::replace(
+            &mut o.replicas,
+            Replicas::One(Replica {
+                segment: seg,
+                alloc: DISK_ALLOCATION,
+            }),
+        );
+        // A disk copy is not journaled: nothing to commit before the space is reused.
+        memory.into_vec().into_iter().for_each(Replica::release);
+        o.set_tier(TierState::OnDisk);
+        bytes
+    }
+
+    /// A removed object in a tier state: its record is deleted and memory a task may
+    /// still touch is kept until the task's timeout.
+    pub(crate) fn retire_tiered(&self, obj: Object) {
+        let now = self.clock.now_ms();
+        let first = obj.replicas.as_slice()[0].segment.clone();
+        if obj.is_on_disk() {
+            self.queue_delete(&first, obj.key.as_str());
+            return;
+        }
+        if obj.has_disk_copy() {
+            self.queue_delete(&first, obj.key.as_str());
+            obj.release();
+            return;
+        }
+        // Loading or offloading: the owner may be writing or reading the memory now.
+        if obj.is_loading() {
+            self.queue_delete(&first, obj.key.as_str());
+        }
+        let key = obj.key.as_str().to_owned();
+        let durable = obj.is_durable();
+        let discarded = Discarded {
+            release_at: now.saturating_add(self.config.disk_task_timeout_ms),
+            aligned: obj.aligned,
+            replicas: obj.replicas.into_vec(),
+        };
+        match &self.journal {
+            Some(journal) if durable => {
+                journal.append(vec![Change::then(Record::Remove { key }, move |m| {
+                    m.discarded.lock().push(discarded)
+                })]);
+            }
+            _ => self.discarded.lock().push(discarded),
+        }
+    }
+
+    /// A read of `key`: its replicas, or a load started (or under way) when it lives on
+    /// disk. Grants a read lease when ready.
+    pub fn lookup(&self, key: &str) -> MasterResult<Lookup> {
+        match self.lookup_once(key)? {
+            Found::Ready(set) => Ok(Lookup::Ready(set)),
+            Found::Loading => Ok(Lookup::Loading),
+            Found::NoSpace => {
+                // Make room (eviction takes shard locks: none is held here) and try once more.
+                self.evict_for_allocation();
+                match self.lookup_once(key)? {
+                    Found::Ready(set) => Ok(Lookup::Ready(set)),
+                    Found::Loading => Ok(Lookup::Loading),
+                    Found::NoSpace => Err(MasterError::NoAvailableHandle(format!(
+                        "{key} is on disk and its segment has no room to read it back"
+                    ))),
+                }
+            }
+        }
+    }
+
+    fn lookup_once(&self, key: &str) -> MasterResult<Found> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let now = self.clock.now_ms();
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get_mut(i);
+        if !o.is_complete() {
+            return Err(MasterError::ReplicaIsNotReady(key.to_string()));
+        }
+        if o.is_loading() {
+            return Ok(Found::Loading);
+        }
+        if o.is_on_disk() {
+            let seg = o.replicas.as_slice()[0].segment.clone();
+            if !seg.is_mounted() {
+                return Err(MasterError::ObjectNotFound(format!(
+                    "{key}: the segment whose disk holds it is unmounted"
+                )));
+            }
+            let Some(alloc) = seg.try_alloc(self.units(o.length)) else {
+                return Ok(Found::NoSpace);
+            };
+            let task = TierTask {
+                kind: TierTaskKind::Load,
+                key: key.to_owned(),
+                address: seg.address_of(alloc),
+                length: o.length,
+            };
+            o.replicas = Replicas::One(Replica {
+                segment: seg.clone(),
+                alloc,
+            });
+            o.set_tier(TierState::Loading);
+            drop(shard);
+            self.queue(seg.name_arc(), task, 0);
+            return Ok(Found::Loading);
+        }
+        let replicas = o.locations();
+        if replicas.is_empty() {
+            return Err(MasterError::ObjectNotFound(format!(
+                "{key}: every replica's segment is unmounted"
+            )));
+        }
+        o.grant_lease(now, self.config.lease_ttl_ms);
+        Ok(Found::Ready(ReplicaSet {
+            length: o.length,
+            lease_ttl_ms: self.config.lease_ttl_ms,
+            replicas,
+        }))
+    }
+
+    /// The owner of `segment` reports finished tasks, dropped records and the records its
+    /// disk holds; answers its next tasks and how many records were taken.
+    pub fn tier_exchange(
+        &self,
+        client: ClientId,
+        segment: &str,
+        done: &[TierDone],
+        dropped: &[String],
+        records: &[DiskRecord],
+    ) -> MasterResult<(Vec<TierTask>, u64)> {
+        self.check_batch(done.len() + dropped.len() + records.len())?;
+        let seg = self
+            .segments
+            .read()
+            .get(segment)
+            .cloned()
+            .ok_or_else(|| MasterError::SegmentNotFound(segment.to_string()))?;
+        if seg.client() != client {
+            return Err(MasterError::IllegalClient(format!(
+                "segment {segment} belongs to client {}",
+                seg.client()
+            )));
+        }
+        if seg.disk_bytes() == 0 {
+            return Err(MasterError::InvalidParams(format!(
+                "segment {segment} was mounted without a disk tier"
+            )));
+        }
+        for d in done {
+            self.finish(&seg, d);
+        }
+        for key in dropped {
+            self.forget_record(&seg, key);
+        }
+        let mut adopted = 0;
+        for r in records {
+            adopted += u64::from(self.adopt(&seg, client, r));
+        }
+        self.tiers
+            .counters
+            .adopted
+            .fetch_add(adopted, Ordering::Relaxed);
+        let tasks = self
+            .tiers
+            .queues
+            .lock()
+            .remove(seg.name_arc())
+            .unwrap_or_default();
+        Ok((tasks, adopted))
+    }
+
+    fn finish(&self, seg: &Arc<Segment>, d: &TierDone) {
+        let c = &self.tiers.counters;
+        let known = self.settle(seg.name_arc(), &d.key);
+        if self.check_key(&d.key).is_err() {
+            return;
+        }
+        let hash = self.hash(&d.key);
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let found = shard.find(hash, &d.key);
+        let on_seg = |o: &Object| {
+            o.replicas
+                .as_slice()
+                .iter()
+                .any(|r| Arc::ptr_eq(&r.segment, seg))
+        };
+        match d.kind {
+            TierTaskKind::Delete => {}
+            TierTaskKind::Offload => {
+                let ours = found.filter(|&i| {
+                    let o = shard.get(i);
+                    o.is_offloading() && on_seg(o) && known.is_some()
+                });
+                let Some(i) = ours else {
+                    // Removed (or put again) meanwhile: the record is nobody's.
+                    drop(shard);
+                    if d.ok {
+                        self.queue_delete(seg, &d.key);
+                    }
+                    return;
+                };
+                if !d.ok {
+                    shard.get_mut(i).set_tier(TierState::Memory);
+                    c.offload_failures.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                c.offloads.fetch_add(1, Ordering::Relaxed);
+                if shard.get(i).has_lease(self.clock.now_ms()) {
+                    drop(shard);
+                    self.tiers
+                        .deferred
+                        .lock()
+                        .push((seg.name_arc().clone(), d.key.as_str().into()));
+                    return;
+                }
+                let o = shard.get_mut(i);
+                self.to_disk(o, seg);
+            }
+            TierTaskKind::Load => {
+                let ours = found.filter(|&i| {
+                    let o = shard.get(i);
+                    o.is_loading() && on_seg(o) && known.is_some()
+                });
+                let Some(i) = ours else {
+                    return;
+                };
+                if d.ok {
+                    let o = shard.get_mut(i);
+                    o.set_tier(TierState::DiskCopy);
+                    c.loads.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let obj = shard.remove(hash, i);
+                    obj.release();
+                    c.load_failures.fetch_add(1, Ordering::Relaxed);
+                }
+                drop(shard);
+                self.tiers.loads_done.notify_waiters();
+            }
+        }
+    }
+
+    /// An offloaded object's memory goes (after the journal forgot it, on a journaled
+    /// master) and it lives on on `seg`'s disk.
+    fn to_disk(&self, o: &mut Object, seg: &Arc<Segment>) {
+        let durable = o.is_durable();
+        let memory = std::mem::replace(
+            &mut o.replicas,
+            Replicas::One(Replica {
+                segment: seg.clone(),
+                alloc: DISK_ALLOCATION,
+            }),
+        );
+        o.set_tier(TierState::OnDisk);
+        let memory = memory.into_vec();
+        match &self.journal {
+            Some(journal) if durable => {
+                let key = o.key.as_str().to_owned();
+                journal.append(vec![Change::then(Record::Remove { key }, move |_| {
+                    memory.into_iter().for_each(Replica::release)
+                })]);
+            }
+            _ => memory.into_iter().for_each(Replica::release),
+        }
+    }
+
+    /// The owner dropped `key`'s record: an object only there is gone; a loaded one is
+    /// plain memory again.
+    fn forget_record(&self, seg: &Arc<Segment>, key: &str) {
+        if self.check_key(key).is_err() {
+            return;
+        }
+        self.tiers.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        let hash = self.hash(key);
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let Some(i) = shard.find(hash, key) else {
+            return;
+        };
+        let o = shard.get_mut(i);
+        let here = Arc::ptr_eq(&o.replicas.as_slice()[0].segment, seg);
+        if o.is_on_disk() && here {
+            shard.remove(hash, i);
+        } else if o.has_disk_copy() && here {
+            o.set_tier(TierState::Memory);
+        }
+    }
+
+    /// Takes a record an owner reports: a key the master does not hold becomes an object
+    /// on that disk; one on disk elsewhere (the same disk before a restart) moves here.
+    fn adopt(&self, seg: &Arc<Segment>, client: ClientId, r: &DiskRecord) -> bool {
+        if self.check_key(&r.key).is_err() || self.check_put(r.length, &Default::default()).is_err()
+        {
+            return false;
+        }
+        let hash = self.hash(&r.key);
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        if let Some(i) = shard.find(hash, &r.key) {
+            let o = shard.get_mut(i);
+            if o.is_on_disk() && o.length == r.length {
+                o.replicas = Replicas::One(Replica {
+                    segment: seg.clone(),
+                    alloc: DISK_ALLOCATION,
+                });
+                return true;
+            }
+            return false;
+        }
+        let now = self.clock.now_ms();
+        let mut obj = Object::new(
+            &r.key,
+            Replicas::One(Replica {
+                segment: seg.clone(),
+                alloc: DISK_ALLOCATION,
+            }),
+            r.length,
+            self.units(r.length) << self.align_shift,
+            now,
+            client,
+            &Default::default(),
+        );
+        obj.set_tier(TierState::OnDisk);
+        obj.complete(now, self.config.soft_pin_ttl_ms);
+        shard.insert(hash, obj, self);
+        true
+    }
+
+    /// The tick's share: tasks past their timeout are given up, and offloads that waited
+    /// for a lease to end are finished.
+    pub(crate) fn tier_tick(&self, now: u64) {
+        let expired: Vec<(TaskId, Inflight)> = {
+            let mut inflight = self.tiers.inflight.lock();
+            let keys: Vec<_> = inflight
+                .iter()
+                .filter(|(_, t)| t.deadline <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| inflight.remove(&k).map(|t| (k, t)))
+                .collect()
+        };
+        for ((seg_name, key), t) in expired {
+            self.tiers
+                .offloading_bytes
+                .fetch_sub(t.bytes, Ordering::Relaxed);
+            self.tiers.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            self.give_up(&seg_name, &key, t.kind);
+        }
+        let deferred = std::mem::take(&mut *self.tiers.deferred.lock());
+        for (seg_name, key) in deferred {
+            let hash = self.hash(&key);
+            let mut shard = self.lock_shard(self.shard_of(hash));
+            let Some(i) = shard.find(hash, &key) else {
+                continue;
+            };
+            let o = shard.get_mut(i);
+            let seg = o
+                .replicas
+                .as_slice()
+                .iter()
+                .find(|r| *r.segment.name_arc() == seg_name)
+                .map(|r| r.segment.clone());
+            match seg {
+                Some(seg) if o.is_offloading() && !o.has_lease(now) => self.to_disk(o, &seg),
+                Some(_) if o.is_offloading() => {
+                    drop(shard);
+                    self.tiers.deferred.lock().push((seg_name, key));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A task its owner never reported: an offload leaves the value in memory, a load is a
+    /// miss (its space is reused after one more timeout, should the owner still write).
+    fn give_up(&self, seg_name: &Arc<str>, key: &str, kind: TierTaskKind) {
+        let hash = self.hash(key);
+        let mut shard = self.lock_shard(self.shard_of(hash));
+        let Some(i) = shard.find(hash, key) else {
+            return;
+        };
+        let on_seg = shard
+            .get(i)
+            .replicas
+            .as_slice()
+            .iter()
+            .any(|r| r.segment.name_arc() == seg_name);
+        if !on_seg {
+            return;
+        }
+        match kind {
+            TierTaskKind::Offload if shard.get(i).is_offloading() => {
+                shard.get_mut(i).set_tier(TierState::Memory);
+                self.tiers
+                    .counters
+                    .offload_failures
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            TierTaskKind::Load if shard.get(i).is_loading() => {
+                let obj = shard.remove(hash, i);
+                drop(shard);
+                self.tiers
+                    .counters
+                    .load_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                self.retire_tiered(obj);
+                self.tiers.loads_done.notify_waiters();
+            }
+            _ => {}
+        }
+    }
+}
+
+enum Found {
+    Ready(ReplicaSet),
+    Loading,
+    NoSpace,
+}

@@ -1,0 +1,221 @@
+//! The disk tier's state machine on a manual clock.
+
+use super::tests::{SEG, client, master_with, small_config, spec};
+use super::*;
+use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
+
+const BASE: u64 = 0x10_0000_0000;
+
+/// A master with one 1 MiB segment `d` (owner client 1) that has a disk tier.
+fn with_disk() -> (Master, std::sync::Arc<ManualClock>) {
+    // Clients outlive the task timeouts the tests wait for.
+    let (m, c) = master_with(MasterConfig {
+        client_ttl_ms: 3_600_000,
+        ..small_config()
+    });
+    let mut s = spec("d", BASE, SEG);
+    s.disk_bytes = 1 << 30;
+    m.mount_segment(client(1), s).unwrap();
+    (m, c)
+}
+
+fn put(m: &Master, key: &str, len: u64) {
+    m.put_start(client(7), key, len, &ReplicateConfig::default())
+        .unwrap();
+    m.put_end(client(7), key).unwrap();
+}
+
+fn tasks(m: &Master, done: &[TierDone]) -> Vec<TierTask> {
+    m.tier_exchange(client(1), "d", done, &[], &[]).unwrap().0
+}
+
+fn ok(t: &TierTask) -> TierDone {
+    TierDone {
+        kind: t.kind,
+        key: t.key.clone(),
+        ok: true,
+    }
+}
+
+/// Evicts everything evictable and answers the offload tasks.
+fn evict_all(m: &Master) -> Vec<TierTask> {
+    let r = m.evict(SEG, SEG);
+    assert_eq!(r.offloaded_objects, r.evicted_objects);
+    tasks(m, &[])
+}
+
+#[test]
+fn an_evicted_value_goes_to_disk_and_comes_back_on_a_read() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 1000);
+    let offloads = evict_all(&m);
+    assert_eq!(offloads.len(), 1);
+    assert_eq!(offloads[0].kind, TierTaskKind::Offload);
+    assert_eq!(offloads[0].length, 1000);
+    assert!(offloads[0].address >= BASE && offloads[0].address + 1000 <= BASE + SEG);
+    // Still readable from memory while the owner writes it.
+    assert_eq!(m.get_replicas("k").unwrap().replicas.len(), 1);
+    assert_eq!(m.tier_stats().offloading_bytes, 1024);
+    // Leased now: the record is durable but the memory waits for the lease.
+    assert!(tasks(&m, &[ok(&offloads[0])]).is_empty());
+    assert_eq!(m.segments()[0].allocated_bytes, 1024);
+    clock.advance(m.config().lease_ttl_ms);
+    m.tick();
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    assert_eq!(m.tier_stats().on_disk_objects, 1);
+    assert!(m.exists("k").unwrap());
+    // A read starts a load into fresh space on the same segment.
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    let loads = tasks(&m, &[]);
+    assert_eq!(loads.len(), 1);
+    assert_eq!(loads[0].kind, TierTaskKind::Load);
+    assert_eq!(m.segments()[0].allocated_bytes, 1024);
+    assert!(tasks(&m, &[ok(&loads[0])]).is_empty());
+    let Lookup::Ready(set) = m.lookup("k").unwrap() else {
+        panic!("loaded")
+    };
+    assert_eq!(set.replicas[0].address, loads[0].address);
+    // Loaded values keep their record: evicting again writes nothing.
+    clock.advance(m.config().lease_ttl_ms);
+    let r = m.evict(SEG, SEG);
+    assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
+    assert!(tasks(&m, &[]).is_empty());
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    // Removing it deletes the record.
+    m.remove("k", false).unwrap();
+    let del = tasks(&m, &[]);
+    assert_eq!(del.len(), 1);
+    assert_eq!(del[0].kind, TierTaskKind::Delete);
+    let s = m.tier_stats();
+    assert_eq!((s.offloads, s.loads, s.on_disk_objects), (1, 1, 0));
+}
+
+#[test]
+fn a_failed_or_silent_offload_leaves_the_value_in_memory() {
+    let (m, clock) = with_disk();
+    put(&m, "a", 100);
+    put(&m, "b", 100);
+    let offloads = evict_all(&m);
+    assert_eq!(offloads.len(), 2);
+    let failed = TierDone {
+        ok: false,
+        ..ok(&offloads[0])
+    };
+    tasks(&m, &[failed]);
+    // The other is never reported: given up after the task timeout.
+    clock.advance(m.config().disk_task_timeout_ms);
+    m.tick();
+    let s = m.tier_stats();
+    assert_eq!((s.offload_failures, s.offloading_bytes), (2, 0));
+    for k in ["a", "b"] {
+        assert!(matches!(m.lookup(k).unwrap(), Lookup::Ready(_)), "{k}");
+    }
+    // Both evictable, and so offloaded, again.
+    clock.advance(m.config().lease_ttl_ms);
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, 2);
+}
+
+#[test]
+fn a_failed_load_is_a_miss_and_frees_its_space() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 100);
+    let offloads = evict_all(&m);
+    tasks(&m, &[ok(&offloads[0])]);
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    let load = tasks(&m, &[]);
+    let bad = TierDone {
+        ok: false,
+        ..ok(&load[0])
+    };
+    tasks(&m, &[bad]);
+    assert!(matches!(m.lookup("k"), Err(MasterError::ObjectNotFound(_))));
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    // A load its owner never answers is a miss too; its space waits one more timeout.
+    put(&m, "j", 100);
+    clock.advance(m.config().lease_ttl_ms);
+    let offloads = evict_all(&m);
+    tasks(&m, &[ok(&offloads[0])]);
+    assert!(matches!(m.lookup("j").unwrap(), Lookup::Loading));
+    clock.advance(m.config().disk_task_timeout_ms);
+    m.tick();
+    assert!(matches!(m.lookup("j"), Err(MasterError::ObjectNotFound(_))));
+    assert_eq!(m.segments()[0].allocated_bytes, 128);
+    clock.advance(m.config().disk_task_timeout_ms);
+    m.tick();
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    assert_eq!(m.tier_stats().load_failures, 2);
+}
+
+#[test]
+fn removing_a_value_mid_offload_keeps_its_memory_until_the_task_timeout() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 100);
+    let offloads = evict_all(&m);
+    m.remove("k", false).unwrap();
+    assert_eq!(m.segments()[0].allocated_bytes, 128);
+    // The owner finishes: the record is nobody's, so it is deleted.
+    let del = tasks(&m, &[ok(&offloads[0])]);
+    assert_eq!(del.len(), 1);
+    assert_eq!(del[0].kind, TierTaskKind::Delete);
+    clock.advance(m.config().disk_task_timeout_ms);
+    m.tick();
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+}
+
+#[test]
+fn an_owner_reports_its_records_and_they_are_served_again() {
+    let (m, _) = with_disk();
+    let records = [
+        DiskRecord {
+            key: "old/1".into(),
+            length: 4096,
+        },
+        DiskRecord {
+            key: "old/2".into(),
+            length: 10,
+        },
+    ];
+    let (_, adopted) = m.tier_exchange(client(1), "d", &[], &[], &records).unwrap();
+    assert_eq!(adopted, 2);
+    assert!(m.exists("old/1").unwrap());
+    assert!(matches!(m.lookup("old/1").unwrap(), Lookup::Loading));
+    // Reported twice (a second master change): nothing new.
+    let (_, adopted) = m.tier_exchange(client(1), "d", &[], &[], &records).unwrap();
+    assert_eq!(
+        adopted, 1,
+        "old/2 is on disk still and stays; old/1 is loading"
+    );
+    // Dropped by the owner: gone.
+    m.tier_exchange(client(1), "d", &[], &["old/2".into()], &[])
+        .unwrap();
+    assert!(!m.exists("old/2").unwrap());
+    assert_eq!(m.tier_stats().adopted, 3);
+}
+
+#[test]
+fn only_the_owner_of_a_segment_with_a_disk_exchanges() {
+    let (m, _) = with_disk();
+    assert!(matches!(
+        m.tier_exchange(client(2), "d", &[], &[], &[]),
+        Err(MasterError::IllegalClient(_))
+    ));
+    assert!(matches!(
+        m.tier_exchange(client(1), "nope", &[], &[], &[]),
+        Err(MasterError::SegmentNotFound(_))
+    ));
+    m.mount_segment(client(1), spec("plain", 2 * BASE, SEG))
+        .unwrap();
+    assert!(matches!(
+        m.tier_exchange(client(1), "plain", &[], &[], &[]),
+        Err(MasterError::InvalidParams(_))
+    ));
+    // Values on a segment without a disk are evicted as before.
+    let (m, _) = master_with(small_config());
+    m.mount_segment(client(1), spec("plain", BASE, SEG))
+        .unwrap();
+    put(&m, "k", 100);
+    let r = m.evict(SEG, SEG);
+    assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
+    assert!(!m.exists("k").unwrap());
+}

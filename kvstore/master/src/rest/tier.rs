@@ -1,0 +1,122 @@
+//! The disk tier over HTTP: reads that wait for a value to come back from disk, and the
+//! owners' exchange of tasks (see `crate::master`'s `tier` module).
+
+use openapi::routes;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use openapi::master as wire;
+use tokio::time::Instant;
+
+use super::{ApiJson, ApiPath, ApiResult, MasterErrors, client_id, observed};
+use crate::master::{Lookup, Master, MasterError, MasterResult, ReplicaSet};
+
+fn not_back(key: &str, wait: Duration) -> MasterError {
+    MasterError::ReplicaIsNotReady(format!(
+        "{key} is still being read back from disk after {} ms",
+        wait.as_millis()
+    ))
+}
+
+/// The replicas of `key`, waiting (up to `disk_load_wait_ms`) while it is read back from
+/// a disk tier.
+pub(super) async fn read(m: &Master, key: &str) -> MasterResult<ReplicaSet> {
+    let wait = Duration::from_millis(m.config().disk_load_wait_ms);
+    let deadline = Instant::now() + wait;
+    loop {
+        // Registered before the look, so a load finishing in between still wakes us.
+        let woken = m.tier_changed().0.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if let Lookup::Ready(set) = m.lookup(key)? {
+            return Ok(set);
+        }
+        if tokio::time::timeout_at(deadline, woken).await.is_err() {
+            return Err(not_back(key, wait));
+        }
+    }
+}
+
+/// [`read`] for many keys: every load starts at once, then the batch waits for them.
+pub(super) async fn read_batch(
+    m: &Master,
+    keys: &[String],
+) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
+    let wait = Duration::from_millis(m.config().disk_load_wait_ms);
+    let deadline = Instant::now() + wait;
+    let woken = m.tier_changed().0.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let mut out: Vec<MasterResult<ReplicaSet>> = Vec::with_capacity(keys.len());
+    let mut pending = Vec::new();
+    for (i, r) in m.batch_lookup(keys)?.into_iter().enumerate() {
+        out.push(match r {
+            Ok(Lookup::Ready(set)) => Ok(set),
+            Ok(Lookup::Loading) => {
+                pending.push(i);
+                Err(not_back(&keys[i], wait))
+            }
+            Err(e) => Err(e),
+        });
+    }
+    while !pending.is_empty() {
+        if tokio::time::timeout_at(deadline, woken.as_mut())
+            .await
+            .is_err()
+        {
+            break;
+        }
+        woken.set(m.tier_changed().0.notified());
+        woken.as_mut().enable();
+        pending.retain(|&i| match m.lookup(&keys[i]) {
+            Ok(Lookup::Loading) => true,
+            Ok(Lookup::Ready(set)) => {
+                out[i] = Ok(set);
+                false
+            }
+            Err(e) => {
+                out[i] = Err(e);
+                false
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// The disk tier's exchange with the owner of segment `name`: its finished tasks, dropped
+/// records and disk records in; its next tasks out, held back up to `wait_ms` (at most
+/// the master's `disk_load_wait_ms`) while there are none.
+#[utoipa::path(post, operation_id = routes::master::TierExchangeRoute::OPERATION_ID,
+    path = routes::master::TierExchangeRoute::PATH, tag = super::TAG,
+    params(("name" = String, Path, description = "Segment name (percent-encoded)")),
+    request_body = wire::TierExchange,
+    responses((status = 200, description = "The next tasks", body = wire::TierTasks), MasterErrors))]
+pub async fn exchange(
+    State(m): State<Arc<Master>>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<wire::TierExchange>,
+) -> ApiResult<Json<wire::TierTasks>> {
+    let client = observed("tier_exchange", client_id(&req.client_id))?;
+    let queued = m.tier_changed().1.notified();
+    tokio::pin!(queued);
+    queued.as_mut().enable();
+    let r = m.tier_exchange(client, &name, &req.done, &req.dropped, &req.records);
+    let (mut tasks, adopted) = observed("tier_exchange", r)?;
+    let reported = !(req.done.is_empty() && req.dropped.is_empty() && req.records.is_empty());
+    let wait = req.wait_ms.min(m.config().disk_load_wait_ms);
+    if tasks.is_empty() && !reported && wait > 0 {
+        let _ = tokio::time::timeout(Duration::from_millis(wait), queued).await;
+        tasks = observed(
+            "tier_exchange",
+            m.tier_exchange(client, &name, &[], &[], &[]),
+        )?
+        .0;
+    }
+    Ok(Json(wire::TierTasks {
+        tasks,
+        adopted,
+        view_version: m.view_version(),
+    }))
+}

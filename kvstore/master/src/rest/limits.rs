@@ -46,6 +46,7 @@ pub fn constrain(doc: &mut OpenApi, cfg: &MasterConfig) {
         cfg.max_segment_bytes,
     );
     integer(doc, "SegmentSpec", "base", 0, u64::MAX);
+    integer(doc, "SegmentSpec", "disk_bytes", 0, u64::MAX);
     integer(doc, "PutStartRequest", "length", 1, cfg.max_object_bytes);
     for schema in ["PutStartRequest", "BatchPutStartRequest"] {
         integer(doc, schema, "put_id", 0, u64::from(u32::MAX));

@@ -200,6 +200,7 @@ fn store(c: &mut Criterion) {
                 size: 1 << 40,
                 endpoint: "node".into(),
                 disk_bytes: 0,
+                disk_write_through: false,
             },
         )
         .expect("mount");

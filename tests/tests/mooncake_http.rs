@@ -58,6 +58,7 @@ fn mount_and_put(
         size: 64 << 20,
         endpoint: format!("{name}-te"),
         disk_bytes: 0,
+        disk_write_through: false,
     };
     m.mount_segment(client, spec).unwrap();
     let cfg = ReplicateConfig::default();

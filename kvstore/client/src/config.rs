@@ -26,6 +26,8 @@ pub mod env {
     pub const DISK_PATH: &str = "MOONGATE_STORE_DISK_PATH";
     /// `--disk-capacity`.
     pub const DISK_CAPACITY: &str = "MOONGATE_STORE_DISK_CAPACITY";
+    /// `--disk-write-policy`.
+    pub const DISK_WRITE_POLICY: &str = "MOONGATE_STORE_DISK_WRITE_POLICY";
     /// `--prefault`.
     pub const PREFAULT: &str = "MOONGATE_STORE_PREFAULT";
     /// `--listen`.
@@ -110,6 +112,20 @@ pub enum Prefault {
     Off,
 }
 
+/// When the disk tier writes a value (`--disk-write-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskWritePolicy {
+    /// When the master evicts it from the segment: only values that leave memory cost a
+    /// write, but one in memory is lost with the process.
+    #[default]
+    OffloadOnEvict,
+    /// As soon as it is complete (Mooncake's `enable_ssd_offload` without the master's
+    /// `offload_on_evict`): every value costs a write, eviction then frees memory at once,
+    /// and a killed process loses no value that reached the disk.
+    WriteThrough,
+}
+
 /// `prefault = true / false` (the setting was once a switch) or a name.
 impl<'de> Deserialize<'de> for Prefault {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -169,6 +185,10 @@ pub struct ClientConfig {
     /// Suffixes K, M, G, T.
     #[arg(long, env = env::DISK_CAPACITY, default_value = DEFAULT_DISK_CAPACITY, value_parser = parse_size)]
     pub disk_capacity: u64,
+    /// When the disk tier writes a value: `offload-on-evict` (when the master evicts it
+    /// from the segment) or `write-through` (as soon as it is complete).
+    #[arg(long, env = env::DISK_WRITE_POLICY, value_enum, default_value_t = DiskWritePolicy::OffloadOnEvict)]
+    pub disk_write_policy: DiskWritePolicy,
     /// When the segment, the copy buffer and a buffer of the same size for copying reads'
     /// values (not on a storage node) are faulted in: `background` (right after start, off
     /// the data path), `start` (before serving; a bare `--prefault`) or `off` (on first
@@ -243,6 +263,7 @@ impl Default for ClientConfig {
             hugepages: false,
             disk_path: None,
             disk_capacity: size(DEFAULT_DISK_CAPACITY),
+            disk_write_policy: DiskWritePolicy::OffloadOnEvict,
             prefault: Prefault::Background,
             listen: DEFAULT_LISTEN.parse().expect("default listen parses"),
             advertise_host: None,

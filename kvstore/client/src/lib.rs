@@ -76,7 +76,7 @@ use tokio_util::sync::CancellationToken;
 use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine, Warm};
 
 pub use caller::caller_driven;
-pub use config::{ClientConfig, Prefault, Protocol, env, parse_size};
+pub use config::{ClientConfig, DiskWritePolicy, Prefault, Protocol, env, parse_size};
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
     DEFAULT_PUT_RESERVE_BYTES, DEFAULT_REPLICA_NUM, DEFAULT_RPC_BUSY_POLL_US,
@@ -256,6 +256,8 @@ impl StoreClient {
                 } else {
                     0
                 },
+                disk_write_through: config.disk_path.is_some()
+                    && config.disk_write_policy == DiskWritePolicy::WriteThrough,
             };
             Some((buf, spec))
         } else {

@@ -55,6 +55,7 @@ pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
     // Records still to report; filled after a mount, a remount or a master change.
     let mut report: Vec<DiskRecord> = owner.disk.records();
     let mut view = 0u64;
+    let mut epoch = None;
     let mut remounts = owner.health.snapshot().remounts;
     loop {
         let now_remounts = owner.health.snapshot().remounts;
@@ -84,6 +85,11 @@ pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
                     report = owner.disk.records();
                 }
                 view = a.view_version;
+                if epoch.is_some_and(|e| e != a.report_epoch) {
+                    tracing::debug!(segment = %owner.segment, "the master forgot a segment's objects: reporting the disk tier's records again");
+                    report = owner.disk.records();
+                }
+                epoch = Some(a.report_epoch);
                 a.tasks
             }
             Err(e) => {

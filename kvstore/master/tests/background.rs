@@ -19,6 +19,7 @@ fn spec(name: &str, size: u64) -> SegmentSpec {
         size,
         endpoint: format!("te-{name}"),
         disk_bytes: 0,
+        disk_write_through: false,
     }
 }
 

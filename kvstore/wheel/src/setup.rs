@@ -39,6 +39,38 @@ pub struct SetupArgs {
     pub rdma_devices: String,
     /// The master: `host:port` or a URL.
     pub master_server_addr: String,
+    /// Mooncake's `enable_ssd_offload` with its `ssd_offload_path` (`None`: no disk tier;
+    /// an empty path: `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`, else Mooncake's default).
+    pub ssd_offload: Option<String>,
+}
+
+/// Mooncake's default SSD offload directory (`FileStorageConfig::storage_filepath`).
+pub const DEFAULT_OFFLOAD_PATH: &str = "/data/file_storage";
+/// Mooncake's default bound on offloaded bytes (`total_size_limit`, 2 TiB).
+pub const DEFAULT_OFFLOAD_BYTES: u64 = 2 << 40;
+
+/// The disk tier Mooncake's SSD offload settings ask for: the directory (the given path,
+/// else `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`, else Mooncake's default) and its capacity
+/// (`MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`, else Mooncake's default).
+pub fn offload_disk(path: &str) -> Result<(PathBuf, u64), String> {
+    let path = match path {
+        "" => std::env::var("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
+            .unwrap_or_else(|_| DEFAULT_OFFLOAD_PATH.to_owned()),
+        p => p.to_owned(),
+    };
+    if !path.starts_with('/') {
+        return Err(format!(
+            "ssd_offload_path {path:?} must be an absolute path"
+        ));
+    }
+    let bytes = match std::env::var("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES") {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| format!("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES={v:?}: {e}"))?,
+        Err(_) => DEFAULT_OFFLOAD_BYTES,
+    };
+    Ok((PathBuf::from(path), bytes))
 }
 
 /// The master URL for Mooncake's `master_server_addr`.
@@ -95,7 +127,16 @@ impl SetupArgs {
                 .map_err(|e| format!("{}={v:?}: {e}", env::PUT_RESERVE_BYTES))?,
             Err(_) => kvclient::DEFAULT_PUT_RESERVE_BYTES,
         };
+        let (disk_path, disk_capacity) = match &self.ssd_offload {
+            Some(path) => {
+                let (p, bytes) = offload_disk(path)?;
+                (Some(p), bytes)
+            }
+            None => (None, ClientConfig::default().disk_capacity),
+        };
         Ok(ClientConfig {
+            disk_path,
+            disk_capacity,
             master: master_url(&self.master_server_addr)?,
             segment_size: self.global_segment_size,
             // The copy buffer must exist; a zero-sized one is refused at put/get instead.
@@ -209,6 +250,7 @@ mod tests {
             protocol: "tcp".into(),
             rdma_devices: String::new(),
             master_server_addr: "127.0.0.1:9".into(),
+            ssd_offload: None,
         };
         let c = a.client_config().unwrap();
         assert_eq!(

@@ -155,6 +155,7 @@ impl MooncakeDistributedStore {
             protocol: "tcp".into(),
             rdma_devices: String::new(),
             master_server_addr: node.master,
+            ssd_offload: None,
         };
         // Shared memory with the node on this host (and RDMA or TCP with others).
         let auto = |c: &mut kvclient::ClientConfig| c.protocol = kvclient::Protocol::Auto;

@@ -198,6 +198,10 @@ fn args_from_dict(d: &Bound<'_, PyDict>) -> Result<SetupArgs, String> {
         protocol: get("protocol")?.unwrap_or_else(|| "tcp".into()),
         rdma_devices: get("rdma_devices")?.unwrap_or_default(),
         master_server_addr: get("master_server_addr")?.unwrap_or_else(|| "127.0.0.1:50051".into()),
+        ssd_offload: match get("enable_ssd_offload")?.as_deref() {
+            Some("true" | "True" | "1") => Some(get("ssd_offload_path")?.unwrap_or_default()),
+            _ => None,
+        },
     })
 }
 
@@ -239,7 +243,7 @@ impl MooncakeDistributedStore {
         enable_client_http_server: bool,
         client_http_port: u16,
     ) -> PyResult<i32> {
-        let _ = (ssd_offload_path, client_http_port);
+        let _ = client_http_port;
         if let Ok(d) = local_hostname.cast::<PyDict>() {
             return Ok(match args_from_dict(d) {
                 Ok(a) => self.open(py, a),
@@ -260,13 +264,8 @@ impl MooncakeDistributedStore {
             protocol: protocol.ok_or_else(missing)?,
             rdma_devices: rdma_devices.ok_or_else(missing)?,
             master_server_addr: master_server_addr.ok_or_else(missing)?,
+            ssd_offload: enable_ssd_offload.then_some(ssd_offload_path),
         };
-        if enable_ssd_offload {
-            return Ok(codes::invalid(
-                "setup",
-                "SSD offload is not supported by Moongate",
-            ));
-        }
         if tenant_id != "default" {
             return Ok(codes::invalid(
                 "setup",
@@ -341,6 +340,20 @@ impl MooncakeDistributedStore {
     /// `ReplicateConfig.preferred_segment` takes to place a put on this client's segment).
     fn get_hostname(&self) -> String {
         self.state().map(|s| s.hostname.clone()).unwrap_or_default()
+    }
+
+    /// Values this client's disk tier (`enable_ssd_offload`) read back for readers since
+    /// setup: what Mooncake counts as its offload RPC reads. 0 without a disk tier.
+    fn get_offload_rpc_read_count(&self) -> u64 {
+        self.state()
+            .and_then(|s| {
+                s.client.disk().map(|d| {
+                    d.counters()
+                        .reads
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                })
+            })
+            .unwrap_or(0)
     }
 
     /// 1 readable, 0 not, negative code on error.

@@ -130,11 +130,13 @@ def master():
     m.stop()
 
 
-def new_store(master, segment=64 * MiB, local=16 * MiB, metadata="P2PHANDSHAKE", protocol="tcp"):
+def new_store(master, segment=64 * MiB, local=16 * MiB, metadata="P2PHANDSHAKE", protocol="tcp",
+              ssd_offload_path=None):
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
-    rc = s.setup("127.0.0.1", metadata, segment, local, protocol, "", master.addr)
+    offload = () if ssd_offload_path is None else (None, True, ssd_offload_path)
+    rc = s.setup("127.0.0.1", metadata, segment, local, protocol, "", master.addr, *offload)
     assert rc == 0, f"setup answered {rc}"
     return s
 

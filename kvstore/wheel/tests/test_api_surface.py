@@ -18,7 +18,8 @@ remove_all put_batch get_batch get_buffer batch_get_buffer get_size remove remov
 batch_remove put_from get_into get_into_ranges upsert upsert_from upsert_batch
 batch_upsert_from close get_hostname health_check batch_get_session_start
 batch_get_into_multi_buffer_ranges batch_get_session_end batch_put_session_start
-batch_put_from_multi_buffer_ranges batch_put_session_end batch_put_session_revoke""".split()
+batch_put_from_multi_buffer_ranges batch_put_session_end batch_put_session_revoke
+get_offload_rpc_read_count""".split()
 
 REPLICATE = """replica_num with_hard_pin preferred_segment preferred_segments soft_pin_action
 soft_pin_ttl_ms nof_replica_num dfs_replica_num preferred_nof_segments

@@ -44,10 +44,14 @@ def test_flags_map_onto_moongate_master():
     assert ("--port", "1") in zip(*[iter(mm.translate(["--rpc_port=0", "--port=1"])[0])] * 2)
     # Features left at their "off" values are fine.
     mm.translate(["--enable_offload=false", "--dynamic_replication_mode=off", "--config_path="])
+    # The disk tier: the master's half of Mooncake's offload flags.
+    args, notes = mm.translate(["--enable_offload", "--offload_on_evict", "--promotion_on_hit"])
+    assert ("--master-disk-offload-on-evict", "true") in zip(*[iter(args)] * 2)
+    assert any(n.startswith("--enable_offload has no effect") for n in notes), notes
 
 
 @pytest.mark.parametrize("argv,why", [
-    (["--enable_offload"], "no SSD offload tier"),
+    (["--offload_force_evict"], "not by force"),
     (["--enable_http_metadata_server=true"], "/metadata on its own port"),
     (["--root_fs_dir=/mnt/3fs"], "no file-system segments"),
     (["--dynamic_replication_mode=enforce"], "no dynamic replication"),
@@ -77,10 +81,10 @@ def script():
 
 
 def test_refusals_exit_1_with_the_reason():
-    r = subprocess.run([script(), "--enable_offload"], capture_output=True, text=True,
+    r = subprocess.run([script(), "--enable_cxl"], capture_output=True, text=True,
                        env={"MOONGATE_BIN": str(binary("MOONGATE_BIN", "moongate"))})
     assert r.returncode == 1
-    assert "--enable_offload: Moongate has no SSD offload tier yet" in r.stderr
+    assert "--enable_cxl: Moongate has no CXL segments" in r.stderr
     r = subprocess.run([script(), "--port=1"], capture_output=True, text=True,
                        env={"PATH": "/nonexistent"})
     assert r.returncode == 1 and "moongate binary was not found" in r.stderr

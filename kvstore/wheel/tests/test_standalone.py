@@ -137,8 +137,15 @@ def test_mooncake_client_flags_map_onto_moongate_store():
                      "--http-listen": "0.0.0.0:50052", "--metadata": "p2p",
                      "--protocol": "auto", "--local-buffer-size": str(16 << 20)}
     assert [n.split(" ")[0] for n in notes] == ["--threads", "--device_names"]
-    for argv, why in [(["--master_server_address=m:1", "--enable_offload"], "no disk tier"),
-                      (["--master_server_address=m:1", "--tenant_id=t"], "one tenant"),
+    # --enable_offload: a disk tier where Mooncake's FileStorage writes, written through.
+    env = {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": "/nvme/mc",
+           "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": "1073741824"}
+    assert mc.offload_args(env) == ["--disk-path", "/nvme/mc", "--disk-capacity", "1073741824",
+                                    "--disk-write-policy", "write-through"]
+    assert mc.offload_args({})[:2] == ["--disk-path", "/data/file_storage"]
+    with pytest.raises(FlagError, match="absolute path"):
+        mc.offload_args({"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": "rel"})
+    for argv, why in [(["--master_server_address=m:1", "--tenant_id=t"], "one tenant"),
                       ([], "master_server_address is required"),
                       (["--master_server_address=m:1", "--protocol=nvlink"], "tcp and rdma"),
                       (["--master_server_address=m:1", "--global_segment_size=lots"], "not a size"),

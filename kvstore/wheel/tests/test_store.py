@@ -166,7 +166,8 @@ def test_setup_forms_and_refusals(master):
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     assert s.setup(*args[:7], te.get_engine(), enable_client_http_server=True) == 0
     assert s.put("with-engine", b"e") == 0 and s.close() == 0
-    assert s.setup(*args, enable_ssd_offload=True) == INVALID
+    # A disk tier needs an absolute directory (test_ssd_offload.py has the rest).
+    assert s.setup(*args, enable_ssd_offload=True, ssd_offload_path="ssd") == INVALID
     with pytest.raises(TypeError):
         s.setup("127.0.0.1", "P2PHANDSHAKE")
     # A zero copy buffer: the copying forms fail, the zero-copy ones work.

@@ -77,6 +77,11 @@ pub struct SegmentSpec {
     /// by the owner, and read back from it into the segment (see [`TierExchange`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub disk_bytes: u64,
+    /// The owner's disk write policy: `true` writes every value to the disk as soon as it
+    /// is complete (eviction then drops the memory at once); `false` (the default) writes a
+    /// value only when it is evicted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_write_through: bool,
 }
 
 /// Remount: every segment the client has, after a ping answered `need_remount`.

@@ -104,4 +104,9 @@ pub struct TierTasks {
     /// The master's view version: a change means a new master, which learns the disk's
     /// records again.
     pub view_version: u64,
+    /// Changes whenever the master forgot the objects of a segment that went away (its
+    /// owner left or expired): owners report their records again, so values whose only
+    /// memory copy was there are served from the disks that hold them.
+    #[serde(default)]
+    pub report_epoch: u64,
 }

@@ -33,6 +33,7 @@ pub fn mount(m: &Master, n: u64, size: u64) {
             size,
             endpoint: format!("te-{s}"),
             disk_bytes: 0,
+            disk_write_through: false,
         };
         m.mount_segment(ClientId::from_u128(1), spec).unwrap();
     }

@@ -240,6 +240,7 @@ mod tests {
                 size: 1 << 20,
                 endpoint: "127.0.0.1:1".into(),
                 disk_bytes: 0,
+                disk_write_through: false,
             },
         };
         let Write::Put(k, v) = l.write(&Record::Mount(seg.clone())) else {

@@ -540,6 +540,8 @@ impl Master {
                 }
             }
         }
+        // A disk may hold what went with the segment.
+        self.records_lost();
     }
 
     /// Every known client.

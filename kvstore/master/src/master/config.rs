@@ -59,6 +59,8 @@ pub mod env {
     pub const METADATA_MAX_VALUE_BYTES: &str = "MOONGATE_MASTER_METADATA_MAX_VALUE_BYTES";
     /// `--master-disk-task-timeout-ms`.
     pub const DISK_TASK_TIMEOUT_MS: &str = "MOONGATE_MASTER_DISK_TASK_TIMEOUT_MS";
+    /// `--master-disk-offload-on-evict`.
+    pub const DISK_OFFLOAD_ON_EVICT: &str = "MOONGATE_MASTER_DISK_OFFLOAD_ON_EVICT";
     /// `--master-disk-load-wait-ms`.
     pub const DISK_LOAD_WAIT_MS: &str = "MOONGATE_MASTER_DISK_LOAD_WAIT_MS";
 }
@@ -189,6 +191,11 @@ pub struct MasterConfig {
     #[arg(id = "master.disk_load_wait_ms", long = "master-disk-load-wait-ms", env = env::DISK_LOAD_WAIT_MS, value_name = "MS",
         default_value_t = MasterConfig::default().disk_load_wait_ms)]
     pub disk_load_wait_ms: u64,
+    /// Write values to the segment owners' disks only when they are evicted, even for
+    /// owners that ask to write through (Mooncake's `--offload_on_evict`).
+    #[arg(id = "master.disk_offload_on_evict", long = "master-disk-offload-on-evict", env = env::DISK_OFFLOAD_ON_EVICT, value_name = "BOOL", action = clap::ArgAction::Set,
+        default_value_t = MasterConfig::default().disk_offload_on_evict)]
+    pub disk_offload_on_evict: bool,
 }
 
 impl Default for MasterConfig {
@@ -219,6 +226,7 @@ impl Default for MasterConfig {
             metadata_max_value_bytes: 1 << 20,
             disk_task_timeout_ms: 30_000,
             disk_load_wait_ms: 5_000,
+            disk_offload_on_evict: false,
         }
     }
 }

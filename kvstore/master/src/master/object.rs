@@ -29,17 +29,43 @@ pub struct ReplicaLocation {
 
 /// Where an object's value lives, for the disk tier (see `tier`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum TierState {
     /// In memory replicas only.
-    Memory,
-    /// In memory, being written to disk.
-    Offloading,
-    /// On disk only.
-    OnDisk,
-    /// On disk, being read into memory.
-    Loading,
-    /// In memory, with a copy on disk.
-    DiskCopy,
+    Memory = 0,
+    /// In memory, evicted: being written to disk, then the memory goes. Still readable.
+    Offloading = 1,
+    /// On disk only, on `replicas[0]`'s segment's owner; that replica's allocation is
+    /// [`DISK_ALLOCATION`], never released.
+    OnDisk = 2,
+    /// Being read from disk into `replicas[0]` (space on the disk's segment); not readable
+    /// until its owner reports it done.
+    Loading = 3,
+    /// Read back from disk into `replicas[0]`, whose owner still holds the record. Not
+    /// journaled (the owners report their records to every new master).
+    DiskCopy = 4,
+    /// Written through: in memory (journaled), its copy on disk being written.
+    Copying = 5,
+    /// Written through: in memory (journaled) with a durable copy on disk.
+    Copied = 6,
+}
+
+impl TierState {
+    const ALL: [TierState; 16] = {
+        use TierState::*;
+        [
+            Memory, Offloading, OnDisk, Loading, DiskCopy, Copying, Copied, Memory, Memory, Memory,
+            Memory, Memory, Memory, Memory, Memory, Memory,
+        ]
+    };
+
+    /// Whether an object in this state is in the journal (its memory replicas are).
+    fn journaled(self) -> bool {
+        matches!(
+            self,
+            TierState::Memory | TierState::Offloading | TierState::Copying | TierState::Copied
+        )
+    }
 }
 
 /// Lifecycle state of an object.
@@ -149,20 +175,9 @@ const SOFT_PIN: u8 = 2;
 const HARD_PIN: u8 = 4;
 /// Journaled masters: `put_end` is appended and waits for its commit (still unreadable).
 const ENDING: u8 = 8;
-/// The disk tier (see `tier`): the owner of the first disk-tier replica's segment is
-/// writing the value to disk; the memory replicas stay readable meanwhile.
-const OFFLOADING: u8 = 16;
-/// The value lives only on the disk of `replicas[0]`'s segment owner; that replica's
-/// allocation is [`DISK_ALLOCATION`], never released.
-const ON_DISK: u8 = 32;
-/// The disk record is being read into `replicas[0]` (allocated on the disk's segment);
-/// not readable until the owner reports it done.
-const LOADING: u8 = 64;
-/// Read back from disk into `replicas[0]`, whose owner still holds the record: eviction
-/// drops the memory without writing again. Such an object is not journaled (the nodes
-/// report disk records to every new master).
-const DISK_COPY: u8 = 128;
-const TIER: u8 = OFFLOADING | ON_DISK | LOADING | DISK_COPY;
+/// Bits 4..8: the object's [`TierState`] (the disk tier, see `tier`), as a number.
+const TIER_SHIFT: u8 = 4;
+const TIER: u8 = 0xf0;
 
 /// The allocation of a replica that lives on disk (no segment space).
 pub(crate) const DISK_ALLOCATION: Allocation = Allocation {
@@ -235,7 +250,7 @@ impl Object {
     /// Complete, with at least one replica on a mounted segment: what a reader can get.
     pub(crate) fn is_readable(&self) -> bool {
         self.is_complete()
-            && self.flags & LOADING == 0
+            && !self.is_loading()
             && self
                 .replicas
                 .as_slice()
@@ -266,40 +281,38 @@ impl Object {
     /// Whether a journaled master made this object durable (or is making it): its space
     /// may only be reused once its removal is committed.
     pub(crate) fn is_durable(&self) -> bool {
-        self.flags & (COMPLETE | ENDING) != 0 && self.flags & (ON_DISK | LOADING | DISK_COPY) == 0
+        self.flags & (COMPLETE | ENDING) != 0 && self.tier().journaled()
     }
 
-    /// Whether any disk-tier state is set (see the flags above).
+    /// Where the value lives (see [`TierState`]).
+    pub(crate) fn tier(&self) -> TierState {
+        TierState::ALL[usize::from((self.flags & TIER) >> TIER_SHIFT)]
+    }
+
+    /// Whether the object is anywhere but plain memory.
     pub(crate) fn in_tier(&self) -> bool {
-        self.flags & TIER != 0
+        self.tier() != TierState::Memory
     }
 
     pub(crate) fn is_offloading(&self) -> bool {
-        self.flags & OFFLOADING != 0
+        matches!(self.tier(), TierState::Offloading | TierState::Copying)
     }
 
     pub(crate) fn is_on_disk(&self) -> bool {
-        self.flags & ON_DISK != 0
+        self.tier() == TierState::OnDisk
     }
 
     pub(crate) fn is_loading(&self) -> bool {
-        self.flags & LOADING != 0
+        self.tier() == TierState::Loading
     }
 
+    /// In memory with a durable copy on disk: eviction drops the memory, writing nothing.
     pub(crate) fn has_disk_copy(&self) -> bool {
-        self.flags & DISK_COPY != 0
+        matches!(self.tier(), TierState::DiskCopy | TierState::Copied)
     }
 
-    /// Sets the tier state to `state` (one of the tier flags, or 0 for none).
     pub(crate) fn set_tier(&mut self, state: TierState) {
-        self.flags = (self.flags & !TIER)
-            | match state {
-                TierState::Memory => 0,
-                TierState::Offloading => OFFLOADING,
-                TierState::OnDisk => ON_DISK,
-                TierState::Loading => LOADING,
-                TierState::DiskCopy => DISK_COPY,
-            };
+        self.flags = (self.flags & !TIER) | ((state as u8) << TIER_SHIFT);
     }
 
     /// The durable form of this object.
@@ -353,7 +366,7 @@ impl Object {
 
     /// Locations of replicas on segments still mounted.
     pub(crate) fn locations(&self) -> Vec<ReplicaLocation> {
-        if self.flags & (ON_DISK | LOADING) != 0 {
+        if self.is_on_disk() || self.is_loading() {
             return Vec::new();
         }
         self.replicas

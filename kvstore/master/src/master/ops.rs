@@ -314,6 +314,7 @@ impl Master {
             return Ok(());
         }
         o.complete(now, self.config.soft_pin_ttl_ms);
+        self.copy_on_complete(o);
         shard.processing.remove(&i);
         Ok(())
     }
@@ -328,6 +329,7 @@ impl Master {
             let o = shard.get_mut(i);
             if o.client == client && o.is_ending() {
                 o.complete(now, self.config.soft_pin_ttl_ms);
+                self.copy_on_complete(o);
                 shard.processing.remove(&i);
             }
         }

@@ -43,6 +43,8 @@ pub struct Segment {
     held_until_ms: u64,
     /// Bytes of disk its owner keeps below it (0: no disk tier; see `tier`).
     disk_bytes: u64,
+    /// Whether its owner writes values to disk as soon as they are complete.
+    write_through: bool,
 }
 
 /// A snapshot of one segment for admin reads.
@@ -113,6 +115,7 @@ impl Segment {
             mounted: AtomicBool::new(true),
             held_until_ms: 0,
             disk_bytes: spec.disk_bytes,
+            write_through: spec.disk_bytes > 0 && spec.disk_write_through,
         }
     }
 
@@ -170,6 +173,11 @@ impl Segment {
     /// Bytes of disk its owner keeps below it (0: no disk tier).
     pub fn disk_bytes(&self) -> u64 {
         self.disk_bytes
+    }
+
+    /// Whether its owner writes values to disk as soon as they are complete.
+    pub fn write_through(&self) -> bool {
+        self.write_through
     }
 
     /// Whether the segment is mounted (serves replicas).

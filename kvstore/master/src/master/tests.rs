@@ -17,6 +17,7 @@ pub(super) fn spec(name: &str, base: u64, size: u64) -> SegmentSpec {
         size,
         endpoint: format!("node-{name}"),
         disk_bytes: 0,
+        disk_write_through: false,
     }
 }
 

@@ -63,6 +63,8 @@ pub(crate) struct Tiers {
     deferred: Mutex<Vec<TaskId>>,
     /// Bytes of memory offloads in flight will free.
     offloading_bytes: AtomicU64,
+    /// Bumped when objects of a vanished segment were forgotten (see `report_epoch`).
+    report_epoch: AtomicU64,
     /// Wakes owners waiting in an exchange (a task was queued).
     pub(crate) tasks_queued: tokio::sync::Notify,
     /// Wakes readers waiting for loads (a load finished, either way).
@@ -143,6 +145,18 @@ impl Master {
         }
     }
 
+    /// Asks every owner to report its records again (objects of a vanished segment are
+    /// being forgotten; a disk may hold them).
+    pub(crate) fn records_lost(&self) {
+        self.tiers.report_epoch.fetch_add(1, Ordering::Relaxed);
+        self.tiers.tasks_queued.notify_waiters();
+    }
+
+    /// Changes whenever owners should report their disk records again.
+    pub fn report_epoch(&self) -> u64 {
+        self.tiers.report_epoch.load(Ordering::Relaxed)
+    }
+
     /// Bytes offloads in flight will free: eviction counts them as freed already.
     pub(crate) fn offloading_bytes(&self) -> u64 {
         self.tiers.offloading_bytes.load(Ordering::Relaxed)
@@ -201,81 +215,106 @@ impl Master {
         Some(done)
     }
 
-    /// Eviction of `o` when its value can go to disk instead of being lost: marks it
-    /// offloading and queues the write. Returns the bytes this will free, or `None` when
-    /// the object has no replica on a mounted disk-tier segment (evict it as before).
-    pub(crate) fn offload_on_evict(&self, o: &mut Object) -> Option<u64> {
-        if o.has_disk_copy() {
-            return None;
-        }
-        let r = o
-            .replicas
+    /// The replica whose segment's owner keeps (or would keep) the value on disk.
+    fn disk_replica(o: &Object) -> Option<&Replica> {
+        o.replicas
             .as_slice()
             .iter()
-            .find(|r| r.segment.disk_bytes() > 0 && r.segment.is_mounted())?;
-        let task = TierTask {
+            .find(|r| r.segment.disk_bytes() > 0 && r.segment.is_mounted())
+    }
+
+    fn offload_task(o: &Object, r: &Replica) -> TierTask {
+        TierTask {
             kind: TierTaskKind::Offload,
             key: o.key.as_str().to_owned(),
             address: r.segment.address_of(r.alloc),
             length: o.length,
-        };
-        let seg = r.segment.name_arc().clone();
+        }
+    }
+
+    /// Eviction of `o` when its value can go to disk instead of being lost: marks it
+    /// offloading and queues the write. Returns the bytes this will free, or `None` when
+    /// the object has no replica on a mounted disk-tier segment (evict it as before).
+    pub(crate) fn offload_on_evict(&self, o: &mut Object) -> Option<u64> {
+        let r = Self::disk_replica(o)?;
+        let (task, seg) = (Self::offload_task(o, r), r.segment.name_arc().clone());
         let bytes = o.footprint();
         o.set_tier(TierState::Offloading);
         self.queue(&seg, task, bytes);
         Some(bytes)
     }
 
-    /// Eviction of a loaded object whose disk record is still there: its memory goes at
-    /// once and it lives on on disk. Returns the bytes freed.
+    /// A put just completed: on a segment whose owner writes through, its copy on disk is
+    /// queued (the memory stays).
+    pub(crate) fn copy_on_complete(&self, o: &mut Object) {
+        if self.config.disk_offload_on_evict {
+            return;
+        }
+        let Some(r) = Self::disk_replica(o).filter(|r| r.segment.write_through()) else {
+            return;
+        };
+        let (task, seg) = (Self::offload_task(o, r), r.segment.name_arc().clone());
+        o.set_tier(TierState::Copying);
+        self.queue(&seg, task, 0);
+    }
+
+    /// Eviction of a value whose record is on disk already (read back, or written
+    /// through): its memory goes at once (after the journal forgot it, when it is
+    /// journaled) and it lives on on disk. Returns the bytes freed.
     pub(crate) fn drop_to_disk(&self, o: &mut Object) -> u64 {
         let bytes = o.footprint();
-        let seg = o.replicas.as_slice()[0].segment.clone();
-        let memory = std::mem::replace(
-            &mut o.replicas,
-            Replicas::One(Replica {
-                segment: seg,
-                alloc: DISK_ALLOCATION,
-            }),
-        );
-        // A disk copy is not journaled: nothing to commit before the space is reused.
-        memory.into_vec().into_iter().for_each(Replica::release);
-        o.set_tier(TierState::OnDisk);
+        let seg = Self::disk_replica(o)
+            .unwrap_or(&o.replicas.as_slice()[0])
+            .segment
+            .clone();
+        self.to_disk(o, &seg);
         bytes
     }
 
-    /// A removed object in a tier state: its record is deleted and memory a task may
-    /// still touch is kept until the task's timeout.
+    /// A removed object in a tier state: its record is deleted, and memory a task may
+    /// still touch (an offload's or a copy's source, a load's target) is reused only after
+    /// the task timeout.
     pub(crate) fn retire_tiered(&self, obj: Object) {
-        let now = self.clock.now_ms();
-        let first = obj.replicas.as_slice()[0].segment.clone();
-        if obj.is_on_disk() {
-            self.queue_delete(&first, obj.key.as_str());
-            return;
-        }
-        if obj.has_disk_copy() {
-            self.queue_delete(&first, obj.key.as_str());
-            obj.release();
-            return;
-        }
-        // Loading or offloading: the owner may be writing or reading the memory now.
-        if obj.is_loading() {
-            self.queue_delete(&first, obj.key.as_str());
-        }
+        let disk = Self::disk_replica(&obj)
+            .unwrap_or(&obj.replicas.as_slice()[0])
+            .segment
+            .clone();
         let key = obj.key.as_str().to_owned();
-        let durable = obj.is_durable();
-        let discarded = Discarded {
-            release_at: now.saturating_add(self.config.disk_task_timeout_ms),
-            aligned: obj.aligned,
-            replicas: obj.replicas.into_vec(),
+        let (state, durable, aligned) = (obj.tier(), obj.is_durable(), obj.aligned);
+        if matches!(
+            state,
+            TierState::OnDisk | TierState::DiskCopy | TierState::Copied | TierState::Loading
+        ) {
+            self.queue_delete(&disk, &key);
+        }
+        if state == TierState::OnDisk {
+            return;
+        }
+        let replicas = obj.replicas.into_vec();
+        let release_at = self
+            .clock
+            .now_ms()
+            .saturating_add(self.config.disk_task_timeout_ms);
+        let busy = matches!(
+            state,
+            TierState::Offloading | TierState::Copying | TierState::Loading
+        );
+        let free: Box<dyn FnOnce(&Master) + Send> = if busy {
+            Box::new(move |m: &Master| {
+                m.discarded.lock().push(Discarded {
+                    release_at,
+                    aligned,
+                    replicas,
+                })
+            })
+        } else {
+            Box::new(move |_: &Master| replicas.into_iter().for_each(Replica::release))
         };
         match &self.journal {
             Some(journal) if durable => {
-                journal.append(vec![Change::then(Record::Remove { key }, move |m| {
-                    m.discarded.lock().push(discarded)
-                })]);
+                journal.append(vec![Change::then(Record::Remove { key }, free)]);
             }
-            _ => self.discarded.lock().push(discarded),
+            _ => free(self),
         }
     }
 
@@ -384,6 +423,10 @@ impl Master {
         for d in done {
             self.finish(&seg, d);
         }
+        if !done.is_empty() {
+            // Loads finished, or offloads freed room a read from disk may be waiting for.
+            self.tiers.loads_done.notify_waiters();
+        }
         for key in dropped {
             self.forget_record(&seg, key);
         }
@@ -440,6 +483,11 @@ impl Master {
                     return;
                 }
                 c.offloads.fetch_add(1, Ordering::Relaxed);
+                if shard.get(i).tier() == TierState::Copying {
+                    // Written through: the memory stays, now with its copy on disk.
+                    shard.get_mut(i).set_tier(TierState::Copied);
+                    return;
+                }
                 if shard.get(i).has_lease(self.clock.now_ms()) {
                     drop(shard);
                     self.tiers
@@ -530,14 +578,34 @@ impl Master {
         let mut shard = self.lock_shard(self.shard_of(hash));
         if let Some(i) = shard.find(hash, &r.key) {
             let o = shard.get_mut(i);
-            if o.is_on_disk() && o.length == r.length {
-                o.replicas = Replicas::One(Replica {
-                    segment: seg.clone(),
-                    alloc: DISK_ALLOCATION,
-                });
-                return true;
+            let elsewhere = !Arc::ptr_eq(&o.replicas.as_slice()[0].segment, seg);
+            if o.length != r.length || !(o.is_on_disk() || (o.is_loading() && elsewhere)) {
+                return false;
             }
-            return false;
+            let here = Replicas::One(Replica {
+                segment: seg.clone(),
+                alloc: DISK_ALLOCATION,
+            });
+            let before = std::mem::replace(&mut o.replicas, here);
+            if o.is_loading() {
+                // Read back by another owner (one that may be gone: this is the same disk
+                // after a restart): its load is abandoned, its space reused only after the
+                // task timeout, and the readers waiting for it try this disk instead.
+                o.set_tier(TierState::OnDisk);
+                let release_at = self
+                    .clock
+                    .now_ms()
+                    .saturating_add(self.config.disk_task_timeout_ms);
+                let aligned = o.aligned;
+                drop(shard);
+                self.discarded.lock().push(Discarded {
+                    release_at,
+                    aligned,
+                    replicas: before.into_vec(),
+                });
+                self.tiers.loads_done.notify_waiters();
+            }
+            return true;
         }
         let now = self.clock.now_ms();
         let mut obj = Object::new(
@@ -594,8 +662,10 @@ impl Master {
                 .find(|r| *r.segment.name_arc() == seg_name)
                 .map(|r| r.segment.clone());
             match seg {
-                Some(seg) if o.is_offloading() && !o.has_lease(now) => self.to_disk(o, &seg),
-                Some(_) if o.is_offloading() => {
+                Some(seg) if o.tier() == TierState::Offloading && !o.has_lease(now) => {
+                    self.to_disk(o, &seg)
+                }
+                Some(_) if o.tier() == TierState::Offloading => {
                     drop(shard);
                     self.tiers.deferred.lock().push((seg_name, key));
                 }

@@ -219,3 +219,80 @@ fn only_the_owner_of_a_segment_with_a_disk_exchanges() {
     assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
     assert!(!m.exists("k").unwrap());
 }
+
+#[test]
+fn a_write_through_owner_copies_every_value_and_eviction_frees_memory_at_once() {
+    let (m, clock) = master_with(MasterConfig {
+        client_ttl_ms: 3_600_000,
+        ..small_config()
+    });
+    let mut s = spec("d", BASE, SEG);
+    s.disk_bytes = 1 << 30;
+    s.disk_write_through = true;
+    m.mount_segment(client(1), s).unwrap();
+    put(&m, "k", 1000);
+    let copies = tasks(&m, &[]);
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].kind, TierTaskKind::Offload);
+    // Readable throughout, and not evictable while its copy is written.
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Ready(_)));
+    clock.advance(m.config().lease_ttl_ms);
+    assert_eq!(m.evict(SEG, SEG).evicted_objects, 0);
+    assert_eq!(m.tier_stats().offloading_bytes, 0, "a copy frees nothing");
+    tasks(&m, &[ok(&copies[0])]);
+    assert_eq!(m.segments()[0].allocated_bytes, 1024);
+    // Evicted: no write, the memory goes now.
+    let r = m.evict(SEG, SEG);
+    assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
+    assert!(tasks(&m, &[]).is_empty());
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    assert_eq!(m.tier_stats().on_disk_objects, 1);
+    // A copy that fails leaves the value in memory, evictable as a plain one.
+    put(&m, "j", 100);
+    let copy = tasks(&m, &[]);
+    tasks(
+        &m,
+        &[TierDone {
+            ok: false,
+            ..ok(&copy[0])
+        }],
+    );
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, 1);
+    // Removing a written-through value deletes its record.
+    m.remove("k", false).unwrap();
+    let del = tasks(&m, &[]);
+    assert!(
+        del.iter()
+            .any(|t| t.kind == TierTaskKind::Delete && t.key == "k")
+    );
+}
+
+#[test]
+fn a_restarted_owner_takes_over_a_load_its_predecessor_never_finished() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 100);
+    let offloads = evict_all(&m);
+    tasks(&m, &[ok(&offloads[0])]);
+    // A read starts a load on "d", whose owner dies before doing it.
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    assert_eq!(m.segments()[0].allocated_bytes, 128);
+    // Its successor mounts "d2" on the same disk and reports the record.
+    let mut s2 = spec("d2", 2 * BASE, SEG);
+    s2.disk_bytes = 1 << 30;
+    m.mount_segment(client(2), s2).unwrap();
+    let rec = DiskRecord {
+        key: "k".into(),
+        length: 100,
+    };
+    let (_, adopted) = m.tier_exchange(client(2), "d2", &[], &[], &[rec]).unwrap();
+    assert_eq!(adopted, 1);
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    let load = m.tier_exchange(client(2), "d2", &[], &[], &[]).unwrap().0;
+    assert_eq!(load.len(), 1);
+    assert!(load[0].address >= 2 * BASE);
+    // The abandoned load's space on "d" waits out the task timeout.
+    clock.advance(m.config().disk_task_timeout_ms);
+    m.tick();
+    let d = m.segments().into_iter().find(|s| s.name == "d").unwrap();
+    assert_eq!(d.allocated_bytes, 0);
+}

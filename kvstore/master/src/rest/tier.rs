@@ -20,37 +20,44 @@ fn not_back(key: &str, wait: Duration) -> MasterError {
     ))
 }
 
-/// The replicas of `key`, waiting (up to `disk_load_wait_ms`) while it is read back from
-/// a disk tier.
-pub(super) async fn read(m: &Master, key: &str) -> MasterResult<ReplicaSet> {
-    let wait = Duration::from_millis(m.config().disk_load_wait_ms);
-    let deadline = Instant::now() + wait;
-    loop {
-        // Registered before the look, so a load finishing in between still wakes us.
-        let woken = m.tier_changed().0.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        if let Lookup::Ready(set) = m.lookup(key)? {
-            return Ok(set);
-        }
-        if tokio::time::timeout_at(deadline, woken).await.is_err() {
-            return Err(not_back(key, wait));
-        }
+/// How often a read of a value on disk whose segment has no room looks again (room comes
+/// back as offloads finish and read leases end).
+const ROOM_POLL: Duration = Duration::from_millis(20);
+
+/// One look: the replicas, or how long to wait before the next (`None`: until a load
+/// finishes). No room on the disk's segment is waited out like a load, up to the deadline.
+fn look(m: &Master, key: &str) -> MasterResult<Result<ReplicaSet, Option<Duration>>> {
+    match m.lookup(key) {
+        Ok(Lookup::Ready(set)) => Ok(Ok(set)),
+        Ok(Lookup::Loading) => Ok(Err(None)),
+        Err(MasterError::NoAvailableHandle(_)) => Ok(Err(Some(ROOM_POLL))),
+        Err(e) => Err(e),
     }
 }
 
-/// [`read`] for many keys: every load starts at once, then the batch waits for them.
+/// The replicas of `key`, waiting (up to `disk_load_wait_ms`) while it is read back from
+/// a disk tier.
+pub(super) async fn read(m: &Master, key: &str) -> MasterResult<ReplicaSet> {
+    let mut out = read_batch(m, std::slice::from_ref(&key.to_owned())).await?;
+    out.pop()
+        .unwrap_or_else(|| Err(not_back(key, Duration::ZERO)))
+}
+
+/// The replicas of each of `keys`, waiting (up to `disk_load_wait_ms`) for those read
+/// back from a disk tier: every load starts at once, then the batch waits for them.
 pub(super) async fn read_batch(
     m: &Master,
     keys: &[String],
 ) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
     let wait = Duration::from_millis(m.config().disk_load_wait_ms);
     let deadline = Instant::now() + wait;
+    // Registered before each look, so a load finishing in between still wakes us.
     let woken = m.tier_changed().0.notified();
     tokio::pin!(woken);
     woken.as_mut().enable();
     let mut out: Vec<MasterResult<ReplicaSet>> = Vec::with_capacity(keys.len());
     let mut pending = Vec::new();
+    let mut poll: Option<Duration> = None;
     for (i, r) in m.batch_lookup(keys)?.into_iter().enumerate() {
         out.push(match r {
             Ok(Lookup::Ready(set)) => Ok(set),
@@ -58,21 +65,26 @@ pub(super) async fn read_batch(
                 pending.push(i);
                 Err(not_back(&keys[i], wait))
             }
+            Err(MasterError::NoAvailableHandle(_)) => {
+                pending.push(i);
+                poll = Some(ROOM_POLL);
+                Err(not_back(&keys[i], wait))
+            }
             Err(e) => Err(e),
         });
     }
-    while !pending.is_empty() {
-        if tokio::time::timeout_at(deadline, woken.as_mut())
-            .await
-            .is_err()
-        {
-            break;
-        }
+    while !pending.is_empty() && Instant::now() < deadline {
+        let until = poll.map_or(deadline, |p| deadline.min(Instant::now() + p));
+        let _ = tokio::time::timeout_at(until, woken.as_mut()).await;
         woken.set(m.tier_changed().0.notified());
         woken.as_mut().enable();
-        pending.retain(|&i| match m.lookup(&keys[i]) {
-            Ok(Lookup::Loading) => true,
-            Ok(Lookup::Ready(set)) => {
+        poll = None;
+        pending.retain(|&i| match look(m, &keys[i]) {
+            Ok(Err(p)) => {
+                poll = poll.or(p);
+                true
+            }
+            Ok(Ok(set)) => {
                 out[i] = Ok(set);
                 false
             }
@@ -118,5 +130,6 @@ pub async fn exchange(
         tasks,
         adopted,
         view_version: m.view_version(),
+        report_epoch: m.report_epoch(),
     }))
 }

@@ -16,12 +16,15 @@ what the wheel's ``setup_dummy(..., server_address)`` reads (see ``moongate.stor
 - accepted without effect, with the reason: ``--threads``, ``--device_names``,
   ``--enable_http_server``/``--http_port`` (the node's ``/health`` and ``/metrics`` are on
   ``--port``), ``--start_offload_rpc_server``;
-- refused with the reason: ``--enable_offload`` (no disk tier yet), a ``--tenant_id`` other
-  than ``default``.
+- ``--enable_offload``: a disk tier (``--disk-path``) where Mooncake's FileStorage writes
+  (``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``, bounded by
+  ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``), written through;
+- refused with the reason: a ``--tenant_id`` other than ``default``.
 
 ``--print`` prints the ``moongate store`` command line instead of running it.
 """
 
+import os
 import re
 import sys
 
@@ -32,7 +35,7 @@ IGNORED = {
     "device_names": "RDMA devices are found by the transfer engine",
     "enable_http_server": "the node's /health and /metrics are always on --port",
     "http_port": "the node's /health and /metrics are on --port",
-    "start_offload_rpc_server": "there is no disk tier yet",
+    "start_offload_rpc_server": "readers reach the disk tier through the master, no RPC server",
 }
 VALUED = {"master_server_address", "global_segment_size", "local_buffer_size", "host", "port",
           "metadata_server", "protocol", "tenant_id", "threads", "device_names", "http_port"}
@@ -51,12 +54,30 @@ def size(name, value):
     return str(int(float(number) * scale))
 
 
+# Mooncake's FileStorageConfig defaults: the directory and the bound on offloaded bytes.
+OFFLOAD_PATH = "/data/file_storage"
+OFFLOAD_BYTES = 2 << 40
+
+
+def offload_args(env):
+    """``--enable_offload``: a disk tier where Mooncake's FileStorage would write
+    (``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``), bounded as Mooncake bounds it
+    (``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``), written through as Mooncake does unless
+    the master says ``--offload_on_evict``."""
+    path = env.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH") or OFFLOAD_PATH
+    if not path.startswith("/"):
+        raise FlagError(f"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH={path!r} must be an absolute path")
+    limit = env.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES") or str(OFFLOAD_BYTES)
+    if not limit.strip().isdigit():
+        raise FlagError(f"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES={limit!r} is not a byte count")
+    return ["--disk-path", path, "--disk-capacity", limit.strip(),
+            "--disk-write-policy", "write-through"]
+
+
 def translate(argv):
     """The ``moongate store`` arguments and the notes for Mooncake's command line ``argv``;
     raises FlagError for what Moongate cannot do."""
     flags = {**DEFAULTS, **parse_flags(argv, VALUED | BOOLS, BOOLS)}
-    if truthy("enable_offload", flags.get("enable_offload", "false")):
-        raise FlagError("--enable_offload: Moongate has no disk tier yet")
     if flags.get("tenant_id", "default") != "default":
         raise FlagError("--tenant_id: Moongate's store has one tenant, 'default'")
     master = flags.get("master_server_address")
@@ -77,6 +98,8 @@ def translate(argv):
         "--metadata", meta,
         "--protocol", "auto",
     ]
+    if truthy("enable_offload", flags.get("enable_offload", "false")):
+        args += offload_args(os.environ)
     if "local_buffer_size" in flags:
         args += ["--local-buffer-size", size("local_buffer_size", flags["local_buffer_size"])]
     notes = [f"--{n} has no effect on Moongate: {why}" for n, why in IGNORED.items() if n in flags

@@ -46,6 +46,7 @@ MAPPED = {
     "etcd_endpoints": ("str", "--etcd-endpoints"),
     "ha_backend_connstring": ("str", "--etcd-endpoints"),
     "cluster_id": ("str", "--cluster-id"),
+    "offload_on_evict": ("bool", "--master-disk-offload-on-evict"),
 }
 
 # Mooncake's defaults for the mapped flags where they differ from Moongate's: a drop-in
@@ -70,15 +71,24 @@ IGNORED = {
     "enable_metadata_cleanup_on_timeout": "segments of a client past its TTL are dropped anyway",
     "global_file_segment_size": "Moongate has no file-system segments (--root_fs_dir is refused)",
     "max_kv_soft_pin_ttl": "a put's soft pin lasts --default_kv_soft_pin_ttl",
-    "enable_disk_eviction": "there is no disk tier yet",
+    "enable_disk_eviction": (
+        "each owner's disk tier drops its least recently used records past its capacity"
+    ),
+    "enable_offload": (
+        "the disk tier is each client's (setup(..., enable_ssd_offload=True) or "
+        "`moongate store --disk-path`); the master serves it whenever a segment has one"
+    ),
+    "promotion_on_hit": (
+        "a value on disk is read back into memory at every read from disk (and stays "
+        "there until evicted again)"
+    ),
 }
 
 REFUSED = {
     "config_path": "give the settings as flags, or use `moongate master --config FILE`",
-    "enable_offload": "Moongate has no SSD offload tier yet",
-    "offload_on_evict": "Moongate has no SSD offload tier yet",
-    "offload_force_evict": "Moongate has no SSD offload tier yet",
-    "promotion_on_hit": "Moongate has no SSD offload tier yet",
+    "offload_force_evict": (
+        "Moongate writes values to disk at completion or at eviction, not by force"
+    ),
     "enable_cxl": "Moongate has no CXL segments",
     "enable_kv_events": "Moongate's master publishes no KV events yet",
     "enable_multi_tenants": "Moongate's master has no tenants",

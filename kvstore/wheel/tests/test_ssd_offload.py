@@ -1,0 +1,81 @@
+"""Mooncake's SSD offload through its own API: ``setup(..., enable_ssd_offload=True,
+ssd_offload_path=...)`` puts a disk tier under the client's segment. The shape the issue
+measured Mooncake 0.3.13 with: a writer with 64 MiB of DRAM puts 512 values of 1 MiB (each
+put retried for up to 2 s); every put is accepted and reads back; after the writer's
+SIGKILL a new client on the same directory reads them again. Both write policies: written
+through (Mooncake's default) and offload on eviction (the master's ``--offload_on_evict``,
+here ``--master-disk-offload-on-evict``)."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import Master, MiB, new_store, python_child
+from offload_writer import value
+
+VALUES = 512
+
+
+def read_all(store, keys, timeout):
+    """How many of `keys` read back byte-exact, each waited for up to `timeout` seconds
+    (a restarted owner reports its records with its first exchanges)."""
+    good = 0
+    for k in keys:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = store.get(k)
+            if got or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        i = int(k.split("/")[1])
+        if got:
+            assert got == value(i), f"{k} came back different"
+            good += 1
+    return good
+
+
+@pytest.mark.parametrize("policy", ["write-through", "offload-on-evict"])
+def test_the_issue_shape_keeps_every_value_and_survives_the_writers_sigkill(tmp_path, policy):
+    extra = ["--master-disk-offload-on-evict", "true"] if policy == "offload-on-evict" else []
+    # A killed writer's segment goes within a second, as Mooncake's client TTL would.
+    master = Master("--master-client-ttl-ms", "1000", *extra)
+    t0 = time.monotonic()
+    path = str(tmp_path / "ssd")
+    try:
+        writer = python_child("offload_writer.py", master.addr, path, 64, VALUES)
+        line = writer.stdout.readline()
+        assert line.startswith("accepted"), line + writer.stderr.read()
+        assert int(line.split()[1]) == VALUES, line
+        print(f"puts {time.monotonic() - t0:.1f}s")
+        keys = [f"ssd/{i}" for i in range(VALUES)]
+        reader = new_store(master, segment=0)
+        assert read_all(reader, keys, timeout=5) == VALUES
+        print(f"gets {time.monotonic() - t0:.1f}s")
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        records = sum(1 for f in os.listdir(path) if f.endswith(".rec"))
+        # A new client on the writer's directory: its records are served again.
+        again = new_store(master, segment=64 * MiB, ssd_offload_path=path)
+        # (a read may first wait out a load the dead writer was asked for)
+        got = read_all(reader, keys, timeout=10)
+        print(f"{policy}: {records} records on disk at the SIGKILL, {got}/{VALUES} read after it")
+        if policy == "write-through":
+            assert got >= VALUES * 0.999, f"{got}/{VALUES}"
+        else:
+            # What was only in the killed writer's memory is gone with it.
+            assert got >= records, f"{got} read of {records} records"
+        assert again.close() == 0 and reader.close() == 0
+    finally:
+        master.stop()
+
+
+def test_setup_refuses_a_relative_offload_path(master):
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", master.addr,
+                 None, True, "relative/dir")
+    assert rc == -600
+    assert s.get_offload_rpc_read_count() == 0

@@ -389,6 +389,10 @@ pub mod master {
         /// The replicas of many objects, with read leases.
         BatchGetReplicas = Post "/api/v1/batch/replicas", Store, "master_batch_get_replicas",
             BatchKeysRequest => BatchReplicasResponse;
+        /// The replicas of many objects as they lie, memory and disk, without a lease and
+        /// without reading anything back from disk (Mooncake's replica descriptions).
+        BatchReplicaDescs = Post "/api/v1/batch/replica-descs", Store, "master_batch_replica_descs",
+            BatchKeysRequest => BatchReplicasResponse;
         /// Whether many objects exist.
         BatchExists = Post "/api/v1/batch/exists", Store, "master_batch_exists",
             BatchKeysRequest => BatchExistsResponse;

@@ -72,6 +72,32 @@ impl StoreClient {
             .collect()
     }
 
+    /// Where each of `keys` lies as the master holds it, in memory and on disk
+    /// ([`wire::ReplicaKind`]), without a lease and without reading anything back from
+    /// disk (Mooncake's replica descriptions of `LOCAL_DISK` replicas).
+    pub async fn describe_replicas(
+        &self,
+        keys: &[&str],
+    ) -> Vec<StoreResult<(u64, Vec<wire::Replica>)>> {
+        let rpc = &self.inner.rpc;
+        let body = wire::BatchKeysRequest {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        };
+        match rpc.replica_descs(&body).await {
+            Ok(r) => align(keys.len(), r.results, |r| {
+                match (r.error, r.length, r.replicas) {
+                    (Some(e), ..) => Err(item_error(e)),
+                    (None, Some(length), Some(replicas)) => Ok((length, replicas)),
+                    _ => Err(StoreError::Rpc {
+                        url: rpc.base().to_owned(),
+                        reason: format!("description of {:?} answered without replicas", r.key),
+                    }),
+                }
+            }),
+            Err(e) => fail_all(keys.len(), e),
+        }
+    }
+
     /// The get pipeline: looks every key up, reads each from its nearest replica (trying
     /// the next replica of those that fail), then checks every lease held to the end.
     /// `dest(i, length)` says where object `i` goes once its length is known.

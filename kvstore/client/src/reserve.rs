@@ -210,6 +210,7 @@ mod tests {
             id,
             length,
             replicas: vec![wire::Replica {
+                kind: wire::ReplicaKind::Memory,
                 segment: "s".into(),
                 endpoint: "e".into(),
                 address: 4096 * id,

@@ -579,6 +579,14 @@ impl MasterRpc {
             .await
     }
 
+    pub(crate) async fn replica_descs(
+        &self,
+        body: &wire::BatchKeysRequest,
+    ) -> StoreResult<wire::BatchReplicasResponse> {
+        self.call::<route::BatchReplicaDescs>(&[], None, Some(body))
+            .await
+    }
+
     pub(crate) async fn batch_exists(
         &self,
         body: &wire::BatchKeysRequest,

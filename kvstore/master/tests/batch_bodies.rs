@@ -30,7 +30,7 @@ const CLIENT: &str = "00000000-0000-0000-0000-000000000001";
 
 /// Every route whose body holds a list (and the one-object put-start, whose placement
 /// config does).
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 12] = [
     "/api/v1/batch/put-start",
     "/api/v1/batch/put-end",
     "/api/v1/batch/put-revoke",
@@ -42,6 +42,7 @@ const ROUTES: [&str; 11] = [
     "/api/v1/clients/00000000-0000-0000-0000-000000000002/segments",
     "/api/v1/objects/k/put-start",
     "/api/v1/segments/seg/tier",
+    "/api/v1/batch/replica-descs",
 ];
 
 /// What one request did: its status, its body, the bytes it allocated.

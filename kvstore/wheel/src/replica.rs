@@ -3,10 +3,10 @@
 //! `DiskDescriptor`) and enums (`ReplicaStatus`, `ObjectDataType`); and clearing them
 //! (`batch_replica_clear`).
 //!
-//! A description is a read lookup: the master grants a read lease on each object described,
-//! as Mooncake's does. Every replica Moongate's store holds is a complete memory replica;
-//! `DiskDescriptor` exists for code that names it, and no replica has one (there is no disk
-//! tier yet).
+//! Every replica described is complete: in a segment's memory, or (a value on a client's
+//! disk tier) one with `is_local_disk_replica()` and a `DiskDescriptor`. Describing grants no read
+//! lease and reads nothing back from disk (Mooncake's promotion is not a side effect of a
+//! description either).
 
 use std::collections::HashMap;
 
@@ -132,8 +132,9 @@ pub struct MemoryDescriptor {
     buffer_descriptor: Descriptor,
 }
 
-/// A disk replica's file (Mooncake's; Moongate's store has no disk tier yet, so no replica
-/// carries one).
+/// A replica on disk: for a `LOCAL_DISK` replica, `file_path` names the transfer endpoint
+/// of the client whose disk tier holds it (a read brings it back into that client's
+/// memory).
 #[pyclass(module = "moongate.store", frozen)]
 #[derive(Clone, Debug)]
 pub struct DiskDescriptor {
@@ -153,41 +154,53 @@ pub struct ReplicaDescriptor {
     #[pyo3(get)]
     status: ReplicaStatus,
     memory: Descriptor,
+    /// On the disk of `memory.transport_endpoint`'s client (Mooncake's `LOCAL_DISK`).
+    on_disk: bool,
 }
 
 #[pymethods]
 impl ReplicaDescriptor {
-    /// True: every replica of Moongate's store is in memory.
+    /// Whether it is in a segment's memory.
     fn is_memory_replica(&self) -> bool {
-        true
+        !self.on_disk
     }
 
-    /// False: no disk tier yet.
+    /// Whether it is on a disk: Moongate's disk replicas are all local disks.
     fn is_disk_replica(&self) -> bool {
-        false
+        self.on_disk
     }
 
-    /// False: no disk tier yet.
+    /// Whether it is on the disk tier of a client (Mooncake's `LOCAL_DISK`).
     fn is_local_disk_replica(&self) -> bool {
-        false
+        self.on_disk
     }
 
-    /// Where the replica lies.
-    fn get_memory_descriptor(&self) -> MemoryDescriptor {
-        MemoryDescriptor {
-            buffer_descriptor: self.memory.clone(),
+    /// Where a memory replica lies; a `RuntimeError` for one on disk, as in Mooncake.
+    fn get_memory_descriptor(&self) -> PyResult<MemoryDescriptor> {
+        if self.on_disk {
+            return Err(PyRuntimeError::new_err("Expected MemoryDescriptor"));
         }
+        Ok(MemoryDescriptor {
+            buffer_descriptor: self.memory.clone(),
+        })
     }
 
-    /// A `RuntimeError`, as Mooncake raises for a memory replica.
+    /// The disk holding a replica on disk (`file_path`: the holder's endpoint); a
+    /// `RuntimeError` for a memory replica, as in Mooncake.
     fn get_disk_descriptor(&self) -> PyResult<DiskDescriptor> {
-        Err(PyRuntimeError::new_err("Expected DiskDescriptor"))
+        if !self.on_disk {
+            return Err(PyRuntimeError::new_err("Expected DiskDescriptor"));
+        }
+        Ok(DiskDescriptor {
+            file_path: self.memory.transport_endpoint.clone(),
+            object_size: self.memory.size,
+        })
     }
 }
 
 impl MooncakeDistributedStore {
-    /// Each key's replicas (a read lookup, one request); a key that fails is logged and
-    /// answered `None`.
+    /// Each key's replicas as they lie, memory and disk (one request; no lease, nothing
+    /// read back from disk); a key that fails is logged and answered `None`.
     fn describe(
         &self,
         py: Python<'_>,
@@ -199,13 +212,14 @@ impl MooncakeDistributedStore {
             return vec![None; keys.len()];
         };
         let names: Vec<&str> = keys.iter().map(String::as_str).collect();
-        block_here(py, s.client.replicas_of(&names))
+        block_here(py, s.client.describe_replicas(&names))
             .into_iter()
             .map(|r| match r {
                 Ok((length, replicas)) => Some(
                     replicas
                         .into_iter()
                         .map(|r| ReplicaDescriptor {
+                            on_disk: r.kind == openapi::master::ReplicaKind::LocalDisk,
                             status: ReplicaStatus::Complete,
                             memory: Descriptor {
                                 size: length,
@@ -226,8 +240,9 @@ impl MooncakeDistributedStore {
 
 #[pymethods]
 impl MooncakeDistributedStore {
-    /// The replicas of `key` (a read lease is granted); an empty list when it cannot be
-    /// read (not found, not complete, the master unreachable).
+    /// The replicas of `key`, memory and disk (no lease is granted, nothing is read back
+    /// from disk); an empty list when it cannot be read (not found, not complete, the
+    /// master unreachable).
     fn get_replica_desc(&self, py: Python<'_>, key: String) -> Vec<ReplicaDescriptor> {
         let keys = [key];
         self.describe(py, "get_replica_desc", &keys)

@@ -137,6 +137,9 @@ impl SetupArgs {
         Ok(ClientConfig {
             disk_path,
             disk_capacity,
+            // Mooncake writes each value to its SSD once complete unless its master says
+            // offload_on_evict (Moongate's master: --master-disk-offload-on-evict).
+            disk_write_policy: kvclient::DiskWritePolicy::WriteThrough,
             master: master_url(&self.master_server_addr)?,
             segment_size: self.global_segment_size,
             // The copy buffer must exist; a zero-sized one is refused at put/get instead.

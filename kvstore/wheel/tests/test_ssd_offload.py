@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import Master, MiB, new_store, python_child
+from conftest import Master, MiB, new_store, python_child, wait_until
 from offload_writer import value
 
 VALUES = 512
@@ -51,6 +51,24 @@ def test_the_issue_shape_keeps_every_value_and_survives_the_writers_sigkill(tmp_
         print(f"puts {time.monotonic() - t0:.1f}s")
         keys = [f"ssd/{i}" for i in range(VALUES)]
         reader = new_store(master, segment=0)
+        # Described as they lie, without reading anything back: the first values were
+        # evicted to the writer's disk (LOCAL_DISK only), the last are in its memory too
+        # when written through.
+        descs = reader.batch_get_replica_desc(keys)
+        kinds = [sorted("disk" if r.is_local_disk_replica() else "memory" for r in descs[k])
+                 for k in keys]
+        assert kinds[0] == ["disk"], kinds[0]
+        assert "memory" in kinds[-1], kinds[-1]
+        if policy == "write-through":
+            # Its copy on disk is written soon after the put.
+            wait_until(lambda: any(r.is_local_disk_replica()
+                                   for r in reader.get_replica_desc(keys[-1])),
+                       5, "the last value's copy on disk")
+        else:
+            assert kinds[-1] == ["memory"]
+        d = descs[keys[0]][0]
+        assert d.get_disk_descriptor().object_size == MiB
+        assert reader.batch_get_replica_desc(keys[:1])[keys[0]][0].is_local_disk_replica()
         assert read_all(reader, keys, timeout=5) == VALUES
         print(f"gets {time.monotonic() - t0:.1f}s")
         writer.send_signal(signal.SIGKILL)

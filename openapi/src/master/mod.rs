@@ -265,10 +265,33 @@ pub struct Replica {
     pub segment: String,
     /// Transfer endpoint (the owner's `transfer` segment name).
     pub endpoint: String,
-    /// Address of the first byte.
+    /// Address of the first byte (0 for a replica on disk).
     pub address: u64,
     /// Object length in bytes.
     pub length: u64,
+    /// Where the replica lies: in the segment's memory (the default, left out), or on the
+    /// disk below it (only in descriptions, `batch/replica-descs`).
+    #[serde(default, skip_serializing_if = "ReplicaKind::is_memory")]
+    pub kind: ReplicaKind,
+}
+
+/// Where a replica lies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaKind {
+    /// In the segment's memory: readable with a transfer.
+    #[default]
+    Memory,
+    /// On the disk of the segment's owner (Mooncake's `LOCAL_DISK`): a read brings it
+    /// back into memory first.
+    LocalDisk,
+}
+
+impl ReplicaKind {
+    /// Whether the replica is in memory.
+    pub fn is_memory(&self) -> bool {
+        *self == ReplicaKind::Memory
+    }
 }
 
 /// Replicas allocated for a put.

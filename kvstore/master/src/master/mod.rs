@@ -62,7 +62,7 @@ pub use ops::{MAX_PREFERRED, ReplicaSet};
 pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};
-pub use tier::{Lookup, TierStats};
+pub use tier::{Described, Lookup, TierStats};
 pub use uuid::Uuid as ClientId;
 
 use clients::ClientTable;

@@ -36,7 +36,7 @@ use parking_lot::Mutex;
 use super::journal::{Change, Record};
 use super::object::{DISK_ALLOCATION, Object, Replica, Replicas, TierState};
 use super::segment::Segment;
-use super::{ClientId, Discarded, Master, MasterError, MasterResult, ReplicaSet};
+use super::{ClientId, Discarded, Master, MasterError, MasterResult, ReplicaLocation, ReplicaSet};
 use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
 
 /// A task's identity: the segment and the key.
@@ -103,6 +103,17 @@ pub struct TierStats {
     pub on_disk_objects: u64,
     /// Bytes offloads in flight will free.
     pub offloading_bytes: u64,
+}
+
+/// An object's replicas as they lie, for descriptions (see [`Master::describe`]).
+#[derive(Debug)]
+pub struct Described {
+    /// Object length in bytes.
+    pub length: u64,
+    /// Replicas in memory, readable now.
+    pub memory: Vec<ReplicaLocation>,
+    /// The segment whose owner holds the value on disk, if one does.
+    pub disk: Option<Arc<Segment>>,
 }
 
 /// What one read found: the replicas, or a load under way.
@@ -316,6 +327,43 @@ impl Master {
             }
             _ => free(self),
         }
+    }
+
+    /// `key`'s replicas as they lie, memory and disk, without granting a lease or reading
+    /// anything back from disk (Mooncake's replica descriptions).
+    pub fn describe(&self, key: &str) -> MasterResult<Described> {
+        self.check_key(key)?;
+        let hash = self.hash(key);
+        let shard = self.lock_shard(self.shard_of(hash));
+        let i = shard
+            .find(hash, key)
+            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let o = shard.get(i);
+        if !o.is_complete() {
+            return Err(MasterError::ReplicaIsNotReady(key.to_string()));
+        }
+        let disk = match o.tier() {
+            TierState::OnDisk | TierState::Loading => {
+                Some(o.replicas.as_slice()[0].segment.clone())
+            }
+            TierState::DiskCopy | TierState::Copied => {
+                Self::disk_replica(o).map(|r| r.segment.clone())
+            }
+            _ => None,
+        };
+        Ok(Described {
+            length: o.length,
+            memory: o.locations(),
+            disk: disk.filter(|s| s.is_mounted()),
+        })
+    }
+
+    /// [`Master::describe`] for many keys.
+    pub fn batch_describe<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> MasterResult<Vec<MasterResult<Described>>> {
+        self.batch(keys, |k| self.describe(k.as_ref()))
     }
 
     /// A read of `key`: its replicas, or a load started (or under way) when it lives on

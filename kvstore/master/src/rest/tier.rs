@@ -10,8 +10,8 @@ use axum::extract::State;
 use openapi::master as wire;
 use tokio::time::Instant;
 
-use super::{ApiJson, ApiPath, ApiResult, MasterErrors, client_id, observed};
-use crate::master::{Lookup, Master, MasterError, MasterResult, ReplicaSet};
+use super::{ApiJson, ApiPath, ApiResult, MasterErrors, client_id, detail, observed, replica};
+use crate::master::{Described, Lookup, Master, MasterError, MasterResult, ReplicaSet};
 
 fn not_back(key: &str, wait: Duration) -> MasterError {
     MasterError::ReplicaIsNotReady(format!(
@@ -132,4 +132,54 @@ pub async fn exchange(
         view_version: m.view_version(),
         report_epoch: m.report_epoch(),
     }))
+}
+
+/// The wire form of a description: the memory replicas, then the disk one.
+fn described(d: &Described) -> Vec<wire::Replica> {
+    let mut out: Vec<wire::Replica> = d.memory.iter().map(replica).collect();
+    if let Some(seg) = &d.disk {
+        out.push(wire::Replica {
+            segment: seg.name().to_string(),
+            endpoint: seg.endpoint().to_string(),
+            address: 0,
+            length: d.length,
+            kind: wire::ReplicaKind::LocalDisk,
+        });
+    }
+    out
+}
+
+/// The replicas of many objects as they lie, memory and disk, without a lease and without
+/// reading anything back from disk.
+#[utoipa::path(post, operation_id = routes::master::BatchReplicaDescs::OPERATION_ID,
+    path = routes::master::BatchReplicaDescs::PATH, tag = super::TAG,
+    request_body = wire::BatchKeysRequest,
+    responses((status = 200, description = "Per-key replicas or errors (no lease)", body = wire::BatchReplicasResponse), MasterErrors))]
+pub async fn replica_descs(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchKeysRequest>,
+) -> ApiResult<Json<wire::BatchReplicasResponse>> {
+    let results = observed("batch_replica_descs", m.batch_describe(&req.keys))?;
+    let results = req
+        .keys
+        .into_iter()
+        .zip(results)
+        .map(|(key, r)| match r {
+            Ok(d) => wire::BatchReplicasResult {
+                key,
+                length: Some(d.length),
+                lease_ttl_ms: None,
+                replicas: Some(described(&d)),
+                error: None,
+            },
+            Err(e) => wire::BatchReplicasResult {
+                key,
+                length: None,
+                lease_ttl_ms: None,
+                replicas: None,
+                error: Some(detail(&e)),
+            },
+        })
+        .collect();
+    Ok(Json(wire::BatchReplicasResponse { results }))
 }

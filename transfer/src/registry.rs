@@ -301,6 +301,40 @@ impl RegisteredBuffer {
         self.region().read_at(offset, dst)
     }
 
+    /// Reads `len` bytes of `file` at `file_offset` straight into the buffer at `offset`
+    /// (see [`MemoryRegion::read_file_at`]). The outer error: the range; the inner: the I/O.
+    pub fn read_file_at(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Result<std::io::Result<()>> {
+        self.region().read_file_at(offset, len, file, file_offset)
+    }
+
+    /// Writes `len` bytes of the buffer at `offset` straight to `file` at `file_offset`
+    /// (see [`MemoryRegion::write_file_at`]).
+    pub fn write_file_at(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Result<std::io::Result<()>> {
+        self.region().write_file_at(offset, len, file, file_offset)
+    }
+
+    /// Runs `f` on the buffer's bytes at `offset` (see [`MemoryRegion::with_bytes`]).
+    pub fn with_bytes<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        self.region().with_bytes(offset, len, f)
+    }
+
     /// Copies `len` bytes at `offset` into a new `Vec`.
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         self.region().to_vec(offset, len)

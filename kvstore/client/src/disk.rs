@@ -20,9 +20,9 @@
 //! - **Safe directory**: created `0700`; an existing one must belong to this user and not
 //!   be writable by others, and every file in it must belong to this user.
 //!
-//! I/O is positional (`pread`/`pwrite`) through a bounce buffer, on blocking threads the
-//! caller provides; values move between the segment and the buffer with the registered
-//! buffer's own copies.
+//! I/O is positional (`pread`/`pwrite`), on blocking threads the caller provides: between
+//! the file and the segment's registered memory directly (the kernel copies; the checksum
+//! is taken in place), or from and into caller slices.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use openapi::master::DiskRecord;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+use transfer::RegisteredBuffer;
 
 const MAGIC: &[u8; 8] = b"MGKVREC1";
 const HEADER: usize = 32;
@@ -104,12 +105,12 @@ pub struct DiskStore {
     counters: DiskCounters,
 }
 
-fn header(key: &[u8], value: &[u8]) -> [u8; HEADER] {
+fn header(key: &[u8], len: u64, crc: u32) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
-    h[16..24].copy_from_slice(&(value.len() as u64).to_le_bytes());
-    h[24..28].copy_from_slice(&crc32fast::hash(value).to_le_bytes());
+    h[16..24].copy_from_slice(&len.to_le_bytes());
+    h[24..28].copy_from_slice(&crc.to_le_bytes());
     let mut c = crc32fast::Hasher::new();
     c.update(&h[..28]);
     c.update(key);
@@ -295,25 +296,69 @@ impl DiskStore {
     /// Writes `value` as `key`'s record (replacing one there). Answers the keys of the
     /// records dropped to make room. Durable once [`DiskStore::sync`] returned.
     pub fn write(&self, key: &str, value: &[u8]) -> Result<Vec<String>, DiskError> {
-        let bytes = (HEADER + key.len() + value.len()) as u64;
+        let crc = crc32fast::hash(value);
+        self.write_with(key, value.len() as u64, crc, |f, at| {
+            f.write_all_at(value, at)
+        })
+    }
+
+    /// [`DiskStore::write`] of the `len` bytes at `offset` of registered memory, which the
+    /// kernel copies to the file itself (no bounce buffer).
+    pub fn write_from(
+        &self,
+        key: &str,
+        memory: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<String>, DiskError> {
+        let crc = memory
+            .with_bytes(offset, len, crc32fast::hash)
+            .map_err(|e| DiskError::Io(io::Error::other(e)))?;
+        self.write_with(key, len as u64, crc, |f, at| {
+            memory
+                .write_file_at(offset, len, f, at)
+                .map_err(io::Error::other)?
+        })
+    }
+
+    /// A record of `len` value bytes whose CRC is `crc`, the value written by `value(file,
+    /// at)`: to a partial file, synced, renamed.
+    fn write_with(
+        &self,
+        key: &str,
+        len: u64,
+        crc: u32,
+        value: impl FnOnce(&File, u64) -> io::Result<()>,
+    ) -> Result<Vec<String>, DiskError> {
+        let bytes = (HEADER + key.len()) as u64 + len;
         if bytes > self.capacity() || key.len() > MAX_KEY {
-            return Err(DiskError::TooLarge(value.len() as u64));
+            return Err(DiskError::TooLarge(len));
         }
         let dropped = self.make_room(key, bytes);
         let path = self.path(key);
         let partial = path.with_extension(PARTIAL);
-        match self.write_file(&partial, &path, key, value) {
-            Ok(()) => {}
-            Err(e) => {
-                let _ = fs::remove_file(&partial);
-                self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-                if e.kind() == ErrorKind::StorageFull {
-                    let (used, _) = self.usage();
-                    self.capacity.store(used, Ordering::Relaxed);
-                    tracing::warn!(dir = %self.dir.display(), bound = used, "the disk tier's file system is full: holding no more than what is written");
-                }
-                return Err(e.into());
+        let written = (|| {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&partial)?;
+            f.write_all_at(&header(key.as_bytes(), len, crc), 0)?;
+            f.write_all_at(key.as_bytes(), HEADER as u64)?;
+            value(&f, (HEADER + key.len()) as u64)?;
+            f.sync_data()?;
+            fs::rename(&partial, &path)
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&partial);
+            self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+            if e.kind() == ErrorKind::StorageFull {
+                let (used, _) = self.usage();
+                self.capacity.store(used, Ordering::Relaxed);
+                tracing::warn!(dir = %self.dir.display(), bound = used, "the disk tier's file system is full: holding no more than what is written");
             }
+            return Err(e.into());
         }
         let mut index = self.index.lock();
         index.clock += 1;
@@ -322,7 +367,7 @@ impl DiskStore {
         if let Some(old) = index.entries.insert(
             key.to_owned(),
             Entry {
-                length: value.len() as u64,
+                length: len,
                 bytes,
                 stamp,
             },
@@ -331,21 +376,6 @@ impl DiskStore {
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         Ok(dropped)
-    }
-
-    fn write_file(&self, partial: &Path, path: &Path, key: &str, value: &[u8]) -> io::Result<()> {
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(partial)?;
-        let h = header(key.as_bytes(), value);
-        f.write_all_at(&h, 0)?;
-        f.write_all_at(key.as_bytes(), HEADER as u64)?;
-        f.write_all_at(value, (HEADER + key.len()) as u64)?;
-        f.sync_data()?;
-        fs::rename(partial, path)
     }
 
     /// Drops least recently used records (not `key`'s) until `bytes` more fit.
@@ -385,6 +415,68 @@ impl DiskStore {
     /// Reads `key`'s value into `out` (cleared first), checking both checksums; a record
     /// that fails is removed.
     pub fn read(&self, key: &str, out: &mut Vec<u8>) -> Result<(), DiskError> {
+        let (f, len, crc) = self.open_record(key)?;
+        out.clear();
+        out.resize(len as usize, 0);
+        if f.read_exact_at(out, (HEADER + key.len()) as u64).is_err() {
+            return Err(self.corrupt(key, "value cut short"));
+        }
+        self.check_value(key, crc32fast::hash(out) == crc)
+    }
+
+    /// [`DiskStore::read`] straight into registered memory at `offset`, where `len` bytes
+    /// (the value's length) are reserved for it: the kernel copies from the file, the
+    /// checksum is taken in place.
+    pub fn read_into(
+        &self,
+        key: &str,
+        memory: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DiskError> {
+        let (f, stored, crc) = self.open_record(key)?;
+        if stored != len as u64 {
+            return Err(DiskError::Corrupt {
+                key: key.to_owned(),
+                why: format!("{stored} bytes on disk, {len} asked for"),
+            });
+        }
+        let outside = |e: transfer::TransferError| DiskError::Io(io::Error::other(e));
+        match memory
+            .read_file_at(offset, len, &f, (HEADER + key.len()) as u64)
+            .map_err(outside)?
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                return Err(self.corrupt(key, "value cut short"));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let sum = memory
+            .with_bytes(offset, len, crc32fast::hash)
+            .map_err(outside)?;
+        self.check_value(key, sum == crc)
+    }
+
+    fn corrupt(&self, key: &str, why: &str) -> DiskError {
+        self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+        self.delete(key);
+        DiskError::Corrupt {
+            key: key.to_owned(),
+            why: why.to_owned(),
+        }
+    }
+
+    fn check_value(&self, key: &str, crc_held: bool) -> Result<(), DiskError> {
+        if !crc_held {
+            return Err(self.corrupt(key, "value checksum"));
+        }
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `key`'s record opened, its header and key checked: (file, value length, value CRC).
+    fn open_record(&self, key: &str) -> Result<(File, u64, u32), DiskError> {
         let length = {
             let mut index = self.index.lock();
             index.clock += 1;
@@ -396,40 +488,24 @@ impl DiskStore {
             e.stamp = stamp;
             e.length
         };
-        let corrupt = |why: &str| {
-            self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-            self.delete(key);
-            DiskError::Corrupt {
-                key: key.to_owned(),
-                why: why.to_owned(),
-            }
-        };
         let f = match File::open(self.path(key)) {
             Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Err(corrupt("file missing")),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(self.corrupt(key, "file missing"));
+            }
             Err(e) => return Err(e.into()),
         };
         let mut h = [0u8; HEADER];
         if f.read_exact_at(&mut h, 0).is_err() || key_len(&h) != key.len() {
-            return Err(corrupt("short or foreign header"));
+            return Err(self.corrupt(key, "short or foreign header"));
         }
         let mut stored_key = vec![0u8; key.len()];
         f.read_exact_at(&mut stored_key, HEADER as u64)?;
-        let (len, crc) = match parse(&h, &stored_key) {
-            Ok(p) if stored_key == key.as_bytes() && p.0 == length => p,
-            Ok(_) => return Err(corrupt("another key or length")),
-            Err(why) => return Err(corrupt(&why)),
-        };
-        out.clear();
-        out.resize(len as usize, 0);
-        if f.read_exact_at(out, (HEADER + key.len()) as u64).is_err() {
-            return Err(corrupt("value cut short"));
+        match parse(&h, &stored_key) {
+            Ok((len, crc)) if stored_key == key.as_bytes() && len == length => Ok((f, len, crc)),
+            Ok(_) => Err(self.corrupt(key, "another key or length")),
+            Err(why) => Err(self.corrupt(key, &why)),
         }
-        if crc32fast::hash(out) != crc {
-            return Err(corrupt("value checksum"));
-        }
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Removes `key`'s record, if held.

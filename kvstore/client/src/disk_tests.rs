@@ -121,3 +121,34 @@ fn a_directory_others_may_write_is_refused() {
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
     DiskStore::open(tmp.path(), 1 << 20).unwrap();
 }
+
+#[tokio::test]
+async fn records_go_between_registered_memory_and_the_disk_directly() {
+    let cfg = transfer::EngineConfig::listening_on("127.0.0.1:0".parse().unwrap());
+    let engine = transfer::TransferEngine::new(cfg).await.unwrap();
+    let memory = engine.alloc(1 << 20).unwrap();
+    let v = value(300_000, 9);
+    memory.write_at(4096, &v).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, _) = open(tmp.path(), 1 << 30);
+    assert!(
+        d.write_from("m", &memory, 4096, v.len())
+            .unwrap()
+            .is_empty()
+    );
+    // Read back by the slice form and by the direct one, elsewhere in the memory.
+    let mut out = Vec::new();
+    d.read("m", &mut out).unwrap();
+    assert_eq!(out, v);
+    d.read_into("m", &memory, 500_000, v.len()).unwrap();
+    assert_eq!(memory.to_vec(500_000, v.len()).unwrap(), v);
+    // A length other than the record's, and a range outside the memory, are refused.
+    assert!(d.read_into("m", &memory, 0, 10).is_err());
+    assert!(d.write_from("n", &memory, 900_000, 300_000).is_err());
+    // A flipped byte on disk: a miss, the record gone, the memory not trusted.
+    let f = OpenOptions::new().write(true).open(d.path("m")).unwrap();
+    f.write_all_at(&[0x55], (HEADER + 1 + 7) as u64).unwrap();
+    let e = d.read_into("m", &memory, 500_000, v.len()).unwrap_err();
+    assert!(matches!(e, DiskError::Corrupt { .. }), "{e}");
+    assert!(!d.contains("m"));
+}

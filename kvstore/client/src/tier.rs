@@ -192,11 +192,7 @@ fn one(memory: &RegisteredBuffer, disk: &DiskStore, t: TierTask) -> (bool, Vec<S
                 );
                 return (false, Vec::new());
             };
-            let mut value = vec![0u8; t.length as usize];
-            if memory.read_at(offset, &mut value).is_err() {
-                return (false, Vec::new());
-            }
-            match disk.write(&t.key, &value) {
+            match disk.write_from(&t.key, memory, offset, t.length as usize) {
                 Ok(gone) => (true, gone),
                 Err(e) => {
                     tracing::warn!(key = t.key, error = %e, "offload to disk failed; the value stays in memory");
@@ -214,12 +210,8 @@ fn one(memory: &RegisteredBuffer, disk: &DiskStore, t: TierTask) -> (bool, Vec<S
                 );
                 return (false, Vec::new());
             };
-            let mut value = Vec::new();
-            match disk.read(&t.key, &mut value) {
-                Ok(()) if value.len() as u64 == t.length => {
-                    (memory.write_at(offset, &value).is_ok(), Vec::new())
-                }
-                Ok(()) => (false, Vec::new()),
+            match disk.read_into(&t.key, memory, offset, t.length as usize) {
+                Ok(()) => (true, Vec::new()),
                 Err(e) => {
                     tracing::warn!(key = t.key, error = %e, "reading back from disk failed: a miss");
                     (false, Vec::new())

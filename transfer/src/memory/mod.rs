@@ -33,6 +33,7 @@ use crate::error::{Result, TransferError};
 
 mod cpu;
 mod export;
+mod file;
 mod idle;
 pub mod offsets;
 mod raw;

@@ -393,6 +393,10 @@ pub mod master {
         /// without reading anything back from disk (Mooncake's replica descriptions).
         BatchReplicaDescs = Post "/api/v1/batch/replica-descs", Store, "master_batch_replica_descs",
             BatchKeysRequest => BatchReplicasResponse;
+        /// Readers are done with values their lookups answered with `release`: once all
+        /// reads of one are released, its lease ends and its memory copy may go.
+        BatchReleaseReads = Post "/api/v1/batch/release-reads", Store, "master_batch_release_reads",
+            BatchKeysRequest => ();
         /// Whether many objects exist.
         BatchExists = Post "/api/v1/batch/exists", Store, "master_batch_exists",
             BatchKeysRequest => BatchExistsResponse;

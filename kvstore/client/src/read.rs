@@ -24,6 +24,8 @@ pub(super) struct Lookup {
     pub(super) length: u64,
     pub(super) lease_ms: u64,
     pub(super) replicas: Vec<wire::Replica>,
+    /// Release the read when done (a memory copy of a value on disk).
+    pub(super) release: bool,
 }
 
 impl StoreClient {
@@ -35,6 +37,7 @@ impl StoreClient {
                 length: r.length,
                 lease_ms: r.lease_ttl_ms,
                 replicas: r.replicas,
+                release: r.release,
             })];
         }
         let body = wire::BatchKeysRequest {
@@ -48,6 +51,7 @@ impl StoreClient {
                         length,
                         lease_ms,
                         replicas,
+                        release: r.release,
                     }),
                     _ => Err(StoreError::Rpc {
                         url: rpc.base().to_owned(),
@@ -125,6 +129,9 @@ impl StoreClient {
         let mut out: Vec<StoreResult<(u64, Side<'a>)>> = Vec::with_capacity(keys.len());
         let mut pending = Vec::new(); // (index, candidates, next candidate, lease ms)
         let mut opened = Opened::default();
+        // Reads of memory copies of values on disk, released once done (so their memory
+        // can go before the lease ends).
+        let mut release: Vec<String> = Vec::new();
         for (i, r) in looked.into_iter().enumerate() {
             let item = r.and_then(|l| {
                 let side = dest(i, l.length)?;
@@ -132,6 +139,9 @@ impl StoreClient {
             });
             match item {
                 Ok((l, mut side)) => {
+                    if l.release {
+                        release.push(keys[i].to_owned());
+                    }
                     side.arm();
                     out.push(Ok((l.length, side)));
                     pending.push((
@@ -209,6 +219,7 @@ impl StoreClient {
                 false
             });
         }
+        self.release_reads(release).await;
         tracing::debug!(
             items = keys.len(),
             lookup_us = t_lookup.as_micros() as u64,
@@ -217,6 +228,19 @@ impl StoreClient {
             "get pipeline"
         );
         out
+    }
+
+    /// Tells the master these reads of memory copies of values on disk are over (each
+    /// once), so their memory can go before their leases end. A failure only leaves the
+    /// leases to end on their own.
+    pub(super) async fn release_reads(&self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        let body = wire::BatchKeysRequest { keys };
+        if let Err(e) = self.inner.rpc.release_reads(&body).await {
+            tracing::debug!(error = %e, "releasing reads failed; their leases end on their own");
+        }
     }
 
     pub(super) fn copy_side(&self, len: u64) -> StoreResult<Side<'static>> {

@@ -579,6 +579,11 @@ impl MasterRpc {
             .await
     }
 
+    pub(crate) async fn release_reads(&self, body: &wire::BatchKeysRequest) -> StoreResult<()> {
+        self.call::<route::BatchReleaseReads>(&[], None, Some(body))
+            .await
+    }
+
     pub(crate) async fn replica_descs(
         &self,
         body: &wire::BatchKeysRequest,

@@ -377,15 +377,21 @@ impl StoreClient {
         }
         // In parts of at most MAPPED_PART bytes: the copies of a part hold the runtime's
         // thread (and their CPU stripes) until they are over.
+        // Reads copied here of memory copies of values on disk: released once done (those
+        // left to transfers are released by `read_looked`).
+        let mut release = Vec::new();
         for range in parts(direct.iter().map(|d| d.3), MAPPED_PART) {
             let part = &direct[range];
             let copied = gather.copy_mapped(&self.inner.engine, part);
             for ((i, ..), done) in part.iter().zip(copied) {
                 // Copied: no transfer for it; its lease still has to have held.
-                if let Some(l) = far[*i].take_if(|_| done)
-                    && let Err(e) = lease_check(ks[*i], granted, l.lease_ms)
-                {
-                    gather.fail(*i, e);
+                if let Some(l) = far[*i].take_if(|_| done) {
+                    if l.release {
+                        release.push(ks[*i].to_owned());
+                    }
+                    if let Err(e) = lease_check(ks[*i], granted, l.lease_ms) {
+                        gather.fail(*i, e);
+                    }
                 }
             }
             // Let the runtime's other tasks run between parts, as transfers do.
@@ -418,6 +424,7 @@ impl StoreClient {
                 }
             }
         }
+        self.release_reads(release).await;
         let out = gather.finish();
         crate::metrics::record_client_batch(label(keys.len(), "get", "batch_get"), &out);
         out

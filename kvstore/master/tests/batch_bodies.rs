@@ -30,7 +30,7 @@ const CLIENT: &str = "00000000-0000-0000-0000-000000000001";
 
 /// Every route whose body holds a list (and the one-object put-start, whose placement
 /// config does).
-const ROUTES: [&str; 12] = [
+const ROUTES: [&str; 13] = [
     "/api/v1/batch/put-start",
     "/api/v1/batch/put-end",
     "/api/v1/batch/put-revoke",
@@ -43,6 +43,7 @@ const ROUTES: [&str; 12] = [
     "/api/v1/objects/k/put-start",
     "/api/v1/segments/seg/tier",
     "/api/v1/batch/replica-descs",
+    "/api/v1/batch/release-reads",
 ];
 
 /// What one request did: its status, its body, the bytes it allocated.
@@ -112,16 +113,17 @@ fn bound(body_len: usize) -> u64 {
     (4 << 20) + 8 * body_len as u64
 }
 
-/// The checks every answer passes: a documented status, never a 5xx but 507 (no room),
+/// The checks every answer passes: a documented status (204: release-reads), never a 5xx
+/// but 507 (no room),
 /// an error in the master's envelope, an allocation within [`bound`].
 fn check(route: &str, body_len: usize, o: &Outcome) -> Result<(), TestCaseError> {
     let code = o.status.as_u16();
     prop_assert!(
-        matches!(code, 200 | 400 | 403 | 404 | 409 | 507),
+        matches!(code, 200 | 204 | 400 | 403 | 404 | 409 | 507),
         "{route}: status {code}: {}",
         String::from_utf8_lossy(&o.body)
     );
-    if code != 200 {
+    if code != 200 && code != 204 {
         let e: wire::MasterErrorResponse = serde_json::from_slice(&o.body)
             .map_err(|e| TestCaseError::fail(format!("{route}: not the envelope: {e}")))?;
         prop_assert!(e.error.code < 0, "{route}: {:?}", e.error);
@@ -250,6 +252,8 @@ fn list_bodies_cannot_hurt_the_master() {
                 prop_assert_eq!(o.status, StatusCode::BAD_REQUEST, "{} with {} items", route, n);
                 let text = String::from_utf8_lossy(&o.body);
                 prop_assert!(text.contains("INVALID_PARAMS") && text.contains("more than 16 items"), "{}", text);
+            } else if route.ends_with("/release-reads") {
+                prop_assert_eq!(o.status, StatusCode::NO_CONTENT, "{} with {} items", route, n);
             } else if route.contains("/batch/") {
                 prop_assert_eq!(o.status, StatusCode::OK, "{} with {} items", route, n);
             }

@@ -335,6 +335,10 @@ pub struct ReplicasResponse {
     pub lease_ttl_ms: u64,
     /// Readable replicas (at least one).
     pub replicas: Vec<Replica>,
+    /// The memory copy read is also on disk: release the read when done
+    /// (`batch/release-reads`), so the memory can go before the lease ends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release: bool,
 }
 
 /// Whether an object is readable.
@@ -699,6 +703,9 @@ pub struct BatchReplicasResult {
     /// Readable replicas, on success.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<Vec<Replica>>,
+    /// As [`ReplicasResponse::release`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release: bool,
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<MasterErrorDetail>,

@@ -17,6 +17,9 @@ pub struct ReplicaSet {
     pub lease_ttl_ms: u64,
     /// Readable replicas (at least one).
     pub replicas: Vec<ReplicaLocation>,
+    /// The value's memory copy is also on disk: the reader should release its read
+    /// ([`Master::release_reads`]) once done, so the memory can go before the lease ends.
+    pub release: bool,
 }
 
 /// Who asks for a key in a put-start, so that a retry of its own is recognised.

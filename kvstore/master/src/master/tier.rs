@@ -39,6 +39,9 @@ use super::segment::Segment;
 use super::{ClientId, Discarded, Master, MasterError, MasterResult, ReplicaLocation, ReplicaSet};
 use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
 
+/// Most keys whose unreleased reads are counted at once.
+const MAX_TRACKED_READS: usize = 1 << 20;
+
 /// A task's identity: the segment and the key.
 type TaskId = (Arc<str>, Box<str>);
 
@@ -65,6 +68,9 @@ pub(crate) struct Tiers {
     offloading_bytes: AtomicU64,
     /// Bumped when objects of a vanished segment were forgotten (see `report_epoch`).
     report_epoch: AtomicU64,
+    /// Reads granted and not released, per key of an object whose memory is a copy of a
+    /// record on disk (see [`Master::release_reads`]).
+    readers: Mutex<HashMap<Box<str>, u32>>,
     /// Wakes owners waiting in an exchange (a task was queued).
     pub(crate) tasks_queued: tokio::sync::Notify,
     /// Wakes readers waiting for loads (a load finished, either way).
@@ -366,6 +372,54 @@ impl Master {
         self.batch(keys, |k| self.describe(k.as_ref()))
     }
 
+    /// Counts a read granted on a value whose memory copy is also on disk.
+    fn count_read(&self, key: &str) {
+        let mut readers = self.tiers.readers.lock();
+        if readers.len() >= MAX_TRACKED_READS && !readers.contains_key(key) {
+            // Readers that never released (gone): their leases end on their own.
+            readers.clear();
+        }
+        *readers.entry(key.into()).or_default() += 1;
+    }
+
+    /// Readers of `keys` are done with the replicas their lookups answered with `release`:
+    /// once every read granted on a key is released, its read lease ends, so eviction
+    /// may drop the memory copy (the value stays on disk) at once instead of at the end
+    /// of the lease. Keys never granted such a read are left alone.
+    pub fn release_reads<K: AsRef<str>>(&self, keys: &[K]) -> MasterResult<()> {
+        self.check_batch(keys.len())?;
+        let now = self.clock.now_ms();
+        for k in keys {
+            let key = k.as_ref();
+            if self.check_key(key).is_err() {
+                continue;
+            }
+            let hash = self.hash(key);
+            let mut shard = self.lock_shard(self.shard_of(hash));
+            let last = {
+                let mut readers = self.tiers.readers.lock();
+                match readers.get_mut(key) {
+                    Some(n) if *n > 1 => {
+                        *n -= 1;
+                        false
+                    }
+                    Some(_) => {
+                        readers.remove(key);
+                        true
+                    }
+                    None => false,
+                }
+            };
+            if let (true, Some(i)) = (last, shard.find(hash, key)) {
+                let o = shard.get_mut(i);
+                if o.has_disk_copy() {
+                    o.lease_until = o.lease_until.min(now);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A read of `key`: its replicas, or a load started (or under way) when it lives on
     /// disk. Grants a read lease when ready.
     pub fn lookup(&self, key: &str) -> MasterResult<Lookup> {
@@ -433,10 +487,19 @@ impl Master {
             )));
         }
         o.grant_lease(now, self.config.lease_ttl_ms);
+        let release = o.has_disk_copy();
+        let length = o.length;
+        if release {
+            // Under the shard lock, like the releases: a release never ends a lease
+            // granted after its count was taken.
+            self.count_read(key);
+        }
+        drop(shard);
         Ok(Found::Ready(ReplicaSet {
-            length: o.length,
+            length,
             lease_ttl_ms: self.config.lease_ttl_ms,
             replicas,
+            release,
         }))
     }
 

@@ -296,3 +296,38 @@ fn a_restarted_owner_takes_over_a_load_its_predecessor_never_finished() {
     let d = m.segments().into_iter().find(|s| s.name == "d").unwrap();
     assert_eq!(d.allocated_bytes, 0);
 }
+
+#[test]
+fn a_lease_on_a_copy_of_a_disk_value_ends_when_every_reader_released_it() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 100);
+    let offloads = evict_all(&m);
+    tasks(&m, &[ok(&offloads[0])]);
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    let load = tasks(&m, &[]);
+    tasks(&m, &[ok(&load[0])]);
+    // Two readers: each is told to release.
+    let Lookup::Ready(a) = m.lookup("k").unwrap() else {
+        panic!("loaded")
+    };
+    let Lookup::Ready(b) = m.lookup("k").unwrap() else {
+        panic!("loaded")
+    };
+    assert!(a.release && b.release);
+    m.release_reads(&["k"]).unwrap();
+    // One reader still holds it: not evictable.
+    assert_eq!(m.evict(SEG, SEG).evicted_objects, 0);
+    m.release_reads(&["k", "never-read"]).unwrap();
+    let r = m.evict(SEG, SEG);
+    assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    // A plain memory value is never released early.
+    put(&m, "plain", 100);
+    clock.advance(1);
+    let Lookup::Ready(p) = m.lookup("plain").unwrap() else {
+        panic!("in memory")
+    };
+    assert!(!p.release);
+    m.release_reads(&["plain"]).unwrap();
+    assert!(m.object("plain").unwrap().lease_remaining_ms > 0);
+}

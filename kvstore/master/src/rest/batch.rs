@@ -164,6 +164,7 @@ pub async fn replicas_of(
                 length: Some(set.length),
                 lease_ttl_ms: Some(set.lease_ttl_ms),
                 replicas: Some(replicas(&set.replicas)),
+                release: set.release,
                 error: None,
             },
             Err(e) => wire::BatchReplicasResult {
@@ -171,6 +172,7 @@ pub async fn replicas_of(
                 length: None,
                 lease_ttl_ms: None,
                 replicas: None,
+                release: false,
                 error: Some(detail(&e)),
             },
         })

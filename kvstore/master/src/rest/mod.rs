@@ -24,6 +24,7 @@
 //! | `DELETE /api/v1/objects/{key}[?force=true]` | store | `StoreClient::remove` (Mooncake's `remove(key, force)`) |
 //! | `POST /api/v1/batch/{put-start,put-end,put-commit,put-revoke,replicas,exists,remove}` | store | the batch forms of the above |
 //! | `POST /api/v1/batch/replica-descs` | store | replica descriptions (memory and disk; no lease, nothing read back) |
+//! | `POST /api/v1/batch/release-reads` | store | a reader is done with memory copies of values on disk |
 //! | `POST /api/v1/batch/replica-clear` | store | a client clears its own objects' replicas (on one segment or all) |
 //! | `POST /api/v1/segments/{name}/tier` | store | a segment's owner takes its disk-tier tasks; the master refuses another client's segment (`ILLEGAL_CLIENT`) |
 //! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
@@ -103,6 +104,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(batch::put_revoke))
         .routes(routes!(batch::replicas_of))
         .routes(routes!(tier::replica_descs))
+        .routes(routes!(tier::release_reads))
         .routes(routes!(batch::exists))
         .routes(routes!(batch::remove))
         .routes(routes!(batch::replica_clear))

@@ -95,6 +95,7 @@ pub async fn get_replicas(
             length: set.length,
             lease_ttl_ms: set.lease_ttl_ms,
             replicas: replicas(&set.replicas),
+            release: set.release,
         })
     })
 }

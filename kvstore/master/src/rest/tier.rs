@@ -134,6 +134,19 @@ pub async fn exchange(
     }))
 }
 
+/// Readers are done with values their lookups answered with `release`.
+#[utoipa::path(post, operation_id = routes::master::BatchReleaseReads::OPERATION_ID,
+    path = routes::master::BatchReleaseReads::PATH, tag = super::TAG,
+    request_body = wire::BatchKeysRequest,
+    responses((status = 204, description = "Released"), MasterErrors))]
+pub async fn release_reads(
+    State(m): State<Arc<Master>>,
+    ApiJson(req): ApiJson<wire::BatchKeysRequest>,
+) -> ApiResult<axum::http::StatusCode> {
+    observed("batch_release_reads", m.release_reads(&req.keys))
+        .map(|()| axum::http::StatusCode::NO_CONTENT)
+}
+
 /// The wire form of a description: the memory replicas, then the disk one.
 fn described(d: &Described) -> Vec<wire::Replica> {
     let mut out: Vec<wire::Replica> = d.memory.iter().map(replica).collect();
@@ -170,6 +183,7 @@ pub async fn replica_descs(
                 length: Some(d.length),
                 lease_ttl_ms: None,
                 replicas: Some(described(&d)),
+                release: false,
                 error: None,
             },
             Err(e) => wire::BatchReplicasResult {
@@ -177,6 +191,7 @@ pub async fn replica_descs(
                 length: None,
                 lease_ttl_ms: None,
                 replicas: None,
+                release: false,
                 error: Some(detail(&e)),
             },
         })

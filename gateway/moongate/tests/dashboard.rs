@@ -69,9 +69,13 @@ async fn every_metric_the_dashboard_queries_is_exposed_after_traffic() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // A storage node mounted at the hosted master.
+    // A storage node mounted at the hosted master, with a disk tier written through (so a
+    // put makes a disk-tier task).
+    let disk = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_moongate"))
         .args(["store", "--master", &base, "--segment-size", "16M"])
+        .args(["--disk-path", disk.path().join("tier").to_str().unwrap()])
+        .args(["--disk-write-policy", "write-through"])
         .args(["--local-buffer-size", "4M", "--http-listen", "127.0.0.1:0"])
         .args(["--heartbeat-interval-ms", "200"])
         .env_remove("RUST_LOG")
@@ -123,7 +127,10 @@ async fn every_metric_the_dashboard_queries_is_exposed_after_traffic() {
     let (gw_metrics, node_metrics) = loop {
         let g = text(&format!("{base}/metrics")).await;
         let n = text(&format!("{}/metrics", node.1)).await;
-        if common::exposes(&n, "moongate_store_heartbeats_total") || Instant::now() > deadline {
+        let ready = common::exposes(&n, "moongate_store_heartbeats_total")
+            && common::exposes(&n, "moongate_store_disk_bytes")
+            && common::exposes(&g, "moongate_master_disk_tasks_total");
+        if ready || Instant::now() > deadline {
             break (g, n);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

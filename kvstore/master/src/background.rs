@@ -48,4 +48,5 @@ pub fn publish_gauges(master: &Master) {
     metrics::gauge!(crate::metrics::CLIENTS, "status" => "need_remount")
         .set((s.clients - s.clients_ok) as f64);
     metrics::gauge!(crate::metrics::METADATA_ENTRIES).set(master.metadata().len() as f64);
+    metrics::gauge!(crate::metrics::DISK_OFFLOADING_BYTES).set(master.offloading_bytes() as f64);
 }

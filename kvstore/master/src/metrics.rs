@@ -33,6 +33,15 @@ pub const EVICTIONS: &str = "moongate_master_evictions_total";
 /// Counter: bytes freed by eviction.
 pub const EVICTED_BYTES: &str = "moongate_master_evicted_bytes_total";
 
+/// Counter: disk-tier tasks of segment owners, by `kind` (`offload`: a value written to a
+/// disk, on eviction or written through; `load`: read back) and `result` (`ok`, `failed`,
+/// `timeout`: given up after `disk_task_timeout_ms`).
+pub const DISK_TASKS: &str = "moongate_master_disk_tasks_total";
+/// Counter: disk records taken from owners' reports (after a restart of either side).
+pub const DISK_ADOPTED: &str = "moongate_master_disk_records_adopted_total";
+/// Gauge: bytes of segment memory that offloads in flight will free.
+pub const DISK_OFFLOADING_BYTES: &str = "moongate_master_disk_offloading_bytes";
+
 /// Counter: etcd transactions an HA leader committed (group commits).
 pub const HA_COMMITS: &str = "moongate_master_ha_commits_total";
 /// Counter: durable changes those transactions carried.
@@ -45,6 +54,16 @@ pub const HA_TERM: &str = "moongate_master_ha_term";
 
 /// Registers help texts (call once after the recorder is installed).
 pub fn describe() {
+    metrics::describe_counter!(
+        DISK_TASKS,
+        "Disk-tier tasks of segment owners by kind (offload, load) and result (ok, failed, timeout)"
+    );
+    metrics::describe_counter!(DISK_ADOPTED, "Disk records taken from owners' reports");
+    metrics::describe_gauge!(
+        DISK_OFFLOADING_BYTES,
+        metrics::Unit::Bytes,
+        "Segment bytes that offloads in flight will free"
+    );
     metrics::describe_gauge!(HA_LEADER, "1 while this HA master leads, else 0");
     metrics::describe_gauge!(HA_TERM, "Term of the leader this HA master knows (0: none)");
     metrics::describe_counter!(HA_COMMITS, "etcd transactions committed by the HA leader");
@@ -110,6 +129,19 @@ pub fn record_ops<'a>(
     metrics::counter!(REQUESTS, "op" => op).increment(errors.len() as u64);
     for e in errors.flatten() {
         metrics::counter!(FAILURES, "op" => op, "error" => e.name()).increment(1);
+    }
+}
+
+/// Counts one disk-tier task's outcome (`kind`: offload, load; `result`: ok, failed,
+/// timeout).
+pub fn record_disk_task(kind: &'static str, result: &'static str) {
+    metrics::counter!(DISK_TASKS, "kind" => kind, "result" => result).increment(1);
+}
+
+/// Counts disk records taken from an owner's report.
+pub fn record_disk_adopted(records: u64) {
+    if records > 0 {
+        metrics::counter!(DISK_ADOPTED).increment(records);
     }
 }
 

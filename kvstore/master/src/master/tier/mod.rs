@@ -362,6 +362,7 @@ impl Master {
             .counters
             .adopted
             .fetch_add(adopted, Ordering::Relaxed);
+        crate::metrics::record_disk_adopted(adopted);
         let tasks = self
             .tiers
             .queues
@@ -404,9 +405,11 @@ impl Master {
                 if !d.ok {
                     shard.get_mut(i).set_tier(TierState::Memory);
                     c.offload_failures.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::record_disk_task("offload", "failed");
                     return;
                 }
                 c.offloads.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::record_disk_task("offload", "ok");
                 if shard.get(i).tier() == TierState::Copying {
                     // Written through: the memory stays, now with its copy on disk.
                     shard.get_mut(i).set_tier(TierState::Copied);
@@ -435,10 +438,12 @@ impl Master {
                     let o = shard.get_mut(i);
                     o.set_tier(TierState::DiskCopy);
                     c.loads.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::record_disk_task("load", "ok");
                 } else {
                     let obj = shard.remove(hash, i);
                     obj.release();
                     c.load_failures.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::record_disk_task("load", "failed");
                 }
                 drop(shard);
                 self.tiers.loads_done.notify_waiters();
@@ -569,6 +574,14 @@ impl Master {
                 .offloading_bytes
                 .fetch_sub(t.bytes, Ordering::Relaxed);
             self.tiers.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::record_disk_task(
+                if t.kind == TierTaskKind::Load {
+                    "load"
+                } else {
+                    "offload"
+                },
+                "timeout",
+            );
             self.give_up(&seg_name, &key, t.kind);
         }
         let deferred = std::mem::take(&mut *self.tiers.deferred.lock());

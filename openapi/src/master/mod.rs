@@ -711,6 +711,20 @@ pub struct BatchReplicasResult {
     pub error: Option<MasterErrorDetail>,
 }
 
+impl BatchReplicasResult {
+    /// The result of a key that failed with `error`.
+    pub fn failed(key: String, error: MasterErrorDetail) -> Self {
+        Self {
+            key,
+            length: None,
+            lease_ttl_ms: None,
+            replicas: None,
+            release: false,
+            error: Some(error),
+        }
+    }
+}
+
 /// Results of a batch replicas lookup, in request order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BatchReplicasResponse {

@@ -15,6 +15,25 @@ use std::os::fd::AsRawFd;
 use super::{Access, MemoryRegion};
 use crate::error::{Result, TransferError};
 
+/// Runs `op(done)` (a `pread` or `pwrite` of the bytes after the first `done`) until `len`
+/// bytes moved; a call that moves nothing is `at_end`, an interrupted one is retried.
+fn whole(len: usize, at_end: io::ErrorKind, mut op: impl FnMut(usize) -> isize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        match op(done) {
+            0 => return Err(at_end.into()),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => done += n as usize,
+        }
+    }
+    Ok(())
+}
+
 impl MemoryRegion {
     fn host_range(&self, offset: usize, len: usize) -> Result<()> {
         self.check(offset, len)?;
@@ -36,33 +55,20 @@ impl MemoryRegion {
         file_offset: u64,
     ) -> Result<io::Result<()>> {
         self.host_range(offset, len)?;
-        let mut done = 0usize;
-        while done < len {
-            let at = file_offset + done as u64;
+        Ok(whole(len, io::ErrorKind::UnexpectedEof, |done| {
             // SAFETY: the destination is `len - done` bytes inside the region (bounds
             // checked above), valid for writes while `self` lives; the kernel writes them
             // as it would for `recv`, with no Rust reference to those bytes alive (see the
             // module doc); the fd is open for the call's length (borrowed `file`).
-            let n = unsafe {
+            unsafe {
                 libc::pread(
                     file.as_raw_fd(),
                     self.as_ptr().wrapping_add(offset + done).cast(),
                     len - done,
-                    at as libc::off_t,
+                    (file_offset + done as u64) as libc::off_t,
                 )
-            };
-            match n {
-                0 => return Ok(Err(io::ErrorKind::UnexpectedEof.into())),
-                n if n < 0 => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Ok(Err(e));
-                    }
-                }
-                n => done += n as usize,
             }
-        }
-        Ok(Ok(()))
+        }))
     }
 
     /// Writes `len` bytes of the region at `offset` to `file` at `file_offset`, all of
@@ -75,13 +81,11 @@ impl MemoryRegion {
         file_offset: u64,
     ) -> Result<io::Result<()>> {
         self.host_range(offset, len)?;
-        let mut done = 0usize;
-        while done < len {
-            let at = file_offset + done as u64;
+        Ok(whole(len, io::ErrorKind::WriteZero, |done| {
             // SAFETY: the source is `len - done` bytes inside the region (bounds checked
             // above), valid for reads while `self` lives; the kernel reads them as it would
             // for `send` (see the module doc); the fd is open for the call (borrowed).
-            let n = unsafe {
+            unsafe {
                 libc::pwrite(
                     file.as_raw_fd(),
                     self.as_ptr()
@@ -89,21 +93,10 @@ impl MemoryRegion {
                         .cast_const()
                         .cast(),
                     len - done,
-                    at as libc::off_t,
+                    (file_offset + done as u64) as libc::off_t,
                 )
-            };
-            match n {
-                0 => return Ok(Err(io::ErrorKind::WriteZero.into())),
-                n if n < 0 => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Ok(Err(e));
-                    }
-                }
-                n => done += n as usize,
             }
-        }
-        Ok(Ok(()))
+        }))
     }
 
     /// Runs `f` on the region's bytes `[offset, offset + len)`, borrowed read-only while no

@@ -167,14 +167,7 @@ pub async fn replicas_of(
                 release: set.release,
                 error: None,
             },
-            Err(e) => wire::BatchReplicasResult {
-                key,
-                length: None,
-                lease_ttl_ms: None,
-                replicas: None,
-                release: false,
-                error: Some(detail(&e)),
-            },
+            Err(e) => wire::BatchReplicasResult::failed(key, detail(&e)),
         })
         .collect();
     Ok(Json(wire::BatchReplicasResponse { results }))

@@ -186,14 +186,7 @@ pub async fn replica_descs(
                 release: false,
                 error: None,
             },
-            Err(e) => wire::BatchReplicasResult {
-                key,
-                length: None,
-                lease_ttl_ms: None,
-                replicas: None,
-                release: false,
-                error: Some(detail(&e)),
-            },
+            Err(e) => wire::BatchReplicasResult::failed(key, detail(&e)),
         })
         .collect();
     Ok(Json(wire::BatchReplicasResponse { results }))

@@ -315,8 +315,8 @@ pub mod master {
         BatchRemoveRequest, BatchReplicasResponse, Client, ClientList, ClientRequest,
         DeleteObjectsQuery, ExistsResponse, HaStatus, KeyPage, ListObjectsQuery, MasterStats,
         MetadataQuery, ObjectInfo, PingResponse, PutStartRequest, PutStartResponse, RemountRequest,
-        RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse, ReplicasResponse,
-        Segment, SegmentList, SegmentSpec, TierExchange, TierTasks,
+        RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse, ReplicasQuery,
+        ReplicasResponse, Segment, SegmentList, SegmentSpec, TierExchange, TierTasks,
     };
 
     routes! {
@@ -359,7 +359,7 @@ pub mod master {
             ClientRequest => ();
         /// An object's replicas, with a read lease.
         GetReplicas = Get "/api/v1/objects/{key}/replicas", Store, "master_get_replicas",
-            () => ReplicasResponse;
+            () with ReplicasQuery => ReplicasResponse;
         /// Whether an object exists (complete).
         Exists = Get "/api/v1/objects/{key}/exists", Store, "master_exists",
             () => ExistsResponse;
@@ -388,7 +388,7 @@ pub mod master {
             BatchClientKeysRequest => BatchKeyResponse;
         /// The replicas of many objects, with read leases.
         BatchGetReplicas = Post "/api/v1/batch/replicas", Store, "master_batch_get_replicas",
-            BatchKeysRequest => BatchReplicasResponse;
+            BatchKeysRequest with ReplicasQuery => BatchReplicasResponse;
         /// The replicas of many objects as they lie, memory and disk, without a lease and
         /// without reading anything back from disk (Mooncake's replica descriptions).
         BatchReplicaDescs = Post "/api/v1/batch/replica-descs", Store, "master_batch_replica_descs",

@@ -51,7 +51,7 @@ pub async fn caller_driven<F: Future>(fut: F) -> F::Output {
 }
 
 /// Whether the running task is in a [`caller_driven`] scope on a current-thread runtime.
-fn active() -> bool {
+pub(crate) fn active() -> bool {
     CALLER_DRIVEN.try_with(|_| ()).is_ok()
         && Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
 }

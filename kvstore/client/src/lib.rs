@@ -22,7 +22,8 @@
 //!   if a replica fails), then check the lease did not run out during the read: an expired
 //!   lease is `LEASE_EXPIRED` and the bytes are discarded. The copying `get` copies a value
 //!   in memory the engine maps (own segment, a same-host node's shared memory) straight out
-//!   of it (see `values`).
+//!   of it (see `values`). A value on this client's own disk tier is read from there:
+//!   the lookup names the client (`?reader=`), the master answers the disk, no load.
 //! - Batches are one master request per step, and one transfer batch for all their bytes.
 //! - `put_from` / `get_into` move bytes straight from and into caller-registered memory:
 //!   nothing proportional to the value is allocated.
@@ -36,12 +37,15 @@
 //!   the leader of an HA cluster of masters.
 //! - `staging`: the registered copy buffer and its slots.
 //! - `io`: the put pipeline shared by single and batch forms, and what gets share with it.
-//! - `read`: the get pipeline (lookups, reads, lease checks) and `batch_get_into`.
+//! - `read`: the get pipeline (lookups, reads, lease checks, reads of the own disk tier)
+//!   and `batch_get_into`.
 //! - `session`: objects held (reads) or started (writes) once, then moved in byte ranges by
 //!   many calls ([`Held`], [`Writable`], [`Range`]; Mooncake's get and put sessions).
 //! - `reserve`: space held reserved at the master, so a put is one request (a commit).
 //! - `results`: per-item results of batch calls, in request order.
 //! - `values`: the buffers `batch_get`'s values live in, recycled once released.
+//! - [`disk`]: the disk tier below the segment (checksummed records, direct reads).
+//! - [`tier`]: the owner's exchange of disk tasks (offload, load, delete) with the master.
 //! - `heartbeat`: ping, remount, and the health the storage node reports.
 //! - [`metrics`]: the `moongate_store_*` series.
 //! - [`node`]: the storage node behind `moongate store` ([`node::run`], [`node::StoreNodeConfig`]).
@@ -502,11 +506,19 @@ impl StoreClient {
         out
     }
 
-    /// Length of the value of `key` (grants a read lease, like Mooncake's `get_size`).
+    /// Length of the value of `key` (as Mooncake's `get_size`; a value on disk stays there).
     pub async fn size(&self, key: &str) -> StoreResult<u64> {
-        let r = self.inner.rpc.replicas(key).await;
+        let r = self
+            .describe_replicas(&[key])
+            .await
+            .pop()
+            .unwrap_or_else(|| {
+                Err(StoreError::InvalidArgument(
+                    "one key asked, none answered".into(),
+                ))
+            });
         crate::metrics::record_client_op("size", r.as_ref().err());
-        Ok(r?.length)
+        Ok(r?.0)
     }
 
     /// Removes `key`; refused with `OBJECT_HAS_LEASE` while a read lease is live unless

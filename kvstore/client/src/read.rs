@@ -10,9 +10,11 @@
 
 use std::time::Instant;
 
-use openapi::master as wire;
+use futures::StreamExt;
+use openapi::master::{self as wire, MasterError};
 use transfer::{Op, TransferError, TransferRequest};
 
+use super::disk::{DiskError, DiskStore};
 use super::error::{StoreError, StoreResult};
 use super::io::{Opened, Side, abandoned, label, lease_check};
 use super::results::{align, fail_all};
@@ -28,12 +30,25 @@ pub(super) struct Lookup {
     pub(super) release: bool,
 }
 
+impl Lookup {
+    /// Whether the value lies on the disk tier below `own` (this client's segment): the
+    /// master answered that disk instead of reading it back into memory.
+    pub(super) fn on_own_disk(&self, own: Option<&str>) -> bool {
+        matches!(self.replicas.as_slice(), [r] if r.kind == wire::ReplicaKind::LocalDisk
+            && own == Some(r.segment.as_str()))
+    }
+}
+
 impl StoreClient {
     /// Looks objects up (granting read leases): single-key or batch route.
     pub(super) async fn lookups(&self, keys: &[&str]) -> Vec<StoreResult<Lookup>> {
         let rpc = &self.inner.rpc;
+        // With a disk tier of its own, the client reads the values there itself.
+        let reader = self.inner.disk.as_ref().map(|_| wire::ReplicasQuery {
+            reader: Some(self.inner.id.to_string()),
+        });
         if let [key] = keys {
-            return vec![rpc.replicas(key).await.map(|r| Lookup {
+            return vec![rpc.replicas(key, reader.as_ref()).await.map(|r| Lookup {
                 length: r.length,
                 lease_ms: r.lease_ttl_ms,
                 replicas: r.replicas,
@@ -43,7 +58,7 @@ impl StoreClient {
         let body = wire::BatchKeysRequest {
             keys: keys.iter().map(|k| (*k).to_owned()).collect(),
         };
-        match rpc.batch_replicas(&body).await {
+        match rpc.batch_replicas(&body, reader.as_ref()).await {
             Ok(r) => align(keys.len(), r.results, |r| {
                 match (r.error, r.length, r.lease_ttl_ms, r.replicas) {
                     (Some(e), ..) => Err(item_error(e)),
@@ -132,6 +147,9 @@ impl StoreClient {
         // Reads of memory copies of values on disk, released once done (so their memory
         // can go before the lease ends).
         let mut release: Vec<String> = Vec::new();
+        // Values on this client's own disk tier: (index, lease ms), read from the disk.
+        let mut own_disk = Vec::new();
+        let own = self.inner.segment.as_ref().map(|(_, s)| s.name.as_str());
         for (i, r) in looked.into_iter().enumerate() {
             let item = r.and_then(|l| {
                 let side = dest(i, l.length)?;
@@ -144,6 +162,10 @@ impl StoreClient {
                     }
                     side.arm();
                     out.push(Ok((l.length, side)));
+                    if l.on_own_disk(own) {
+                        own_disk.push((i, l.lease_ms));
+                        continue;
+                    }
                     pending.push((
                         i,
                         self.candidates(&mut opened, &l.replicas).await,
@@ -155,6 +177,7 @@ impl StoreClient {
             }
         }
         let t_prep = granted.elapsed();
+        self.read_own_disk(keys, &mut out, own_disk, granted).await;
         // Rounds: each pending object's next candidate, all in one transfer batch.
         let mut last_err: Vec<Option<TransferError>> = vec![None; keys.len()];
         // Whether any round's transfer of an object was abandoned (see `Side::settle`).
@@ -228,6 +251,94 @@ impl StoreClient {
             "get pipeline"
         );
         out
+    }
+
+    /// Reads the values the master answered as lying on this client's own disk tier
+    /// (`items`: index, lease ms) straight into their destinations.
+    async fn read_own_disk(
+        &self,
+        keys: &[&str],
+        out: &mut [StoreResult<(u64, Side<'_>)>],
+        items: Vec<(usize, u64)>,
+        granted: Instant,
+    ) {
+        let items = items
+            .into_iter()
+            .filter_map(|(i, lease_ms)| {
+                let Ok((len, side)) = &out[i] else {
+                    return None;
+                };
+                let (buf, off) = side.buf_offset();
+                let (buf, len) = (buf.clone(), *len as usize);
+                let read = move |disk: &DiskStore, key: &str| disk.read_into(key, &buf, off, len);
+                Some((i, lease_ms, read))
+            })
+            .collect();
+        for (i, r) in self.on_own_disk(keys, items, granted).await {
+            if let Ok((_, side)) = &mut out[i] {
+                side.settle(false);
+            }
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+    }
+
+    /// Runs each item's `read` ((index, lease ms, read)) of a value on this client's own
+    /// disk tier on a blocking thread, up to the tier's queue depth at once; answers each
+    /// index with its outcome, the lease checked. A record gone or failing its checks is a
+    /// miss.
+    pub(super) async fn on_own_disk<T, F>(
+        &self,
+        keys: &[&str],
+        items: Vec<(usize, u64, F)>,
+        granted: Instant,
+    ) -> Vec<(usize, StoreResult<T>)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&DiskStore, &str) -> Result<T, DiskError> + Send + 'static,
+    {
+        let Some(disk) = &self.inner.disk else {
+            let gone = || StoreError::Master(MasterError::ObjectNotFound("no disk tier".into()));
+            return items.into_iter().map(|(i, ..)| (i, Err(gone()))).collect();
+        };
+        // One read, by a caller driving its own runtime (the Python wheel): on its own
+        // thread, sparing the hand-off to a blocking thread and back.
+        let inline = items.len() == 1 && crate::caller::active();
+        let reads = items.into_iter().map(|(i, lease_ms, read)| {
+            let (disk, key) = (disk.clone(), keys[i].to_owned());
+            async move {
+                let r = if inline {
+                    Ok(read(&disk, &key))
+                } else {
+                    tokio::task::spawn_blocking(move || read(&disk, &key)).await
+                };
+                (i, lease_ms, r)
+            }
+        });
+        let done: Vec<_> = futures::stream::iter(reads)
+            .buffer_unordered(crate::disk::QUEUE_DEPTH)
+            .collect()
+            .await;
+        done.into_iter()
+            .map(|(i, lease_ms, r)| {
+                let key = keys[i];
+                let miss = |why: String| {
+                    StoreError::Master(MasterError::ObjectNotFound(format!("{key}: {why}")))
+                };
+                let r = match r {
+                    Ok(Ok(v)) => lease_check(key, granted, lease_ms).map(|()| v),
+                    Ok(Err(e)) => {
+                        if !matches!(e, DiskError::Missing(_) | DiskError::Corrupt { .. }) {
+                            tracing::warn!(key, error = %e, "reading from the own disk tier failed: a miss");
+                        }
+                        Err(miss(e.to_string()))
+                    }
+                    Err(e) => Err(miss(format!("the disk read stopped: {e}"))),
+                };
+                (i, r)
+            })
+            .collect()
     }
 
     /// Tells the master these reads of memory copies of values on disk are over (each

@@ -501,8 +501,13 @@ impl MasterRpc {
             .await
     }
 
-    pub(crate) async fn replicas(&self, key: &str) -> StoreResult<wire::ReplicasResponse> {
-        self.call::<route::GetReplicas>(&[key], None, None).await
+    /// `reader`: this client's id, when its own disk tier may hold the value.
+    pub(crate) async fn replicas(
+        &self,
+        key: &str,
+        reader: Option<&wire::ReplicasQuery>,
+    ) -> StoreResult<wire::ReplicasResponse> {
+        self.call::<route::GetReplicas>(&[key], reader, None).await
     }
 
     pub(crate) async fn exists(&self, key: &str) -> StoreResult<wire::ExistsResponse> {
@@ -574,8 +579,9 @@ impl MasterRpc {
     pub(crate) async fn batch_replicas(
         &self,
         body: &wire::BatchKeysRequest,
+        reader: Option<&wire::ReplicasQuery>,
     ) -> StoreResult<wire::BatchReplicasResponse> {
-        self.call::<route::BatchGetReplicas>(&[], None, Some(body))
+        self.call::<route::BatchGetReplicas>(&[], reader, Some(body))
             .await
     }
 

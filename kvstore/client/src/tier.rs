@@ -21,8 +21,7 @@ use crate::disk::DiskStore;
 use crate::heartbeat::HealthState;
 use crate::rpc::MasterRpc;
 
-/// Disk tasks in flight at once (enough requests to keep an NVMe queue busy).
-pub const QUEUE_DEPTH: usize = 16;
+pub use crate::disk::QUEUE_DEPTH;
 /// Longest the master may hold an exchange back while it has no task for us.
 const POLL_MS: u64 = 1000;
 /// Records reported per exchange.
@@ -63,6 +62,7 @@ pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
             remounts = now_remounts;
             report = owner.disk.records();
         }
+        dropped.extend(owner.disk.take_lost());
         let chunk: Vec<DiskRecord> = report
             .drain(report.len().saturating_sub(REPORT_CHUNK)..)
             .collect();

@@ -36,6 +36,7 @@ use transfer::memory::{BULK_VEC_MIN, bulk_vec};
 use transfer::{Segment, TransferEngine};
 
 use super::StoreClient;
+use super::disk::{DiskError, DiskStore};
 use super::error::{StoreError, StoreResult};
 use super::io::{Opened, label, lease_check};
 use super::read::Lookup;
@@ -155,6 +156,13 @@ impl ValuePool {
     }
 }
 
+/// A value of a batch: a range of its shared buffer, or bytes of its own (read from this
+/// client's own disk tier).
+enum Span {
+    Shared(Range<usize>),
+    Own(Bytes),
+}
+
 /// A batch buffer that returns to its pool when the last value viewing it is dropped.
 struct Recycled {
     bytes: Vec<u8>,
@@ -183,7 +191,7 @@ enum Gather {
     /// A big batch: one shared buffer, each value a range of it (by index).
     Bulk {
         all: Vec<u8>,
-        spans: Vec<Option<StoreResult<Range<usize>>>>,
+        spans: Vec<Option<StoreResult<Span>>>,
         pool: Arc<ValuePool>,
     },
     /// A vector per value (by index).
@@ -209,7 +217,7 @@ impl Gather {
         match self {
             Self::Bulk { all, spans, .. } => {
                 let at = all.len();
-                spans[i] = Some(append(all).map(|()| at..all.len()));
+                spans[i] = Some(append(all).map(|()| Span::Shared(at..all.len())));
             }
             Self::Each(out) => {
                 let mut v = Vec::with_capacity(len);
@@ -235,7 +243,7 @@ impl Gather {
                     .zip(items)
                     .map(|(r, (i, ..))| match r {
                         Some(Ok(r)) => {
-                            spans[*i] = Some(Ok(r));
+                            spans[*i] = Some(Ok(Span::Shared(r)));
                             true
                         }
                         _ => false,
@@ -254,6 +262,14 @@ impl Gather {
                     done
                 })
                 .collect(),
+        }
+    }
+
+    /// Value `i`, bytes of its own (or its failure).
+    fn put(&mut self, i: usize, r: StoreResult<Bytes>) {
+        match self {
+            Self::Bulk { spans, .. } => spans[i] = Some(r.map(Span::Own)),
+            Self::Each(out) => out[i] = Some(r),
         }
     }
 
@@ -276,7 +292,12 @@ impl Gather {
                 });
                 spans
                     .into_iter()
-                    .map(|s| s.unwrap_or_else(|| Err(unread())).map(|r| all.slice(r)))
+                    .map(|s| {
+                        s.unwrap_or_else(|| Err(unread())).map(|s| match s {
+                            Span::Shared(r) => all.slice(r),
+                            Span::Own(b) => b,
+                        })
+                    })
                     .collect()
             }
             Self::Each(out) => out
@@ -308,15 +329,26 @@ impl StoreClient {
         let most = usize::try_from(self.inner.config.local_buffer_size)
             .unwrap_or(usize::MAX)
             .max(self.inner.segment.as_ref().map_or(0, |(b, _)| b.len()));
+        let own = self
+            .inner
+            .segment
+            .as_ref()
+            .map(|(_, spec)| spec.name.as_str());
+        // Values on this client's own disk tier are read into buffers of their own (not
+        // counted in the shared one).
         let lens: Vec<usize> = looked
             .iter()
-            .map(|l| {
-                l.as_ref().map_or(0, |l| {
+            .map(|l| match l {
+                Ok(l) if !l.on_own_disk(own) => {
                     usize::try_from(l.length).map_or(most, |len| len.min(most))
-                })
+                }
+                _ => 0,
             })
             .collect();
-        let count = looked.iter().filter(|l| l.is_ok()).count();
+        let count = looked
+            .iter()
+            .filter(|l| matches!(l, Ok(l) if !l.on_own_disk(own)))
+            .count();
         // The buffer grows past this if the batch really is bigger.
         let total = lens
             .iter()
@@ -329,11 +361,6 @@ impl StoreClient {
         // replica and report what failed.
         let mut opened = Opened::default();
         let shm = self.inner.engine.config().shm;
-        let own = self
-            .inner
-            .segment
-            .as_ref()
-            .map(|(_, spec)| spec.name.as_str());
         // Whether `len` bytes at `addr` lie in the own segment (the only memory of this
         // engine a value is copied straight out of, whatever else it has registered).
         let in_own = |addr: u64, len: u64| {
@@ -344,6 +371,7 @@ impl StoreClient {
         };
         let mut far: Vec<Option<Lookup>> = Vec::with_capacity(ks.len());
         let mut direct = Vec::new();
+        let mut own_disk = Vec::new();
         for (i, l) in looked.into_iter().enumerate() {
             let l = match l {
                 Ok(l) => l,
@@ -353,6 +381,25 @@ impl StoreClient {
                     continue;
                 }
             };
+            if l.on_own_disk(own) {
+                let (pool, len) = (self.inner.values.clone(), l.length);
+                let read = move |disk: &DiskStore, key: &str| {
+                    // Sized by the record this disk holds, not by the master's answer.
+                    let have = disk
+                        .length_of(key)
+                        .filter(|&have| have == len)
+                        .ok_or_else(|| DiskError::Missing(key.to_owned()))?;
+                    let mut v = pool.take(have as usize);
+                    disk.read(key, &mut v)?;
+                    Ok(Bytes::from_owner(Recycled {
+                        bytes: v,
+                        pool: Arc::downgrade(&pool),
+                    }))
+                };
+                own_disk.push((i, l.lease_ms, read));
+                far.push(None);
+                continue;
+            }
             if lens[i] as u64 == l.length {
                 let mine = own.and_then(|own| l.replicas.iter().find(|r| r.segment == own));
                 if let Some(r) = mine.filter(|r| in_own(r.address, l.length)) {
@@ -423,6 +470,9 @@ impl StoreClient {
                     Err(e) => gather.fail(i, e),
                 }
             }
+        }
+        for (i, r) in self.on_own_disk(&ks, own_disk, granted).await {
+            gather.put(i, r);
         }
         self.release_reads(release).await;
         let out = gather.finish();

@@ -1,7 +1,9 @@
 //! The disk tier end to end, on real files and real sockets: a node whose segment holds a
 //! fifth of what is put keeps every value (evicted ones on its disk, read back when
-//! asked for), and a node restarted on the same directory serves them again. (A record
-//! corrupted on disk is a miss: `disk_tests` in the crate and the master's `tier_tests`.)
+//! asked for), and a node restarted on the same directory serves them again; a node reads
+//! the values on its own disk there, without a load, and a record torn on its disk is a
+//! miss the master hears of. (More on corrupt records: `disk_tests` in the crate and the
+//! master's `tier_tests`.)
 
 use std::time::{Duration, Instant};
 
@@ -116,4 +118,115 @@ async fn evicted_values_live_on_disk_and_survive_a_node_restart() {
 
     node.close().await.unwrap();
     writer.close().await.unwrap();
+}
+
+/// The keys of `client`'s values that lie only on disk now, by the master's description.
+async fn only_on_disk(client: &StoreClient, keys: &[String]) -> Vec<String> {
+    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let described = client.describe_replicas(&ks).await;
+    keys.iter()
+        .zip(described)
+        .filter(|(_, d)| {
+            d.as_ref().is_ok_and(|(_, rs)| {
+                rs.iter()
+                    .all(|r| r.kind == openapi::master::ReplicaKind::LocalDisk)
+            })
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record() {
+    let m = MasterServer::start(MasterConfig::default(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("tier");
+    let node = StoreClient::connect(config(&m, 4 * MIB, Some(&disk)))
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("own{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let v = value(i);
+        retrying(|| node.put(k, &v))
+            .await
+            .unwrap_or_else(|e| panic!("put {k}: {e}"));
+    }
+    // Values were evicted to make room: once their offloads are reported, they lie on
+    // the node's disk only.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut cold = loop {
+        let cold = only_on_disk(&node, &keys).await;
+        if cold.len() >= 4 || Instant::now() > deadline {
+            break cold;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(cold.len() >= 4, "only {cold:?} went to disk alone");
+    cold.truncate(4);
+    let before = m.master().tier_stats();
+    let reads = |n: &StoreClient| {
+        n.disk()
+            .unwrap()
+            .counters()
+            .reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let read_before = reads(&node);
+    // One at a time and as a batch: straight from the node's own files, no load.
+    for k in &cold[..2] {
+        let i: usize = k[3..].parse().unwrap();
+        assert!(
+            node.get(k).await.unwrap() == value(i),
+            "{k} came back different"
+        );
+    }
+    let got = node.batch_get(&cold[2..3]).await;
+    for (k, g) in cold[2..3].iter().zip(got) {
+        let i: usize = k[3..].parse().unwrap();
+        assert!(g.unwrap() == value(i), "{k} came back different");
+    }
+    assert_eq!(m.master().tier_stats().loads, before.loads, "a load ran");
+    assert_eq!(reads(&node), read_before + 3);
+    assert_eq!(only_on_disk(&node, &cold).await.len(), 4, "promoted");
+    // Read again (and again while the segment has no room: the master evicts for it), a
+    // value is promoted: copied back into the node's memory.
+    let k = &cold[0];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(node.get(k).await.unwrap() == value(k[3..].parse().unwrap()));
+        if only_on_disk(&node, &cold[..1]).await.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{k} was never promoted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m.master().tier_stats().promotions, 1);
+
+    // A record torn behind the node's back is a miss, never its bytes, and the master
+    // hears it is gone.
+    let victim = &cold[3];
+    let file = disk.join(format!(
+        "{}.rec",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(victim.as_bytes()))
+    ));
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    match node.get(victim).await {
+        Err(StoreError::Master(MasterError::ObjectNotFound(_))) => {}
+        r => panic!("a torn record answered {:?}", r.map(|v| v.len())),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.exists(victim).await.unwrap() || m.master().tier_stats().dropped == before.dropped {
+        assert!(Instant::now() < deadline, "the master never heard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m.master().tier_stats().dropped, before.dropped + 1);
+    node.close().await.unwrap();
 }

@@ -37,6 +37,9 @@ pub const EVICTED_BYTES: &str = "moongate_master_evicted_bytes_total";
 /// disk, on eviction or written through; `load`: read back) and `result` (`ok`, `failed`,
 /// `timeout`: given up after `disk_task_timeout_ms`).
 pub const DISK_TASKS: &str = "moongate_master_disk_tasks_total";
+/// Counter: values on a disk copied back into their owner's memory because the owner kept
+/// reading them (`disk_promote_after`).
+pub const DISK_PROMOTIONS: &str = "moongate_master_disk_promotions_total";
 /// Counter: disk records taken from owners' reports (after a restart of either side).
 pub const DISK_ADOPTED: &str = "moongate_master_disk_records_adopted_total";
 /// Gauge: bytes of segment memory that offloads in flight will free.
@@ -59,6 +62,10 @@ pub fn describe() {
         "Disk-tier tasks of segment owners by kind (offload, load) and result (ok, failed, timeout)"
     );
     metrics::describe_counter!(DISK_ADOPTED, "Disk records taken from owners' reports");
+    metrics::describe_counter!(
+        DISK_PROMOTIONS,
+        "Values on disk copied back into their owner's memory after repeated reads"
+    );
     metrics::describe_gauge!(
         DISK_OFFLOADING_BYTES,
         metrics::Unit::Bytes,

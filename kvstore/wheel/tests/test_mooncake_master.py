@@ -45,8 +45,10 @@ def test_flags_map_onto_moongate_master():
     # Features left at their "off" values are fine.
     mm.translate(["--enable_offload=false", "--dynamic_replication_mode=off", "--config_path="])
     # The disk tier: the master's half of Mooncake's offload flags.
-    args, notes = mm.translate(["--enable_offload", "--offload_on_evict", "--promotion_on_hit"])
+    args, notes = mm.translate(["--enable_offload", "--offload_on_evict", "--promotion_on_hit",
+                                "--promotion_admission_threshold=3"])
     assert ("--master-disk-offload-on-evict", "true") in zip(*[iter(args)] * 2)
+    assert ("--master-disk-promote-after", "3") in zip(*[iter(args)] * 2)
     assert any(n.startswith("--enable_offload has no effect") for n in notes), notes
 
 

@@ -333,7 +333,8 @@ pub struct ReplicasResponse {
     pub length: u64,
     /// Read lease granted, ms from now; a read must finish before it ends.
     pub lease_ttl_ms: u64,
-    /// Readable replicas (at least one).
+    /// Readable replicas (at least one): memory replicas, or, for a `reader` whose own
+    /// disk tier holds the value, that disk's `local_disk` replica.
     pub replicas: Vec<Replica>,
     /// The memory copy read is also on disk: release the read when done
     /// (`batch/release-reads`), so the memory can go before the lease ends.
@@ -484,6 +485,19 @@ pub struct DeleteObjectsQuery {
 pub struct RemoveQuery {
     /// Remove even while a read lease is live.
     pub force: Option<bool>,
+}
+
+/// Query of the read lookups (`GET /api/v1/objects/{key}/replicas`,
+/// `POST /api/v1/batch/replicas`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReplicasQuery {
+    /// The reading client's id. A value that lies on that client's own disk tier (and in
+    /// no memory replica) is then answered as a `local_disk` replica, which the client
+    /// reads from its own disk, instead of being read back into memory first.
+    #[param(min_length = 1, max_length = 64)]
+    pub reader: Option<String>,
 }
 
 /// Query of `/metadata`.

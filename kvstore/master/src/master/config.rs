@@ -61,6 +61,8 @@ pub mod env {
     pub const DISK_TASK_TIMEOUT_MS: &str = "MOONGATE_MASTER_DISK_TASK_TIMEOUT_MS";
     /// `--master-disk-offload-on-evict`.
     pub const DISK_OFFLOAD_ON_EVICT: &str = "MOONGATE_MASTER_DISK_OFFLOAD_ON_EVICT";
+    /// `--master-disk-promote-after`.
+    pub const DISK_PROMOTE_AFTER: &str = "MOONGATE_MASTER_DISK_PROMOTE_AFTER";
     /// `--master-disk-load-wait-ms`.
     pub const DISK_LOAD_WAIT_MS: &str = "MOONGATE_MASTER_DISK_LOAD_WAIT_MS";
 }
@@ -196,6 +198,14 @@ pub struct MasterConfig {
     #[arg(id = "master.disk_offload_on_evict", long = "master-disk-offload-on-evict", env = env::DISK_OFFLOAD_ON_EVICT, value_name = "BOOL", action = clap::ArgAction::Set,
         default_value_t = MasterConfig::default().disk_offload_on_evict)]
     pub disk_offload_on_evict: bool,
+    /// Reads by its owner after which a value on the owner's own disk is copied back into
+    /// its segment (Mooncake's `--promotion_admission_threshold`; 0: never). Without room
+    /// there, the next eviction round makes some and a later read promotes. The owner
+    /// reads such values from its disk meanwhile; other readers always have the value
+    /// read back into memory.
+    #[arg(id = "master.disk_promote_after", long = "master-disk-promote-after", env = env::DISK_PROMOTE_AFTER, value_name = "READS",
+        default_value_t = MasterConfig::default().disk_promote_after)]
+    pub disk_promote_after: u32,
 }
 
 impl Default for MasterConfig {
@@ -227,6 +237,7 @@ impl Default for MasterConfig {
             disk_task_timeout_ms: 30_000,
             disk_load_wait_ms: 5_000,
             disk_offload_on_evict: false,
+            disk_promote_after: 2,
         }
     }
 }

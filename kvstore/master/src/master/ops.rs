@@ -6,7 +6,9 @@
 
 use super::journal::{Change, Record};
 use super::object::{Object, ReplicaLocation, Replicas, ReplicateConfig};
+use super::segment::Segment;
 use super::{ClientId, Discarded, Master, MasterError, MasterResult};
+use std::sync::Arc;
 
 /// Answer of `get_replicas`: where to read, and for how long the read is protected.
 #[derive(Clone, Debug)]
@@ -15,8 +17,12 @@ pub struct ReplicaSet {
     pub length: u64,
     /// Read lease granted, in ms from now.
     pub lease_ttl_ms: u64,
-    /// Readable replicas (at least one).
+    /// Readable replicas (at least one, unless `own_disk` is set).
     pub replicas: Vec<ReplicaLocation>,
+    /// The value lies only on the reader's own disk tier, below this segment: the reader
+    /// reads it there (`replicas` is empty). Set only for lookups that name their reader
+    /// ([`Master::lookup_as`]).
+    pub own_disk: Option<Arc<Segment>>,
     /// The value's memory copy is also on disk: the reader should release its read
     /// ([`Master::release_reads`]) once done, so the memory can go before the lease ends.
     pub release: bool,
@@ -559,12 +565,13 @@ impl Master {
         self.batch(keys, |k| self.get_replicas(k.as_ref()))
     }
 
-    /// [`Master::lookup`] for many keys.
+    /// [`Master::lookup_as`] for many keys.
     pub fn batch_lookup<K: AsRef<str>>(
         &self,
         keys: &[K],
+        reader: Option<ClientId>,
     ) -> MasterResult<Vec<MasterResult<super::Lookup>>> {
-        self.batch(keys, |k| self.lookup(k.as_ref()))
+        self.batch(keys, |k| self.lookup_as(k.as_ref(), reader))
     }
 
     /// [`Master::exists`] for many keys.

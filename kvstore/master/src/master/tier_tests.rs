@@ -331,3 +331,88 @@ fn a_lease_on_a_copy_of_a_disk_value_ends_when_every_reader_released_it() {
     m.release_reads(&["plain"]).unwrap();
     assert!(m.object("plain").unwrap().lease_remaining_ms > 0);
 }
+
+#[test]
+fn the_owner_reads_its_own_disk_and_others_get_a_load() {
+    let (m, clock) = with_disk();
+    on_disk(&m, &clock);
+    // The owner is answered its own disk, under a lease, and nothing is loaded.
+    let set = own_read(&m);
+    assert!(set.replicas.is_empty());
+    assert_eq!(set.own_disk.as_ref().map(|s| s.name()), Some("d"));
+    assert_eq!(set.length, 1000);
+    assert!(matches!(
+        m.remove("k", false),
+        Err(MasterError::ObjectHasLease(_))
+    ));
+    assert!(tasks(&m, &[]).is_empty());
+    assert_eq!(m.segments()[0].allocated_bytes, 0);
+    // Anyone else (naming itself or not) gets the value read back into memory.
+    assert!(matches!(
+        m.lookup_as("k", Some(client(7))).unwrap(),
+        Lookup::Loading
+    ));
+    assert_eq!(tasks(&m, &[])[0].kind, TierTaskKind::Load);
+}
+
+/// `k` (1000 bytes) put on `with_disk`'s segment and moved to its disk alone.
+fn on_disk(m: &Master, clock: &ManualClock) {
+    put(m, "k", 1000);
+    let offloads = evict_all(m);
+    tasks(m, &[ok(&offloads[0])]);
+    clock.advance(m.config().lease_ttl_ms);
+    m.tick();
+    assert_eq!(m.tier_stats().on_disk_objects, 1);
+}
+
+fn own_read(m: &Master) -> ReplicaSet {
+    match m.lookup_as("k", Some(client(1))).unwrap() {
+        Lookup::Ready(set) => set,
+        Lookup::Loading => panic!("the owner waits for a load"),
+    }
+}
+
+#[test]
+fn an_owner_that_reads_a_value_from_its_disk_again_gets_it_back_in_memory() {
+    let (m, clock) = with_disk();
+    assert_eq!(m.config().disk_promote_after, 2);
+    on_disk(&m, &clock);
+    assert!(own_read(&m).own_disk.is_some());
+    assert!(tasks(&m, &[]).is_empty(), "promoted on the first read");
+    // The second read is still served from the disk, and promotes.
+    assert!(own_read(&m).own_disk.is_some());
+    let loads = tasks(&m, &[]);
+    assert_eq!(loads.len(), 1);
+    assert_eq!(loads[0].kind, TierTaskKind::Load);
+    assert_eq!(m.tier_stats().promotions, 1);
+    // While it loads, the owner keeps reading its disk; anyone else waits for the load.
+    assert!(own_read(&m).own_disk.is_some());
+    assert!(matches!(
+        m.lookup_as("k", Some(client(7))).unwrap(),
+        Lookup::Loading
+    ));
+    assert!(tasks(&m, &[ok(&loads[0])]).is_empty());
+    // Back in memory: read there, by everyone.
+    let set = own_read(&m);
+    assert!(set.own_disk.is_none());
+    assert_eq!(set.replicas[0].address, loads[0].address);
+    assert_eq!(m.tier_stats().on_disk_objects, 0);
+}
+
+#[test]
+fn promotion_off_leaves_an_owners_values_on_its_disk() {
+    let (m, clock) = master_with(MasterConfig {
+        client_ttl_ms: 3_600_000,
+        disk_promote_after: 0,
+        ..small_config()
+    });
+    let mut s = spec("d", BASE, SEG);
+    s.disk_bytes = 1 << 30;
+    m.mount_segment(client(1), s).unwrap();
+    on_disk(&m, &clock);
+    for _ in 0..5 {
+        assert!(own_read(&m).own_disk.is_some());
+    }
+    assert!(tasks(&m, &[]).is_empty());
+    assert_eq!(m.tier_stats().promotions, 0);
+}

@@ -9,8 +9,8 @@ use axum::extract::State;
 use openapi::master as wire;
 
 use super::{
-    ApiJson, ApiResult, MasterErrors, check_reserve, client_id, detail, durable, observed,
-    replicas, reserve,
+    ApiJson, ApiQuery, ApiResult, MasterErrors, check_reserve, client_id, detail, durable,
+    observed, replicas, reserve, set_replicas,
 };
 use crate::master::{Master, MasterResult};
 
@@ -143,16 +143,19 @@ pub async fn put_revoke(
 /// Replicas of many objects, each granted a read lease.
 #[utoipa::path(post, operation_id = routes::master::BatchGetReplicas::OPERATION_ID,
     path = routes::master::BatchGetReplicas::PATH, tag = super::TAG,
+    params(wire::ReplicasQuery),
     request_body = wire::BatchKeysRequest,
     responses((status = 200, description = "Per-key replicas or errors", body = wire::BatchReplicasResponse), MasterErrors))]
 pub async fn replicas_of(
     State(m): State<Arc<Master>>,
+    ApiQuery(q): ApiQuery<wire::ReplicasQuery>,
     ApiJson(req): ApiJson<wire::BatchKeysRequest>,
 ) -> ApiResult<Json<wire::BatchReplicasResponse>> {
-    let results = observed(
-        "batch_get_replicas",
-        super::tier::read_batch(&m, &req.keys).await,
-    )?;
+    let results = match super::reader(&q) {
+        Ok(reader) => super::tier::read_batch(&m, &req.keys, reader).await,
+        Err(e) => Err(e),
+    };
+    let results = observed("batch_get_replicas", results)?;
     items("get_replicas", &results);
     let results = req
         .keys
@@ -163,7 +166,7 @@ pub async fn replicas_of(
                 key,
                 length: Some(set.length),
                 lease_ttl_ms: Some(set.lease_ttl_ms),
-                replicas: Some(replicas(&set.replicas)),
+                replicas: Some(set_replicas(&set)),
                 release: set.release,
                 error: None,
             },

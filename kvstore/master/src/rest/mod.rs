@@ -66,7 +66,7 @@ use utoipa_axum::routes;
 
 use crate::master::{
     ClientId, ClientStatus, ClientView, Master, MasterError, MasterResult, ReplicaLocation,
-    SegmentView,
+    ReplicaSet, Segment, SegmentView,
 };
 
 /// Largest request body the master accepts.
@@ -352,8 +352,31 @@ fn replica(l: &ReplicaLocation) -> wire::Replica {
     }
 }
 
+/// The `local_disk` replica of a value of `length` bytes on `seg`'s owner's disk tier.
+fn disk_replica(seg: &Segment, length: u64) -> wire::Replica {
+    wire::Replica {
+        segment: seg.name().to_string(),
+        endpoint: seg.endpoint().to_string(),
+        address: 0,
+        length,
+        kind: wire::ReplicaKind::LocalDisk,
+    }
+}
+
 fn replicas(ls: &[ReplicaLocation]) -> Vec<wire::Replica> {
     ls.iter().map(replica).collect()
+}
+
+/// The wire replicas of a read's answer: its memory replicas, or the reader's own disk.
+fn set_replicas(set: &ReplicaSet) -> Vec<wire::Replica> {
+    let mut out = replicas(&set.replicas);
+    out.extend(set.own_disk.iter().map(|s| disk_replica(s, set.length)));
+    out
+}
+
+/// The reader a read lookup names (`?reader=`), if any.
+fn reader(q: &wire::ReplicasQuery) -> MasterResult<Option<ClientId>> {
+    q.reader.as_deref().map(client_id).transpose()
 }
 
 /// Refuses a request whose `reserve` asks for what no reservation can be (a length outside

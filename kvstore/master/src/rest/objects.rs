@@ -12,7 +12,7 @@ use openapi::master as wire;
 
 use super::{
     ApiJson, ApiPath, ApiQuery, ApiResult, MasterErrors, blocking, check_reserve, client_id,
-    durable, observed, replicas, reserve,
+    durable, observed, replicas, reserve, set_replicas,
 };
 use crate::master::{Master, MasterError, ObjectStatus};
 
@@ -83,18 +83,23 @@ pub async fn put_revoke(
 /// Replicas of a readable object; grants (or extends) a read lease.
 #[utoipa::path(get, operation_id = routes::master::GetReplicas::OPERATION_ID,
     path = routes::master::GetReplicas::PATH, tag = super::TAG,
-    params(("key" = String, Path, description = "Object key (percent-encoded)")),
+    params(("key" = String, Path, description = "Object key (percent-encoded)"), wire::ReplicasQuery),
     responses((status = 200, description = "Replicas and lease", body = wire::ReplicasResponse), MasterErrors))]
 pub async fn get_replicas(
     State(m): State<Arc<Master>>,
     ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<wire::ReplicasQuery>,
 ) -> ApiResult<Json<wire::ReplicasResponse>> {
-    observed("get_replicas", super::tier::read(&m, &key).await).map(|set| {
+    let set = match super::reader(&q) {
+        Ok(reader) => super::tier::read(&m, &key, reader).await,
+        Err(e) => Err(e),
+    };
+    observed("get_replicas", set).map(|set| {
         Json(wire::ReplicasResponse {
             key,
             length: set.length,
             lease_ttl_ms: set.lease_ttl_ms,
-            replicas: replicas(&set.replicas),
+            replicas: set_replicas(&set),
             release: set.release,
         })
     })

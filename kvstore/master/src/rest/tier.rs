@@ -10,8 +10,10 @@ use axum::extract::State;
 use openapi::master as wire;
 use tokio::time::Instant;
 
-use super::{ApiJson, ApiPath, ApiResult, MasterErrors, client_id, detail, observed, replica};
-use crate::master::{Described, Lookup, Master, MasterError, MasterResult, ReplicaSet};
+use super::{
+    ApiJson, ApiPath, ApiResult, MasterErrors, client_id, detail, disk_replica, observed, replica,
+};
+use crate::master::{ClientId, Described, Lookup, Master, MasterError, MasterResult, ReplicaSet};
 
 fn not_back(key: &str, wait: Duration) -> MasterError {
     MasterError::ReplicaIsNotReady(format!(
@@ -26,8 +28,12 @@ const ROOM_POLL: Duration = Duration::from_millis(20);
 
 /// One look: the replicas, or how long to wait before the next (`None`: until a load
 /// finishes). No room on the disk's segment is waited out like a load, up to the deadline.
-fn look(m: &Master, key: &str) -> MasterResult<Result<ReplicaSet, Option<Duration>>> {
-    match m.lookup(key) {
+fn look(
+    m: &Master,
+    key: &str,
+    reader: Option<ClientId>,
+) -> MasterResult<Result<ReplicaSet, Option<Duration>>> {
+    match m.lookup_as(key, reader) {
         Ok(Lookup::Ready(set)) => Ok(Ok(set)),
         Ok(Lookup::Loading) => Ok(Err(None)),
         Err(MasterError::NoAvailableHandle(_)) => Ok(Err(Some(ROOM_POLL))),
@@ -36,9 +42,13 @@ fn look(m: &Master, key: &str) -> MasterResult<Result<ReplicaSet, Option<Duratio
 }
 
 /// The replicas of `key`, waiting (up to `disk_load_wait_ms`) while it is read back from
-/// a disk tier.
-pub(super) async fn read(m: &Master, key: &str) -> MasterResult<ReplicaSet> {
-    let mut out = read_batch(m, std::slice::from_ref(&key.to_owned())).await?;
+/// a disk tier (unless it lies on the `reader`'s own disk: [`Master::lookup_as`]).
+pub(super) async fn read(
+    m: &Master,
+    key: &str,
+    reader: Option<ClientId>,
+) -> MasterResult<ReplicaSet> {
+    let mut out = read_batch(m, std::slice::from_ref(&key.to_owned()), reader).await?;
     out.pop()
         .unwrap_or_else(|| Err(not_back(key, Duration::ZERO)))
 }
@@ -48,6 +58,7 @@ pub(super) async fn read(m: &Master, key: &str) -> MasterResult<ReplicaSet> {
 pub(super) async fn read_batch(
     m: &Master,
     keys: &[String],
+    reader: Option<ClientId>,
 ) -> MasterResult<Vec<MasterResult<ReplicaSet>>> {
     let wait = Duration::from_millis(m.config().disk_load_wait_ms);
     let deadline = Instant::now() + wait;
@@ -58,7 +69,7 @@ pub(super) async fn read_batch(
     let mut out: Vec<MasterResult<ReplicaSet>> = Vec::with_capacity(keys.len());
     let mut pending = Vec::new();
     let mut poll: Option<Duration> = None;
-    for (i, r) in m.batch_lookup(keys)?.into_iter().enumerate() {
+    for (i, r) in m.batch_lookup(keys, reader)?.into_iter().enumerate() {
         out.push(match r {
             Ok(Lookup::Ready(set)) => Ok(set),
             Ok(Lookup::Loading) => {
@@ -79,7 +90,7 @@ pub(super) async fn read_batch(
         woken.set(m.tier_changed().0.notified());
         woken.as_mut().enable();
         poll = None;
-        pending.retain(|&i| match look(m, &keys[i]) {
+        pending.retain(|&i| match look(m, &keys[i], reader) {
             Ok(Err(p)) => {
                 poll = poll.or(p);
                 true
@@ -150,15 +161,7 @@ pub async fn release_reads(
 /// The wire form of a description: the memory replicas, then the disk one.
 fn described(d: &Described) -> Vec<wire::Replica> {
     let mut out: Vec<wire::Replica> = d.memory.iter().map(replica).collect();
-    if let Some(seg) = &d.disk {
-        out.push(wire::Replica {
-            segment: seg.name().to_string(),
-            endpoint: seg.endpoint().to_string(),
-            address: 0,
-            length: d.length,
-            kind: wire::ReplicaKind::LocalDisk,
-        });
-    }
+    out.extend(d.disk.iter().map(|s| disk_replica(s, d.length)));
     out
 }
 

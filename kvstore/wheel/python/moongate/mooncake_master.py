@@ -47,6 +47,7 @@ MAPPED = {
     "ha_backend_connstring": ("str", "--etcd-endpoints"),
     "cluster_id": ("str", "--cluster-id"),
     "offload_on_evict": ("bool", "--master-disk-offload-on-evict"),
+    "promotion_admission_threshold": ("int", "--master-disk-promote-after"),
 }
 
 # Mooncake's defaults for the mapped flags where they differ from Moongate's: a drop-in
@@ -79,8 +80,14 @@ IGNORED = {
         "`moongate store --disk-path`); the master serves it whenever a segment has one"
     ),
     "promotion_on_hit": (
-        "a value on disk is read back into memory at every read from disk (and stays "
-        "there until evicted again)"
+        "a value on disk is read back into memory when another client reads it, and when "
+        "its owner has read it --promotion_admission_threshold times (0: never)"
+    ),
+    "promotion_queue_limit": (
+        "promotions wait while the owner has 64 disk tasks queued"
+    ),
+    "promotion_max_per_heartbeat": (
+        "owners take their disk tasks (16 at once) with their own long poll, not the heartbeat"
     ),
 }
 

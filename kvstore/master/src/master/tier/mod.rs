@@ -72,6 +72,9 @@ pub(crate) struct Tiers {
     /// Reads granted and not released, per key of an object whose memory is a copy of a
     /// record on disk (see [`Master::release_reads`]).
     readers: Mutex<HashMap<Box<str>, u32>>,
+    /// Reads of values on disk by their owner, by key hash, not yet promoted (see
+    /// `disk_promote_after`).
+    hits: Mutex<HashMap<u64, u32>>,
     /// Wakes owners waiting in an exchange (a task was queued).
     pub(crate) tasks_queued: tokio::sync::Notify,
     /// Wakes readers waiting for loads (a load finished, either way).
@@ -89,6 +92,7 @@ struct TierCounters {
     adopted: AtomicU64,
     dropped: AtomicU64,
     timeouts: AtomicU64,
+    promotions: AtomicU64,
 }
 
 /// Totals of the disk tier (see [`Master::tier_stats`]).
@@ -106,6 +110,8 @@ pub struct TierStats {
     pub adopted: u64,
     /// Records owners dropped on their own (disk full, checksum).
     pub dropped: u64,
+    /// Loads started because the owner kept reading a value from its disk.
+    pub promotions: u64,
     /// Objects that live only on disk now.
     pub on_disk_objects: u64,
     /// Bytes offloads in flight will free.
@@ -138,6 +144,7 @@ impl Master {
             load_failures: c.load_failures.load(Ordering::Relaxed),
             adopted: c.adopted.load(Ordering::Relaxed),
             dropped: c.dropped.load(Ordering::Relaxed),
+            promotions: c.promotions.load(Ordering::Relaxed),
             on_disk_objects,
             offloading_bytes: self.tiers.offloading_bytes.load(Ordering::Relaxed),
         }

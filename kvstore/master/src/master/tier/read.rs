@@ -3,14 +3,21 @@
 //! values (so their memory can go before their leases end).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use super::super::object::{Replica, Replicas, TierState};
+use super::super::object::{Object, Replica, Replicas, TierState};
 use super::super::segment::Segment;
-use super::super::{Master, MasterError, MasterResult, ReplicaLocation, ReplicaSet};
+use super::super::{ClientId, Master, MasterError, MasterResult, ReplicaLocation, ReplicaSet};
 use openapi::master::{TierTask, TierTaskKind};
+use transfer::memory::Allocation;
 
 /// Most keys whose unreleased reads are counted at once.
 const MAX_TRACKED_READS: usize = 1 << 20;
+/// Most keys whose reads by their owner are counted at once (for promotion); past it the
+/// counts start over, so old counts age out.
+const MAX_COUNTED_HITS: usize = 1 << 16;
+/// Tasks a segment may have queued beyond which a read promotes nothing.
+const PROMOTION_QUEUE: usize = 64;
 
 /// An object's replicas as they lie, for descriptions (see [`Master::describe`]).
 #[derive(Debug)]
@@ -70,6 +77,28 @@ impl Master {
         self.batch(keys, |k| self.describe(k.as_ref()))
     }
 
+    /// Counts a read of a value on `seg`'s owner's disk by that owner: whether the value
+    /// has now been read `disk_promote_after` times and is to be copied back into memory
+    /// (and the segment's queue has room for the load). The count stays until the load
+    /// starts.
+    fn admit_promotion(&self, hash: u64, seg: &Segment) -> bool {
+        let after = self.config.disk_promote_after;
+        if after == 0 {
+            return false;
+        }
+        let queued = self.tiers.queues.lock().get(seg.name()).map_or(0, Vec::len);
+        if queued >= PROMOTION_QUEUE {
+            return false;
+        }
+        let mut hits = self.tiers.hits.lock();
+        if hits.len() >= MAX_COUNTED_HITS && !hits.contains_key(&hash) {
+            hits.clear();
+        }
+        let n = hits.entry(hash).or_default();
+        *n = n.saturating_add(1);
+        *n >= after
+    }
+
     /// Counts a read granted on a value whose memory copy is also on disk.
     fn count_read(&self, key: &str) {
         let mut readers = self.tiers.readers.lock();
@@ -121,13 +150,22 @@ impl Master {
     /// A read of `key`: its replicas, or a load started (or under way) when it lives on
     /// disk. Grants a read lease when ready.
     pub fn lookup(&self, key: &str) -> MasterResult<Lookup> {
-        match self.lookup_once(key)? {
+        self.lookup_as(key, None)
+    }
+
+    /// [`Master::lookup`] by a `reader` that names itself: a value that lies only on the
+    /// reader's own disk tier is answered as that disk ([`ReplicaSet::own_disk`]), under a
+    /// read lease, and no load starts: the reader reads its own disk, as Mooncake's
+    /// client reads its own `LOCAL_DISK` replicas. A reader that names another client
+    /// gains nothing by it: the answer names a disk it cannot read.
+    pub fn lookup_as(&self, key: &str, reader: Option<ClientId>) -> MasterResult<Lookup> {
+        match self.lookup_once(key, reader)? {
             Found::Ready(set) => Ok(Lookup::Ready(set)),
             Found::Loading => Ok(Lookup::Loading),
             Found::NoSpace => {
                 // Make room (eviction takes shard locks: none is held here) and try once more.
                 self.evict_for_allocation();
-                match self.lookup_once(key)? {
+                match self.lookup_once(key, reader)? {
                     Found::Ready(set) => Ok(Lookup::Ready(set)),
                     Found::Loading => Ok(Lookup::Loading),
                     Found::NoSpace => Err(MasterError::NoAvailableHandle(format!(
@@ -138,7 +176,7 @@ impl Master {
         }
     }
 
-    fn lookup_once(&self, key: &str) -> MasterResult<Found> {
+    fn lookup_once(&self, key: &str, reader: Option<ClientId>) -> MasterResult<Found> {
         self.check_key(key)?;
         let hash = self.hash(key);
         let now = self.clock.now_ms();
@@ -150,11 +188,53 @@ impl Master {
         if !o.is_complete() {
             return Err(MasterError::ReplicaIsNotReady(key.to_string()));
         }
+        // On disk or loading: `replicas[0]` is the disk's (and the load's) segment.
+        let disk_seg =
+            (o.is_on_disk() || o.is_loading()).then(|| o.replicas.as_slice()[0].segment.clone());
+        if let Some(seg) = disk_seg
+            .as_ref()
+            .filter(|s| reader.is_some_and(|r| r == s.client()))
+        {
+            // Its owner reads its own disk (a load under way is the owner's promotion).
+            if !seg.is_mounted() {
+                return Err(MasterError::ObjectNotFound(format!(
+                    "{key}: the segment whose disk holds it is unmounted"
+                )));
+            }
+            o.grant_lease(now, self.config.lease_ttl_ms);
+            let set = ReplicaSet {
+                length: o.length,
+                lease_ttl_ms: self.config.lease_ttl_ms,
+                replicas: Vec::new(),
+                own_disk: Some(seg.clone()),
+                release: false,
+            };
+            let mut promote = None;
+            if o.is_on_disk() && self.admit_promotion(hash, seg) {
+                match seg.try_alloc(self.units(o.length)) {
+                    Some(alloc) => {
+                        self.tiers.hits.lock().remove(&hash);
+                        promote = Some(start_load(o, key, seg, alloc));
+                    }
+                    // No room: the next tick evicts, and a later read promotes.
+                    None => self.need_eviction.store(true, Ordering::Relaxed),
+                }
+            }
+            drop(shard);
+            if let Some(task) = promote {
+                self.tiers
+                    .counters
+                    .promotions
+                    .fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::DISK_PROMOTIONS).increment(1);
+                self.queue(seg.name_arc(), task, 0);
+            }
+            return Ok(Found::Ready(set));
+        }
         if o.is_loading() {
             return Ok(Found::Loading);
         }
-        if o.is_on_disk() {
-            let seg = o.replicas.as_slice()[0].segment.clone();
+        if let (true, Some(seg)) = (o.is_on_disk(), disk_seg) {
             if !seg.is_mounted() {
                 return Err(MasterError::ObjectNotFound(format!(
                     "{key}: the segment whose disk holds it is unmounted"
@@ -163,17 +243,7 @@ impl Master {
             let Some(alloc) = seg.try_alloc(self.units(o.length)) else {
                 return Ok(Found::NoSpace);
             };
-            let task = TierTask {
-                kind: TierTaskKind::Load,
-                key: key.to_owned(),
-                address: seg.address_of(alloc),
-                length: o.length,
-            };
-            o.replicas = Replicas::One(Replica {
-                segment: seg.clone(),
-                alloc,
-            });
-            o.set_tier(TierState::Loading);
+            let task = start_load(o, key, &seg, alloc);
             drop(shard);
             self.queue(seg.name_arc(), task, 0);
             return Ok(Found::Loading);
@@ -197,9 +267,26 @@ impl Master {
             length,
             lease_ttl_ms: self.config.lease_ttl_ms,
             replicas,
+            own_disk: None,
             release,
         }))
     }
+}
+
+/// Marks `o` (on disk on `seg`) as loading into `alloc`; answers the load to queue.
+fn start_load(o: &mut Object, key: &str, seg: &Arc<Segment>, alloc: Allocation) -> TierTask {
+    let task = TierTask {
+        kind: TierTaskKind::Load,
+        key: key.to_owned(),
+        address: seg.address_of(alloc),
+        length: o.length,
+    };
+    o.replicas = Replicas::One(Replica {
+        segment: seg.clone(),
+        alloc,
+    });
+    o.set_tier(TierState::Loading);
+    task
 }
 
 enum Found {

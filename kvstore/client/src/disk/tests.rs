@@ -49,7 +49,7 @@ fn a_corrupt_value_is_a_miss_never_served_and_its_record_goes() {
     d.write("k", &value(4096, 1)).unwrap();
     let path = d.path("k");
     let f = OpenOptions::new().write(true).open(&path).unwrap();
-    f.write_all_at(&[0xff], (HEADER + 1 + 100) as u64).unwrap();
+    f.write_all_at(&[0xff], data_offset(1) + 100).unwrap();
     let mut out = Vec::new();
     let e = d.read("k", &mut out).unwrap_err();
     assert!(
@@ -90,7 +90,8 @@ fn torn_records_and_partial_writes_are_removed_at_open() {
 #[test]
 fn writing_past_the_capacity_drops_the_least_recently_used() {
     let tmp = tempfile::tempdir().unwrap();
-    let rec = (HEADER + 2 + 1000) as u64;
+    let rec = record_bytes(2, 1000);
+    assert_eq!(rec, 2 * ALIGN);
     let (d, _) = open(tmp.path(), rec * 3);
     for k in ["k1", "k2", "k3"] {
         assert!(d.write(k, &value(1000, 4)).unwrap().is_empty());
@@ -104,8 +105,8 @@ fn writing_past_the_capacity_drops_the_least_recently_used() {
     assert_eq!(d.usage(), (rec * 3, 3));
     assert!(!d.path("k2").exists());
     assert!(matches!(
-        d.write("big", &value(4 * 1000, 6)),
-        Err(DiskError::TooLarge(4000))
+        d.write("big", &value(6 * 4096, 6)),
+        Err(DiskError::TooLarge(24576))
     ));
     d.delete("k1");
     assert_eq!(d.usage(), (rec * 2, 2));
@@ -142,13 +143,52 @@ async fn records_go_between_registered_memory_and_the_disk_directly() {
     assert_eq!(out, v);
     d.read_into("m", &memory, 500_000, v.len()).unwrap();
     assert_eq!(memory.to_vec(500_000, v.len()).unwrap(), v);
+    // An aligned destination takes the whole blocks itself, and the tail after them.
+    let aligned = 128 * ALIGN as usize;
+    memory.write_at(aligned, &vec![0xee; v.len() + 10]).unwrap();
+    d.read_into("m", &memory, aligned, v.len()).unwrap();
+    assert_eq!(memory.to_vec(aligned, v.len()).unwrap(), v);
+    assert_eq!(
+        memory.to_vec(aligned + v.len(), 10).unwrap(),
+        vec![0xee; 10]
+    );
     // A length other than the record's, and a range outside the memory, are refused.
     assert!(d.read_into("m", &memory, 0, 10).is_err());
     assert!(d.write_from("n", &memory, 900_000, 300_000).is_err());
     // A flipped byte on disk: a miss, the record gone, the memory not trusted.
     let f = OpenOptions::new().write(true).open(d.path("m")).unwrap();
-    f.write_all_at(&[0x55], (HEADER + 1 + 7) as u64).unwrap();
+    f.write_all_at(&[0x55], data_offset(1) + 7).unwrap();
     let e = d.read_into("m", &memory, 500_000, v.len()).unwrap_err();
     assert!(matches!(e, DiskError::Corrupt { .. }), "{e}");
     assert!(!d.contains("m"));
+}
+
+#[tokio::test]
+async fn a_record_larger_than_the_bounce_buffer_reads_in_pieces() {
+    let cfg = transfer::EngineConfig::listening_on("127.0.0.1:0".parse().unwrap());
+    let engine = transfer::TransferEngine::new(cfg).await.unwrap();
+    let memory = engine.alloc(16 << 20).unwrap();
+    // Past the bounce buffer and not a whole number of blocks.
+    let v = value(direct::BOUNCE * 2 + 1234, 11);
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, _) = open(tmp.path(), 1 << 30);
+    d.write("big", &v).unwrap();
+    let mut out = Vec::new();
+    d.read("big", &mut out).unwrap();
+    assert!(out == v);
+    // An aligned destination (the whole blocks land there directly) and one that is not,
+    // each with a guard byte after it.
+    for at in [ALIGN as usize, 4 * ALIGN as usize + 100] {
+        memory.write_at(at + v.len(), &[0xab]).unwrap();
+        d.read_into("big", &memory, at, v.len()).unwrap();
+        assert!(memory.to_vec(at, v.len()).unwrap() == v, "at {at}");
+        assert_eq!(memory.to_vec(at + v.len(), 1).unwrap(), vec![0xab]);
+    }
+    // Cut inside the value: a miss, never a short value.
+    let f = OpenOptions::new().write(true).open(d.path("big")).unwrap();
+    f.set_len(data_offset(3) + 3 * ALIGN).unwrap();
+    assert!(matches!(
+        d.read("big", &mut out),
+        Err(DiskError::Corrupt { .. })
+    ));
 }

@@ -2,10 +2,13 @@
 //! by the SHA-256 of its key, each a checksummed record.
 //!
 //! ```text
-//! record = header (32 bytes) | key | value
-//! header = "MGKVREC1" | key length u32 | 0u32 | value length u64 | CRC-32 of the value u32
+//! record = header (32 bytes) | key | zeros to 4 KiB | value | zeros to 4 KiB
+//! header = "MGKVREC2" | key length u32 | 0u32 | value length u64 | CRC-32 of the value u32
 //!          | CRC-32 of the first 28 header bytes and the key u32          (little endian)
 //! ```
+//!
+//! The value starts, and the file ends, on a 4 KiB boundary, so that reads are direct
+//! (`O_DIRECT`, see `direct`).
 //!
 //! - **Durable before visible**: a record is written to `<name>.tmp`, its data synced,
 //!   renamed to `<name>.rec`; the caller syncs the directory ([`DiskStore::sync`]) before
@@ -22,7 +25,8 @@
 //!
 //! I/O is positional (`pread`/`pwrite`), on blocking threads the caller provides: between
 //! the file and the segment's registered memory directly (the kernel copies; the checksum
-//! is taken in place), or from and into caller slices.
+//! is taken in place), or from and into caller slices. Reads skip the page cache
+//! (`direct`); writes go through it and are synced.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -35,11 +39,30 @@ use openapi::master::DiskRecord;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use transfer::RegisteredBuffer;
+use transfer::memory::MemoryRegion;
 
-const MAGIC: &[u8; 8] = b"MGKVREC1";
+mod direct;
+
+use direct::{ALIGN, Dest, Reader, align_up};
+
+/// Disk reads or writes in flight at once, per disk (enough requests to keep an NVMe
+/// queue busy).
+pub const QUEUE_DEPTH: usize = 16;
+
+const MAGIC: &[u8; 8] = b"MGKVREC2";
 const HEADER: usize = 32;
 const RECORD: &str = "rec";
 const PARTIAL: &str = "tmp";
+
+/// Where a record's value starts: past the header and a key of `key_len` bytes, aligned.
+fn data_offset(key_len: usize) -> u64 {
+    align_up((HEADER + key_len) as u64)
+}
+
+/// Bytes of a record's file: header, key, value, each end aligned.
+fn record_bytes(key_len: usize, len: u64) -> u64 {
+    data_offset(key_len) + align_up(len)
+}
 
 /// What went wrong with a disk-tier operation.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +89,7 @@ pub enum DiskError {
 #[derive(Debug)]
 struct Entry {
     length: u64,
-    /// Bytes the record takes (header, key, value).
+    /// Bytes the record's file takes (header, key, value, padding).
     bytes: u64,
     /// Last use, for least-recently-used dropping.
     stamp: u64,
@@ -103,6 +126,10 @@ pub struct DiskStore {
     capacity: AtomicU64,
     index: Mutex<Index>,
     counters: DiskCounters,
+    reader: Reader,
+    /// Keys whose records a read found torn or corrupt (and removed), not yet told to the
+    /// master ([`DiskStore::take_lost`]). At most one per record the disk held.
+    lost: Mutex<Vec<String>>,
 }
 
 fn header(key: &[u8], len: u64, crc: u32) -> [u8; HEADER] {
@@ -176,6 +203,8 @@ impl DiskStore {
             capacity: AtomicU64::new(capacity),
             index: Mutex::new(Index::default()),
             counters: DiskCounters::default(),
+            reader: Reader::new(&dir.join(format!("direct-probe.{PARTIAL}")))?,
+            lost: Mutex::new(Vec::new()),
         };
         let mut found = Vec::new();
         for entry in fs::read_dir(dir)? {
@@ -234,19 +263,29 @@ impl DiskStore {
 
     /// A record's key and value length, if its header holds and its size is whole.
     fn scan_one(&self, path: &Path, size: u64) -> Option<(String, u64)> {
-        let f = File::open(path).ok()?;
-        let mut h = [0u8; HEADER];
-        f.read_exact_at(&mut h, 0).ok()?;
-        let klen = key_len(&h);
-        if klen > MAX_KEY {
+        let f = self.reader.open(path).ok()?;
+        let bounce = self.reader.bounce().ok()?;
+        if size < ALIGN || bounce.read_file_at(0, ALIGN as usize, &f, 0).ok()?.is_err() {
             return None;
         }
-        let mut key = vec![0u8; klen];
-        f.read_exact_at(&mut key, HEADER as u64).ok()?;
-        let (length, _) = parse(&h, &key).ok()?;
-        let key = String::from_utf8(key).ok()?;
-        (size == (HEADER + klen) as u64 + length && self.path(&key) == path)
-            .then_some((key, length))
+        let klen = bounce
+            .with_bytes(0, HEADER, |h| key_len(h.try_into().expect("header")))
+            .ok()?;
+        if klen > MAX_KEY || data_offset(klen) > size {
+            return None;
+        }
+        if data_offset(klen) > ALIGN {
+            let head = data_offset(klen) as usize;
+            bounce.read_file_at(0, head, &f, 0).ok()?.ok()?;
+        }
+        let (key, length) = bounce
+            .with_bytes(0, HEADER + klen, |b| {
+                let h: &[u8; HEADER] = b[..HEADER].try_into().expect("header");
+                let (length, _) = parse(h, &b[HEADER..]).ok()?;
+                Some((String::from_utf8(b[HEADER..].to_vec()).ok()?, length))
+            })
+            .ok()??;
+        (size == record_bytes(klen, length) && self.path(&key) == path).then_some((key, length))
     }
 
     fn path(&self, key: &str) -> PathBuf {
@@ -273,6 +312,11 @@ impl DiskStore {
     /// The bound on record bytes (lowered after the file system ran out of space).
     pub fn capacity(&self) -> u64 {
         self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The value length of `key`'s record, if one is held.
+    pub fn length_of(&self, key: &str) -> Option<u64> {
+        self.index.lock().entries.get(key).map(|e| e.length)
     }
 
     /// Whether a record of `key` is held.
@@ -330,7 +374,7 @@ impl DiskStore {
         crc: u32,
         value: impl FnOnce(&File, u64) -> io::Result<()>,
     ) -> Result<Vec<String>, DiskError> {
-        let bytes = (HEADER + key.len()) as u64 + len;
+        let bytes = record_bytes(key.len(), len);
         if bytes > self.capacity() || key.len() > MAX_KEY {
             return Err(DiskError::TooLarge(len));
         }
@@ -346,7 +390,9 @@ impl DiskStore {
                 .open(&partial)?;
             f.write_all_at(&header(key.as_bytes(), len, crc), 0)?;
             f.write_all_at(key.as_bytes(), HEADER as u64)?;
-            value(&f, (HEADER + key.len()) as u64)?;
+            value(&f, data_offset(key.len()))?;
+            // Zeros to the end of the last block (read whole by direct reads).
+            f.set_len(bytes)?;
             f.sync_data()?;
             fs::rename(&partial, &path)
         })();
@@ -415,18 +461,14 @@ impl DiskStore {
     /// Reads `key`'s value into `out` (cleared first), checking both checksums; a record
     /// that fails is removed.
     pub fn read(&self, key: &str, out: &mut Vec<u8>) -> Result<(), DiskError> {
-        let (f, len, crc) = self.open_record(key)?;
         out.clear();
-        out.resize(len as usize, 0);
-        if f.read_exact_at(out, (HEADER + key.len()) as u64).is_err() {
-            return Err(self.corrupt(key, "value cut short"));
-        }
-        self.check_value(key, crc32fast::hash(out) == crc)
+        self.read_to(key, None, Dest::Vec(out))
     }
 
     /// [`DiskStore::read`] straight into registered memory at `offset`, where `len` bytes
-    /// (the value's length) are reserved for it: the kernel copies from the file, the
-    /// checksum is taken in place.
+    /// (the value's length) are reserved for it: the device writes the whole blocks there
+    /// itself when the destination is aligned (else they come through a bounce buffer),
+    /// and the checksum is taken of the bytes delivered.
     pub fn read_into(
         &self,
         key: &str,
@@ -434,33 +476,63 @@ impl DiskStore {
         offset: usize,
         len: usize,
     ) -> Result<(), DiskError> {
-        let (f, stored, crc) = self.open_record(key)?;
-        if stored != len as u64 {
+        self.read_to(key, Some(len as u64), Dest::Region(memory.region(), offset))
+    }
+
+    /// Whether reads skip the page cache (`O_DIRECT`; not on every file system).
+    pub fn is_direct(&self) -> bool {
+        self.reader.is_direct()
+    }
+
+    /// Reads `key`'s value (of `expect` bytes, if given) into `dest`: a record that fits
+    /// the bounce buffer in one request, a larger one as its head then its value.
+    fn read_to(&self, key: &str, expect: Option<u64>, dest: Dest<'_>) -> Result<(), DiskError> {
+        let bounce = self.reader.bounce()?;
+        let (f, length) = self.open_record(key)?;
+        if let Some(want) = expect.filter(|&w| w != length) {
             return Err(DiskError::Corrupt {
                 key: key.to_owned(),
-                why: format!("{stored} bytes on disk, {len} asked for"),
+                why: format!("{length} bytes on disk, {want} asked for"),
             });
         }
-        let outside = |e: transfer::TransferError| DiskError::Io(io::Error::other(e));
-        match memory
-            .read_file_at(offset, len, &f, (HEADER + key.len()) as u64)
-            .map_err(outside)?
+        let start = data_offset(key.len());
+        let whole = record_bytes(key.len(), length);
+        let one_read = whole <= direct::BOUNCE as u64;
+        let first = if one_read { whole } else { start };
+        match bounce
+            .read_file_at(0, first as usize, &f, 0)
+            .map_err(io::Error::other)?
         {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                return Err(self.corrupt(key, "value cut short"));
+                return Err(self.corrupt(key, "record cut short"));
             }
             Err(e) => return Err(e.into()),
         }
-        let sum = memory
-            .with_bytes(offset, len, crc32fast::hash)
-            .map_err(outside)?;
-        self.check_value(key, sum == crc)
+        let crc = self.check_head(key, length, &bounce)?;
+        let read = if one_read {
+            self.reader
+                .deliver(&bounce, start as usize, length as usize, dest)
+        } else {
+            self.reader.read_value(&f, start, length, &bounce, dest)
+        };
+        match read {
+            Ok(sum) => self.check_value(key, sum == crc),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                Err(self.corrupt(key, "value cut short"))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
+    /// A record that failed a check is removed, counted and kept for the master to hear
+    /// of; one removed meanwhile (a delete raced the read) is only missing.
     fn corrupt(&self, key: &str, why: &str) -> DiskError {
+        if !self.delete(key) {
+            return DiskError::Missing(key.to_owned());
+        }
         self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-        self.delete(key);
+        self.lost.lock().push(key.to_owned());
         DiskError::Corrupt {
             key: key.to_owned(),
             why: why.to_owned(),
@@ -475,8 +547,8 @@ impl DiskStore {
         Ok(())
     }
 
-    /// `key`'s record opened, its header and key checked: (file, value length, value CRC).
-    fn open_record(&self, key: &str) -> Result<(File, u64, u32), DiskError> {
+    /// `key`'s record file opened for reading, and its value length as indexed.
+    fn open_record(&self, key: &str) -> Result<(File, u64), DiskError> {
         let length = {
             let mut index = self.index.lock();
             index.clock += 1;
@@ -488,28 +560,40 @@ impl DiskStore {
             e.stamp = stamp;
             e.length
         };
-        let f = match File::open(self.path(key)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(self.corrupt(key, "file missing"));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let mut h = [0u8; HEADER];
-        if f.read_exact_at(&mut h, 0).is_err() || key_len(&h) != key.len() {
-            return Err(self.corrupt(key, "short or foreign header"));
+        match self.reader.open(&self.path(key)) {
+            Ok(f) => Ok((f, length)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(self.corrupt(key, "file missing")),
+            Err(e) => Err(e.into()),
         }
-        let mut stored_key = vec![0u8; key.len()];
-        f.read_exact_at(&mut stored_key, HEADER as u64)?;
-        match parse(&h, &stored_key) {
-            Ok((len, crc)) if stored_key == key.as_bytes() && len == length => Ok((f, len, crc)),
-            Ok(_) => Err(self.corrupt(key, "another key or length")),
+    }
+
+    /// Checks the header and key read into `bounce` against `key` and its indexed
+    /// `length`: the value's CRC.
+    fn check_head(&self, key: &str, length: u64, bounce: &MemoryRegion) -> Result<u32, DiskError> {
+        let parsed = bounce
+            .with_bytes(0, HEADER + key.len(), |b| {
+                let h: &[u8; HEADER] = b[..HEADER].try_into().expect("header");
+                if key_len(h) != key.len() || &b[HEADER..] != key.as_bytes() {
+                    return Err("another key".to_owned());
+                }
+                parse(h, &b[HEADER..])
+            })
+            .map_err(io::Error::other)?;
+        match parsed {
+            Ok((len, crc)) if len == length => Ok(crc),
+            Ok(_) => Err(self.corrupt(key, "another length")),
             Err(why) => Err(self.corrupt(key, &why)),
         }
     }
 
-    /// Removes `key`'s record, if held.
-    pub fn delete(&self, key: &str) {
+    /// Keys whose records reads found torn or corrupt (and removed) since the last call:
+    /// records the master must hear are gone.
+    pub fn take_lost(&self) -> Vec<String> {
+        std::mem::take(&mut *self.lost.lock())
+    }
+
+    /// Removes `key`'s record; whether it was held.
+    pub fn delete(&self, key: &str) -> bool {
         let gone = {
             let mut index = self.index.lock();
             let e = index.entries.remove(key);
@@ -524,9 +608,9 @@ impl DiskStore {
         {
             tracing::warn!(key, error = %e, "cannot remove a disk record");
         }
+        gone
     }
 }
 
 #[cfg(test)]
-#[path = "disk_tests.rs"]
 mod tests;

@@ -1,13 +1,15 @@
 """The SSD tier's read path through Mooncake's Python API, for Mooncake's wheel and
 Moongate's alike: a client with a SEGMENT_MIB segment and `enable_ssd_offload` puts VALUES
 values of 1 MiB (each put retried for up to 2 s), waits until the first values are on disk
-only, drops the page cache (root), then reads them back with `get` and checks every byte.
+only and every value has its disk replica (no write competes with the reads), writes the
+page cache back and drops it (root), then reads them back with `get` and checks every byte.
 Prints one `RESULT {json}` line.
 
     python ssd_bench.py MASTER_ADDR SSD_DIR [VALUES] [SEGMENT_MIB]
 """
 
 import json
+import os
 import sys
 import time
 
@@ -50,6 +52,19 @@ def main():
         if on_disk == len(cold):
             break
         time.sleep(0.5)
+    # The disk tier idle before the reads (no write of a later value competing with
+    # them): every accepted value has its disk replica.
+    everything = [f"ssd/{i}" for i in accepted]
+    while time.monotonic() < deadline:
+        descs = s.batch_get_replica_desc(everything)
+        written = sum(1 for k in everything
+                      if descs.get(k) and any(not r.is_memory_replica() for r in descs[k]))
+        if written == len(everything):
+            break
+        time.sleep(0.5)
+    # Written back first: dropping the page cache leaves dirty pages where they are, and
+    # a read of those is a read of memory.
+    os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3")
@@ -65,6 +80,7 @@ def main():
     print("RESULT " + json.dumps({
         "accepted": len(accepted), "values": n, "put_s": round(put_s, 3),
         "cold": len(cold), "on_disk_before_read": on_disk, "read_ok": good,
+        "all_on_disk_before_read": written == len(everything),
         "read_s": round(read_s, 3), "read_gbps": round(len(cold) * MiB / read_s / 1e9, 3),
         "page_cache_dropped": dropped,
     }), flush=True)

@@ -8,6 +8,10 @@
 //! only on disk in batches of `--batch` into the reader's memory (read rate). Every value
 //! read is checked byte for byte.
 //!
+//! With `--restart`, the storage client then leaves and a new one starts on the same
+//! directory (a warm restart): the time to scan the records (opening the tier) and the
+//! time until the master serves every one of them again, without a re-put.
+//!
 //! `kvstore/bench/scripts/disk_bench.sh` runs it beside `fio` on the same file system.
 
 use std::path::PathBuf;
@@ -41,6 +45,9 @@ struct Args {
     /// reads come from the device.
     #[arg(long)]
     drop_caches: bool,
+    /// Then restart the storage client on the same directory and time the records' return.
+    #[arg(long)]
+    restart: bool,
 }
 
 /// Value `i`: a shared pattern with `i` in its first and last 8 bytes (cheap to make and to
@@ -54,6 +61,11 @@ fn value(i: usize, pattern: &[u8]) -> Vec<u8> {
         v[n - 8..].copy_from_slice(&tag);
     }
     v
+}
+
+/// The bytes every value shares.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|j| (j * 131 + (j >> 12)) as u8).collect()
 }
 
 fn gbps(bytes: u64, d: Duration) -> f64 {
@@ -89,7 +101,7 @@ async fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("reader: {e}"))?;
     let disk = owner.disk().expect("a disk tier").clone();
     let len = args.value_size as usize;
-    let pattern: Vec<u8> = (0..len).map(|j| (j * 131 + (j >> 12)) as u8).collect();
+    let pattern = pattern(len);
     let keys: Vec<String> = (0..args.values)
         .map(|i| format!("disk-bench/{i}"))
         .collect();
@@ -165,10 +177,82 @@ async fn run(args: Args) -> Result<(), String> {
             " (page cache not dropped)"
         }
     );
-    reader.close().await.map_err(|e| e.to_string())?;
     owner.close().await.map_err(|e| e.to_string())?;
+    if args.restart {
+        restart(&args, &keys, &m.url(), &reader).await?;
+    }
+    reader.close().await.map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(&args.dir);
     Ok(())
+}
+
+/// A new storage client on the same directory: how long its scan takes, and how long until
+/// the master serves every record again.
+async fn restart(
+    args: &Args,
+    keys: &[String],
+    master: &str,
+    reader: &StoreClient,
+) -> Result<(), String> {
+    if args.drop_caches {
+        std::fs::write("/proc/sys/vm/drop_caches", "3")
+            .map_err(|e| format!("dropping the page cache (root only): {e}"))?;
+    }
+    let start = Instant::now();
+    let owner = StoreClient::connect(ClientConfig {
+        protocol: Protocol::Auto,
+        disk_path: Some(args.dir.clone()),
+        disk_capacity: 1 << 40,
+        disk_write_policy: DiskWritePolicy::WriteThrough,
+        ..ClientConfig::local(master, args.segment_size)
+    })
+    .await
+    .map_err(|e| format!("restarted storage client: {e}"))?;
+    let opened = start.elapsed();
+    let found = owner.disk().expect("a disk tier").usage().1;
+    let mut left: Vec<&str> = keys.iter().map(String::as_str).collect();
+    while !left.is_empty() {
+        if start.elapsed() > Duration::from_secs(300) {
+            return Err(format!(
+                "{} records not served within 5 minutes",
+                left.len()
+            ));
+        }
+        let mut still = Vec::new();
+        for chunk in left.chunks(1024) {
+            for (k, e) in chunk.iter().zip(reader.batch_exists(chunk).await) {
+                if !matches!(e, Ok(true)) {
+                    still.push(*k);
+                }
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let served = start.elapsed();
+    // One value back from the restarted node, checked.
+    let k = &keys[0];
+    let v = reader
+        .get(k)
+        .await
+        .map_err(|e| format!("get {k} after the restart: {e}"))?;
+    if v[..] != value(0, &pattern(args.value_size as usize))[..] {
+        return Err(format!("{k} came back different after the restart"));
+    }
+    println!(
+        "restart: {found} records found in {:.3} s (scan{}), all {} served again after {:.3} s",
+        opened.as_secs_f64(),
+        if args.drop_caches {
+            ", page cache dropped"
+        } else {
+            ""
+        },
+        keys.len(),
+        served.as_secs_f64()
+    );
+    owner.close().await.map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

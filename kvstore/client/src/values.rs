@@ -382,19 +382,14 @@ impl StoreClient {
                 }
             };
             if l.on_own_disk(own) {
-                let (pool, len) = (self.inner.values.clone(), l.length);
+                let len = l.length;
                 let read = move |disk: &DiskStore, key: &str| {
-                    // Sized by the record this disk holds, not by the master's answer.
-                    let have = disk
-                        .length_of(key)
-                        .filter(|&have| have == len)
-                        .ok_or_else(|| DiskError::Missing(key.to_owned()))?;
-                    let mut v = pool.take(have as usize);
-                    disk.read(key, &mut v)?;
-                    Ok(Bytes::from_owner(Recycled {
-                        bytes: v,
-                        pool: Arc::downgrade(&pool),
-                    }))
+                    // The master's answer and the record this disk holds agree, or it is
+                    // a miss (the record went, or another took its key meanwhile).
+                    if disk.length_of(key) != Some(len) {
+                        return Err(DiskError::Missing(key.to_owned()));
+                    }
+                    disk.read_bytes(key)
                 };
                 own_disk.push((i, l.lease_ms, read));
                 far.push(None);

@@ -44,11 +44,13 @@ for r in $(seq 1 "$ROUNDS"); do
     > "$WORK/mc-master.log" 2>&1 &
   pid=$!; wait_port $((BASE_PORT + 51))
   mc=$(MOONCAKE_OFFLOAD_FILE_STORAGE_PATH="$WORK/mc-ssd" MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS=1 \
-    "$MC_PY" "$BENCH_PY" 127.0.0.1:$((BASE_PORT + 51)) "$WORK/mc-ssd" 2>/dev/null | sed -n 's/^RESULT //p')
+    "$MC_PY" "$BENCH_PY" 127.0.0.1:$((BASE_PORT + 51)) "$WORK/mc-ssd" 2>"$WORK/mc-client.log" | sed -n 's/^RESULT //p')
+  [ -n "$mc" ] || { echo "round $r: Mooncake's run gave no result:" >&2; tail -20 "$WORK/mc-client.log" >&2; exit 1; }
   stop
   "$MOONGATE" master --host 127.0.0.1 --port $((BASE_PORT + 100)) > "$WORK/mg-master.log" 2>&1 &
   pid=$!; wait_port $((BASE_PORT + 100))
-  mg=$("$MG_VENV/bin/python" "$BENCH_PY" 127.0.0.1:$((BASE_PORT + 100)) "$WORK/mg-ssd" 2>/dev/null | sed -n 's/^RESULT //p')
+  mg=$("$MG_VENV/bin/python" "$BENCH_PY" 127.0.0.1:$((BASE_PORT + 100)) "$WORK/mg-ssd" 2>"$WORK/mg-client.log" | sed -n 's/^RESULT //p')
+  [ -n "$mg" ] || { echo "round $r: Moongate's run gave no result:" >&2; tail -20 "$WORK/mg-client.log" >&2; exit 1; }
   stop
   echo "round $r mooncake $mc"
   echo "round $r moongate $mg"

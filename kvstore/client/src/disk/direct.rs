@@ -6,19 +6,24 @@
 //!
 //! Direct I/O moves whole aligned blocks between aligned memory and aligned file offsets.
 //! A record's value starts at an [`ALIGN`]ed offset and its file is padded to a multiple of
-//! it, so every read of a value is of whole blocks. The bytes land in the destination
-//! itself when it is aligned; otherwise (and for the last partial block, which must not
-//! spill past the destination) they come through a bounce buffer: page-aligned memory of
-//! the transfer engine's, pooled.
+//! it, so every read of a value is of whole blocks. A record that fits a bounce buffer is
+//! read whole, in one request, into one; a value read for the caller as [`Bytes`] is then
+//! a view of that buffer (no copy), which goes back to the pool once the view is dropped.
+//! A larger record's whole blocks land in the destination itself when it is aligned
+//! registered memory; the rest comes through the bounce buffer. Bounce buffers are plain
+//! vectors with an aligned window, so all of this is safe code.
 //!
 //! A file system without `O_DIRECT` (tmpfs before Linux 6.6, some network file systems)
 //! is read through the page cache, the same way.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::{Arc, Weak};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use transfer::memory::MemoryRegion;
 
@@ -44,34 +49,101 @@ pub(super) enum Dest<'a> {
     Region(&'a MemoryRegion, usize),
 }
 
+/// An initialized vector with an [`ALIGN`]ed window of [`BOUNCE`] bytes in it.
+#[derive(Debug)]
+struct Aligned {
+    v: Vec<u8>,
+    at: usize,
+}
+
+impl Aligned {
+    fn new() -> Self {
+        let v = vec![0u8; BOUNCE + ALIGN as usize];
+        let at = v.as_ptr().align_offset(ALIGN as usize);
+        Self { v, at }
+    }
+}
+
+type Pool = Mutex<Vec<Aligned>>;
+
+fn give_back(pool: &Pool, buf: Aligned) {
+    let mut pool = pool.lock();
+    if pool.len() < POOLED {
+        pool.push(buf);
+    }
+}
+
 /// Opens record files for reading, direct when the file system allows, and lends bounce
 /// buffers.
 #[derive(Debug)]
 pub(super) struct Reader {
     direct: bool,
-    pool: Mutex<Vec<MemoryRegion>>,
+    pool: Arc<Pool>,
 }
 
 /// A bounce buffer lent by a [`Reader`], given back when dropped.
-pub(super) struct Bounce<'a> {
-    region: Option<MemoryRegion>,
-    reader: &'a Reader,
+pub(super) struct Bounce {
+    buf: Option<Aligned>,
+    pool: Weak<Pool>,
 }
 
-impl std::ops::Deref for Bounce<'_> {
-    type Target = MemoryRegion;
-    fn deref(&self) -> &MemoryRegion {
-        self.region.as_ref().expect("held until dropped")
+impl Bounce {
+    fn buf(&self) -> &Aligned {
+        self.buf.as_ref().expect("held until dropped")
+    }
+
+    /// The window's first `n` bytes.
+    pub(super) fn bytes(&self, n: usize) -> &[u8] {
+        let b = self.buf();
+        &b.v[b.at..b.at + n]
+    }
+
+    /// Reads `n` bytes (a whole number of blocks) of `f` at `offset` into the window.
+    pub(super) fn fill(&mut self, f: &File, n: usize, offset: u64) -> io::Result<()> {
+        let b = self.buf.as_mut().expect("held until dropped");
+        f.read_exact_at(&mut b.v[b.at..b.at + n], offset)
+    }
+
+    /// The window's bytes `range` as [`Bytes`], the buffer going back to its pool when the
+    /// last view is dropped.
+    pub(super) fn into_bytes(mut self, range: Range<usize>) -> Bytes {
+        let buf = self.buf.take().expect("held until dropped");
+        let start = buf.at + range.start;
+        Bytes::from_owner(View {
+            buf: Some(buf),
+            range: start..start + range.len(),
+            pool: self.pool.clone(),
+        })
     }
 }
 
-impl Drop for Bounce<'_> {
+impl Drop for Bounce {
     fn drop(&mut self) {
-        let mut pool = self.reader.pool.lock();
-        if pool.len() < POOLED
-            && let Some(r) = self.region.take()
-        {
-            pool.push(r);
+        if let (Some(buf), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            give_back(&pool, buf);
+        }
+    }
+}
+
+/// A value read whole into a bounce buffer, handed out as [`Bytes`].
+struct View {
+    buf: Option<Aligned>,
+    range: Range<usize>,
+    pool: Weak<Pool>,
+}
+
+impl AsRef<[u8]> for View {
+    fn as_ref(&self) -> &[u8] {
+        self.buf
+            .as_ref()
+            .map_or(&[][..], |b| &b.v[self.range.clone()])
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        if let (Some(buf), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            give_back(&pool, buf);
         }
     }
 }
@@ -102,8 +174,14 @@ impl Reader {
         }
         Ok(Self {
             direct,
-            pool: Mutex::new(Vec::new()),
+            pool: Arc::default(),
         })
+    }
+
+    /// Bounce buffers idle in the pool.
+    #[cfg(test)]
+    pub(super) fn idle(&self) -> usize {
+        self.pool.lock().len()
     }
 
     /// Whether records are read with `O_DIRECT`.
@@ -122,37 +200,29 @@ impl Reader {
     }
 
     /// A bounce buffer of [`BOUNCE`] bytes.
-    pub(super) fn bounce(&self) -> io::Result<Bounce<'_>> {
-        let region = match self.pool.lock().pop() {
-            Some(r) => r,
-            None => MemoryRegion::alloc(BOUNCE).map_err(outside)?,
-        };
-        Ok(Bounce {
-            region: Some(region),
-            reader: self,
-        })
+    pub(super) fn bounce(&self) -> Bounce {
+        let buf = self.pool.lock().pop().unwrap_or_else(Aligned::new);
+        Bounce {
+            buf: Some(buf),
+            pool: Arc::downgrade(&self.pool),
+        }
     }
 
     /// Hands the `len` value bytes at `at` in `bounce` (read there whole with the header)
     /// to `dest`; answers their CRC-32.
     pub(super) fn deliver(
         &self,
-        bounce: &MemoryRegion,
+        bounce: &Bounce,
         at: usize,
         len: usize,
         dest: Dest<'_>,
     ) -> io::Result<u32> {
-        bounce
-            .with_bytes(at, len, |b| {
-                let crc = crc32fast::hash(b);
-                match dest {
-                    Dest::Vec(v) => v.extend_from_slice(b),
-                    Dest::Region(m, off) => m.write_at(off, b)?,
-                }
-                Ok(crc)
-            })
-            .map_err(outside)?
-            .map_err(outside)
+        let b = &bounce.bytes(at + len)[at..];
+        match dest {
+            Dest::Vec(v) => v.extend_from_slice(b),
+            Dest::Region(m, off) => m.write_at(off, b).map_err(outside)?,
+        }
+        Ok(crc32fast::hash(b))
     }
 
     /// Reads `len` value bytes of `f` from `start` (aligned; the file padded past them to
@@ -163,8 +233,8 @@ impl Reader {
         f: &File,
         start: u64,
         len: u64,
-        bounce: &MemoryRegion,
-        mut dest: Dest<'_>,
+        bounce: &mut Bounce,
+        dest: Dest<'_>,
     ) -> io::Result<u32> {
         let mut crc = crc32fast::Hasher::new();
         let mut done = 0u64;
@@ -180,26 +250,17 @@ impl Reader {
                 done = body as u64;
             }
         }
+        let mut dest = dest;
         while done < len {
-            let take = (len - done).min(BOUNCE as u64);
-            let n = align_up(take) as usize;
-            bounce
-                .read_file_at(0, n, f, start + done)
-                .map_err(outside)??;
-            bounce
-                .with_bytes(0, take as usize, |b| {
-                    crc.update(b);
-                    match &mut dest {
-                        Dest::Vec(v) => {
-                            v.extend_from_slice(b);
-                            Ok(())
-                        }
-                        Dest::Region(m, off) => m.write_at(*off + done as usize, b),
-                    }
-                })
-                .map_err(outside)?
-                .map_err(outside)?;
-            done += take;
+            let take = (len - done).min(BOUNCE as u64) as usize;
+            bounce.fill(f, align_up(take as u64) as usize, start + done)?;
+            let b = bounce.bytes(take);
+            crc.update(b);
+            match &mut dest {
+                Dest::Vec(v) => v.extend_from_slice(b),
+                Dest::Region(m, off) => m.write_at(*off + done as usize, b).map_err(outside)?,
+            }
+            done += take as u64;
         }
         Ok(crc.finalize())
     }

@@ -35,11 +35,11 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, Per
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use openapi::master::DiskRecord;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use transfer::RegisteredBuffer;
-use transfer::memory::MemoryRegion;
 
 mod direct;
 
@@ -264,27 +264,22 @@ impl DiskStore {
     /// A record's key and value length, if its header holds and its size is whole.
     fn scan_one(&self, path: &Path, size: u64) -> Option<(String, u64)> {
         let f = self.reader.open(path).ok()?;
-        let bounce = self.reader.bounce().ok()?;
-        if size < ALIGN || bounce.read_file_at(0, ALIGN as usize, &f, 0).ok()?.is_err() {
+        let mut bounce = self.reader.bounce();
+        if size < ALIGN {
             return None;
         }
-        let klen = bounce
-            .with_bytes(0, HEADER, |h| key_len(h.try_into().expect("header")))
-            .ok()?;
+        bounce.fill(&f, ALIGN as usize, 0).ok()?;
+        let klen = key_len(bounce.bytes(HEADER).try_into().expect("header"));
         if klen > MAX_KEY || data_offset(klen) > size {
             return None;
         }
         if data_offset(klen) > ALIGN {
-            let head = data_offset(klen) as usize;
-            bounce.read_file_at(0, head, &f, 0).ok()?.ok()?;
+            bounce.fill(&f, data_offset(klen) as usize, 0).ok()?;
         }
-        let (key, length) = bounce
-            .with_bytes(0, HEADER + klen, |b| {
-                let h: &[u8; HEADER] = b[..HEADER].try_into().expect("header");
-                let (length, _) = parse(h, &b[HEADER..]).ok()?;
-                Some((String::from_utf8(b[HEADER..].to_vec()).ok()?, length))
-            })
-            .ok()??;
+        let b = bounce.bytes(HEADER + klen);
+        let h: &[u8; HEADER] = b[..HEADER].try_into().expect("header");
+        let (length, _) = parse(h, &b[HEADER..]).ok()?;
+        let key = String::from_utf8(b[HEADER..].to_vec()).ok()?;
         (size == record_bytes(klen, length) && self.path(&key) == path).then_some((key, length))
     }
 
@@ -484,10 +479,48 @@ impl DiskStore {
         self.reader.is_direct()
     }
 
-    /// Reads `key`'s value (of `expect` bytes, if given) into `dest`: a record that fits
-    /// the bounce buffer in one request, a larger one as its head then its value.
+    /// `key`'s value as [`Bytes`]: a record that fits a bounce buffer is read whole in one
+    /// request and its value handed out as a view of that buffer, with no copy (the buffer
+    /// goes back to the pool once the value is dropped); a larger one is read into a
+    /// vector.
+    pub fn read_bytes(&self, key: &str) -> Result<Bytes, DiskError> {
+        let (f, length, crc, mut bounce, whole) = self.read_head(key, None)?;
+        let start = data_offset(key.len()) as usize;
+        if whole {
+            let sum = crc32fast::hash(&bounce.bytes(start + length as usize)[start..]);
+            self.check_value(key, sum == crc)?;
+            return Ok(bounce.into_bytes(start..start + length as usize));
+        }
+        let mut v = Vec::with_capacity(length as usize);
+        let read = self
+            .reader
+            .read_value(&f, start as u64, length, &mut bounce, Dest::Vec(&mut v));
+        self.settle_read(key, crc, read)?;
+        Ok(Bytes::from(v))
+    }
+
+    /// Reads `key`'s value (of `expect` bytes, if given) into `dest`.
     fn read_to(&self, key: &str, expect: Option<u64>, dest: Dest<'_>) -> Result<(), DiskError> {
-        let bounce = self.reader.bounce()?;
+        let (f, length, crc, mut bounce, whole) = self.read_head(key, expect)?;
+        let start = data_offset(key.len());
+        let read = if whole {
+            self.reader
+                .deliver(&bounce, start as usize, length as usize, dest)
+        } else {
+            self.reader.read_value(&f, start, length, &mut bounce, dest)
+        };
+        self.settle_read(key, crc, read)
+    }
+
+    /// Opens `key`'s record (of a value of `expect` bytes, if given) and reads its head
+    /// into a bounce buffer, checked: the whole record in the same request when it fits.
+    /// Answers (file, value length, value CRC, the buffer, whether it holds the value).
+    fn read_head(
+        &self,
+        key: &str,
+        expect: Option<u64>,
+    ) -> Result<(File, u64, u32, direct::Bounce, bool), DiskError> {
+        let mut bounce = self.reader.bounce();
         let (f, length) = self.open_record(key)?;
         if let Some(want) = expect.filter(|&w| w != length) {
             return Err(DiskError::Corrupt {
@@ -495,27 +528,26 @@ impl DiskStore {
                 why: format!("{length} bytes on disk, {want} asked for"),
             });
         }
-        let start = data_offset(key.len());
         let whole = record_bytes(key.len(), length);
         let one_read = whole <= direct::BOUNCE as u64;
-        let first = if one_read { whole } else { start };
-        match bounce
-            .read_file_at(0, first as usize, &f, 0)
-            .map_err(io::Error::other)?
-        {
+        let first = if one_read {
+            whole
+        } else {
+            data_offset(key.len())
+        };
+        match bounce.fill(&f, first as usize, 0) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
                 return Err(self.corrupt(key, "record cut short"));
             }
             Err(e) => return Err(e.into()),
         }
-        let crc = self.check_head(key, length, &bounce)?;
-        let read = if one_read {
-            self.reader
-                .deliver(&bounce, start as usize, length as usize, dest)
-        } else {
-            self.reader.read_value(&f, start, length, &bounce, dest)
-        };
+        let crc = self.check_head(key, length, bounce.bytes(HEADER + key.len()))?;
+        Ok((f, length, crc, bounce, one_read))
+    }
+
+    /// The outcome of reading a value whose CRC should be `crc`.
+    fn settle_read(&self, key: &str, crc: u32, read: io::Result<u32>) -> Result<(), DiskError> {
         match read {
             Ok(sum) => self.check_value(key, sum == crc),
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
@@ -567,18 +599,15 @@ impl DiskStore {
         }
     }
 
-    /// Checks the header and key read into `bounce` against `key` and its indexed
-    /// `length`: the value's CRC.
-    fn check_head(&self, key: &str, length: u64, bounce: &MemoryRegion) -> Result<u32, DiskError> {
-        let parsed = bounce
-            .with_bytes(0, HEADER + key.len(), |b| {
-                let h: &[u8; HEADER] = b[..HEADER].try_into().expect("header");
-                if key_len(h) != key.len() || &b[HEADER..] != key.as_bytes() {
-                    return Err("another key".to_owned());
-                }
-                parse(h, &b[HEADER..])
-            })
-            .map_err(io::Error::other)?;
+    /// Checks a record's header and key (`head`) against `key` and its indexed `length`:
+    /// the value's CRC.
+    fn check_head(&self, key: &str, length: u64, head: &[u8]) -> Result<u32, DiskError> {
+        let h: &[u8; HEADER] = head[..HEADER].try_into().expect("header");
+        let parsed = if key_len(h) != key.len() || &head[HEADER..] != key.as_bytes() {
+            Err("another key".to_owned())
+        } else {
+            parse(h, &head[HEADER..])
+        };
         match parsed {
             Ok((len, crc)) if len == length => Ok(crc),
             Ok(_) => Err(self.corrupt(key, "another length")),

@@ -192,3 +192,35 @@ async fn a_record_larger_than_the_bounce_buffer_reads_in_pieces() {
         Err(DiskError::Corrupt { .. })
     ));
 }
+
+#[test]
+fn a_value_read_as_bytes_is_a_view_of_a_pooled_buffer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, _) = open(tmp.path(), 1 << 30);
+    let (small, big) = (value(100_000, 3), value(direct::BOUNCE + 5, 4));
+    d.write("small", &small).unwrap();
+    d.write("big", &big).unwrap();
+    let idle = d.reader.idle();
+    let a = d.read_bytes("small").unwrap();
+    assert!(a[..] == small[..]);
+    // The buffer is the value's until the value goes.
+    assert_eq!(d.reader.idle(), idle.saturating_sub(1));
+    let b = a.clone();
+    drop(a);
+    assert!(b[..] == small[..]);
+    drop(b);
+    assert_eq!(d.reader.idle(), idle.max(1));
+    // Past the bounce buffer: a vector of its own.
+    assert!(d.read_bytes("big").unwrap()[..] == big[..]);
+    // A flipped byte: a miss, the buffer back in the pool.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(d.path("small"))
+        .unwrap();
+    f.write_all_at(&[0x77], data_offset(5) + 99_999).unwrap();
+    assert!(matches!(
+        d.read_bytes("small"),
+        Err(DiskError::Corrupt { .. })
+    ));
+    assert!(d.reader.idle() >= 1);
+}

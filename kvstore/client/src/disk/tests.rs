@@ -184,6 +184,21 @@ async fn a_record_larger_than_the_bounce_buffer_reads_in_pieces() {
         assert!(memory.to_vec(at, v.len()).unwrap() == v, "at {at}");
         assert_eq!(memory.to_vec(at + v.len(), 1).unwrap(), vec![0xab]);
     }
+    // Written from registered memory too, aligned (the whole blocks go from there) and
+    // not, then read back whole.
+    for (k, at) in [
+        ("from-aligned", 2 * ALIGN as usize),
+        ("from-odd", 3 * ALIGN as usize + 7),
+    ] {
+        memory.write_at(at, &v).unwrap();
+        d.write_from(k, &memory, at, v.len()).unwrap();
+        assert_eq!(
+            fs::metadata(d.path(k)).unwrap().len(),
+            record_bytes(k.len(), v.len() as u64)
+        );
+        d.read(k, &mut out).unwrap();
+        assert!(out == v, "{k}");
+    }
     // Cut inside the value: a miss, never a short value.
     let f = OpenOptions::new().write(true).open(d.path("big")).unwrap();
     f.set_len(data_offset(3) + 3 * ALIGN).unwrap();

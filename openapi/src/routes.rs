@@ -410,6 +410,10 @@ pub mod master {
         /// records in, the next tasks out (held back up to `wait_ms` while there are none).
         TierExchangeRoute = Post "/api/v1/segments/{name}/tier", Store, "master_tier_exchange",
             TierExchange => TierTasks;
+        /// The segment's owner stopped its disk tier: values only there are gone, no
+        /// value goes there any more (Mooncake's `unmount_local_disk_segment`).
+        DetachDisk = Post "/api/v1/segments/{name}/tier/detach", Store, "master_detach_disk",
+            ClientRequest => RemovedResponse;
         /// This master's role in an HA cluster (answered by every master itself).
         HaStatusRoute = Get "/api/v1/ha", Store, "master_ha_status", () => HaStatus;
         /// A transfer-metadata entry (Mooncake's HTTP metadata interface).

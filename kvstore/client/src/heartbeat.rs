@@ -83,13 +83,13 @@ impl HealthState {
     }
 }
 
-/// Pings every `period` until `stop`; remounts `segments` when told to (not once `stop`
-/// is set). A ping or remount under way when `stop` is set is finished, not dropped, so
+/// Pings every `period` until `stop`; remounts `segments` (as they are then: a disk tier
+/// detached is no longer asked for) when told to (not once `stop` is set). A ping or remount under way when `stop` is set is finished, not dropped, so
 /// that none reaches the master after the client has left it.
 pub(crate) async fn run(
     rpc: MasterRpc,
     id: ClientId,
-    segments: Vec<SegmentSpec>,
+    segments: Arc<parking_lot::Mutex<Vec<SegmentSpec>>>,
     health: Arc<HealthState>,
     period: Duration,
     stop: CancellationToken,
@@ -113,7 +113,8 @@ pub(crate) async fn run(
                 // Closing: the client is leaving the master, not coming back.
                 if p.status == ClientStatus::NeedRemount && !stop.is_cancelled() {
                     health.set_mounted(false);
-                    remount(&rpc, id, &segments, &health).await;
+                    let specs = segments.lock().clone();
+                    remount(&rpc, id, &specs, &health).await;
                 }
                 crate::metrics::record_heartbeat(true);
             }

@@ -148,6 +148,10 @@ struct Inner {
     /// carries the same id, so the master answers it instead of refusing the key).
     put_ids: std::sync::atomic::AtomicU32,
     stop: CancellationToken,
+    /// The segment's spec as the heartbeat remounts it (without a disk once detached).
+    specs: Arc<parking_lot::Mutex<Vec<SegmentSpec>>>,
+    /// The disk tier's task loop and what stops it alone ([`StoreClient::unmount_disk`]).
+    tier: parking_lot::Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
     /// The heartbeat task, awaited by [`StoreClient::close`].
     heartbeat: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -321,6 +325,7 @@ impl StoreClient {
         let health = Arc::new(HealthState::new(segment.is_some()));
         health.set_mounted(mounted);
         let stop = CancellationToken::new();
+        let mut tier_task = None;
         let disk = match (&config.disk_path, &segment) {
             (Some(path), Some((memory, spec))) => {
                 let (disk, found) =
@@ -329,7 +334,8 @@ impl StoreClient {
                     })?;
                 tracing::info!(dir = %path.display(), records = found.len(), capacity = config.disk_capacity, "disk tier open");
                 let disk = Arc::new(disk);
-                tokio::spawn(tier::run(
+                let tier_stop = stop.child_token();
+                let task = tokio::spawn(tier::run(
                     tier::Owner {
                         rpc: rpc.clone(),
                         id,
@@ -339,16 +345,20 @@ impl StoreClient {
                         health: health.clone(),
                         retry: config.heartbeat_interval(),
                     },
-                    stop.clone(),
+                    tier_stop.clone(),
                 ));
+                tier_task = Some((tier_stop, task));
                 Some(disk)
             }
             _ => None,
         };
+        let specs = Arc::new(parking_lot::Mutex::new(
+            segment.iter().map(|(_, s)| s.clone()).collect(),
+        ));
         let heartbeat = tokio::spawn(heartbeat::run(
             rpc.clone(),
             id,
-            segment.iter().map(|(_, s)| s.clone()).collect(),
+            specs.clone(),
             health.clone(),
             config.heartbeat_interval(),
             stop.clone(),
@@ -373,6 +383,8 @@ impl StoreClient {
                 reserved: reserve::Pool::new(config_reserve),
                 put_ids: std::sync::atomic::AtomicU32::new(0),
                 stop,
+                specs,
+                tier: parking_lot::Mutex::new(tier_task),
                 heartbeat: parking_lot::Mutex::new(Some(heartbeat)),
             }),
             replicate,

@@ -585,6 +585,15 @@ impl MasterRpc {
             .await
     }
 
+    pub(crate) async fn detach_disk(
+        &self,
+        segment: &str,
+        body: &wire::ClientRequest,
+    ) -> StoreResult<wire::RemovedResponse> {
+        self.call::<route::DetachDisk>(&[segment], None, Some(body))
+            .await
+    }
+
     pub(crate) async fn release_reads(&self, body: &wire::BatchKeysRequest) -> StoreResult<()> {
         self.call::<route::BatchReleaseReads>(&[], None, Some(body))
             .await

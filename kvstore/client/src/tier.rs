@@ -47,6 +47,38 @@ pub(crate) struct Owner {
     pub(crate) retry: Duration,
 }
 
+impl crate::StoreClient {
+    /// Stops this client's disk tier (Mooncake's `unmount_local_disk_segment`): the task
+    /// loop finishes the tasks under way and stops, remounts after this ask for no disk,
+    /// and the master forgets the disk (`POST /api/v1/segments/{name}/tier/detach`): no
+    /// value goes there any more, and the values that lived only there are gone. Then
+    /// waits `grace`, for reads of the disk under way. The records stay in the directory
+    /// (a client started on it later serves them again). Answers the objects the master
+    /// dropped; 0 without a disk tier or once stopped.
+    pub async fn unmount_disk(&self, grace: Duration) -> crate::StoreResult<u64> {
+        let (Some((_, spec)), Some((stop, task))) =
+            (&self.inner.segment, self.inner.tier.lock().take())
+        else {
+            return Ok(0);
+        };
+        stop.cancel();
+        if let Err(e) = task.await {
+            tracing::warn!(error = %e, "the disk tier's loop ended badly");
+        }
+        for s in self.inner.specs.lock().iter_mut() {
+            s.disk_bytes = 0;
+            s.disk_write_through = false;
+        }
+        let body = openapi::master::ClientRequest {
+            client_id: self.inner.id.to_string(),
+        };
+        let dropped = self.inner.rpc.detach_disk(&spec.name, &body).await?.removed;
+        tracing::info!(segment = %spec.name, dropped, "disk tier unmounted");
+        tokio::time::sleep(grace).await;
+        Ok(dropped)
+    }
+}
+
 /// Runs the exchange until `stop`.
 pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
     let mut done: Vec<TierDone> = Vec::new();

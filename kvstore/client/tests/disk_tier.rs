@@ -136,17 +136,21 @@ async fn only_on_disk(client: &StoreClient, keys: &[String]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record() {
-    let m = MasterServer::start(MasterConfig::default(), "127.0.0.1:0".parse().unwrap())
+/// A master (`cfg`), and a node with a 4 MiB segment and a disk tier in `dir` that put 12
+/// values of 1 MiB (`{prefix}{i}`) itself: answers them, the node, and the keys of those
+/// that lie only on its disk once at least four do.
+async fn node_with_cold_values(
+    cfg: MasterConfig,
+    dir: &std::path::Path,
+    prefix: &str,
+) -> (MasterServer, StoreClient, Vec<String>, Vec<String>) {
+    let m = MasterServer::start(cfg, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("tier");
-    let node = StoreClient::connect(config(&m, 4 * MIB, Some(&disk)))
+    let node = StoreClient::connect(config(&m, 4 * MIB, Some(dir)))
         .await
         .unwrap();
-    let keys: Vec<String> = (0..12).map(|i| format!("own{i}")).collect();
+    let keys: Vec<String> = (0..12).map(|i| format!("{prefix}{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
         let v = value(i);
         retrying(|| node.put(k, &v))
@@ -156,7 +160,7 @@ async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record()
     // Values were evicted to make room: once their offloads are reported, they lie on
     // the node's disk only.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut cold = loop {
+    let cold = loop {
         let cold = only_on_disk(&node, &keys).await;
         if cold.len() >= 4 || Instant::now() > deadline {
             break cold;
@@ -164,6 +168,14 @@ async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record()
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(cold.len() >= 4, "only {cold:?} went to disk alone");
+    (m, node, keys, cold)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("tier");
+    let (m, node, _, mut cold) = node_with_cold_values(MasterConfig::default(), &disk, "own").await;
     cold.truncate(4);
     let before = m.master().tier_stats();
     let reads = |n: &StoreClient| {
@@ -228,5 +240,59 @@ async fn a_node_reads_its_own_disk_without_a_load_and_reports_a_corrupt_record()
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(m.master().tier_stats().dropped, before.dropped + 1);
+    node.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_unmounts_its_disk_keeps_its_memory_and_loses_what_only_the_disk_held() {
+    let dir = tempfile::tempdir().unwrap();
+    // Leases short enough that the values read stop holding the segment soon.
+    let cfg = MasterConfig {
+        lease_ttl_ms: 200,
+        ..MasterConfig::default()
+    };
+    let (m, node, keys, cold) = node_with_cold_values(cfg, &dir.path().join("tier"), "u").await;
+    let writes = |n: &StoreClient| {
+        n.disk()
+            .unwrap()
+            .counters()
+            .writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let dropped = node.unmount_disk(Duration::ZERO).await.unwrap();
+    assert!(dropped as usize >= cold.len(), "{dropped} dropped");
+    assert_eq!(m.master().tier_stats().on_disk_objects, 0);
+    // What lived only on the disk is a miss now; what is in memory still reads.
+    for k in &cold {
+        assert!(
+            matches!(
+                node.get(k).await,
+                Err(StoreError::Master(MasterError::ObjectNotFound(_)))
+            ),
+            "{k} still read"
+        );
+    }
+    let warm: Vec<&String> = keys.iter().filter(|k| !cold.contains(k)).collect();
+    let mut read_warm = 0;
+    for k in warm {
+        if let Ok(v) = node.get(k).await {
+            assert!(
+                v == value(k[1..].parse().unwrap()),
+                "{k} came back different"
+            );
+            read_warm += 1;
+        }
+    }
+    assert!(read_warm > 0, "nothing left in memory");
+    // The records stay in the directory; unmounting again does nothing; values evicted
+    // from now on are not written to the disk.
+    assert!(node.disk().unwrap().usage().1 >= cold.len());
+    assert_eq!(node.unmount_disk(Duration::ZERO).await.unwrap(), 0);
+    let before = writes(&node);
+    for i in 12..24 {
+        let (k, v) = (format!("u{i}"), value(i));
+        retrying(|| node.put(&k, &v)).await.unwrap();
+    }
+    assert_eq!(writes(&node), before);
     node.close().await.unwrap();
 }

@@ -381,6 +381,7 @@ async fn openapi_document_describes_every_route() {
         ("/api/v1/batch/remove", "post"),
         ("/api/v1/batch/replica-clear", "post"),
         ("/api/v1/segments/{name}/tier", "post"),
+        ("/api/v1/segments/{name}/tier/detach", "post"),
         ("/api/v1/batch/replica-descs", "post"),
         ("/api/v1/batch/release-reads", "post"),
         ("/metadata", "get"),

@@ -356,6 +356,23 @@ impl MooncakeDistributedStore {
             .unwrap_or(0)
     }
 
+    /// Stops this client's disk tier (`enable_ssd_offload`), as Mooncake's call of the
+    /// name: nothing more goes to the disk, the values that lived only there are gone,
+    /// and the call returns after `grace_period_seconds` more (for reads of the disk under
+    /// way). The files stay. 0 (also without a disk tier, or once stopped), or a negative
+    /// code.
+    #[pyo3(signature = (grace_period_seconds = 0))]
+    fn unmount_local_disk_segment(&self, py: Python<'_>, grace_period_seconds: u64) -> i32 {
+        let Some(s) = self.state() else {
+            return codes::invalid("unmount_local_disk_segment", "the store is not set up");
+        };
+        let grace = std::time::Duration::from_secs(grace_period_seconds);
+        match block_here(py, s.client.unmount_disk(grace)) {
+            Ok(_) => OK,
+            Err(e) => codes::store_code("unmount_local_disk_segment", &e),
+        }
+    }
+
     /// 1 readable, 0 not, negative code on error.
     fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
         let Some(s) = self.state() else {

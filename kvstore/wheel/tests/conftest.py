@@ -159,16 +159,35 @@ def engine_pair():
     return a, b, f"127.0.0.1:{b.get_rpc_port()}"
 
 
+class _ChildLog:
+    """A child's stderr kept in a file: a pipe nobody reads fills (64 KiB of warnings) and
+    stops the child at its next write. `read()` answers all of it so far."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def read(self):
+        self.f.seek(0)
+        return self.f.read()
+
+    def close(self):
+        self.f.close()
+
+
 def python_child(script: str, *args, env=None):
-    """Runs a helper script of this directory in a fresh interpreter (a separate process)."""
-    return subprocess.Popen(
+    """Runs a helper script of this directory in a fresh interpreter (a separate process);
+    its stdin and stdout are pipes, its stderr a file (`child.stderr.read()`)."""
+    log = tempfile.TemporaryFile(mode="w+")
+    child = subprocess.Popen(
         [sys.executable, str(HERE / script), *map(str, args)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log,
         text=True,
         env={**os.environ, **(env or {})},
     )
+    child.stderr = _ChildLog(log)
+    return child
 
 
 def remove_when_unleased(store, key, timeout=5.0):

@@ -39,8 +39,10 @@ def read_all(store, keys, timeout):
 @pytest.mark.parametrize("policy", ["write-through", "offload-on-evict"])
 def test_the_issue_shape_keeps_every_value_and_survives_the_writers_sigkill(tmp_path, policy):
     extra = ["--master-disk-offload-on-evict", "true"] if policy == "offload-on-evict" else []
-    # A killed writer's segment goes within a second, as Mooncake's client TTL would.
-    master = Master("--master-client-ttl-ms", "1000", *extra)
+    # A killed writer's segment goes within three seconds (three of its heartbeats: with
+    # one second, a heartbeat a busy machine delayed expired the live writer, which then
+    # remounted and had puts refused for the write window).
+    master = Master("--master-client-ttl-ms", "3000", *extra)
     t0 = time.monotonic()
     path = str(tmp_path / "ssd")
     try:
@@ -97,3 +99,32 @@ def test_setup_refuses_a_relative_offload_path(master):
                  None, True, "relative/dir")
     assert rc == -600
     assert s.get_offload_rpc_read_count() == 0
+
+
+def test_unmount_local_disk_segment_stops_the_tier_and_loses_only_the_disk_values(master, tmp_path):
+    s = new_store(master, segment=8 * MiB, ssd_offload_path=str(tmp_path / "ssd"))
+    keys = [f"unmount/{i}" for i in range(24)]
+    for i, k in enumerate(keys):
+        wait_until(lambda: s.put(k, value(i)) == 0, 10, f"put {k}")
+
+    def on_disk_only():
+        descs = s.batch_get_replica_desc(keys)
+        return [k for k in keys
+                if descs.get(k) and all(r.is_local_disk_replica() for r in descs[k])]
+
+    wait_until(lambda: len(on_disk_only()) >= 4, 20, "values on disk only")
+    cold = on_disk_only()
+    # Read from the own disk before: the whole value.
+    assert s.get(cold[0]) == value(keys.index(cold[0]))
+    assert s.unmount_local_disk_segment(0) == 0
+    # What lived only on the disk is gone; what is in memory still reads.
+    for k in cold:
+        assert s.is_exist(k) == 0 and s.get(k) == b""
+    warm = [k for k in keys if k not in cold and s.is_exist(k) == 1]
+    assert warm, "nothing left in memory"
+    assert s.get(warm[0]) == value(keys.index(warm[0]))
+    # Nothing more goes to the disk; a second call does nothing.
+    descs = s.batch_get_replica_desc(warm)
+    assert not any(r.is_local_disk_replica() for k in warm for r in descs.get(k, []))
+    assert s.unmount_local_disk_segment(grace_period_seconds=0) == 0
+    assert s.close() == 0

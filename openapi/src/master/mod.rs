@@ -312,7 +312,7 @@ pub struct PutStartResponse {
     pub write_within_ms: u64,
 }
 
-/// Body of put-end and put-revoke.
+/// Body of put-end, put-revoke and a disk tier's detach.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientRequest {

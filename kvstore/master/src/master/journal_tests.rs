@@ -384,3 +384,23 @@ fn a_cleared_replica_is_journaled_and_its_space_reused_only_once_committed() {
     assert_eq!(rec.replicas.len(), 1, "journaled with the replica it kept");
     m.put_start(client(7), "b", 4096, &one()).unwrap();
 }
+
+#[test]
+fn a_detached_disk_is_journaled_so_a_new_leader_does_not_attach_it_again() {
+    let (m, j, _) = journaled();
+    let mut s = spec("d0", 0x1000_0000, SEG);
+    s.disk_bytes = 1 << 30;
+    s.disk_write_through = true;
+    m.mount_segment(client(1), s).unwrap();
+    j.commit(&m);
+    let mounted = j.segments.lock().keys().next().unwrap().clone();
+    assert_eq!(m.detach_disk(client(1), "d0").unwrap(), 0);
+    assert_eq!(j.commit(&m), 1, "the mount record again");
+    assert_eq!(j.segments.lock().len(), 1, "the same mount, rewritten");
+    let rec = j.segments.lock()[&mounted].clone();
+    assert_eq!(
+        (rec.spec.disk_bytes, rec.spec.disk_write_through),
+        (0, false)
+    );
+    assert_eq!(rec.spec.size, SEG);
+}

@@ -41,10 +41,10 @@ pub struct Segment {
     /// Master clock (ms) before which the segment takes no new values: set on a remount,
     /// while a client may still write into space reserved under the mount before (0: none).
     held_until_ms: u64,
-    /// Bytes of disk its owner keeps below it (0: no disk tier; see `tier`).
-    disk_bytes: u64,
+    /// Bytes of disk its owner keeps below it (0: no disk tier, or detached; see `tier`).
+    disk_bytes: AtomicU64,
     /// Whether its owner writes values to disk as soon as they are complete.
-    write_through: bool,
+    write_through: AtomicBool,
 }
 
 /// A snapshot of one segment for admin reads.
@@ -114,8 +114,8 @@ impl Segment {
             allocated: AtomicU64::new(allocated),
             mounted: AtomicBool::new(true),
             held_until_ms: 0,
-            disk_bytes: spec.disk_bytes,
-            write_through: spec.disk_bytes > 0 && spec.disk_write_through,
+            disk_bytes: AtomicU64::new(spec.disk_bytes),
+            write_through: AtomicBool::new(spec.disk_bytes > 0 && spec.disk_write_through),
         }
     }
 
@@ -172,12 +172,30 @@ impl Segment {
 
     /// Bytes of disk its owner keeps below it (0: no disk tier).
     pub fn disk_bytes(&self) -> u64 {
-        self.disk_bytes
+        self.disk_bytes.load(Ordering::Acquire)
     }
 
     /// Whether its owner writes values to disk as soon as they are complete.
     pub fn write_through(&self) -> bool {
-        self.write_through
+        self.write_through.load(Ordering::Acquire)
+    }
+
+    /// Its owner stopped its disk tier: no value goes to that disk any more.
+    pub(crate) fn detach_disk(&self) {
+        self.write_through.store(false, Ordering::Release);
+        self.disk_bytes.store(0, Ordering::Release);
+    }
+
+    /// Its spec as mounted now (the disk as it is after a detach).
+    pub(crate) fn spec(&self) -> SegmentSpec {
+        SegmentSpec {
+            name: self.name.to_string(),
+            endpoint: self.endpoint.to_string(),
+            base: self.base,
+            size: self.size,
+            disk_bytes: self.disk_bytes(),
+            disk_write_through: self.write_through(),
+        }
     }
 
     /// Whether the segment is mounted (serves replicas).

@@ -416,3 +416,30 @@ fn promotion_off_leaves_an_owners_values_on_its_disk() {
     assert!(tasks(&m, &[]).is_empty());
     assert_eq!(m.tier_stats().promotions, 0);
 }
+
+#[test]
+fn an_owner_that_detaches_its_disk_loses_what_lives_only_there() {
+    let (m, clock) = with_disk();
+    on_disk(&m, &clock);
+    put(&m, "mem", 1000);
+    assert!(matches!(
+        m.detach_disk(client(7), "d"),
+        Err(MasterError::IllegalClient(_))
+    ));
+    assert_eq!(m.detach_disk(client(1), "d").unwrap(), 1);
+    // On the disk only: gone. In memory: still there.
+    assert!(matches!(m.lookup("k"), Err(MasterError::ObjectNotFound(_))));
+    assert!(m.exists("mem").unwrap());
+    // Eviction offloads nothing any more (the value evicted is simply gone), the
+    // exchange is refused, and detaching again changes nothing.
+    clock.advance(m.config().lease_ttl_ms);
+    let r = m.evict(SEG, SEG);
+    assert_eq!((r.evicted_objects, r.offloaded_objects), (1, 0));
+    assert!(!m.exists("mem").unwrap_or(false));
+    assert!(matches!(
+        m.tier_exchange(client(1), "d", &[], &[], &[]),
+        Err(MasterError::InvalidParams(_))
+    ));
+    assert_eq!(m.detach_disk(client(1), "d").unwrap(), 0);
+    assert_eq!(m.tier_stats().on_disk_objects, 0);
+}

@@ -109,6 +109,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(batch::remove))
         .routes(routes!(batch::replica_clear))
         .routes(routes!(tier::exchange))
+        .routes(routes!(tier::detach))
         .routes(routes!(
             metadata::get_metadata,
             metadata::put_metadata,

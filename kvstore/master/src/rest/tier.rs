@@ -145,6 +145,22 @@ pub async fn exchange(
     }))
 }
 
+/// The owner of segment `name` stopped its disk tier: answers the objects that were
+/// only on that disk, now gone.
+#[utoipa::path(post, operation_id = routes::master::DetachDisk::OPERATION_ID,
+    path = routes::master::DetachDisk::PATH, tag = super::TAG,
+    params(("name" = String, Path, description = "Segment name (percent-encoded)")),
+    request_body = wire::ClientRequest,
+    responses((status = 200, description = "Objects dropped with the disk", body = wire::RemovedResponse), MasterErrors))]
+pub async fn detach(
+    State(m): State<Arc<Master>>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<wire::ClientRequest>,
+) -> ApiResult<Json<wire::RemovedResponse>> {
+    let r = client_id(&req.client_id).and_then(|c| m.detach_disk(c, &name));
+    observed("detach_disk", r).map(|removed| Json(wire::RemovedResponse { removed }))
+}
+
 /// Readers are done with values their lookups answered with `release`.
 #[utoipa::path(post, operation_id = routes::master::BatchReleaseReads::OPERATION_ID,
     path = routes::master::BatchReleaseReads::PATH, tag = super::TAG,

@@ -20,7 +20,9 @@
 //! - A read of an on-disk object allocates space on the disk's segment and queues a load;
 //!   the REST layer waits for it ([`Master::tier_changed`]), bounded by
 //!   `disk_load_wait_ms`. A loaded object keeps its disk record: evicting it again costs
-//!   no write.
+//!   no write. A read by the disk's owner itself is answered that disk, and promotes the
+//!   value after `disk_promote_after` reads (`read`).
+//! - An owner may stop its disk tier (`detach`): the master forgets the disk.
 //! - Memory a task may still touch (an offload's source, a load's target) is reused only
 //!   after `disk_task_timeout_ms` when its object goes away mid-task.
 //! - Disk state is not journaled: an object moved to disk leaves the journal (its memory is
@@ -39,6 +41,7 @@ use super::segment::Segment;
 use super::{ClientId, Discarded, Master, MasterError, MasterResult};
 use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
 
+mod detach;
 mod read;
 
 pub use read::{Described, Lookup};
@@ -323,17 +326,8 @@ impl Master {
         }
     }
 
-    /// The owner of `segment` reports finished tasks, dropped records and the records its
-    /// disk holds; answers its next tasks and how many records were taken.
-    pub fn tier_exchange(
-        &self,
-        client: ClientId,
-        segment: &str,
-        done: &[TierDone],
-        dropped: &[String],
-        records: &[DiskRecord],
-    ) -> MasterResult<(Vec<TierTask>, u64)> {
-        self.check_batch(done.len() + dropped.len() + records.len())?;
+    /// Segment `segment`, if `client` owns it.
+    fn owned_segment(&self, client: ClientId, segment: &str) -> MasterResult<Arc<Segment>> {
         let seg = self
             .segments
             .read()
@@ -346,6 +340,21 @@ impl Master {
                 seg.client()
             )));
         }
+        Ok(seg)
+    }
+
+    /// The owner of `segment` reports finished tasks, dropped records and the records its
+    /// disk holds; answers its next tasks and how many records were taken.
+    pub fn tier_exchange(
+        &self,
+        client: ClientId,
+        segment: &str,
+        done: &[TierDone],
+        dropped: &[String],
+        records: &[DiskRecord],
+    ) -> MasterResult<(Vec<TierTask>, u64)> {
+        self.check_batch(done.len() + dropped.len() + records.len())?;
+        let seg = self.owned_segment(client, segment)?;
         if seg.disk_bytes() == 0 {
             return Err(MasterError::InvalidParams(format!(
                 "segment {segment} was mounted without a disk tier"

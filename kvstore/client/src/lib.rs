@@ -325,6 +325,9 @@ impl StoreClient {
         let health = Arc::new(HealthState::new(segment.is_some()));
         health.set_mounted(mounted);
         let stop = CancellationToken::new();
+        let specs = Arc::new(parking_lot::Mutex::new(
+            segment.iter().map(|(_, s)| s.clone()).collect(),
+        ));
         let mut tier_task = None;
         let disk = match (&config.disk_path, &segment) {
             (Some(path), Some((memory, spec))) => {
@@ -344,6 +347,7 @@ impl StoreClient {
                         disk: disk.clone(),
                         health: health.clone(),
                         retry: config.heartbeat_interval(),
+                        specs: specs.clone(),
                     },
                     tier_stop.clone(),
                 ));
@@ -352,9 +356,6 @@ impl StoreClient {
             }
             _ => None,
         };
-        let specs = Arc::new(parking_lot::Mutex::new(
-            segment.iter().map(|(_, s)| s.clone()).collect(),
-        ));
         let heartbeat = tokio::spawn(heartbeat::run(
             rpc.clone(),
             id,

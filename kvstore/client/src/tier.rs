@@ -26,6 +26,11 @@ pub use crate::disk::QUEUE_DEPTH;
 const POLL_MS: u64 = 1000;
 /// Records reported per exchange.
 const REPORT_CHUNK: usize = 1024;
+/// Rounds of tasks in a row whose offloads all failed, after which the disk counts as
+/// failed and the node goes on without it (memory only). A full disk fails one round
+/// (the bound drops to what is written) and makes room in the next, so it does not get
+/// here.
+const DEGRADE_AFTER: u32 = 3;
 
 /// Counter: disk-tier tasks done by this owner, by `kind` and `result`.
 pub const TASKS: &str = "moongate_store_disk_tasks_total";
@@ -35,6 +40,8 @@ pub const DISK_BYTES: &str = "moongate_store_disk_bytes";
 pub const DISK_RECORDS: &str = "moongate_store_disk_records";
 /// Counter: records that failed a checksum or were torn, and were removed.
 pub const DISK_CORRUPT: &str = "moongate_store_disk_corrupt_total";
+/// Gauge: 1 once the disk tier failed and the node went on without it.
+pub const DISK_FAILED: &str = "moongate_store_disk_failed";
 
 /// What the loop needs of the client.
 pub(crate) struct Owner {
@@ -45,6 +52,8 @@ pub(crate) struct Owner {
     pub(crate) disk: Arc<DiskStore>,
     pub(crate) health: Arc<HealthState>,
     pub(crate) retry: Duration,
+    /// The specs the heartbeat remounts (the disk dropped from them if it fails).
+    pub(crate) specs: Arc<parking_lot::Mutex<Vec<openapi::master::SegmentSpec>>>,
 }
 
 impl crate::StoreClient {
@@ -88,6 +97,8 @@ pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
     let mut view = 0u64;
     let mut epoch = None;
     let mut remounts = owner.health.snapshot().remounts;
+    // Rounds whose offloads all failed, since the last one written.
+    let mut failing = 0u32;
     loop {
         let now_remounts = owner.health.snapshot().remounts;
         if now_remounts != remounts {
@@ -142,13 +153,71 @@ pub(crate) async fn run(owner: Owner, stop: CancellationToken) {
             continue;
         }
         let (d, gone) = run_tasks(&owner, tasks).await;
+        let offloaded = d
+            .iter()
+            .filter(|d| d.kind == TierTaskKind::Offload)
+            .fold(None, |any_ok: Option<bool>, d| {
+                Some(any_ok.unwrap_or(false) || d.ok)
+            });
+        match offloaded {
+            Some(true) => failing = 0,
+            Some(false) => failing += 1,
+            None => {}
+        }
         done = d;
         dropped = gone;
+        if failing >= DEGRADE_AFTER {
+            degrade(&owner, std::mem::take(&mut done), &stop).await;
+            return;
+        }
         let (bytes, records) = owner.disk.usage();
         metrics::gauge!(DISK_BYTES).set(bytes as f64);
         metrics::gauge!(DISK_RECORDS).set(records as f64);
         metrics::gauge!(DISK_CORRUPT)
             .set(owner.disk.counters().corrupt.load(Ordering::Relaxed) as f64);
+    }
+}
+
+/// The disk failed every offload of `DEGRADE_AFTER` rounds in a row: reports them (the values stay in
+/// memory), drops the disk from later remounts and has the master forget it, so the node
+/// serves from memory alone instead of failing every eviction on a dead disk.
+async fn degrade(owner: &Owner, done: Vec<TierDone>, stop: &CancellationToken) {
+    tracing::error!(segment = %owner.segment, dir = %owner.disk.dir().display(), "the disk tier failed every write of {DEGRADE_AFTER} rounds in a row: going on without it (memory only)");
+    metrics::gauge!(DISK_FAILED).set(1.0);
+    for s in owner.specs.lock().iter_mut() {
+        s.disk_bytes = 0;
+        s.disk_write_through = false;
+    }
+    let body = TierExchange {
+        client_id: owner.id.to_string(),
+        done,
+        dropped: Vec::new(),
+        records: Vec::new(),
+        wait_ms: 0,
+    };
+    let detach = openapi::master::ClientRequest {
+        client_id: owner.id.to_string(),
+    };
+    // Until the master hears it (or the client stops).
+    loop {
+        let told = async {
+            owner.rpc.tier_exchange(&owner.segment, &body).await?;
+            owner.rpc.detach_disk(&owner.segment, &detach).await
+        };
+        let r = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = told => r,
+        };
+        match r {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(segment = %owner.segment, error = %e, "telling the master the disk failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(owner.retry) => {}
+                }
+            }
+        }
     }
 }
 

@@ -296,3 +296,42 @@ async fn a_node_that_unmounts_its_disk_keeps_its_memory_and_loses_what_only_the_
     assert_eq!(writes(&node), before);
     node.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fails_goes_on_from_memory_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("tier");
+    let cfg = MasterConfig {
+        lease_ttl_ms: 200,
+        ..MasterConfig::default()
+    };
+    let (m, node, _, cold) = node_with_cold_values(cfg, &disk, "f").await;
+    // The disk goes away under the node (a failed or unmounted device): every write fails.
+    std::fs::remove_dir_all(&disk).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut i = 100;
+    // Puts keep succeeding (each retried while offloads that will fail hold the room)
+    // until the node gave up its disk: then eviction frees memory at once.
+    while m.master().tier_stats().on_disk_objects > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never went on without its disk"
+        );
+        let (k, v) = (format!("f{i}"), value(i));
+        retrying(|| node.put(&k, &v)).await.unwrap();
+        i += 1;
+    }
+    for k in &cold {
+        assert!(matches!(
+            node.get(k).await,
+            Err(StoreError::Master(MasterError::ObjectNotFound(_)))
+        ));
+    }
+    // From memory alone now: puts and gets go on.
+    for j in i..i + 8 {
+        let (k, v) = (format!("f{j}"), value(j));
+        retrying(|| node.put(&k, &v)).await.unwrap();
+        assert!(node.get(&k).await.unwrap() == v);
+    }
+    node.close().await.unwrap();
+}

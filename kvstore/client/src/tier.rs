@@ -209,7 +209,9 @@ async fn degrade(owner: &Owner, done: Vec<TierDone>, stop: &CancellationToken) {
             r = told => r,
         };
         match r {
-            Ok(_) => return,
+            // Told, or the master refused (it has no such segment or disk now): either
+            // way the remounts to come ask for no disk.
+            Ok(_) | Err(crate::StoreError::Master(_)) => return,
             Err(e) => {
                 tracing::warn!(segment = %owner.segment, error = %e, "telling the master the disk failed; retrying");
                 tokio::select! {

@@ -8,10 +8,15 @@ const BASE: u64 = 0x10_0000_0000;
 
 /// A master with one 1 MiB segment `d` (owner client 1) that has a disk tier.
 fn with_disk() -> (Master, std::sync::Arc<ManualClock>) {
-    // Clients outlive the task timeouts the tests wait for.
+    with_disk_in(small_config())
+}
+
+/// [`with_disk`] on a master configured `cfg` (its clients outliving the task timeouts the
+/// tests wait for).
+fn with_disk_in(cfg: MasterConfig) -> (Master, std::sync::Arc<ManualClock>) {
     let (m, c) = master_with(MasterConfig {
         client_ttl_ms: 3_600_000,
-        ..small_config()
+        ..cfg
     });
     let mut s = spec("d", BASE, SEG);
     s.disk_bytes = 1 << 30;
@@ -401,14 +406,10 @@ fn an_owner_that_reads_a_value_from_its_disk_again_gets_it_back_in_memory() {
 
 #[test]
 fn promotion_off_leaves_an_owners_values_on_its_disk() {
-    let (m, clock) = master_with(MasterConfig {
-        client_ttl_ms: 3_600_000,
+    let (m, clock) = with_disk_in(MasterConfig {
         disk_promote_after: 0,
         ..small_config()
     });
-    let mut s = spec("d", BASE, SEG);
-    s.disk_bytes = 1 << 30;
-    m.mount_segment(client(1), s).unwrap();
     on_disk(&m, &clock);
     for _ in 0..5 {
         assert!(own_read(&m).own_disk.is_some());

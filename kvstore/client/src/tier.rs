@@ -223,28 +223,15 @@ async fn degrade(owner: &Owner, done: Vec<TierDone>, stop: &CancellationToken) {
     }
 }
 
-/// Runs `tasks`; answers their reports and the keys dropped to make room.
+/// Runs `tasks`: the deletes first (a write of the same key may follow in the round),
+/// then the rest, started in the master's order (loads before offloads); answers their
+/// reports and the keys dropped to make room.
 async fn run_tasks(owner: &Owner, tasks: Vec<TierTask>) -> (Vec<TierDone>, Vec<String>) {
-    let results: Vec<(TierDone, Vec<String>)> = futures::stream::iter(tasks)
-        .map(|t| {
-            let memory = owner.memory.clone();
-            let disk = owner.disk.clone();
-            async move {
-                let (kind, key) = (t.kind, t.key.clone());
-                let (ok, gone) =
-                    match tokio::task::spawn_blocking(move || one(&memory, &disk, t)).await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::warn!(key, error = %e, "disk tier task failed");
-                            (false, Vec::new())
-                        }
-                    };
-                (TierDone { kind, key, ok }, gone)
-            }
-        })
-        .buffer_unordered(QUEUE_DEPTH)
-        .collect()
-        .await;
+    let (deletes, rest): (Vec<TierTask>, Vec<TierTask>) = tasks
+        .into_iter()
+        .partition(|t| t.kind == TierTaskKind::Delete);
+    let mut results = run_concurrently(owner, deletes).await;
+    results.extend(run_concurrently(owner, rest).await);
     let mut done = Vec::with_capacity(results.len());
     let mut dropped = Vec::new();
     for (d, gone) in results {
@@ -271,6 +258,31 @@ async fn run_tasks(owner: &Owner, tasks: Vec<TierTask>) -> (Vec<TierDone>, Vec<S
         metrics::counter!(TASKS, "kind" => kind, "result" => result).increment(1);
     }
     (done, dropped)
+}
+
+/// Runs `tasks`, up to [`QUEUE_DEPTH`] at a time (started in order), each on a blocking
+/// thread.
+async fn run_concurrently(owner: &Owner, tasks: Vec<TierTask>) -> Vec<(TierDone, Vec<String>)> {
+    futures::stream::iter(tasks)
+        .map(|t| {
+            let memory = owner.memory.clone();
+            let disk = owner.disk.clone();
+            async move {
+                let (kind, key) = (t.kind, t.key.clone());
+                let (ok, gone) =
+                    match tokio::task::spawn_blocking(move || one(&memory, &disk, t)).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(key, error = %e, "disk tier task failed");
+                            (false, Vec::new())
+                        }
+                    };
+                (TierDone { kind, key, ok }, gone)
+            }
+        })
+        .buffer_unordered(QUEUE_DEPTH)
+        .collect()
+        .await
 }
 
 /// One task, on a blocking thread: whether it succeeded, and records dropped for room.

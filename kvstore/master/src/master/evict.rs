@@ -85,11 +85,34 @@ impl Master {
         let (released, _) = self.release_expired(now);
         let (_, used) = self.segments.read().usage();
         let target = (used as f64 * self.config.eviction_ratio).ceil() as u64;
-        if target == 0 {
+        // A round scans every object (those on disk too). Not again within a tick of one
+        // that found nothing (leases end with time; completed puts say so), nor while
+        // offloads in flight will free a round's worth: under a put stream faster than
+        // the disk, every failed put would scan otherwise.
+        if target == 0
+            || now < self.evict_futile_until.load(Ordering::Relaxed)
+            || self.offloading_bytes() >= target
+        {
             return released > 0;
         }
         let report = self.evict_locked(target, target / 2, now);
         released > 0 || report.evicted_objects > 0
+    }
+
+    /// A put completed: the object may be evicted, so a failed allocation looks again.
+    pub(crate) fn evictable_added(&self) {
+        if self.evict_futile_until.load(Ordering::Relaxed) != 0 {
+            self.evict_futile_until.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes whether a round at `now` found anything to take.
+    fn note_round(&self, evicted: u64, now: u64) {
+        let until = match evicted {
+            0 => now.saturating_add(self.config.tick_interval_ms),
+            _ => 0,
+        };
+        self.evict_futile_until.store(until, Ordering::Relaxed);
     }
 
     /// `(target, lower bound)` bytes to evict now, if eviction is due.
@@ -190,6 +213,7 @@ impl Master {
                 );
             }
         }
+        self.note_round(report.evicted_objects, now);
         if report.evicted_objects > 0 {
             self.need_eviction.store(false, Ordering::Relaxed);
             self.evicted_objects

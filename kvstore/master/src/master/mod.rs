@@ -101,6 +101,9 @@ pub struct Master {
     reservations: Mutex<reserve::ReservationTable>,
     evict_lock: Mutex<()>,
     need_eviction: AtomicBool,
+    /// The last eviction round found nothing to take: until this time (ms; 0: not so),
+    /// allocations that fail do not scan again, unless a put completes meanwhile.
+    evict_futile_until: AtomicU64,
     evict_cursor: AtomicUsize,
     view_version: u64,
     evicted_objects: AtomicU64,
@@ -163,6 +166,7 @@ impl Master {
             reservations: Mutex::default(),
             evict_lock: Mutex::new(()),
             need_eviction: AtomicBool::new(false),
+            evict_futile_until: AtomicU64::new(0),
             evict_cursor: AtomicUsize::new(0),
             view_version,
             evicted_objects: AtomicU64::new(0),

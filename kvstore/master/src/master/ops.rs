@@ -325,6 +325,7 @@ impl Master {
         o.complete(now, self.config.soft_pin_ttl_ms);
         self.copy_on_complete(o);
         shard.processing.remove(&i);
+        self.evictable_added();
         Ok(())
     }
 
@@ -340,6 +341,7 @@ impl Master {
                 o.complete(now, self.config.soft_pin_ttl_ms);
                 self.copy_on_complete(o);
                 shard.processing.remove(&i);
+                self.evictable_added();
             }
         }
     }

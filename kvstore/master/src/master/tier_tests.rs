@@ -444,3 +444,102 @@ fn an_owner_that_detaches_its_disk_loses_what_lives_only_there() {
     assert_eq!(m.detach_disk(client(1), "d").unwrap(), 0);
     assert_eq!(m.tier_stats().on_disk_objects, 0);
 }
+
+#[test]
+fn a_round_hands_reads_alone_and_first_and_a_bounded_share_of_offloads() {
+    let (m, _clock) = with_disk();
+    let n = tier::ROUND_OFFLOADS + 10;
+    for i in 0..n {
+        put(&m, &format!("o{i}"), 1000);
+    }
+    let first = evict_all(&m);
+    assert_eq!(first.len(), tier::ROUND_OFFLOADS);
+    assert!(first.iter().all(|t| t.kind == TierTaskKind::Offload));
+    let done: Vec<TierDone> = first.iter().map(ok).collect();
+    let second = tasks(&m, &done);
+    assert_eq!(second.len(), 10);
+    // With offloads queued, a read's load and a removal's delete go alone, the delete
+    // first (a later write of the key must not be undone by it).
+    for i in 0..5 {
+        put(&m, &format!("p{i}"), 1000);
+    }
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, 5);
+    assert!(matches!(m.lookup("o0").unwrap(), Lookup::Loading));
+    m.remove("o1", false).unwrap();
+    let reads: Vec<(TierTaskKind, String)> = tasks(&m, &second.iter().map(ok).collect::<Vec<_>>())
+        .into_iter()
+        .map(|t| (t.kind, t.key))
+        .collect();
+    assert_eq!(
+        reads,
+        [
+            (TierTaskKind::Delete, "o1".to_owned()),
+            (TierTaskKind::Load, "o0".to_owned())
+        ]
+    );
+    let third = tasks(&m, &[]);
+    assert_eq!(third.len(), 5);
+    assert!(third.iter().all(|t| t.kind == TierTaskKind::Offload));
+}
+
+#[test]
+fn a_read_waiting_for_room_is_loaded_first_when_offloads_free_memory() {
+    let (m, _clock) = with_disk();
+    put(&m, "cold", 1000);
+    let t = evict_all(&m);
+    assert!(tasks(&m, &t.iter().map(ok).collect::<Vec<_>>()).is_empty());
+    // The segment full again, all of it being written out: no room until the owner reports.
+    for i in 0..SEG / 1024 {
+        put(&m, &format!("f{i}"), 1000);
+    }
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, SEG / 1024);
+    assert!(matches!(
+        m.lookup("cold"),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    let round = tasks(&m, &[]);
+    assert_eq!(round.len(), tier::ROUND_OFFLOADS);
+    // The report frees memory: the waiting read's load starts in the same answer, before
+    // any put can take the room.
+    let next = tasks(&m, &round.iter().map(ok).collect::<Vec<_>>());
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        (next[0].kind, next[0].key.as_str()),
+        (TierTaskKind::Load, "cold")
+    );
+    assert!(matches!(m.lookup("cold").unwrap(), Lookup::Loading));
+}
+
+#[test]
+fn a_failed_allocation_scans_again_once_a_put_completes_or_a_lease_ends() {
+    let (m, clock) = master_with(small_config());
+    m.mount_segment(client(1), spec("s", BASE, SEG)).unwrap();
+    let slots = SEG / 1024;
+    for i in 0..slots - 1 {
+        put(&m, &format!("l{i}"), 1000);
+        assert!(matches!(
+            m.lookup(&format!("l{i}")).unwrap(),
+            Lookup::Ready(_)
+        ));
+    }
+    m.put_start(client(7), "open", 1000, &ReplicateConfig::default())
+        .unwrap();
+    let put_x = || m.put_start(client(7), "x", 1000, &ReplicateConfig::default());
+    // Everything leased or unfinished: nothing to evict, and the next failures do not scan.
+    assert!(matches!(put_x(), Err(MasterError::NoAvailableHandle(_))));
+    assert!(matches!(put_x(), Err(MasterError::NoAvailableHandle(_))));
+    // A completed put is evictable: the next failure scans, and takes it.
+    m.put_end(client(7), "open").unwrap();
+    put_x().unwrap();
+    assert!(!m.exists("open").unwrap());
+    m.put_end(client(7), "x").unwrap();
+    assert!(matches!(m.lookup("x").unwrap(), Lookup::Ready(_)));
+    assert!(matches!(
+        m.put_start(client(7), "y", 1000, &ReplicateConfig::default()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    // Leases end with time alone (no put completes, no tick): the next failure scans.
+    clock.advance(m.config().lease_ttl_ms);
+    m.put_start(client(7), "y", 1000, &ReplicateConfig::default())
+        .unwrap();
+}

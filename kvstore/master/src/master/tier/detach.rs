@@ -23,6 +23,7 @@ impl Master {
         }
         seg.detach_disk();
         self.tiers.queues.lock().remove(seg.name());
+        self.tiers.room_wanted.lock().remove(seg.name());
         let mut dropped = 0u64;
         for s in 0..self.shards.len() {
             let mut shard = self.lock_shard(s);

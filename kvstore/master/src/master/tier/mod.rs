@@ -49,6 +49,11 @@ pub use read::{Described, Lookup};
 /// A task's identity: the segment and the key.
 type TaskId = (Arc<str>, Box<str>);
 
+/// Most offloads one exchange hands an owner: a round ends with one directory sync and
+/// one report, so a load queued meanwhile (a reader waits on it) waits for at most this
+/// many writes, and memory comes back round by round.
+pub const ROUND_OFFLOADS: usize = 64;
+
 /// A task handed to an owner and not reported yet.
 #[derive(Debug)]
 struct Inflight {
@@ -78,11 +83,43 @@ pub(crate) struct Tiers {
     /// Reads of values on disk by their owner, by key hash, not yet promoted (see
     /// `disk_promote_after`).
     hits: Mutex<HashMap<u64, u32>>,
+    /// Keys of values on disk whose reads found no room in their segment, per segment:
+    /// loaded first when the owner's report frees memory (see `read`).
+    room_wanted: Mutex<HashMap<Arc<str>, Vec<Box<str>>>>,
     /// Wakes owners waiting in an exchange (a task was queued).
     pub(crate) tasks_queued: tokio::sync::Notify,
     /// Wakes readers waiting for loads (a load finished, either way).
     pub(crate) loads_done: tokio::sync::Notify,
     counters: TierCounters,
+}
+
+impl Tiers {
+    /// The tasks of `seg`'s next round, in the order to run them. Deletes and loads go
+    /// alone, deletes first (before a later write of the same key): a reader waits on each
+    /// load, and the owner reports a round only once all of it is done. Otherwise the
+    /// oldest offloads, at most [`ROUND_OFFLOADS`]; the rest stay queued.
+    fn take_round(&self, seg: &Arc<str>) -> Vec<TierTask> {
+        let mut queues = self.queues.lock();
+        let Some(queue) = queues.get_mut(seg) else {
+            return Vec::new();
+        };
+        let (mut round, rest): (Vec<TierTask>, Vec<TierTask>) =
+            if queue.iter().any(|t| t.kind != TierTaskKind::Offload) {
+                queue
+                    .drain(..)
+                    .partition(|t| t.kind != TierTaskKind::Offload)
+            } else {
+                let rest = queue.split_off(queue.len().min(ROUND_OFFLOADS));
+                (std::mem::take(queue), rest)
+            };
+        round.sort_by_key(|t| t.kind != TierTaskKind::Delete);
+        if rest.is_empty() {
+            queues.remove(seg);
+        } else {
+            *queue = rest;
+        }
+        round
+    }
 }
 
 /// Totals of the disk tier since the master started.
@@ -364,6 +401,9 @@ impl Master {
             self.finish(&seg, d);
         }
         if !done.is_empty() {
+            self.load_wanted(&seg);
+        }
+        if !done.is_empty() {
             // Loads finished, or offloads freed room a read from disk may be waiting for.
             self.tiers.loads_done.notify_waiters();
         }
@@ -379,13 +419,7 @@ impl Master {
             .adopted
             .fetch_add(adopted, Ordering::Relaxed);
         crate::metrics::record_disk_adopted(adopted);
-        let tasks = self
-            .tiers
-            .queues
-            .lock()
-            .remove(seg.name_arc())
-            .unwrap_or_default();
-        Ok((tasks, adopted))
+        Ok((self.tiers.take_round(seg.name_arc()), adopted))
     }
 
     fn finish(&self, seg: &Arc<Segment>, d: &TierDone) {

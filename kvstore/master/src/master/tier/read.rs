@@ -18,6 +18,8 @@ const MAX_TRACKED_READS: usize = 1 << 20;
 const MAX_COUNTED_HITS: usize = 1 << 16;
 /// Tasks a segment may have queued beyond which a read promotes nothing.
 const PROMOTION_QUEUE: usize = 64;
+/// Most keys per segment waiting for room to be read back (see `Tiers::room_wanted`).
+const MAX_ROOM_WANTED: usize = 4096;
 
 /// An object's replicas as they lie, for descriptions (see [`Master::describe`]).
 #[derive(Debug)]
@@ -241,6 +243,8 @@ impl Master {
                 )));
             }
             let Some(alloc) = seg.try_alloc(self.units(o.length)) else {
+                drop(shard);
+                self.want_room(seg.name_arc(), key);
                 return Ok(Found::NoSpace);
             };
             let task = start_load(o, key, &seg, alloc);
@@ -274,6 +278,55 @@ impl Master {
 }
 
 /// Marks `o` (on disk on `seg`) as loading into `alloc`; answers the load to queue.
+impl Master {
+    /// Notes that a read of `key`, on `seg`'s disk, found no room there.
+    fn want_room(&self, seg: &Arc<str>, key: &str) {
+        let mut wanted = self.tiers.room_wanted.lock();
+        let keys = wanted.entry(seg.clone()).or_default();
+        if keys.len() < MAX_ROOM_WANTED && !keys.iter().any(|k| &**k == key) {
+            keys.push(key.into());
+        }
+    }
+
+    /// The owner of `seg` reported tasks done, which may have freed memory: the loads that
+    /// reads are waiting on for room start now, in the order asked, before puts take the
+    /// room; those that still find none keep waiting.
+    pub(super) fn load_wanted(&self, seg: &Arc<Segment>) {
+        let Some(keys) = self.tiers.room_wanted.lock().remove(seg.name_arc()) else {
+            return;
+        };
+        let mut started = Vec::new();
+        let mut rest = keys.into_iter();
+        for key in rest.by_ref() {
+            let hash = self.hash(&key);
+            let mut shard = self.lock_shard(self.shard_of(hash));
+            let Some(i) = shard.find(hash, &key) else {
+                continue;
+            };
+            let o = shard.get_mut(i);
+            let ours = o.is_on_disk() && Arc::ptr_eq(&o.replicas.as_slice()[0].segment, seg);
+            if !ours || !seg.is_mounted() {
+                continue;
+            }
+            let Some(alloc) = seg.try_alloc(self.units(o.length)) else {
+                drop(shard);
+                let mut wanted = self.tiers.room_wanted.lock();
+                let keys = wanted.entry(seg.name_arc().clone()).or_default();
+                let later = std::mem::take(keys);
+                keys.push(key);
+                keys.extend(rest);
+                keys.extend(later);
+                keys.truncate(MAX_ROOM_WANTED);
+                break;
+            };
+            started.push(start_load(o, &key, seg, alloc));
+        }
+        for task in started {
+            self.queue(seg.name_arc(), task, 0);
+        }
+    }
+}
+
 fn start_load(o: &mut Object, key: &str, seg: &Arc<Segment>, alloc: Allocation) -> TierTask {
     let task = TierTask {
         kind: TierTaskKind::Load,

@@ -30,7 +30,18 @@ async fn sim_with_store(master: &str) -> SimHandle {
 
 /// [`sim_with_store`] with the write policy `policy`.
 async fn sim_writing(master: &str, policy: WritePolicy) -> SimHandle {
-    let cfg = SimConfig {
+    start(config(master, policy)).await
+}
+
+async fn start(cfg: SimConfig) -> SimHandle {
+    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
+        .await
+        .unwrap()
+}
+
+/// The settings of [`sim_writing`].
+fn config(master: &str, policy: WritePolicy) -> SimConfig {
+    SimConfig {
         port: 0,
         model: "m".into(),
         model_shape: sim::ModelShape::Tiny,
@@ -47,10 +58,7 @@ async fn sim_writing(master: &str, policy: WritePolicy) -> SimHandle {
             ..KvEventsConfig::default()
         }),
         ..SimConfig::default()
-    };
-    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
-        .await
-        .unwrap()
+    }
 }
 
 fn cached(answer: &Value) -> u64 {
@@ -130,6 +138,49 @@ async fn evicted_pages_come_back_from_the_store_on_any_worker() {
     })
     .await;
     assert_eq!(store_stats(&b).write_failures, 0);
+    a.shutdown().await;
+    b.shutdown().await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn pages_the_store_evicts_come_back_from_a_workers_disk_tier() {
+    let gw = gateway().await;
+    let master = gw.master().expect("the gateway hosts the master").clone();
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(SimConfig {
+        kv_store_disk_path: Some(dir.path().join("disk")),
+        kv_store_disk_capacity: 1 << 20,
+        ..config(&gw.url(), WritePolicy::WriteBack)
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let p = prompt(15);
+    spill(&c, &a, &p, &prompt(16)).await;
+    // The store evicts everything: written to A's disk instead of being lost.
+    let evicted = master.evict(u64::MAX, u64::MAX);
+    assert_eq!(evicted.offloaded_objects, evicted.evicted_objects);
+    assert!(evicted.offloaded_objects >= 16, "{evicted:?}");
+    eventually("the evicted pages are on A's disk", || {
+        master.tier_stats().on_disk_objects >= 16
+    })
+    .await;
+    // A's GPU cache no longer holds the prompt: it reads its pages from its own disk.
+    let body = json!({"input_ids": p, "sampling_params": {"max_new_tokens": 1}});
+    eprintln!(
+        "DEBUG {:?}",
+        moongate_tests::send_json(&c, &format!("{}/generate", a.url()), &body).await
+    );
+    assert_eq!(cached(&generate(&c, &a.url(), &p).await), 32);
+    assert_eq!(store_stats(&a).loaded_pages, 8);
+    // B, without a disk, has them read back from A's disk into A's memory, and loads them.
+    let b = sim_with_store(&gw.url()).await;
+    let mut q = p.clone();
+    q.extend([5, 5]);
+    assert_eq!(cached(&generate(&c, &b.url(), &q).await), 32);
+    let s = store_stats(&b);
+    assert_eq!((s.loaded_pages, s.load_failures), (8, 0));
+    assert!(master.tier_stats().loads >= 16);
     a.shutdown().await;
     b.shutdown().await;
     gw.shutdown().await;

@@ -203,6 +203,13 @@ pub struct SimConfig {
     /// is loaded in several batches.
     #[arg(long, default_value_t = DEFAULT_KV_STORE_BUFFER_SIZE, value_parser = parse_size)]
     pub kv_store_buffer_size: u64,
+    /// L3: a disk tier below this worker's store memory (the store's `--disk-path`): pages
+    /// the master evicts from it are written there instead of being lost.
+    #[arg(long)]
+    pub kv_store_disk_path: Option<std::path::PathBuf>,
+    /// L3: most bytes the disk tier holds (suffixes K, M, G, T).
+    #[arg(long, default_value = kvclient::DEFAULT_DISK_CAPACITY, value_parser = parse_size)]
+    pub kv_store_disk_capacity: u64,
     /// Prefill compute time per uncached prompt token (regular workers: one prefill at a
     /// time, in arrival order, before the time to first token; PD prefill: per token of
     /// the room before the KV is ready).
@@ -260,6 +267,9 @@ impl Default for SimConfig {
             kv_store_write_policy: WritePolicy::WriteBack,
             kv_store_segment_size: DEFAULT_KV_STORE_SEGMENT_SIZE,
             kv_store_buffer_size: DEFAULT_KV_STORE_BUFFER_SIZE,
+            kv_store_disk_path: None,
+            kv_store_disk_capacity: parse_size(kvclient::DEFAULT_DISK_CAPACITY)
+                .expect("the default disk capacity parses"),
             prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),
             kv_transport: KvTransport::Auto,
             kv_listen: None,
@@ -330,6 +340,9 @@ impl SimConfig {
                     return Err("dp_size over 1 with kv_events_config needs fixed ports (rank r publishes on port + r)".to_owned());
                 }
             }
+        }
+        if self.kv_store.is_none() && self.kv_store_disk_path.is_some() {
+            return Err("kv_store_disk_path needs kv_store".to_owned());
         }
         if self.kv_store.is_some() {
             if self.disable_radix_cache {

@@ -114,6 +114,8 @@ impl L3 {
                 KvTransport::Tcp => Protocol::Tcp,
             },
             transfer_secret_file: cfg.transfer_secret_file.clone(),
+            disk_path: cfg.kv_store_disk_path.clone(),
+            disk_capacity: cfg.kv_store_disk_capacity,
             ..ClientConfig::default()
         };
         let client = StoreClient::connect(client_cfg)

@@ -82,9 +82,9 @@ use transfer::{AllocOptions, MemoryRegion, RegisteredBuffer, TransferEngine, War
 pub use caller::caller_driven;
 pub use config::{ClientConfig, DiskWritePolicy, Prefault, Protocol, env, parse_size};
 pub use config::{
-    DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN, DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER,
-    DEFAULT_PUT_RESERVE_BYTES, DEFAULT_REPLICA_NUM, DEFAULT_RPC_BUSY_POLL_US,
-    DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
+    DEFAULT_DISK_CAPACITY, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_LISTEN,
+    DEFAULT_LOCAL_BUFFER_SIZE, DEFAULT_MASTER, DEFAULT_PUT_RESERVE_BYTES, DEFAULT_REPLICA_NUM,
+    DEFAULT_RPC_BUSY_POLL_US, DEFAULT_RPC_TIMEOUT_MS, DEFAULT_SEGMENT_SIZE,
 };
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;

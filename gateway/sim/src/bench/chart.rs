@@ -218,6 +218,9 @@ mod tests {
             throughput_rps: 1.0,
             errors: 0,
             store_hit_rate: None,
+            store_evicted: None,
+            store_lookup_ms: None,
+            store_disk: None,
         }
     }
 

@@ -36,7 +36,7 @@ pub mod report;
 pub mod shapes;
 pub mod trace;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,6 +153,11 @@ pub struct BenchConfig {
     /// With `--kv-store`: memory each worker contributes to the store (suffixes K, M, G).
     #[arg(long, default_value_t = DEFAULT_KV_STORE_SIZE, value_parser = crate::config::parse_size)]
     pub kv_store_size: u64,
+    /// With `--kv-store`: a disk tier of this many bytes below each worker's store memory
+    /// (suffixes K, M, G; 0: none), in a private temporary directory (`$TMPDIR`) the run
+    /// removes; pages evicted from memory are written there instead of being lost.
+    #[arg(long, default_value = "0", value_parser = crate::config::parse_size, requires = "kv_store")]
+    pub kv_store_disk: u64,
     /// Send each request's conversation as its routing key (`--routing-key-header`: the
     /// trace's first two block hashes, the shared system prompt and the conversation's
     /// first turn), for the affinity policies (`manual`, `consistent_hashing`).
@@ -221,7 +226,7 @@ impl BenchConfig {
         Ok(())
     }
 
-    fn sim(&self, mode: SimMode, store: Option<&str>) -> SimConfig {
+    fn sim(&self, mode: SimMode, store: Option<&str>, disk: Option<&Path>) -> SimConfig {
         let shape = ModelShape::Tiny;
         let per_token =
             Duration::from_secs_f64(1.0 / self.prefill_tokens_per_sec as f64 / self.speedup);
@@ -244,6 +249,8 @@ impl BenchConfig {
             }),
             kv_store: store.map(str::to_owned),
             kv_store_segment_size: self.kv_store_size,
+            kv_store_disk_path: disk.map(Path::to_path_buf),
+            kv_store_disk_capacity: self.kv_store_disk,
             ..SimConfig::default()
         }
     }
@@ -330,7 +337,13 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Vec<Summary>> {
     Ok(summaries)
 }
 
-async fn start_sims(cfg: &BenchConfig, store: Option<&str>) -> anyhow::Result<Vec<SimHandle>> {
+/// Starts the workers; with a store and `--kv-store-disk`, each with its disk tier in one
+/// of `disks`.
+async fn start_sims(
+    cfg: &BenchConfig,
+    store: Option<&str>,
+    disks: &[tempfile::TempDir],
+) -> anyhow::Result<Vec<SimHandle>> {
     let modes: Vec<SimMode> = match cfg.pd {
         Some((p, d)) => std::iter::repeat_n(SimMode::Prefill, p)
             .chain(std::iter::repeat_n(SimMode::Decode, d))
@@ -338,9 +351,10 @@ async fn start_sims(cfg: &BenchConfig, store: Option<&str>) -> anyhow::Result<Ve
         None => vec![SimMode::Regular; cfg.workers],
     };
     let mut sims = Vec::with_capacity(modes.len());
-    for m in modes {
+    for (i, m) in modes.into_iter().enumerate() {
         let l = TcpListener::bind("127.0.0.1:0").await?;
-        sims.push(crate::spawn(cfg.sim(m, store), l).await?);
+        let disk = disks.get(i).map(tempfile::TempDir::path);
+        sims.push(crate::spawn(cfg.sim(m, store, disk), l).await?);
     }
     Ok(sims)
 }
@@ -425,7 +439,18 @@ async fn run_one(
         false => None,
     };
     let url = master.as_ref().map(MasterProcess::url);
-    let sims = start_sims(cfg, url.as_deref()).await?;
+    let disks = match (&master, cfg.kv_store_disk) {
+        (Some(_), 1..) => (0..cfg.pd.map_or(cfg.workers, |(p, d)| p + d))
+            .map(|i| {
+                tempfile::Builder::new()
+                    .prefix(&format!("moongate-bench-disk-{i}-"))
+                    .tempdir()
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .context("creating the workers' disk-tier directories")?,
+        _ => Vec::new(),
+    };
+    let sims = start_sims(cfg, url.as_deref(), &disks).await?;
     let mut gws = Vec::with_capacity(cfg.gateways);
     for _ in 0..cfg.gateways {
         let sc = gateway_config(cfg, run, &sims);
@@ -497,17 +522,33 @@ async fn run_one(
     for g in gws {
         g.shutdown().await;
     }
-    let loaded: u64 = sims
+    let l3: Vec<crate::l3::L3Stats> = sims
         .iter()
         .filter_map(|s| s.l3())
-        .map(|l| l.stats().loaded_pages * u64::from(cfg.page_size))
+        .map(|l| l.stats())
+        .collect();
+    let loaded: u64 = l3
+        .iter()
+        .map(|l| l.loaded_pages * u64::from(cfg.page_size))
         .sum();
+    let (lookups, micros) = l3
+        .iter()
+        .fold((0, 0), |(n, t), l| (n + l.lookups, t + l.load_micros));
     for s in sims {
         s.shutdown_within(Duration::from_secs(1)).await;
     }
-    if let Some(m) = master {
-        m.shutdown().await;
-    }
+    let store = master.map(|m| {
+        let (stats, tiers) = (m.master().stats(), m.master().tier_stats());
+        (m, stats.evicted_objects, [tiers.offloads, tiers.loads])
+    });
+    let (evicted, disk) = match store {
+        Some((m, e, d)) => {
+            m.shutdown().await;
+            (Some(e), (cfg.kv_store_disk > 0).then_some(d))
+        }
+        None => (None, None),
+    };
+    drop(disks);
     let samples = std::mem::take(&mut *samples.lock());
     let ttfts = samples.iter().map(|s| s.ttft_ms).collect();
     let errors = *errors.lock();
@@ -515,6 +556,9 @@ async fn run_one(
     if cfg.kv_store {
         let prompt: u64 = samples.iter().map(|s| s.prompt).sum();
         summary.store_hit_rate = Some(loaded as f64 / prompt.max(1) as f64);
+        summary.store_evicted = evicted;
+        summary.store_lookup_ms = Some(micros as f64 / 1000.0 / lookups.max(1) as f64);
+        summary.store_disk = disk;
     }
     Ok((summary, ttfts))
 }

@@ -44,6 +44,18 @@ pub struct Summary {
     /// `hit_rate`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_hit_rate: Option<f64>,
+    /// With `--kv-store`: objects the store evicted to make room (lost, or written to the
+    /// disk tier first with `--kv-store-disk`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_evicted: Option<u64>,
+    /// With `--kv-store`: mean wall-clock time of a prompt's store lookup and load, in
+    /// milliseconds (not scaled by `--speedup`: the store's I/O is real).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_lookup_ms: Option<f64>,
+    /// With `--kv-store-disk`: objects written to the workers' disk tiers, and objects
+    /// read back from there into memory for another worker (or promoted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_disk: Option<[u64; 2]>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -84,6 +96,9 @@ impl Summary {
             throughput_rps: if secs > 0.0 { n as f64 / secs } else { 0.0 },
             errors,
             store_hit_rate: None,
+            store_evicted: None,
+            store_lookup_ms: None,
+            store_disk: None,
         }
     }
 }
@@ -116,10 +131,18 @@ pub fn table(rows: &[Summary]) -> String {
             r.errors
         ));
         if let Some(s) = r.store_hit_rate {
-            out.insert_str(
-                out.len() - 1,
-                &format!("  (from the store {:.1}%)", s * 100.0),
-            );
+            let mut note = format!("  (from the store {:.1}%", s * 100.0);
+            if let Some(ms) = r.store_lookup_ms {
+                note.push_str(&format!(", {ms:.1} ms a lookup"));
+            }
+            if let Some(e) = r.store_evicted {
+                note.push_str(&format!(", evicted {e}"));
+            }
+            if let Some([to, back]) = r.store_disk {
+                note.push_str(&format!(", to disk {to}, back {back}"));
+            }
+            note.push(')');
+            out.insert_str(out.len() - 1, &note);
         }
     }
     out

@@ -85,7 +85,7 @@ pub(crate) struct Tiers {
     hits: Mutex<HashMap<u64, u32>>,
     /// Keys of values on disk whose reads found no room in their segment, per segment:
     /// loaded first when the owner's report frees memory (see `read`).
-    room_wanted: Mutex<HashMap<Arc<str>, Vec<Box<str>>>>,
+    room_wanted: Mutex<HashMap<Arc<str>, read::RoomWanted>>,
     /// Wakes owners waiting in an exchange (a task was queued).
     pub(crate) tasks_queued: tokio::sync::Notify,
     /// Wakes readers waiting for loads (a load finished, either way).

@@ -2,6 +2,7 @@
 //! load when a value lives on disk, and the release of reads of memory copies of disk
 //! values (so their memory can go before their leases end).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -281,11 +282,12 @@ impl Master {
 impl Master {
     /// Notes that a read of `key`, on `seg`'s disk, found no room there.
     fn want_room(&self, seg: &Arc<str>, key: &str) {
-        let mut wanted = self.tiers.room_wanted.lock();
-        let keys = wanted.entry(seg.clone()).or_default();
-        if keys.len() < MAX_ROOM_WANTED && !keys.iter().any(|k| &**k == key) {
-            keys.push(key.into());
-        }
+        self.tiers
+            .room_wanted
+            .lock()
+            .entry(seg.clone())
+            .or_default()
+            .add(key.into());
     }
 
     /// The owner of `seg` reported tasks done, which may have freed memory: the loads that
@@ -296,7 +298,7 @@ impl Master {
             return;
         };
         let mut started = Vec::new();
-        let mut rest = keys.into_iter();
+        let mut rest = keys.order.into_iter();
         for key in rest.by_ref() {
             let hash = self.hash(&key);
             let mut shard = self.lock_shard(self.shard_of(hash));
@@ -313,16 +315,31 @@ impl Master {
                 let mut wanted = self.tiers.room_wanted.lock();
                 let keys = wanted.entry(seg.name_arc().clone()).or_default();
                 let later = std::mem::take(keys);
-                keys.push(key);
-                keys.extend(rest);
-                keys.extend(later);
-                keys.truncate(MAX_ROOM_WANTED);
+                for k in std::iter::once(key).chain(rest).chain(later.order) {
+                    keys.add(k);
+                }
                 break;
             };
             started.push(start_load(o, &key, seg, alloc));
         }
         for task in started {
             self.queue(seg.name_arc(), task, 0);
+        }
+    }
+}
+
+/// Keys of one segment waiting for room, in the order asked, each once, at most
+/// [`MAX_ROOM_WANTED`].
+#[derive(Debug, Default)]
+pub(super) struct RoomWanted {
+    order: Vec<Box<str>>,
+    seen: HashSet<Box<str>>,
+}
+
+impl RoomWanted {
+    fn add(&mut self, key: Box<str>) {
+        if self.order.len() < MAX_ROOM_WANTED && self.seen.insert(key.clone()) {
+            self.order.push(key);
         }
     }
 }

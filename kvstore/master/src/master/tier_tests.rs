@@ -543,3 +543,29 @@ fn a_failed_allocation_scans_again_once_a_put_completes_or_a_lease_ends() {
     m.put_start(client(7), "y", 1000, &ReplicateConfig::default())
         .unwrap();
 }
+
+#[test]
+fn a_failed_put_evicts_no_more_while_offloads_in_flight_will_free_a_round() {
+    let (m, _clock) = with_disk();
+    for i in 0..SEG / 1024 {
+        put(&m, &format!("f{i}"), 1000);
+    }
+    // Half the segment is being written out: far more than a round's share.
+    let half = m.evict(SEG / 2, SEG / 2);
+    let in_flight = m.tier_stats().offloading_bytes;
+    assert_eq!(in_flight, half.offloaded_objects * 1024);
+    assert!(matches!(
+        m.put_start(client(7), "x", 1000, &ReplicateConfig::default()),
+        Err(MasterError::NoAvailableHandle(_))
+    ));
+    assert_eq!(m.tier_stats().offloading_bytes, in_flight);
+    // Once written, the room is there.
+    let done: Vec<TierDone> = std::iter::from_fn(|| Some(tasks(&m, &[])))
+        .take_while(|t| !t.is_empty())
+        .flatten()
+        .map(|t| ok(&t))
+        .collect();
+    tasks(&m, &done);
+    m.put_start(client(7), "x", 1000, &ReplicateConfig::default())
+        .unwrap();
+}

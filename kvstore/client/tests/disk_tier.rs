@@ -307,7 +307,14 @@ async fn a_node_whose_disk_fails_goes_on_from_memory_alone() {
     };
     let (m, node, _, cold) = node_with_cold_values(cfg, &disk, "f").await;
     // The disk goes away under the node (a failed or unmounted device): every write fails.
-    std::fs::remove_dir_all(&disk).unwrap();
+    // The node may still be writing the last offloads: a file it adds while the directory
+    // is emptied makes the removal fail, so it is tried again (a bounded number of times).
+    let removed = (0..1000).any(|_| match std::fs::remove_dir_all(&disk) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => false,
+        Err(e) => panic!("removing the disk directory: {e}"),
+    });
+    assert!(removed, "the disk directory could not be removed");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut i = 100;
     // Puts keep succeeding (each retried while offloads that will fail hold the room)

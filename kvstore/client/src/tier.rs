@@ -268,7 +268,7 @@ async fn run_concurrently(owner: &Owner, tasks: Vec<TierTask>) -> Vec<(TierDone,
             let memory = owner.memory.clone();
             let disk = owner.disk.clone();
             async move {
-                let (kind, key) = (t.kind, t.key.clone());
+                let (kind, key, id) = (t.kind, t.key.clone(), t.id);
                 let (ok, gone) =
                     match tokio::task::spawn_blocking(move || one(&memory, &disk, t)).await {
                         Ok(r) => r,
@@ -277,7 +277,7 @@ async fn run_concurrently(owner: &Owner, tasks: Vec<TierTask>) -> Vec<(TierDone,
                             (false, Vec::new())
                         }
                     };
-                (TierDone { kind, key, ok }, gone)
+                (TierDone { kind, key, ok, id }, gone)
             }
         })
         .buffer_unordered(QUEUE_DEPTH)

@@ -41,6 +41,10 @@ pub struct TierTask {
     pub address: u64,
     /// The value's length in bytes.
     pub length: u64,
+    /// The task's number, echoed in its [`TierDone`]: a report of an earlier task of the
+    /// same key (removed and put again meanwhile) settles nothing of this one.
+    #[serde(default)]
+    pub id: u64,
 }
 
 /// A task the owner finished.
@@ -54,6 +58,9 @@ pub struct TierDone {
     /// Whether it succeeded (an offload: the record is durable; a load: the bytes are in
     /// memory and their checksum held).
     pub ok: bool,
+    /// The task's [`TierTask::id`] (0: settles the key's task whatever its number).
+    #[serde(default)]
+    pub id: u64,
 }
 
 /// A record the owner's disk holds, reported so the master serves it.

@@ -39,6 +39,7 @@ fn ok(t: &TierTask) -> TierDone {
         kind: t.kind,
         key: t.key.clone(),
         ok: true,
+        id: t.id,
     }
 }
 
@@ -568,4 +569,36 @@ fn a_failed_put_evicts_no_more_while_offloads_in_flight_will_free_a_round() {
     tasks(&m, &done);
     m.put_start(client(7), "x", 1000, &ReplicateConfig::default())
         .unwrap();
+}
+
+#[test]
+fn the_report_of_a_removed_objects_offload_settles_nothing_of_the_key_put_again() {
+    let (m, _clock) = with_disk();
+    put(&m, "k", 1000);
+    let old = evict_all(&m);
+    assert_eq!(old.len(), 1);
+    // Removed while the owner writes it, put again, evicted again.
+    m.remove("k", false).unwrap();
+    put(&m, "k", 2000);
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, 1);
+    assert_eq!(m.tier_stats().offloading_bytes, 2048);
+    // The old write's report: its record is nobody's (deleted before the new write),
+    // and the new value stays in memory, still being written.
+    let round = tasks(&m, &[ok(&old[0])]);
+    assert_eq!(
+        round.iter().map(|t| t.kind).collect::<Vec<_>>(),
+        [TierTaskKind::Delete]
+    );
+    assert_eq!(m.tier_stats().offloading_bytes, 2048);
+    assert_eq!(m.tier_stats().on_disk_objects, 0);
+    let Lookup::Ready(set) = m.lookup("k").unwrap() else {
+        panic!("still in memory")
+    };
+    assert_eq!(set.length, 2000);
+    let new = tasks(&m, &[ok(&round[0])]);
+    assert_eq!((new.len(), new[0].length), (1, 2000));
+    assert_ne!(new[0].id, old[0].id);
+    tasks(&m, &[ok(&new[0])]);
+    assert_eq!(m.tier_stats().offloading_bytes, 0);
+    assert_eq!(m.tier_stats().offloads, 1);
 }

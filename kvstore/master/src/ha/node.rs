@@ -388,7 +388,7 @@ async fn cycle(
     }
     follow_stop.cancel();
     // The copy and the snapshot are dropped once restored: a leader holds its state once.
-    let snapshot = std::mem::take(&mut *replica.lock()).snapshot();
+    let snapshot = std::mem::take(&mut *replica.lock()).into_snapshot();
     drop(replica);
     let (objects, segments) = (snapshot.objects.len(), snapshot.segments.len());
     let journal = Arc::new(EtcdJournal::new(Duration::from_millis(

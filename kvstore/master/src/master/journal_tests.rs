@@ -327,18 +327,7 @@ fn records_of_ended_mounts_are_stale_after_a_restore() {
     );
     // An object record left behind by a lost removal is recognised as stale.
     let mut snap = j.snapshot();
-    snap.objects.push(ObjectRecord {
-        key: "orphan".into(),
-        length: 100,
-        client: client(7),
-        soft_pin: false,
-        hard_pin: false,
-        replicas: vec![ReplicaRecord {
-            segment: "s0".into(),
-            mount: 12345,
-            offset: 0,
-        }],
-    });
+    snap.objects.push(record_at("orphan", 12345, 0));
     let r = Master::restore(small_config(), Arc::new(ManualClock::new(1)), None, &snap).unwrap();
     assert_eq!(r.stale_objects, vec!["orphan".to_string()]);
     assert_eq!(r.master.segments().len(), 1);
@@ -403,4 +392,48 @@ fn a_detached_disk_is_journaled_so_a_new_leader_does_not_attach_it_again() {
         (0, false)
     );
     assert_eq!(rec.spec.size, SEG);
+}
+
+/// A record of `key` on `s0`'s mount `mount` at `offset` (alignment units), 100 bytes.
+fn record_at(key: &str, mount: u64, offset: u64) -> ObjectRecord {
+    ObjectRecord {
+        key: key.into(),
+        length: 100,
+        client: client(7),
+        soft_pin: false,
+        hard_pin: false,
+        replicas: vec![ReplicaRecord {
+            segment: "s0".into(),
+            mount,
+            offset,
+        }],
+    }
+}
+
+#[test]
+fn records_that_clash_are_stale_and_keep_no_space() {
+    let (_, j, _) = journaled_with_s0(SEG);
+    let mut snap = j.snapshot();
+    let mount = snap.segments[0].mount;
+    let too_long = "k".repeat(small_config().max_key_bytes + 1);
+    snap.objects = vec![
+        record_at("a", mount, 0),
+        // The same key again, elsewhere: the first record's object stays.
+        record_at("a", mount, 10),
+        // A range another record holds already.
+        record_at("b", mount, 0),
+        // A key the master refuses.
+        record_at(&too_long, mount, 20),
+        record_at("c", mount, 30),
+    ];
+    let r = Master::restore(small_config(), Arc::new(ManualClock::new(1)), None, &snap).unwrap();
+    assert_eq!(r.stale_objects, vec!["b".to_string(), too_long]);
+    let m = r.master;
+    assert_eq!(m.stats().keys, 2);
+    let at = |key: &str| m.get_replicas(key).unwrap().replicas[0].address;
+    let base = 0x1000_0000;
+    assert_eq!(at("a"), base, "the first record of a key wins");
+    assert_eq!(at("c"), base + 30 * 64);
+    // Only what the two objects hold stays allocated: two 100-byte values in 64-byte units.
+    assert_eq!(m.stats().allocated_bytes, 2 * 128);
 }

@@ -236,6 +236,17 @@ impl ShardGuard<'_> {
         idx
     }
 
+    /// Inserts `obj` unless its key is present (then hands it back).
+    fn insert_new(&mut self, hash: u64, obj: Object, master: &Master) -> Result<u32, Box<Object>> {
+        let idx = self.inner.insert_new(hash, obj, |k| master.hash_bytes(k))?;
+        self.len.store(self.inner.len(), Ordering::Relaxed);
+        Ok(idx)
+    }
+
+    fn reserve(&mut self, n: usize, master: &Master) {
+        self.inner.reserve(n, |k| master.hash_bytes(k));
+    }
+
     fn remove(&mut self, hash: u64, idx: u32) -> Object {
         let obj = self.inner.remove(hash, idx);
         self.len.store(self.inner.len(), Ordering::Relaxed);

@@ -423,6 +423,30 @@ impl ShardInner {
 
     /// Inserts an object whose key is not present; `hash_of` rehashes keys on growth.
     pub(crate) fn insert(&mut self, hash: u64, obj: Object, hash_of: impl Fn(&[u8]) -> u64) -> u32 {
+        match self.insert_new(hash, obj, hash_of) {
+            Ok(idx) => idx,
+            Err(_) => unreachable!("insert of a key present"),
+        }
+    }
+
+    /// Inserts `obj` unless its key is present (then hands it back): one probe of the
+    /// table for both the look and the insert.
+    pub(crate) fn insert_new(
+        &mut self,
+        hash: u64,
+        obj: Object,
+        hash_of: impl Fn(&[u8]) -> u64,
+    ) -> Result<u32, Box<Object>> {
+        let slots = &self.slots;
+        let live = |i: u32| slots[i as usize].as_ref().expect("live slot");
+        let entry = self.table.entry(
+            hash,
+            |&i| live(i).key.as_bytes() == obj.key.as_bytes(),
+            |&i| hash_of(live(i).key.as_bytes()),
+        );
+        let hashbrown::hash_table::Entry::Vacant(vacant) = entry else {
+            return Err(Box::new(obj));
+        };
         let processing = !obj.is_complete();
         let idx = match self.spare.pop() {
             Some(i) => {
@@ -439,8 +463,19 @@ impl ShardInner {
                 (self.slots.len() - 1) as u32
             }
         };
+        vacant.insert(idx);
+        if processing {
+            self.processing.insert(idx);
+        }
+        Ok(idx)
+    }
+
+    /// Makes room for `n` more objects at once (a restore knows its count; growing a
+    /// quarter at a time would copy the slots over and over).
+    pub(crate) fn reserve(&mut self, n: usize, hash_of: impl Fn(&[u8]) -> u64) {
+        self.slots.reserve_exact(n.saturating_sub(self.spare.len()));
         let slots = &self.slots;
-        self.table.insert_unique(hash, idx, |&i| {
+        self.table.reserve(n, |&i| {
             hash_of(
                 slots[i as usize]
                     .as_ref()
@@ -449,10 +484,6 @@ impl ShardInner {
                     .as_bytes(),
             )
         });
-        if processing {
-            self.processing.insert(idx);
-        }
-        idx
     }
 
     /// Removes the object at `idx` (whose key hashes to `hash`) and returns it.

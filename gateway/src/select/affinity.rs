@@ -109,9 +109,10 @@ fn hash(bytes: &[u8]) -> u64 {
 /// A ring built for one worker set.
 #[derive(Debug)]
 struct Ring {
-    /// The set's workers by [`Worker::uid`], in set order: the ring is valid for a set
-    /// with exactly these.
-    members: Vec<u64>,
+    /// The set's workers, in set order: the ring is valid for a set with exactly these.
+    /// Held, so that no other worker can ever sit at one of their addresses: comparing
+    /// pointers is then exact, and checking a set of 10,000 reads no worker's memory.
+    members: Vec<Arc<Worker>>,
     /// (point, index into the set), sorted by point.
     points: Vec<(u64, u32)>,
 }
@@ -135,13 +136,14 @@ impl Ring {
                 .then_with(|| set[a.1 as usize].name().cmp(&set[b.1 as usize].name()))
         });
         Self {
-            members: set.iter().map(|w| w.uid()).collect(),
+            members: set.to_vec(),
             points,
         }
     }
 
     fn fits(&self, set: &[Arc<Worker>]) -> bool {
-        self.members.len() == set.len() && self.members.iter().zip(set).all(|(u, w)| *u == w.uid())
+        self.members.len() == set.len()
+            && self.members.iter().zip(set).all(|(m, w)| Arc::ptr_eq(m, w))
     }
 }
 

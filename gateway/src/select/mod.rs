@@ -43,6 +43,11 @@ use least_load::LeastLoad;
 use sglang::tokenizer::Tokenizer;
 use sticky::{Sticky, StickyConfig};
 
+/// Random draws from the whole worker set before `random`, `power_of_two` and
+/// `consistent_hashing`'s fallback count the candidates instead (`Policy::pick_sampled`):
+/// with half the set unable to take a request, 8 draws all miss one time in 256.
+const SAMPLE_DRAWS: usize = 8;
+
 /// A load-balancing policy with its state (the round-robin cursor, the prefix trees).
 #[derive(Debug)]
 pub struct Policy {
@@ -264,6 +269,13 @@ impl Policy {
         {
             return pick;
         }
+        if let Some(pick) = self.pick_sampled(set, want) {
+            return Ok(Pick {
+                worker: pick.clone(),
+                prefill_tokens: 0,
+                prediction: None,
+            });
+        }
         let candidates = || set.iter().filter(|w| want.admits(w));
         let n = candidates().count();
         let mut prefill_tokens = 0;
@@ -353,6 +365,51 @@ impl Policy {
             Some(m) if !might_serve(m) => Err(NoWorker::UnknownModel(m.to_string())),
             _ => Err(NoWorker::NoneReady),
         }
+    }
+
+    /// The policies that need no view of every candidate, without counting them: at
+    /// 10,000 workers a count is a pass over every worker's state, hundreds of µs a
+    /// request.
+    /// - `random` and `power_of_two` draw from the whole set until they meet candidates
+    ///   (a draw kept only when it is a candidate is uniform over the candidates, as the
+    ///   exact path's is).
+    /// - `consistent_hashing` asks its ring.
+    ///
+    /// `round_robin` is not here: cycling over the candidates in order needs their
+    /// count (a turn taken over the whole set would give the candidate after a worker
+    /// that is down two turns in a row).
+    ///
+    /// `None`: take the exact path (no candidate met in `SAMPLE_DRAWS` draws, or another
+    /// policy).
+    fn pick_sampled<'s>(&self, set: &'s WorkerSet, want: &Want<'_>) -> Option<&'s Arc<Worker>> {
+        let draw = |not: Option<usize>| {
+            (0..SAMPLE_DRAWS).find_map(|_| {
+                let i = rand::random_range(0..set.len());
+                (Some(i) != not && want.admits(&set[i])).then_some(i)
+            })
+        };
+        match self.kind {
+            _ if set.is_empty() => None,
+            PolicyKind::Random => draw(None).map(|i| &set[i]),
+            PolicyKind::PowerOfTwo => Self::two_drawn(set, draw),
+            PolicyKind::ConsistentHashing => match (&self.ring, want.affinity.key) {
+                (Some(ring), Some(key)) => ring.pick(set, key, |w| want.admits(w)),
+                _ => Self::two_drawn(set, draw),
+            },
+            _ => None,
+        }
+    }
+
+    /// Of two distinct candidates drawn, the one with fewer requests in flight (a set of
+    /// one candidate goes to the exact path, which takes it).
+    fn two_drawn(
+        set: &WorkerSet,
+        draw: impl Fn(Option<usize>) -> Option<usize>,
+    ) -> Option<&Arc<Worker>> {
+        let a = draw(None)?;
+        let b = draw(Some(a))?;
+        let (x, y) = (&set[a], &set[b]);
+        Some(if y.load() < x.load() { y } else { x })
     }
 
     /// `manual`: the routing key's seat among `all` (not empty), else `cache_aware`'s
@@ -463,6 +520,34 @@ mod tests {
             .map(|_| p.select(&s, &want(Some("m"))).unwrap().id().to_string())
             .collect();
         assert_eq!(picks, vec![s[0].id(), s[2].id(), s[0].id(), s[2].id()]);
+    }
+
+    #[test]
+    fn drawn_picks_take_only_candidates_and_spread_evenly_over_them() {
+        // Two candidates among eight workers: most draws miss, and some picks go the
+        // exact way after eight misses in a row.
+        let s = set(8);
+        for w in &s[1..7] {
+            w.set_status(WorkerStatus::NotReady);
+        }
+        for kind in [
+            PolicyKind::Random,
+            PolicyKind::PowerOfTwo,
+            PolicyKind::ConsistentHashing,
+        ] {
+            let p = Policy::new(kind);
+            let mut first = 0;
+            for _ in 0..2_000 {
+                let w = p.select(&s, &want(Some("m"))).unwrap();
+                assert!(Arc::ptr_eq(&w, &s[0]) || Arc::ptr_eq(&w, &s[7]), "{kind:?}");
+                first += usize::from(Arc::ptr_eq(&w, &s[0]));
+            }
+            assert!((800..=1_200).contains(&first), "{kind:?}: {first} of 2000");
+        }
+        // One candidate: power_of_two's second draw cannot be met, the exact way takes it.
+        s[7].set_status(WorkerStatus::NotReady);
+        let p = Policy::new(PolicyKind::PowerOfTwo);
+        assert!(Arc::ptr_eq(&p.select(&s, &want(Some("m"))).unwrap(), &s[0]));
     }
 
     #[test]

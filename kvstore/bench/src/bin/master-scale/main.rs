@@ -17,10 +17,10 @@
 //!
 //! Rows are printed as they come and written to `--csv`; `--svg` draws them.
 //!
-//! Layout: [`journal`] (the takeover's in-memory log), the measurements here, [`plot`].
+//! Layout: [`journal`] (the takeover's in-memory log), the measurements here; the `curves`
+//! crate draws them.
 
 mod journal;
-mod plot;
 
 use std::alloc::System;
 use std::fmt::Write as _;
@@ -35,8 +35,8 @@ use kvmaster::master::{ClientId, Journal, ManualClock, ReplicateConfig, SegmentS
 use kvmaster::{Master, MasterConfig};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
+use curves::{Panel, Series};
 use journal::BenchJournal;
-use plot::{Panel, Series};
 
 /// Every allocation counted, so the master's heap per object is measured, not estimated.
 /// (The system allocator: `moongate` hosts the master on mimalloc, which `stats_alloc`
@@ -494,7 +494,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(path) = &args.svg
-        && let Err(e) = plot::write_svg(path, "objects held", &panels(&rows, threads))
+        && let Err(e) = curves::write_svg(path, "objects held", &panels(&rows, threads))
     {
         eprintln!("master-scale: {}: {e}", path.display());
         return ExitCode::FAILURE;

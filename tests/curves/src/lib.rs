@@ -1,6 +1,14 @@
-//! Curves as an SVG file: panels side by side, cost against scale on a log axis, one line
-//! per operation. Drawn by `plotters` (SVG backend, no font files: text is left to the
-//! viewer).
+//! The scale benches' figures: cost against scale as an SVG file of panels (two a row),
+//! the scale on a log axis, one line per policy or operation. Used by `master-scale`
+//! (store-bench) and `gateway-scale` (sim); each writes its rows as CSV beside it.
+//!
+//! Drawn by `plotters`' SVG backend with its naive text layout: no font library, the text
+//! is left to the viewer.
+//!
+//! # Layout
+//! - [`Series`] and [`Panel`]: what to draw.
+//! - [`write_svg`]: draws the panels to a file.
+//! - [`si`]: the axis labels (1k, 10M).
 
 use std::path::Path;
 
@@ -21,7 +29,8 @@ pub struct Panel {
     pub title: String,
     /// Label of the value axis.
     pub y_label: String,
-    /// Whether the value axis is logarithmic (costs that grow with scale) or linear from 0.
+    /// Whether the value axis is logarithmic (costs that grow with scale; the legend sits
+    /// upper left, where such curves leave room) or linear from 0 (legend middle right).
     pub log_y: bool,
     /// Its lines.
     pub series: Vec<Series>,
@@ -74,20 +83,33 @@ where
     if panel.log_y {
         let (y0, y1) = span(points().map(|p| p.1).filter(|&v| v > 0.0), (1.0, 10.0));
         let c = chart.build_cartesian_2d(x, (y0 / 2.0..y1 * 2.0).log_scale())?;
-        lines(c, x_label, panel, |v| v > 0.0)
+        lines(
+            c,
+            x_label,
+            panel,
+            |v| v > 0.0,
+            SeriesLabelPosition::UpperLeft,
+        )
     } else {
         let (_, y1) = span(points().map(|p| p.1), (0.0, 1.0));
         let c = chart.build_cartesian_2d(x, 0.0..y1 * 1.15)?;
-        lines(c, x_label, panel, |_| true)
+        lines(
+            c,
+            x_label,
+            panel,
+            |_| true,
+            SeriesLabelPosition::MiddleRight,
+        )
     }
 }
 
-/// Draws the mesh, `panel`'s lines (points where `keep` holds) and the legend.
+/// Draws the mesh, `panel`'s lines (points where `keep` holds) and the legend at `legend`.
 fn lines<'a, DB, Y>(
     mut c: ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, Y>>,
     x_label: &str,
     panel: &Panel,
     keep: fn(f64) -> bool,
+    legend: SeriesLabelPosition,
 ) -> Drawn
 where
     DB: DrawingBackend + 'a,
@@ -109,6 +131,7 @@ where
         c.draw_series(pts.map(|p| Circle::new(p, 3, style(i).filled())))?;
     }
     c.configure_series_labels()
+        .position(legend)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;

@@ -1,0 +1,60 @@
+//! `gateway-scale` as a user runs it, tiny: a row per policy and fleet size, every cost
+//! measured, and the SVG drawn with every policy named.
+
+use std::process::Command;
+
+#[test]
+fn gateway_scale_times_every_policy_at_every_fleet_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, svg) = (dir.path().join("g.csv"), dir.path().join("g.svg"));
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway-scale"))
+        .args([
+            "--max-workers",
+            "100",
+            "--picks",
+            "50",
+            "--warm",
+            "50",
+            "--csv",
+        ])
+        .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .expect("run gateway-scale");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let policies = [
+        "random",
+        "round_robin",
+        "power_of_two",
+        "cache_aware",
+        "kv_aware",
+        "consistent_hashing",
+        "manual",
+        "least_load",
+        "bucket",
+    ];
+    assert_eq!(rows.len(), 2 * policies.len(), "{text}");
+    for (policy, workers) in policies.iter().flat_map(|p| [(p, "10"), (p, "100")]) {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == *policy && r[1] == workers)
+            .unwrap_or_else(|| panic!("no {policy} at {workers} workers:\n{text}"));
+        let (mean, p99): (f64, f64) = (row[2].parse().unwrap(), row[3].parse().unwrap());
+        assert!(mean > 0.0 && p99 >= mean * 0.5, "{text}");
+    }
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    for p in policies {
+        assert!(drawn.contains(p), "no {p} in the plot");
+    }
+}

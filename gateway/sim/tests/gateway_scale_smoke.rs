@@ -1,25 +1,16 @@
 //! `gateway-scale` as a user runs it, tiny: a row per policy and fleet size, every cost
-//! measured, and the SVG drawn with every policy named.
+//! measured, and the SVG drawn with every policy named; a row per decade of the
+//! `kv_aware` index, drawn too.
 
 use std::process::Command;
 
 #[test]
 fn gateway_scale_times_every_policy_at_every_fleet_size() {
     let dir = tempfile::tempdir().unwrap();
-    let (csv, svg) = (dir.path().join("g.csv"), dir.path().join("g.svg"));
     let out = Command::new(env!("CARGO_BIN_EXE_gateway-scale"))
-        .args([
-            "--max-workers",
-            "100",
-            "--picks",
-            "50",
-            "--warm",
-            "50",
-            "--csv",
-        ])
-        .arg(&csv)
-        .arg("--svg")
-        .arg(&svg)
+        .args(["--max-workers", "100", "--picks", "50", "--warm", "50"])
+        .args(["--max-blocks", "10000", "--out"])
+        .arg(dir.path())
         .output()
         .expect("run gateway-scale");
     assert!(
@@ -27,7 +18,7 @@ fn gateway_scale_times_every_policy_at_every_fleet_size() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = std::fs::read_to_string(&csv).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("selection.csv")).unwrap();
     let rows: Vec<Vec<&str>> = text
         .lines()
         .skip(1)
@@ -53,8 +44,23 @@ fn gateway_scale_times_every_policy_at_every_fleet_size() {
         let (mean, p99): (f64, f64) = (row[2].parse().unwrap(), row[3].parse().unwrap());
         assert!(mean > 0.0 && p99 >= mean * 0.5, "{text}");
     }
-    let drawn = std::fs::read_to_string(&svg).unwrap();
+    let drawn = std::fs::read_to_string(dir.path().join("selection.svg")).unwrap();
     for p in policies {
         assert!(drawn.contains(p), "no {p} in the plot");
     }
+    let text = std::fs::read_to_string(dir.path().join("kv_index.csv")).unwrap();
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    // Whole events of 32 pages: 1,024 and 10,016 blocks.
+    assert_eq!((rows[0][0], rows[1][0]), (1_024.0, 10_016.0), "{text}");
+    for row in &rows {
+        assert!(row.iter().all(|v| *v > 0.0), "{text}");
+        assert!(row[1] < 1_000.0, "heap bytes per block: {text}");
+    }
+    let drawn = std::fs::read_to_string(dir.path().join("kv_index.svg")).unwrap();
+    assert!(drawn.contains("heap bytes per block") && drawn.contains("match, 32 pages"));
 }

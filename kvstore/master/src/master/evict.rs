@@ -245,25 +245,40 @@ impl Master {
             if want == 0 {
                 continue;
             }
+            let mut bytes = 0u64;
             let mut candidates: Vec<(u64, u32)> = shard
                 .indices()
-                .filter(|&i| evictable(shard.get(i), now, class))
-                .map(|i| (shard.get(i).lease_until, i))
+                .filter_map(|i| {
+                    let o = shard.get(i);
+                    evictable(o, now, class).then(|| {
+                        bytes += o.footprint();
+                        (o.lease_until, i)
+                    })
+                })
                 .collect();
-            candidates.sort_unstable();
-            let mut got = 0;
-            for (_, i) in candidates {
-                if got >= want {
-                    break;
+            // Only the oldest are taken: sort those (enough to free `want` at the
+            // candidates' mean size, and a margin), the rest only if they fall short.
+            let mut sorted = oldest_prefix(candidates.len(), want, bytes);
+            if sorted < candidates.len() {
+                candidates.select_nth_unstable(sorted);
+            }
+            candidates[..sorted].sort_unstable();
+            let (mut got, mut next) = (0, 0);
+            while got < want && next < candidates.len() {
+                if next == sorted {
+                    candidates[sorted..].sort_unstable();
+                    sorted = candidates.len();
                 }
+                let (_, i) = candidates[next];
+                next += 1;
                 report.evicted_objects += 1;
                 let o = shard.get_mut(i);
                 if o.has_disk_copy() {
                     got += self.drop_to_disk(o);
                     continue;
                 }
-                if let Some(bytes) = self.offload_on_evict(o) {
-                    got += bytes;
+                if let Some(offloaded) = self.offload_on_evict(o) {
+                    got += offloaded;
                     report.offloaded_objects += 1;
                     continue;
                 }
@@ -276,6 +291,19 @@ impl Master {
         }
         report.evicted_bytes += freed;
     }
+}
+
+/// How many of `n` candidates holding `bytes` in all to sort first when `want` bytes are
+/// to be freed: their share at the mean size, a quarter more and 16 over (objects differ
+/// in size), or all of them.
+fn oldest_prefix(n: usize, want: u64, bytes: u64) -> usize {
+    if bytes <= want {
+        return n;
+    }
+    let share = (u128::from(want) * n as u128).div_ceil(u128::from(bytes));
+    usize::try_from(share)
+        .map_or(n, |k| k.saturating_add(k / 4).saturating_add(16))
+        .min(n)
 }
 
 /// Eviction never takes an object with a live lease, a hard pin, an unfinished put, or

@@ -600,6 +600,29 @@ fn watermark_eviction_spares_leased_pinned_and_unfinished() {
 }
 
 #[test]
+fn eviction_takes_the_oldest_first_when_sizes_differ_from_the_mean() {
+    // The oldest 100 objects are small, the newest 100 large: freeing the small ones and
+    // three large ones takes far more objects than the mean size suggests, so the round
+    // orders the candidates beyond the oldest it sorted first.
+    let (m, clock) = master_with(MasterConfig {
+        shards: 1,
+        ..small_config()
+    });
+    m.mount_segment(client(1), spec("s0", 0, 4 << 20)).unwrap();
+    for i in 0..200 {
+        put(&m, &format!("k{i:03}"), if i < 100 { 64 } else { 16 << 10 });
+        clock.advance(1);
+    }
+    let target = 100 * 64 + 3 * (16 << 10);
+    let r = m.evict(target, target);
+    assert_eq!(r.evicted_objects, 103, "{r:?}");
+    for i in 0..200 {
+        let key = format!("k{i:03}");
+        assert_eq!(m.object(&key).is_ok(), i >= 103, "{key}");
+    }
+}
+
+#[test]
 fn soft_pinned_objects_go_only_in_the_second_pass() {
     let (m, _) = master_with(small_config());
     m.mount_segment(client(1), spec("s0", 0, 10 * 1024))

@@ -10,9 +10,18 @@
 //!   scores as its `cache_aware` fallback does.
 //! - Requests carry a ~1 KiB chat prompt and a routing key.
 //!
-//! Each cell reports the mean and p99 of `--picks` picks. Rows print as they come, and go
-//! to `--csv`; `--svg` draws them.
+//! Each cell reports the mean and p99 of `--picks` picks.
+//!
+//! Then the `kv_aware` index from 1,000 to `--max-blocks` cached blocks (10 M by default):
+//! heap bytes per block (every allocation counted), block events taken in a second, and
+//! the cost of matching a 32-page prompt (see `index`).
+//!
+//! Rows print as they come. With `--out DIR` they go to `selection.csv` and
+//! `kv_index.csv` there, each drawn beside it as an SVG.
 
+mod index;
+
+use std::alloc::System;
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -29,7 +38,12 @@ use gateway::select::{Policy, Want};
 use gateway::workers::registry::WorkerSet;
 use gateway::workers::{DEFAULT_PRIORITY, Worker, WorkerSpec, WorkerUrl};
 use openapi::workers::{WorkerStatus, WorkerType};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio_util::sync::CancellationToken;
+
+/// Every allocation counted, for the index's heap bytes per block.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 #[derive(Parser, Debug)]
 #[command(about = "What choosing a worker costs as the fleet grows, per policy")]
@@ -43,12 +57,13 @@ struct Args {
     /// Earlier requests warming the prefix policies' trees.
     #[arg(long, default_value_t = 2_000)]
     warm: usize,
-    /// CSV of the rows.
+    /// Cached blocks in the `kv_aware` index at the last step (decades from 1,000; below
+    /// 1,000 the index is not measured).
+    #[arg(long, default_value_t = 10_000_000)]
+    max_blocks: u64,
+    /// Directory of the CSV files and their SVG plots.
     #[arg(long)]
-    csv: Option<PathBuf>,
-    /// SVG plot of the rows.
-    #[arg(long)]
-    svg: Option<PathBuf>,
+    out: Option<PathBuf>,
 }
 
 /// `n` ready regular workers serving model `m`.
@@ -197,33 +212,85 @@ fn panels(cells: &[Cell]) -> Vec<curves::Panel> {
     ]
 }
 
+/// Writes `text` to `dir/name`.
+fn write(dir: &std::path::Path, name: &str, text: &str) -> Result<(), String> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The curves of the index rows.
+fn index_panels(rows: &[index::IndexRow]) -> Vec<curves::Panel> {
+    let line = |name: &str, f: fn(&index::IndexRow) -> f64| curves::Series {
+        name: name.into(),
+        points: rows.iter().map(|r| (r.blocks as f64, f(r))).collect(),
+    };
+    vec![
+        curves::Panel {
+            title: "kv_aware index: memory".into(),
+            y_label: "bytes per cached block".into(),
+            log_y: false,
+            series: vec![line("heap bytes per block", |r| r.heap_bytes_per_block)],
+        },
+        curves::Panel {
+            title: "kv_aware index: time".into(),
+            y_label: "ns".into(),
+            log_y: true,
+            series: vec![
+                line("match, 32 pages: mean", |r| r.match_mean_ns),
+                line("match, 32 pages: p99", |r| r.match_p99_ns),
+                line("ingest, per block", |r| 1e9 / r.ingest_blocks_per_s),
+            ],
+        },
+    ]
+}
+
+fn run_all(args: &Args) -> Result<(), String> {
+    let cells = run(args)?;
+    let region = Region::new(GLOBAL);
+    let live = || {
+        let c = region.change();
+        c.bytes_allocated as i64 - c.bytes_deallocated as i64
+    };
+    let rows = if args.max_blocks >= 1_000 {
+        index::measure(args.max_blocks, args.picks, live)
+    } else {
+        Vec::new()
+    };
+    let Some(dir) = &args.out else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut text = format!("{HEADER}\n");
+    for c in &cells {
+        text.push_str(&format!(
+            "{},{},{:.0},{:.0}\n",
+            c.policy, c.workers, c.mean_ns, c.p99_ns
+        ));
+    }
+    write(dir, "selection.csv", &text)?;
+    let svg = dir.join("selection.svg");
+    curves::write_svg(&svg, "workers", &panels(&cells))
+        .map_err(|e| format!("{}: {e}", svg.display()))?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut text = format!("{}\n", index::HEADER);
+    for r in &rows {
+        text.push_str(&r.csv());
+        text.push('\n');
+    }
+    write(dir, "kv_index.csv", &text)?;
+    let svg = dir.join("kv_index.svg");
+    curves::write_svg(&svg, "cached blocks", &index_panels(&rows))
+        .map_err(|e| format!("{}: {e}", svg.display()))
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let cells = match run(&args) {
-        Ok(cells) => cells,
+    match run_all(&Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gateway-scale: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Some(path) = &args.csv {
-        let mut out = format!("{HEADER}\n");
-        for c in &cells {
-            out.push_str(&format!(
-                "{},{},{:.0},{:.0}\n",
-                c.policy, c.workers, c.mean_ns, c.p99_ns
-            ));
-        }
-        if let Err(e) = std::fs::write(path, out) {
-            eprintln!("gateway-scale: {}: {e}", path.display());
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
     }
-    if let Some(path) = &args.svg
-        && let Err(e) = curves::write_svg(path, "workers", &panels(&cells))
-    {
-        eprintln!("gateway-scale: {}: {e}", path.display());
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
 }

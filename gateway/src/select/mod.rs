@@ -11,6 +11,7 @@
 //! - [`namespace`]: cache namespaces (LoRA adapter, `cache_salt`, `extra_key`) scoping
 //!   the prompt keys, so no two namespaces share a prefix.
 //! - [`sticky`]: the `manual` policy's table of sticky sessions (routing key -> worker).
+//! - [`turns`]: the `round_robin` policy's kept list of candidates.
 //! - [`cache_aware`]: the `cache_aware` policy (prefix affinity with load balancing).
 //! - [`tree`]: its approximate radix tree of prompt keys.
 //! - [`kv_aware`]: the `kv_aware` policy (the workers' real caches, from their KV events).
@@ -27,6 +28,7 @@ pub mod namespace;
 pub mod responses;
 pub mod sticky;
 pub mod tree;
+pub mod turns;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,6 +61,8 @@ pub struct Policy {
     ring: Option<HashRing>,
     /// `manual`'s sticky sessions.
     sticky: Option<Sticky>,
+    /// `round_robin`'s kept list of candidates.
+    turns: turns::Turns,
     /// `least_load`'s scoring.
     least: Option<LeastLoad>,
     /// `bucket`'s ranges.
@@ -174,6 +178,7 @@ impl Policy {
             kv: (kind == PolicyKind::KvAware).then(|| KvAware::new(kv)),
             ring: (kind == PolicyKind::ConsistentHashing).then(HashRing::default),
             sticky: (kind == PolicyKind::Manual).then(|| Sticky::new(StickyConfig::default())),
+            turns: turns::Turns::default(),
             least: (kind == PolicyKind::LeastLoad).then(LeastLoad::default),
             bucket: (kind == PolicyKind::Bucket).then(|| Bucket::new(balance.0, balance.1)),
             routing: RoutingKey::default(),
@@ -269,7 +274,8 @@ impl Policy {
         {
             return pick;
         }
-        if let Some(pick) = self.pick_sampled(set, want) {
+        let mut turn = None;
+        if let Some(pick) = self.pick_sampled(set, want, &mut turn) {
             return Ok(Pick {
                 worker: pick.clone(),
                 prefill_tokens: 0,
@@ -286,7 +292,8 @@ impl Policy {
             _ => match self.kind {
                 PolicyKind::Random => candidates().nth(rand::random_range(0..n)),
                 PolicyKind::RoundRobin => {
-                    candidates().nth(self.cursor.fetch_add(1, Ordering::Relaxed) % n)
+                    let turn = turn.unwrap_or_else(|| self.cursor.fetch_add(1, Ordering::Relaxed));
+                    candidates().nth(turn % n)
                 }
                 PolicyKind::PowerOfTwo => Self::power_of_two(n, candidates),
                 PolicyKind::CacheAware => match &self.cache {
@@ -373,15 +380,18 @@ impl Policy {
     /// - `random` and `power_of_two` draw from the whole set until they meet candidates
     ///   (a draw kept only when it is a candidate is uniform over the candidates, as the
     ///   exact path's is).
+    /// - `round_robin` takes its turn from the candidates' positions it keeps
+    ///   ([`turns`]); `turn` says which turn, for the exact path when it has none.
     /// - `consistent_hashing` asks its ring.
-    ///
-    /// `round_robin` is not here: cycling over the candidates in order needs their
-    /// count (a turn taken over the whole set would give the candidate after a worker
-    /// that is down two turns in a row).
     ///
     /// `None`: take the exact path (no candidate met in `SAMPLE_DRAWS` draws, or another
     /// policy).
-    fn pick_sampled<'s>(&self, set: &'s WorkerSet, want: &Want<'_>) -> Option<&'s Arc<Worker>> {
+    fn pick_sampled<'s>(
+        &self,
+        set: &'s WorkerSet,
+        want: &Want<'_>,
+        turn: &mut Option<usize>,
+    ) -> Option<&'s Arc<Worker>> {
         let draw = |not: Option<usize>| {
             (0..SAMPLE_DRAWS).find_map(|_| {
                 let i = rand::random_range(0..set.len());
@@ -391,6 +401,11 @@ impl Policy {
         match self.kind {
             _ if set.is_empty() => None,
             PolicyKind::Random => draw(None).map(|i| &set[i]),
+            PolicyKind::RoundRobin => {
+                let t = self.cursor.fetch_add(1, Ordering::Relaxed);
+                *turn = Some(t);
+                self.turns.pick(set, want, t)
+            }
             PolicyKind::PowerOfTwo => Self::two_drawn(set, draw),
             PolicyKind::ConsistentHashing => match (&self.ring, want.affinity.key) {
                 (Some(ring), Some(key)) => ring.pick(set, key, |w| want.admits(w)),

@@ -228,6 +228,7 @@ impl Breaker {
             g.successes = 0;
             g.trials = 0;
             self.state.store(HALF_OPEN, Ordering::Release);
+            crate::bump_epoch();
         }
     }
 
@@ -241,6 +242,7 @@ impl Breaker {
         g.streak_started = None;
         self.streak.store(0, Ordering::Relaxed);
         self.state.store(OPEN, Ordering::Release);
+        crate::bump_epoch();
     }
 
     fn close(&self, g: &mut Inner) {
@@ -249,7 +251,9 @@ impl Breaker {
         g.streak_started = None;
         g.opened_at = None;
         self.streak.store(0, Ordering::Relaxed);
-        self.state.store(CLOSED, Ordering::Release);
+        if self.state.swap(CLOSED, Ordering::AcqRel) != CLOSED {
+            crate::bump_epoch();
+        }
     }
 
     /// The current state.

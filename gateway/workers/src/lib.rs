@@ -298,6 +298,7 @@ impl Worker {
     /// Records the served model (discovery).
     pub fn set_model(&self, model: String) {
         self.model.store(Some(Arc::new(model)));
+        bump_epoch();
     }
 
     /// Whether this worker can serve `model` (`None`: any). A worker whose model is not
@@ -325,7 +326,9 @@ impl Worker {
             WorkerStatus::Ready => READY,
             WorkerStatus::NotReady => NOT_READY,
         };
-        self.status.store(v, Ordering::Release);
+        if self.status.swap(v, Ordering::AcqRel) != v {
+            bump_epoch();
+        }
     }
 
     /// Ready and not draining: may take a new request.
@@ -451,6 +454,7 @@ impl Worker {
     /// Marks the worker draining and waits until nothing is in flight.
     pub async fn drain(&self) {
         self.draining.store(true, Ordering::Release);
+        bump_epoch();
         while self.in_flight.load(Ordering::Acquire) > 0 {
             let notified = self.drained.notified();
             if self.in_flight.load(Ordering::Acquire) == 0 {
@@ -577,6 +581,23 @@ impl Drop for LoadGuard {
             self.worker.drained.notify_one();
         }
     }
+}
+
+/// Changes of any worker's state that decide whether it may take a request.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// A number that changes whenever any worker of this process changes in a way that can
+/// change whether it takes requests: its status, model, draining, or an explicit circuit
+/// breaker transition. (A breaker whose open period simply ran out becomes half-open when
+/// next asked, without a change here.) What a selection keeps between requests (the
+/// `round_robin` candidates) is valid while this stays the same.
+pub fn state_epoch() -> u64 {
+    EPOCH.load(Ordering::Acquire)
+}
+
+/// Notes a change for [`state_epoch`].
+pub(crate) fn bump_epoch() {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Workers for tests (cargo feature `testing`; always in this crate's own tests).

@@ -64,3 +64,14 @@ fn gateway_scale_times_every_policy_at_every_fleet_size() {
     let drawn = std::fs::read_to_string(dir.path().join("kv_index.svg")).unwrap();
     assert!(drawn.contains("heap bytes per block") && drawn.contains("match, 32 pages"));
 }
+
+#[test]
+fn gateway_scale_refuses_a_fleet_too_small_to_measure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway-scale"))
+        .args(["--max-workers", "9"])
+        .output()
+        .expect("run gateway-scale");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-workers must be at least 10"), "{err}");
+}

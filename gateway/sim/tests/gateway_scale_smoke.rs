@@ -4,12 +4,26 @@
 
 use std::process::Command;
 
+/// The rows of a CSV of numbers, its header left out.
+fn numeric_rows(text: &str) -> Vec<Vec<f64>> {
+    text.lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect()
+}
+
 #[test]
 fn gateway_scale_times_every_policy_at_every_fleet_size() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gateway-scale"))
         .args(["--max-workers", "100", "--picks", "50", "--warm", "50"])
-        .args(["--max-blocks", "10000", "--out"])
+        .args([
+            "--max-blocks",
+            "10000",
+            "--max-tree-bytes",
+            "10000000",
+            "--out",
+        ])
         .arg(dir.path())
         .output()
         .expect("run gateway-scale");
@@ -49,11 +63,7 @@ fn gateway_scale_times_every_policy_at_every_fleet_size() {
         assert!(drawn.contains(p), "no {p} in the plot");
     }
     let text = std::fs::read_to_string(dir.path().join("kv_index.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = text
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
-        .collect();
+    let rows = numeric_rows(&text);
     assert_eq!(rows.len(), 2, "{text}");
     // Whole events of 32 pages: 1,024 and 10,016 blocks.
     assert_eq!((rows[0][0], rows[1][0]), (1_024.0, 10_016.0), "{text}");
@@ -63,6 +73,14 @@ fn gateway_scale_times_every_policy_at_every_fleet_size() {
     }
     let drawn = std::fs::read_to_string(dir.path().join("kv_index.svg")).unwrap();
     assert!(drawn.contains("heap bytes per block") && drawn.contains("match, 32 pages"));
+    let text = std::fs::read_to_string(dir.path().join("tree.csv")).unwrap();
+    let rows = numeric_rows(&text);
+    assert_eq!(rows.len(), 2, "{text}");
+    for (row, at_least) in rows.iter().zip([1e6, 1e7]) {
+        assert!(row[0] >= at_least && row.iter().all(|v| *v > 0.0), "{text}");
+    }
+    let drawn = std::fs::read_to_string(dir.path().join("tree.svg")).unwrap();
+    assert!(drawn.contains("heap bytes per prompt byte"));
 }
 
 #[test]

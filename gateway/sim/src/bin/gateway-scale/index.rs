@@ -96,16 +96,13 @@ pub fn measure(max_blocks: u64, matches: usize, live: impl Fn() -> i64) -> Vec<I
             black_box(ix.overlap(&hashes, u64::MAX, MAX_SLOTS, |_| 0));
             lat.push(t.elapsed().as_nanos() as f64);
         }
-        lat.sort_by(f64::total_cmp);
+        let (match_mean_ns, match_p99_ns) = crate::mean_and_p99(&mut lat);
         let row = IndexRow {
             blocks,
             heap_bytes_per_block: heap as f64 / blocks as f64,
             ingest_blocks_per_s: (added * PAGES) as f64 / took.max(f64::MIN_POSITIVE),
-            match_mean_ns: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
-            match_p99_ns: lat
-                .get(((lat.len().max(1) - 1) as f64 * 0.99).round() as usize)
-                .copied()
-                .unwrap_or(0.0),
+            match_mean_ns,
+            match_p99_ns,
         };
         println!("{}", row.csv());
         rows.push(row);

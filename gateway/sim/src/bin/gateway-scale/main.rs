@@ -16,10 +16,14 @@
 //! heap bytes per block (every allocation counted), block events taken in a second, and
 //! the cost of matching a 32-page prompt (see `index`).
 //!
-//! Rows print as they come. With `--out DIR` they go to `selection.csv` and
-//! `kv_index.csv` there, each drawn beside it as an SVG.
+//! Then the `cache_aware` tree from 1 MB to `--max-tree-bytes` of prompts sent (1 GB by
+//! default): heap bytes per prompt byte and the cost of a match (see `tree`).
+//!
+//! Rows print as they come. With `--out DIR` they go to `selection.csv`, `kv_index.csv`
+//! and `tree.csv` there, each drawn beside it as an SVG.
 
 mod index;
+mod tree;
 
 use std::alloc::System;
 use std::collections::BTreeMap;
@@ -61,6 +65,10 @@ struct Args {
     /// 1,000 the index is not measured).
     #[arg(long, default_value_t = 10_000_000)]
     max_blocks: u64,
+    /// Prompt bytes sent to the `cache_aware` tree at the last step (decades from 1 MB;
+    /// below 1 MB the tree is not measured).
+    #[arg(long, default_value_t = 1_000_000_000)]
+    max_tree_bytes: u64,
     /// Directory of the CSV files and their SVG plots.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -116,6 +124,16 @@ struct Cell {
     p99_ns: f64,
 }
 
+impl Cell {
+    /// Its CSV line.
+    fn csv(&self) -> String {
+        format!(
+            "{},{},{:.0},{:.0}",
+            self.policy, self.workers, self.mean_ns, self.p99_ns
+        )
+    }
+}
+
 fn measure(kind: PolicyKind, set: &WorkerSet, args: &Args) -> Result<Cell, String> {
     let policy = Policy::new(kind);
     let requests: Vec<(Vec<u8>, String)> = (0..args.warm + args.picks)
@@ -146,9 +164,7 @@ fn measure(kind: PolicyKind, set: &WorkerSet, args: &Args) -> Result<Cell, Strin
         took.push(t.elapsed().as_nanos() as f64);
         black_box(pick.map_err(|e| format!("{kind:?}: {e:?}"))?);
     }
-    let mean_ns = took.iter().sum::<f64>() / took.len() as f64;
-    took.sort_by(f64::total_cmp);
-    let p99_ns = took[((took.len() - 1) as f64 * 0.99).round() as usize];
+    let (mean_ns, p99_ns) = mean_and_p99(&mut took);
     Ok(Cell {
         policy: kind
             .to_possible_value()
@@ -172,10 +188,7 @@ fn run(args: &Args) -> Result<Vec<Cell>, String> {
         let set = workers(n);
         for &kind in PolicyKind::value_variants() {
             let cell = measure(kind, &set, args)?;
-            println!(
-                "{},{},{:.0},{:.0}",
-                cell.policy, cell.workers, cell.mean_ns, cell.p99_ns
-            );
+            println!("{}", cell.csv());
             cells.push(cell);
         }
         n = n.saturating_mul(10);
@@ -212,10 +225,40 @@ fn panels(cells: &[Cell]) -> Vec<curves::Panel> {
     ]
 }
 
-/// Writes `text` to `dir/name`.
-fn write(dir: &std::path::Path, name: &str, text: &str) -> Result<(), String> {
-    let path = dir.join(name);
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+/// The mean and the 99th percentile of `ns` (sorted in place; 0 for none).
+pub(crate) fn mean_and_p99(ns: &mut [f64]) -> (f64, f64) {
+    if ns.is_empty() {
+        return (0.0, 0.0);
+    }
+    ns.sort_by(f64::total_cmp);
+    let mean = ns.iter().sum::<f64>() / ns.len() as f64;
+    (mean, ns[((ns.len() - 1) as f64 * 0.99).round() as usize])
+}
+
+/// Writes `header` and `lines` to `dir/<name>.csv`, and `panels` against `x_label` to
+/// `dir/<name>.svg`; nothing for no lines.
+fn emit(
+    dir: &std::path::Path,
+    name: &str,
+    header: &str,
+    lines: impl Iterator<Item = String>,
+    x_label: &str,
+    panels: Vec<curves::Panel>,
+) -> Result<(), String> {
+    let mut text = format!("{header}\n");
+    let mut any = false;
+    for l in lines {
+        text.push_str(&l);
+        text.push('\n');
+        any = true;
+    }
+    if !any {
+        return Ok(());
+    }
+    let csv = dir.join(format!("{name}.csv"));
+    std::fs::write(&csv, text).map_err(|e| format!("{}: {e}", csv.display()))?;
+    let svg = dir.join(format!("{name}.svg"));
+    curves::write_svg(&svg, x_label, &panels).map_err(|e| format!("{}: {e}", svg.display()))
 }
 
 /// The curves of the index rows.
@@ -244,6 +287,33 @@ fn index_panels(rows: &[index::IndexRow]) -> Vec<curves::Panel> {
     ]
 }
 
+/// The curves of the tree rows.
+fn tree_panels(rows: &[tree::TreeRow]) -> Vec<curves::Panel> {
+    let line = |name: &str, f: fn(&tree::TreeRow) -> f64| curves::Series {
+        name: name.into(),
+        points: rows.iter().map(|r| (r.prompt_bytes as f64, f(r))).collect(),
+    };
+    vec![
+        curves::Panel {
+            title: "cache_aware tree: memory".into(),
+            y_label: "heap bytes per prompt byte".into(),
+            log_y: false,
+            series: vec![line("heap bytes per prompt byte", |r| {
+                r.heap_bytes_per_prompt_byte
+            })],
+        },
+        curves::Panel {
+            title: "cache_aware tree: match".into(),
+            y_label: "ns".into(),
+            log_y: true,
+            series: vec![
+                line("match, 2 KiB prompt: mean", |r| r.match_mean_ns),
+                line("match, 2 KiB prompt: p99", |r| r.match_p99_ns),
+            ],
+        },
+    ]
+}
+
 fn run_all(args: &Args) -> Result<(), String> {
     let cells = run(args)?;
     let region = Region::new(GLOBAL);
@@ -256,33 +326,39 @@ fn run_all(args: &Args) -> Result<(), String> {
     } else {
         Vec::new()
     };
+    let trees = if args.max_tree_bytes >= 1_000_000 {
+        tree::measure(args.max_tree_bytes, args.picks, live)
+    } else {
+        Vec::new()
+    };
     let Some(dir) = &args.out else {
         return Ok(());
     };
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut text = format!("{HEADER}\n");
-    for c in &cells {
-        text.push_str(&format!(
-            "{},{},{:.0},{:.0}\n",
-            c.policy, c.workers, c.mean_ns, c.p99_ns
-        ));
-    }
-    write(dir, "selection.csv", &text)?;
-    let svg = dir.join("selection.svg");
-    curves::write_svg(&svg, "workers", &panels(&cells))
-        .map_err(|e| format!("{}: {e}", svg.display()))?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut text = format!("{}\n", index::HEADER);
-    for r in &rows {
-        text.push_str(&r.csv());
-        text.push('\n');
-    }
-    write(dir, "kv_index.csv", &text)?;
-    let svg = dir.join("kv_index.svg");
-    curves::write_svg(&svg, "cached blocks", &index_panels(&rows))
-        .map_err(|e| format!("{}: {e}", svg.display()))
+    emit(
+        dir,
+        "selection",
+        HEADER,
+        cells.iter().map(Cell::csv),
+        "workers",
+        panels(&cells),
+    )?;
+    emit(
+        dir,
+        "kv_index",
+        index::HEADER,
+        rows.iter().map(index::IndexRow::csv),
+        "cached blocks",
+        index_panels(&rows),
+    )?;
+    emit(
+        dir,
+        "tree",
+        tree::HEADER,
+        trees.iter().map(tree::TreeRow::csv),
+        "prompt bytes sent",
+        tree_panels(&trees),
+    )
 }
 
 fn main() -> ExitCode {

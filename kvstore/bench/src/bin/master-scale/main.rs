@@ -82,6 +82,14 @@ struct Args {
     master: MasterConfig,
 }
 
+impl Args {
+    /// Threads of the all-core rate: `--threads`, or the cores of this machine.
+    fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
 /// What one decade measured.
 #[derive(Default, Clone)]
 struct Row {
@@ -330,9 +338,6 @@ fn takeover(config: &MasterConfig, journal: &BenchJournal) -> Result<(f64, f64, 
         let t = Instant::now();
         let report = m.evict(target, target / 2);
         let evict_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        drop(m);
-        black_box(t.elapsed());
         Ok((restore_ms, evict_ms, report.evicted_objects))
     })
 }
@@ -342,9 +347,7 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         return Err("--max must be at least 1000; --segments, --clients, --samples above 0".into());
     }
     args.master.validate().map_err(|e| e.to_string())?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads();
     let m = Master::with_clock(args.master.clone(), Arc::new(ManualClock::new(1_000)))
         .map_err(|e| e.to_string())?;
     mount(&m, args)?;
@@ -479,9 +482,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads();
     if let Some(path) = &args.csv {
         let mut out = format!("{HEADER}\n");
         for r in &rows {

@@ -196,6 +196,15 @@ impl crate::select::kv_aware::store::StoreSource for HostedMaster {
     fn master(&self) -> Option<Arc<Master>> {
         self.current()
     }
+
+    fn role(&self) -> (&'static str, Option<String>) {
+        #[cfg(feature = "etcd")]
+        if let Some(node) = &self.ha {
+            let s = node.status();
+            return (s.role.as_str(), s.leader_url);
+        }
+        ("alone", None)
+    }
 }
 
 /// `moongate master`'s routes and the document it serves: the master behind `auth`'s keys,

@@ -5,7 +5,8 @@
 //! recording a request is two atomic operations and no lookup. Per-worker series
 //! (`moongate_gateway_worker_*`: in flight, ready, failures, circuit breaker) are written
 //! from the registry when `/metrics` is scraped, so a removed worker's series disappear
-//! with it (they are not kept by the recorder).
+//! with it (they are not kept by the recorder). Routing decisions are counted in
+//! [`decisions`], which the console reads too, and handed to the recorder the same way.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -15,7 +16,13 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use openapi::workers::CircuitState;
 
-use crate::outcome::{Decision, KvDecision, PdFailure, PdPath, PdSide, StickyDecision};
+pub mod decisions;
+
+pub use decisions::{
+    cache_aware_decision, kv_aware_decision, kv_aware_tokens, pd_path, sticky_decision, tallies,
+};
+
+use crate::outcome::{PdFailure, PdSide};
 use crate::workers::Registry;
 
 /// Request duration buckets (seconds, to the response head).
@@ -81,8 +88,8 @@ pub enum Route {
     Workers,
     /// `/health`, `/liveness`, `/readiness`, `/health_generate`.
     Health,
-    /// `/metrics`, and what asks every worker: `/flush_cache`, `/get_loads`,
-    /// `/engine_metrics`.
+    /// `/metrics`, the console (`/console`, `/cluster`), and what asks every worker:
+    /// `/flush_cache`, `/get_loads`, `/engine_metrics`.
     Ops,
     /// The hosted KV master: `/api/v1/...`, `/metadata`.
     Master,
@@ -144,7 +151,9 @@ impl Route {
             | gw::GetLoads::PATH
             | gw::EngineMetrics::PATH
             | gw::StartProfile::PATH
-            | gw::StopProfile::PATH => Self::Ops,
+            | gw::StopProfile::PATH
+            | gw::Cluster::PATH
+            | gw::Console::PATH => Self::Ops,
             master::GetMetadata::PATH => Self::Master,
             docs::OpenapiJsonAlias::PATH | docs::SwaggerUiRoot::PATH => Self::Docs,
             p if p == "/workers" || p.starts_with("/workers/") => Self::Workers,
@@ -261,48 +270,6 @@ pub fn tenant_request(tenant: &str, outcome: &'static str) {
         .increment(1);
 }
 
-/// Records one `cache_aware` decision.
-#[inline]
-pub fn cache_aware_decision(d: Decision) {
-    static C: [OnceLock<Counter>; 4] = [const { OnceLock::new() }; 4];
-    C[d as usize]
-        .get_or_init(|| {
-            metrics::counter!("moongate_gateway_cache_aware_decisions_total", "decision" => d.as_str())
-        })
-        .increment(1);
-}
-
-/// Records one `kv_aware` decision.
-#[inline]
-pub fn kv_aware_decision(d: KvDecision) {
-    static C: [OnceLock<Counter>; 3] = [const { OnceLock::new() }; 3];
-    C[d as usize]
-        .get_or_init(|| {
-            metrics::counter!("moongate_gateway_kv_aware_decisions_total", "decision" => d.as_str())
-        })
-        .increment(1);
-}
-
-/// Records one `manual` (sticky session) decision.
-#[inline]
-pub fn sticky_decision(d: StickyDecision) {
-    static C: [OnceLock<Counter>; 4] = [const { OnceLock::new() }; 4];
-    C[d as usize]
-        .get_or_init(|| {
-            metrics::counter!("moongate_gateway_sticky_decisions_total", "decision" => d.as_str())
-        })
-        .increment(1);
-}
-
-/// Records what the PD router did with one request (disaggregated or decode alone).
-#[inline]
-pub fn pd_path(p: PdPath) {
-    static C: [OnceLock<Counter>; 3] = [const { OnceLock::new() }; 3];
-    C[p as usize]
-        .get_or_init(|| metrics::counter!("moongate_gateway_pd_paths_total", "path" => p.as_str()))
-        .increment(1);
-}
-
 /// Renders all metrics: the recorder's, then the per-worker series of the workers in
 /// `registry` now, and `extra` gauges (name, value) computed by the caller.
 pub fn render(handle: &PrometheusHandle, registry: &Registry, extra: &[(&str, f64)]) -> String {
@@ -312,6 +279,7 @@ pub fn render(handle: &PrometheusHandle, registry: &Registry, extra: &[(&str, f6
     for (name, v) in extra {
         metrics::gauge!(name.to_string()).set(*v);
     }
+    decisions::publish();
     let mut out = handle.render();
     render_workers(&mut out, registry);
     out

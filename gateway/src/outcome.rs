@@ -53,6 +53,9 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// Every decision, in label order.
+    pub const ALL: [Self; 4] = [Self::Hit, Self::Miss, Self::Balance, Self::NoKey];
+
     /// The label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -77,6 +80,9 @@ pub enum KvDecision {
 }
 
 impl KvDecision {
+    /// Every decision, in label order.
+    pub const ALL: [Self; 3] = [Self::Events, Self::Mixed, Self::Fallback];
+
     /// The label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -102,6 +108,9 @@ pub enum StickyDecision {
 }
 
 impl StickyDecision {
+    /// Every decision, in label order.
+    pub const ALL: [Self; 4] = [Self::Hit, Self::Assign, Self::Reassign, Self::NoKey];
+
     /// The label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -126,6 +135,13 @@ pub enum PdPath {
 }
 
 impl PdPath {
+    /// Every path, in label order.
+    pub const ALL: [Self; 3] = [
+        Self::Disaggregated,
+        Self::DecodeOnlyShort,
+        Self::DecodeOnlyBusy,
+    ];
+
     /// The label.
     pub fn as_str(self) -> &'static str {
         match self {

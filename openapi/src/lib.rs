@@ -8,6 +8,7 @@
 //! - [`error`]: the OpenAI error envelope `{"error":{"message","type","code"}}` every HTTP
 //!   error is answered with.
 //! - [`workers`]: the gateway's worker admin API (`/workers`).
+//! - [`console`]: the cluster at a glance (`/cluster`), which the console page draws.
 //! - [`bounded`]: lists bounded while they are parsed (the master's request bodies).
 //! - [`master`]: the KV-cache master's REST API (`/api/v1/...`) and `/metadata` store.
 //! - [`store`]: a storage node's own endpoints (`moongate store`: `/health`).
@@ -24,6 +25,7 @@
 //! gateway forwards SGLang's many extension fields without knowing them.
 
 pub mod bounded;
+pub mod console;
 pub mod error;
 pub mod master;
 pub mod openai;

@@ -207,6 +207,7 @@ macro_rules! routes {
 
 /// `moongate serve`'s own routes.
 pub mod gateway {
+    use crate::console::ClusterView;
     use crate::openai::ModelList;
     use crate::openai::chat::{ChatCompletionRequest, ChatCompletionResponse};
     use crate::openai::completions::{CompletionRequest, CompletionResponse};
@@ -304,6 +305,12 @@ pub mod gateway {
         /// Stops it.
         StopProfile = Post "/stop_profile", Admin, "stop_profile",
             ProfileRequest => ProfileResult;
+        /// The cluster at a glance: the gateway, its workers, its routing decisions, the
+        /// KV master it hosts.
+        Cluster = Get "/cluster", Admin, "cluster", () => ClusterView;
+        /// The console: a page that draws `/cluster` and refreshes it (it holds no data
+        /// itself; its reads take the admin key).
+        Console = Get "/console", Open, "console", () => String;
     }
 }
 

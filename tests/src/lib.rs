@@ -12,6 +12,8 @@
 //! - [`tls`]: a TLS front that makes any backend an `https://` worker (test certificates
 //!   in `tests/fixtures/tls`).
 //! - [`attack`]: a hostile host against a transfer port (raw frames, a blind handshake).
+//! - `browser` (feature `browser`): headless Chromium, the DOM after a page's scripts ran,
+//!   screenshots.
 //!
 //! The tests themselves live in `tests/tests/*.rs`.
 
@@ -34,6 +36,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod attack;
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod tls;
 
 /// A gateway configuration suited to tests: loopback, port 0, fast health checks.

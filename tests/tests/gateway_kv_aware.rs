@@ -76,6 +76,21 @@ fn generate_later(gw: &Gateway, body: Value) -> tokio::task::JoinHandle<reqwest:
     })
 }
 
+/// `kv_aware`'s prompt tokens routed on events and those cached where they went, from
+/// `/metrics` (0 before the first).
+async fn kv_tokens(c: &reqwest::Client, base: &str) -> (u64, u64) {
+    let text = moongate_tests::get_text(c, &format!("{base}/metrics")).await;
+    let read = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        read("moongate_gateway_kv_aware_prompt_tokens_total"),
+        read("moongate_gateway_kv_aware_cached_tokens_total"),
+    )
+}
+
 #[tokio::test]
 async fn prompts_go_where_their_prefix_is_cached() {
     let sims = [
@@ -128,12 +143,18 @@ async fn prompts_go_where_their_prefix_is_cached() {
         .await;
     }
     // Through the gateway each prompt (with a new tail) lands where it is cached.
+    let before = kv_tokens(&c, &gw.url()).await;
     for (i, p) in prompts.iter().enumerate() {
         let mut q = p.clone();
         q.extend([7, 7, 7, 7, 7]);
         let r = generate(&c, &gw.url(), &q).await;
         assert_eq!(r["meta_info"]["cached_tokens"], 64, "prompt {i}: {r}");
     }
+    // Counted as the policy's hits: 64 of each 69 tokens (the counters are the process's,
+    // and other tests here route too, so at least that much).
+    let after = kv_tokens(&c, &gw.url()).await;
+    assert!(after.0 - before.0 >= 3 * 69, "{before:?} -> {after:?}");
+    assert!(after.1 - before.1 >= 3 * 64, "{before:?} -> {after:?}");
     let (pages, applied) = kv.index_stats();
     assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
 }

@@ -8,66 +8,10 @@
 //! `cargo test -p moongate-tests --features browser --test swagger_ui_browser`.
 #![cfg(feature = "browser")]
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use gateway::config::{MasterHostConfig, Secret};
+use moongate_tests::browser::{console_lines, dump_dom};
 use moongate_tests::{fast_config, get_json, operations, start_gateway};
 use serde_json::Value;
-
-/// The Chromium binary: `MOONGATE_CHROMIUM`, else `chromium` on the `PATH`.
-fn chromium() -> PathBuf {
-    if let Some(p) = std::env::var_os("MOONGATE_CHROMIUM") {
-        return PathBuf::from(p);
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("chromium"))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "the `browser` feature is on but chromium is not installed \
-             (apt-get install chromium, or set MOONGATE_CHROMIUM)"
-        )
-    })
-}
-
-/// Loads `url` in headless Chromium with a fresh profile and returns the DOM after the
-/// page's scripts ran, and the browser's log.
-async fn dump_dom(url: &str) -> (String, String) {
-    let profile = tempfile::tempdir().unwrap();
-    let run = tokio::process::Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=30000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(["--dump-dom", url])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("chromium finished within 120 s")
-        .expect("chromium started");
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "chromium failed: {}\n{log}",
-        out.status
-    );
-    (String::from_utf8_lossy(&out.stdout).into_owned(), log)
-}
 
 /// Opens `{base}/docs/` and checks that the UI lists each operation of the document `base`
 /// serves (Swagger UI's element id `operations-{tag}-{operationId}`), nothing more, with the
@@ -80,8 +24,8 @@ async fn check_docs_page(base: &str) {
     .await;
     let ops = operations(&doc);
     assert!(ops.len() > 10, "{} operations", ops.len());
-    let (dom, log) = dump_dom(&format!("{base}/docs/")).await;
-    let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE")).collect();
+    let (dom, log) = dump_dom(&format!("{base}/docs/"), 30_000).await;
+    let console = console_lines(&log);
     assert!(
         !console
             .iter()

@@ -5,6 +5,8 @@
 //! - [`inference`]: the proxied OpenAI/SGLang routes, `/v1/models`, and a worker's
 //!   `/get_server_info` / `/get_model_info`.
 //! - [`admin`]: the worker API (`/workers`), behind the admin key.
+//! - [`console`]: the cluster at a glance (`/cluster`, admin key) and the page that draws
+//!   it (`/console`).
 //! - [`ops`]: `/health`, `/liveness`, `/readiness`, `/metrics`.
 //! - [`fanout`]: what asks every worker (`/flush_cache`, `/get_loads`, `/engine_metrics`,
 //!   whose merge is [`exposition`]'s, `/start_profile`, `/stop_profile`) or one pair
@@ -15,6 +17,7 @@
 //! [`crate::docs`] serves with Swagger UI.
 
 pub mod admin;
+pub mod console;
 pub mod exposition;
 pub mod fanout;
 pub mod front;
@@ -92,6 +95,8 @@ struct Inner {
     homes: Arc<ResponseHomes>,
     /// The tenants' admission gates.
     tenants: Tenants,
+    /// When the state was built (the console's uptime).
+    started: std::time::Instant,
 }
 
 impl AppState {
@@ -145,6 +150,7 @@ impl AppState {
             tokenizer,
             homes,
             tenants: Tenants::default(),
+            started: std::time::Instant::now(),
         }));
         state.spawn_cache_upkeep();
         state.spawn_kv_upkeep();
@@ -418,6 +424,17 @@ impl AppState {
         self.0.master.get()
     }
 
+    /// The KV master this process hosts, alone or as one of an HA cluster (what
+    /// `kv_aware` looks at, [`AppState::use_store`]).
+    pub fn store(&self) -> Option<&Arc<dyn StoreSource>> {
+        self.0.store.get()
+    }
+
+    /// How long ago the state was built.
+    pub fn uptime(&self) -> Duration {
+        self.0.started.elapsed()
+    }
+
     /// Cancelled at shutdown; stops every health loop.
     pub fn cancel_token(&self) -> &CancellationToken {
         &self.0.cancel
@@ -471,6 +488,7 @@ pub fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::liveness))
         .routes(routes!(ops::readiness))
         .routes(routes!(ops::metrics))
+        .routes(routes!(console::page))
 }
 
 /// The worker API (admin plane), before the key check and state are applied.
@@ -487,6 +505,7 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(fanout::engine_metrics))
         .routes(routes!(fanout::start_profile))
         .routes(routes!(fanout::stop_profile))
+        .routes(routes!(console::cluster))
 }
 
 /// How a gateway route refuses a request: 401 or 403, OpenAI envelope.

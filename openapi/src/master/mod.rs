@@ -112,6 +112,13 @@ pub struct Segment {
     pub allocated_bytes: u64,
     /// Live allocations.
     pub allocations: u64,
+    /// Bytes of disk its owner keeps below it (0: no disk tier).
+    #[serde(default)]
+    pub disk_bytes: u64,
+    /// Whether its owner writes values to disk as soon as they are complete (else on
+    /// eviction).
+    #[serde(default)]
+    pub disk_write_through: bool,
 }
 
 /// All mounted segments.
@@ -430,6 +437,22 @@ pub struct MasterStats {
     /// Bytes those reservations hold (every replica), included in `allocated_bytes`.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// Reads (replica lookups) since start answered from memory.
+    #[serde(default)]
+    pub reads_from_memory: u64,
+    /// Reads since start of a value that lay on a disk tier (read there by its owner, or
+    /// loaded back into memory).
+    #[serde(default)]
+    pub reads_from_disk: u64,
+    /// Reads since start of a key the master did not hold.
+    #[serde(default)]
+    pub read_misses: u64,
+    /// Values written to a disk tier since start (offloads reported durable).
+    #[serde(default)]
+    pub disk_offloads: u64,
+    /// Values read back from a disk tier into memory since start.
+    #[serde(default)]
+    pub disk_loads: u64,
 }
 
 /// `GET /health` of a master served alone (`moongate master`): the process is up.

@@ -126,13 +126,15 @@ struct Scan {
     page_hashes: HashMap<u32, Vec<hash::BlockHash>>,
 }
 
-/// A decision: the worker, how it was made, its tokens to compute, and its slot with the
-/// prompt's page hashes there (see [`KvAware::decide_charged`]).
+/// A decision: the worker, how it was made, its tokens to compute, its slot with the
+/// prompt's page hashes there, and the prompt's tokens when events decided, else 0 (see
+/// [`KvAware::decide_charged`]).
 type Decided<'a> = (
     &'a Arc<Worker>,
     KvDecision,
     u64,
     Option<(usize, Vec<hash::BlockHash>)>,
+    u64,
 );
 
 /// What the subscriber tasks share with the policy.
@@ -356,8 +358,11 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, u64, Option<Prediction>) {
-        let (w, d, uncached, pages) = self.decide_charged(candidates, key);
+        let (w, d, uncached, pages, prompt) = self.decide_charged(candidates, key);
         metrics::kv_aware_decision(d);
+        if prompt > 0 {
+            metrics::kv_aware_tokens(prompt, prompt.saturating_sub(uncached));
+        }
         let prediction = pages
             .filter(|(_, hashes)| self.cfg.predict && !hashes.is_empty())
             .map(|(slot, hashes)| Prediction::new(self.predicted.clone(), slot, hashes));
@@ -375,7 +380,7 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, KvDecision) {
-        let (w, d, _, _) = self.decide_charged(candidates, key);
+        let (w, d, ..) = self.decide_charged(candidates, key);
         (w, d)
     }
 
@@ -401,6 +406,7 @@ impl KvAware {
                 KvDecision::Fallback,
                 0,
                 None,
+                0,
             );
         };
         let Scan {
@@ -415,6 +421,7 @@ impl KvAware {
                 KvDecision::Fallback,
                 0,
                 None,
+                0,
             );
         }
         let key = key.unwrap_or_default();
@@ -461,6 +468,7 @@ impl KvAware {
             },
             uncached[i] as u64,
             pages,
+            tokens.len() as u64,
         )
     }
 

@@ -20,6 +20,12 @@ use sglang::kv_events::hash::PageDigest;
 pub trait StoreSource: Send + Sync + fmt::Debug {
     /// The master answering now (with HA, only while this process leads).
     fn master(&self) -> Option<Arc<Master>>;
+
+    /// This process's master's role (`alone`, or with HA `leader`, `follower`,
+    /// `candidate`) and the leader's URL when one is known (the console shows them).
+    fn role(&self) -> (&'static str, Option<String>) {
+        ("alone", None)
+    }
 }
 
 impl StoreSource for Arc<Master> {

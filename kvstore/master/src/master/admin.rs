@@ -151,6 +151,8 @@ impl Master {
             (c.len() as u64, c.alive() as u64)
         };
         let (reservations, reserved_bytes) = self.reserved();
+        let [reads_from_memory, reads_from_disk, read_misses] = self.reads();
+        let (disk_offloads, disk_loads) = self.tier_moves();
         MasterStats {
             capacity_bytes,
             allocated_bytes,
@@ -166,6 +168,11 @@ impl Master {
             evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
             reservations: reservations as u64,
             reserved_bytes,
+            reads_from_memory,
+            reads_from_disk,
+            read_misses,
+            disk_offloads,
+            disk_loads,
         }
     }
 

@@ -97,6 +97,8 @@ fn fresh_view(spec: &SegmentSpec, client: ClientId, align_shift: u32) -> Segment
         capacity_bytes: (spec.size >> align_shift) << align_shift,
         allocated_bytes: 0,
         allocations: 0,
+        disk_bytes: spec.disk_bytes,
+        disk_write_through: spec.disk_bytes > 0 && spec.disk_write_through,
     }
 }
 

@@ -76,6 +76,20 @@ struct Shard {
     inner: Mutex<ShardInner>,
     /// Object count, readable without the lock (metrics, eviction shares).
     len: AtomicUsize,
+    /// Reads of the shard's keys since start, by [`Read`] (counted where its lock is
+    /// taken anyway, so a count costs no cache line of its own).
+    reads: [AtomicU64; 3],
+}
+
+/// How a read (a replica lookup) was answered: the master's read counters.
+#[derive(Clone, Copy, Debug)]
+enum Read {
+    /// From memory.
+    Memory = 0,
+    /// A value on a disk tier (its owner reads it there, or it is loaded back).
+    Disk = 1,
+    /// The key is not held.
+    Miss = 2,
 }
 
 /// Replicas of a taken-over put, kept allocated until the writer can no longer be writing.
@@ -208,6 +222,22 @@ impl Master {
     /// and the top 7 for its control bytes, so the shard choice does not bias either.
     fn shard_of(&self, hash: u64) -> usize {
         ((hash >> 40) as usize) & self.shard_mask
+    }
+
+    /// Counts one read of a key of shard `i`.
+    fn tally_read(&self, i: usize, read: Read) {
+        self.shards[i].reads[read as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads since start by [`Read`], over every shard.
+    fn reads(&self) -> [u64; 3] {
+        let mut out = [0; 3];
+        for s in self.shards.iter() {
+            for (o, r) in out.iter_mut().zip(&s.reads) {
+                *o += r.load(Ordering::Relaxed);
+            }
+        }
+        out
     }
 
     fn lock_shard(&self, i: usize) -> ShardGuard<'_> {

@@ -66,6 +66,27 @@ pub struct SegmentView {
     pub allocated_bytes: u64,
     /// Live allocations.
     pub allocations: u64,
+    /// Bytes of disk its owner keeps below it (0: no disk tier).
+    pub disk_bytes: u64,
+    /// Whether its owner writes values to disk as soon as they are complete.
+    pub disk_write_through: bool,
+}
+
+impl From<SegmentView> for openapi::master::Segment {
+    fn from(v: SegmentView) -> Self {
+        Self {
+            name: v.name,
+            client_id: v.client_id.to_string(),
+            base: v.base,
+            size: v.size,
+            endpoint: v.endpoint,
+            capacity_bytes: v.capacity_bytes,
+            allocated_bytes: v.allocated_bytes,
+            allocations: v.allocations,
+            disk_bytes: v.disk_bytes,
+            disk_write_through: v.disk_write_through,
+        }
+    }
 }
 
 impl Segment {
@@ -263,6 +284,8 @@ impl Segment {
             capacity_bytes: self.capacity_bytes(),
             allocated_bytes: self.allocated_bytes(),
             allocations,
+            disk_bytes: self.disk_bytes(),
+            disk_write_through: self.write_through(),
         }
     }
 }

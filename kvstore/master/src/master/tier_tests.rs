@@ -602,3 +602,37 @@ fn the_report_of_a_removed_objects_offload_settles_nothing_of_the_key_put_again(
     assert_eq!(m.tier_stats().offloading_bytes, 0);
     assert_eq!(m.tier_stats().offloads, 1);
 }
+
+#[test]
+fn reads_are_counted_by_the_tier_that_answers_them() {
+    let (m, clock) = with_disk();
+    put(&m, "k", 1000);
+    let counts = |m: &Master| {
+        let s = m.stats();
+        (s.reads_from_memory, s.reads_from_disk, s.read_misses)
+    };
+    m.get_replicas("k").unwrap();
+    assert!(m.get_replicas("absent").is_err());
+    assert_eq!(counts(&m), (1, 0, 1));
+    // `exists` and a routing look are not reads.
+    assert!(m.exists("k").unwrap());
+    assert!(m.readable("k"));
+    assert_eq!(counts(&m), (1, 0, 1));
+    clock.advance(m.config().lease_ttl_ms);
+    let offloads = evict_all(&m);
+    tasks(&m, &[ok(&offloads[0])]);
+    clock.advance(m.config().lease_ttl_ms);
+    m.tick();
+    assert_eq!((m.stats().disk_offloads, m.stats().disk_loads), (1, 0));
+    // On disk: a read starts the load, a read while it runs waits on it; both are disk
+    // reads. Loaded, the value is read from memory again.
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
+    let loads = tasks(&m, &[]);
+    tasks(&m, &[ok(&loads[0])]);
+    m.get_replicas("k").unwrap();
+    assert_eq!(counts(&m), (2, 2, 1));
+    assert_eq!((m.stats().disk_offloads, m.stats().disk_loads), (1, 1));
+    let seg = openapi::master::Segment::from(m.segments().remove(0));
+    assert_eq!((seg.disk_bytes, seg.disk_write_through), (1 << 30, false));
+}

@@ -10,7 +10,7 @@ use openapi::master as wire;
 
 use super::{
     ApiJson, ApiPath, ApiResult, MasterErrors, blocking, client, client_id, client_status, durable,
-    observed, segment,
+    observed,
 };
 use crate::master::Master;
 
@@ -27,7 +27,7 @@ pub async fn mount_segment(
 ) -> ApiResult<Json<wire::Segment>> {
     let r = client_id(&id).and_then(|c| m.mount_segment(c, spec));
     let r = durable(&m, r).await;
-    observed("mount_segment", r).map(|v| Json(segment(v)))
+    observed("mount_segment", r).map(|v| Json(v.into()))
 }
 
 /// Remount every segment of a client after `need_remount`; the client is `ok` afterwards.
@@ -136,7 +136,7 @@ pub async fn remove_client(
     path = routes::master::ListSegments::PATH, tag = super::TAG,
     responses((status = 200, description = "Segments", body = wire::SegmentList), MasterErrors))]
 pub async fn list_segments(State(m): State<Arc<Master>>) -> ApiResult<Json<wire::SegmentList>> {
-    let segments = m.segments().into_iter().map(segment).collect();
+    let segments = m.segments().into_iter().map(Into::into).collect();
     observed("list_segments", Ok(Json(wire::SegmentList { segments })))
 }
 
@@ -149,7 +149,7 @@ pub async fn get_segment(
     State(m): State<Arc<Master>>,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<wire::Segment>> {
-    observed("get_segment", m.segment(&name)).map(|v| Json(segment(v)))
+    observed("get_segment", m.segment(&name)).map(|v| Json(v.into()))
 }
 
 /// Totals: capacity, usage, keys, segments, clients, evictions.

@@ -66,7 +66,7 @@ use utoipa_axum::routes;
 
 use crate::master::{
     ClientId, ClientStatus, ClientView, Master, MasterError, MasterResult, ReplicaLocation,
-    ReplicaSet, Segment, SegmentView,
+    ReplicaSet, Segment,
 };
 
 /// Largest request body the master accepts.
@@ -418,19 +418,6 @@ fn reserve(
             use_within_ms,
         })
         .collect()
-}
-
-fn segment(v: SegmentView) -> wire::Segment {
-    wire::Segment {
-        name: v.name,
-        client_id: v.client_id.to_string(),
-        base: v.base,
-        size: v.size,
-        endpoint: v.endpoint,
-        capacity_bytes: v.capacity_bytes,
-        allocated_bytes: v.allocated_bytes,
-        allocations: v.allocations,
-    }
 }
 
 fn client_status(s: ClientStatus) -> wire::ClientStatus {

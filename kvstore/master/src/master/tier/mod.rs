@@ -169,6 +169,15 @@ impl Master {
         (&self.tiers.loads_done, &self.tiers.tasks_queued)
     }
 
+    /// Values offloaded to disk and loaded back since start, without a scan.
+    pub(crate) fn tier_moves(&self) -> (u64, u64) {
+        let c = &self.tiers.counters;
+        (
+            c.offloads.load(Ordering::Relaxed),
+            c.loads.load(Ordering::Relaxed),
+        )
+    }
+
     /// Totals of the disk tier.
     pub fn tier_stats(&self) -> TierStats {
         let c = &self.tiers.counters;

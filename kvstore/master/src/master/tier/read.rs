@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use super::super::object::{Object, Replica, Replicas, TierState};
 use super::super::segment::Segment;
-use super::super::{ClientId, Master, MasterError, MasterResult, ReplicaLocation, ReplicaSet};
+use super::super::{
+    ClientId, Master, MasterError, MasterResult, Read, ReplicaLocation, ReplicaSet,
+};
 use openapi::master::{TierTask, TierTaskKind};
 use transfer::memory::Allocation;
 
@@ -183,10 +185,12 @@ impl Master {
         self.check_key(key)?;
         let hash = self.hash(key);
         let now = self.clock.now_ms();
-        let mut shard = self.lock_shard(self.shard_of(hash));
-        let i = shard
-            .find(hash, key)
-            .ok_or_else(|| MasterError::ObjectNotFound(key.to_string()))?;
+        let at = self.shard_of(hash);
+        let mut shard = self.lock_shard(at);
+        let Some(i) = shard.find(hash, key) else {
+            self.tally_read(at, Read::Miss);
+            return Err(MasterError::ObjectNotFound(key.to_string()));
+        };
         let o = shard.get_mut(i);
         if !o.is_complete() {
             return Err(MasterError::ReplicaIsNotReady(key.to_string()));
@@ -200,10 +204,12 @@ impl Master {
         {
             // Its owner reads its own disk (a load under way is the owner's promotion).
             if !seg.is_mounted() {
+                self.tally_read(at, Read::Miss);
                 return Err(MasterError::ObjectNotFound(format!(
                     "{key}: the segment whose disk holds it is unmounted"
                 )));
             }
+            self.tally_read(at, Read::Disk);
             o.grant_lease(now, self.config.lease_ttl_ms);
             let set = ReplicaSet {
                 length: o.length,
@@ -235,10 +241,12 @@ impl Master {
             return Ok(Found::Ready(set));
         }
         if o.is_loading() {
+            self.tally_read(at, Read::Disk);
             return Ok(Found::Loading);
         }
         if let (true, Some(seg)) = (o.is_on_disk(), disk_seg) {
             if !seg.is_mounted() {
+                self.tally_read(at, Read::Miss);
                 return Err(MasterError::ObjectNotFound(format!(
                     "{key}: the segment whose disk holds it is unmounted"
                 )));
@@ -249,16 +257,19 @@ impl Master {
                 return Ok(Found::NoSpace);
             };
             let task = start_load(o, key, &seg, alloc);
+            self.tally_read(at, Read::Disk);
             drop(shard);
             self.queue(seg.name_arc(), task, 0);
             return Ok(Found::Loading);
         }
         let replicas = o.locations();
         if replicas.is_empty() {
+            self.tally_read(at, Read::Miss);
             return Err(MasterError::ObjectNotFound(format!(
                 "{key}: every replica's segment is unmounted"
             )));
         }
+        self.tally_read(at, Read::Memory);
         o.grant_lease(now, self.config.lease_ttl_ms);
         let release = o.has_disk_copy();
         let length = o.length;

@@ -20,7 +20,7 @@ use std::process::{Child, Stdio};
 use common::{Proc, moongate};
 use moongate_tests::browser::{console_lines, dump_dom, screenshot};
 use moongate_tests::get_json;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Virtual time the page gets for its first answer and a refresh or two.
 const PAGE_MS: u32 = 5_000;

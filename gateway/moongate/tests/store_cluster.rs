@@ -323,6 +323,37 @@ async fn sigkill_makes_objects_unreadable_within_the_ttl_and_never_wrong() {
     hammer.await.unwrap();
 }
 
+/// Resident bytes of process `pid` (its `VmRSS`, shared memory included).
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_mounts_its_segment_once_resident_and_takes_values_at_once() {
+    let m = master(60_000, "127.0.0.1:0").await;
+    let node = Node::start(&m.url(), "256M", "auto");
+    // Ready means mounted, and the segment was faulted in before the master heard of it:
+    // the node's first writers meet resident memory, not a page fault per 4 KiB.
+    assert_eq!(m.master().segments().len(), 1);
+    let rss = resident_bytes(node.child.id());
+    assert!(rss >= 256 << 20, "mounted with {} MiB resident", rss >> 20);
+    assert_eq!(node.get("/health").await.0, 200);
+    // A first mount, not a remount: the master holds no space of it back.
+    let c = client(&m.url(), Protocol::Auto).await;
+    let v = value(1, 1 << 20);
+    c.with_replication(on(&node.segment, 1))
+        .put("first", &v)
+        .await
+        .unwrap();
+    assert_eq!(c.get("first").await.unwrap(), v);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_unmounts_at_once() {
     let m = master(60_000, "127.0.0.1:0").await;

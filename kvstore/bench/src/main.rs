@@ -21,16 +21,18 @@
 //! a wrong, stale or torn object fails verification. Keys are removed between operations.
 
 use std::alloc::System;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::io::Write;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use kvclient::{BufRange, ClientConfig, StoreClient, StoreError};
 use kvclient::{Prefault, Protocol, parse_size};
 use kvmaster::{MasterConfig, MasterServer};
+use nodes::{after, spawn_ready};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
+mod nodes;
 mod values;
 use values::{body, is_value, spot_check, stamp, stamp_spans};
 
@@ -140,6 +142,12 @@ struct Args {
     /// Also print each result as one JSON line (`RESULT {...}`).
     #[arg(long)]
     json: bool,
+    /// With `--storage node`: start the nodes only once the client's memory is resident
+    /// and measure them from the moment they report their segment mounted; prints each
+    /// operation's first round (a node started just before) beside the median of the
+    /// later rounds (the same node, warm).
+    #[arg(long)]
+    cold_node: bool,
     /// The cluster secret file of the client and the node it spawns (default: the
     /// variable's file, else the per-user one).
     #[arg(long, env = kvclient::env::TRANSFER_SECRET_FILE)]
@@ -176,48 +184,6 @@ struct Case {
     alloc_bytes: u64,
     errors: usize,
     bad: usize,
-}
-
-/// A child process killed (SIGTERM, then SIGKILL) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `cmd`, returns it with the words of its first stdout line.
-fn spawn_ready(cmd: &mut Command) -> Result<(Proc, Vec<String>), String> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("spawn {cmd:?}: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped stdout"))
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    if line.is_empty() {
-        return Err(format!("{cmd:?} exited before it was ready"));
-    }
-    Ok((
-        Proc(child),
-        line.split_whitespace().map(str::to_owned).collect(),
-    ))
-}
-
-fn after(words: &[String], key: &str) -> Option<String> {
-    words.iter().skip_while(|w| *w != key).nth(1).cloned()
 }
 
 struct Bench {
@@ -446,41 +412,8 @@ async fn bench(args: Args) -> Result<bool, String> {
         Storage::Own => args.segment_size,
         Storage::External => 0,
         Storage::Node => {
-            for _ in 0..args.nodes.max(1) {
-                let mut node = Command::new(&args.moongate);
-                node.args([
-                    "store",
-                    "--master",
-                    &master_url,
-                    "--segment-size",
-                    &args.segment_size.to_string(),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--http-listen",
-                    "127.0.0.1:0",
-                    "--protocol",
-                    args.protocol.to_possible_value().expect("named").get_name(),
-                ]);
-                node.args([
-                    "--prefault",
-                    args.prefault.to_possible_value().expect("named").get_name(),
-                ]);
-                if let Some(f) = &args.transfer_secret_file {
-                    node.arg("--transfer-secret-file").arg(f);
-                }
-                if let Some(f) = &args.master_ca_cert {
-                    node.arg("--master-ca-cert").arg(f);
-                }
-                if let Some(k) = &args.store_api_key {
-                    // In the environment, not on a command line other users can read.
-                    node.env(kvclient::env::STORE_API_KEY, k.expose());
-                }
-                let (p, words) = spawn_ready(&mut node)?;
-                eprintln!(
-                    "storage node: segment {}",
-                    after(&words, "segment").unwrap_or_default()
-                );
-                _nodes.push(p);
+            if !args.cold_node {
+                _nodes = nodes::spawn(&args, &master_url)?;
             }
             0
         }
@@ -511,7 +444,8 @@ async fn bench(args: Args) -> Result<bool, String> {
     // this project's VMs; an SGLang process has long finished by its first request (model
     // loading takes far longer). Measure that client, not the first seconds of one: wait
     // for the fault-in (polling stays off while it runs) and say how long it took. The
-    // nodes' segments (`--storage node`) stay cold: their first writes are measured.
+    // nodes' segments (`--storage node`) stay cold: their first writes are measured (with
+    // `--cold-node` the nodes start only now).
     let t = std::time::Instant::now();
     let warm = tokio::task::spawn_blocking(|| {
         transfer::memory::wait_for_background_prefaults(std::time::Duration::from_secs(60))
@@ -523,6 +457,9 @@ async fn bench(args: Args) -> Result<bool, String> {
         if warm { "after" } else { "still not after" },
         t.elapsed().as_secs_f64()
     );
+    if args.cold_node && args.storage == Storage::Node {
+        _nodes = nodes::spawn(&args, &master_url)?;
+    }
     let c = clients[0].clone();
     let ops: Vec<&str> = OPS
         .iter()
@@ -647,6 +584,7 @@ async fn bench(args: Args) -> Result<bool, String> {
     );
     let mut all_ok = true;
     for (op, size, batch, mut case) in table {
+        let cold = args.cold_node.then(|| cold_and_warm(&case.rates)).flatten();
         case.rates.sort_by(f64::total_cmp);
         case.client_rates.sort_by(f64::total_cmp);
         case.lat.sort_unstable();
@@ -681,6 +619,15 @@ async fn bench(args: Args) -> Result<bool, String> {
             alloc_per_value,
             verify
         );
+        if let Some((first, later)) = cold {
+            println!(
+                "  {op} {}: node just started {:.3} GB/s, warm {:.3} GB/s (median of later rounds), ratio {:.2}",
+                human(size),
+                first * size as f64 / 1e9,
+                later * size as f64 / 1e9,
+                first / later
+            );
+        }
         if args.json {
             println!(
                 "RESULT {{\"bench\":\"store-bench\",\"mode\":\"{mode}\",\"protocol\":\"{:?}\",\"op\":\"{op}\",\"value_bytes\":{size},\"batch\":{batch},\"clients\":{nclients},\"values_per_s\":{rate:.1},\"GBps\":{:.3},\"client_min_GBps\":{cmin:.3},\"client_max_GBps\":{cmax:.3},\"p50_us\":{:.1},\"p99_us\":{:.1},\"alloc_bytes_per_value\":{alloc_per_value},\"errors\":{},\"bad\":{}}}",
@@ -698,6 +645,15 @@ async fn bench(args: Args) -> Result<bool, String> {
         c.close().await.map_err(|e| e.to_string())?;
     }
     Ok(all_ok)
+}
+
+/// A round's rate when the node had just started (the first round) and the median of the
+/// later rounds' (none with fewer than two rounds).
+fn cold_and_warm(rates: &[f64]) -> Option<(f64, f64)> {
+    let (first, later) = rates.split_first()?;
+    let mut later = later.to_vec();
+    later.sort_by(f64::total_cmp);
+    Some((*first, *later.get(later.len() / 2)?))
 }
 
 /// What one client's run of an operation measured: seconds in calls, per-call latencies,

@@ -101,7 +101,8 @@ pub enum Protocol {
 pub enum Prefault {
     /// On a background thread right after start (the client serves at once; its resident
     /// memory reaches the segment plus twice the copy buffer size within about a second per
-    /// few GiB).
+    /// few GiB). A storage node mounts its segment once it is resident, so its first
+    /// writers meet warm memory; it answers `/health` (unmounted) meanwhile.
     #[default]
     Background,
     /// Before the client starts (`MAP_POPULATE`): start-up takes that second.

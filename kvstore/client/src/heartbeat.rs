@@ -1,6 +1,8 @@
 //! The client's heartbeat: a ping every period; when the master answers `need_remount`
 //! (it restarted, or expired this client after a silence longer than its TTL) the client
-//! remounts every segment it has. The state is kept for [`ClientHealth`].
+//! remounts every segment it has. The state is kept for [`ClientHealth`]. A storage node
+//! whose segment is being faulted in mounts it once that is done ([`mount_when_warm`]),
+//! then heartbeats.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +46,9 @@ pub(crate) struct HealthState {
     remounts: AtomicU64,
     view_version: AtomicU64,
     last_ok: Mutex<Option<Instant>>,
+    /// False while the segment is faulted in before its first mount ([`mount_when_warm`]);
+    /// true once that mount was tried (or was not deferred).
+    settled: tokio::sync::watch::Sender<bool>,
 }
 
 impl HealthState {
@@ -57,7 +62,18 @@ impl HealthState {
             remounts: AtomicU64::new(0),
             view_version: AtomicU64::new(0),
             last_ok: Mutex::new(None),
+            settled: tokio::sync::watch::Sender::new(true),
         }
+    }
+
+    /// The first mount waits for the segment to be faulted in.
+    pub(crate) fn defer_mount(&self) {
+        self.settled.send_replace(false);
+    }
+
+    /// Waits until a deferred first mount was tried (at once when none is deferred).
+    pub(crate) async fn settled(&self) {
+        let _ = self.settled.subscribe().wait_for(|s| *s).await;
     }
 
     /// The master's view version as the last ping saw it (0 before the first).
@@ -128,6 +144,43 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// Waits for `warm` (the thread faulting the segment in) and mounts `segments`, unless
+/// `stop` comes first. A first mount, not a remount: the master holds a remounted segment
+/// back for a while (its owner may still write into space given out before), which a
+/// segment never mounted does not need. A mount the master refuses is retried by the
+/// heartbeat, as after a restart. Until then the master does not know this client, so it
+/// hands out none of its memory: a node takes its first writes at the speed of resident
+/// memory.
+pub(crate) async fn mount_when_warm(
+    warm: std::thread::JoinHandle<u64>,
+    rpc: &MasterRpc,
+    id: ClientId,
+    segments: &parking_lot::Mutex<Vec<SegmentSpec>>,
+    health: &HealthState,
+    stop: &CancellationToken,
+) {
+    let started = Instant::now();
+    let joined = tokio::task::spawn_blocking(move || warm.join());
+    let bytes = tokio::select! {
+        _ = stop.cancelled() => None,
+        j = joined => Some(j.ok().and_then(Result::ok).unwrap_or(0)),
+    };
+    if let Some(bytes) = bytes {
+        tracing::info!(client = %id, bytes, secs = started.elapsed().as_secs_f64(), "segment faulted in; mounting it");
+        let specs = segments.lock().clone();
+        let mut mounted = true;
+        for spec in &specs {
+            if let Err(e) = rpc.mount(id, spec).await {
+                tracing::warn!(client = %id, error = %e, "mount failed; retrying at the next heartbeat");
+                mounted = false;
+                break;
+            }
+        }
+        health.set_mounted(mounted);
+    }
+    health.settled.send_replace(true);
 }
 
 async fn remount(rpc: &MasterRpc, id: ClientId, segments: &[SegmentSpec], health: &HealthState) {

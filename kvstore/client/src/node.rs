@@ -161,6 +161,13 @@ pub async fn run(
             tracing::error!(error = %e, "storage node HTTP server failed");
         }
     });
+    // Ready once the segment is mounted (or its mount was tried): a node faults its
+    // segment in first, and answers `/health` (unmounted) meanwhile.
+    tokio::pin!(shutdown);
+    let stopped = tokio::select! {
+        _ = client.mount_settled() => false,
+        _ = &mut shutdown => true,
+    };
     let seg = client.segment().expect("a node has a segment");
     println!(
         "moongate store ready: segment {} bytes {} http {http_addr} client {} mounted {}",
@@ -171,7 +178,9 @@ pub async fn run(
     );
     let _ = std::io::stdout().flush();
     tracing::info!(segment = %seg.name, bytes = seg.size, http = %http_addr, master = %client.config().master, "storage node serving");
-    shutdown.await;
+    if !stopped {
+        shutdown.await;
+    }
     tracing::info!("storage node shutting down: unmounting and draining");
     let closed = client.close().await;
     let _ = stop_http.send(());

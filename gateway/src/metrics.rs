@@ -19,7 +19,8 @@ use openapi::workers::CircuitState;
 pub mod decisions;
 
 pub use decisions::{
-    cache_aware_decision, kv_aware_decision, kv_aware_tokens, pd_path, sticky_decision, tallies,
+    cache_aware_decision, kv_aware_decision, kv_aware_token_counts, kv_aware_tokens, pd_path,
+    sticky_decision, tallies,
 };
 
 use crate::outcome::{PdFailure, PdSide};

@@ -151,3 +151,34 @@ impl PdPath {
         }
     }
 }
+
+/// The tokens of a prompt a worker holds cached, by where they lie: its GPU cache, its
+/// host memory, the store's memory, the store's disk tiers; and, for a worker without
+/// events, what the `cache_aware` tree estimates. Counted per decision
+/// (`moongate_gateway_kv_aware_cached_tokens_total{tier}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tiers {
+    /// In the worker's GPU cache.
+    pub device: u64,
+    /// In its host memory (loaded, not computed).
+    pub host: u64,
+    /// In the store's memory.
+    pub store: u64,
+    /// Only on a disk tier of the store.
+    pub store_disk: u64,
+    /// Estimated by the `cache_aware` tree (a worker without events).
+    pub estimated: u64,
+}
+
+impl Tiers {
+    /// Every tier's tokens, with its label.
+    pub fn labelled(&self) -> [(&'static str, u64); 5] {
+        [
+            ("device", self.device),
+            ("host", self.host),
+            ("store", self.store),
+            ("store_disk", self.store_disk),
+            ("estimated", self.estimated),
+        ]
+    }
+}

@@ -87,10 +87,15 @@ pub struct PolicyTally {
     /// The policy's hit rate, 0 to 1, absent before its first decision or where it has
     /// none (`pd`). `cache_aware`: decisions on a prefix match over all decisions;
     /// `manual`: requests that went to their session's worker over all; `kv_aware`: the
-    /// prompt tokens the chosen workers held cached when routed (host and store pages at
-    /// their weights) over all prompt tokens it routed on events.
+    /// prompt tokens the chosen workers held cached when routed, in any tier
+    /// (`cached_tokens`), over all prompt tokens it routed on events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hit_rate: Option<f64>,
+    /// `kv_aware`: the prompt tokens the chosen workers held cached when routed, by tier
+    /// (`device`, `host`, `store`, `store_disk`, and `estimated` by the `cache_aware` tree
+    /// for workers without events); empty for the other families.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cached_tokens: BTreeMap<String, u64>,
 }
 
 /// The KV master this gateway hosts.

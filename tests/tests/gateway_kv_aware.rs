@@ -76,14 +76,19 @@ fn generate_later(gw: &Gateway, body: Value) -> tokio::task::JoinHandle<reqwest:
     })
 }
 
-/// `kv_aware`'s prompt tokens routed on events and those cached where they went, from
-/// `/metrics` (0 before the first).
+/// `kv_aware`'s prompt tokens routed on events and those cached where they went (every
+/// tier), from `/metrics` (0 before the first).
 async fn kv_tokens(c: &reqwest::Client, base: &str) -> (u64, u64) {
     let text = moongate_tests::get_text(c, &format!("{base}/metrics")).await;
-    let read = |name: &str| {
+    // The sum of the series of `name` (cached tokens are labelled by tier).
+    let read = |name: &str| -> u64 {
         text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(0)
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|r| r.starts_with([' ', '{']))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
     };
     (
         read("moongate_gateway_kv_aware_prompt_tokens_total"),
@@ -155,6 +160,11 @@ async fn prompts_go_where_their_prefix_is_cached() {
     let after = kv_tokens(&c, &gw.url()).await;
     assert!(after.0 - before.0 >= 3 * 69, "{before:?} -> {after:?}");
     assert!(after.1 - before.1 >= 3 * 64, "{before:?} -> {after:?}");
+    let metrics = moongate_tests::get_text(&c, &format!("{}/metrics", gw.url())).await;
+    assert!(
+        metrics.contains(r#"moongate_gateway_kv_aware_cached_tokens_total{tier="device"}"#),
+        "cached tokens are counted by tier"
+    );
     let (pages, applied) = kv.index_stats();
     assert!(pages >= 48 && applied >= 3, "{pages} {applied}");
 }

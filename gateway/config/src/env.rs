@@ -157,6 +157,10 @@ pub const KV_LOAD_WEIGHT: &str = "MOONGATE_KV_LOAD_WEIGHT";
 pub const KV_NO_PREDICTIONS: &str = "MOONGATE_KV_NO_PREDICTIONS";
 /// `--kv-l3-page-value`.
 pub const KV_L3_PAGE_VALUE: &str = "MOONGATE_KV_L3_PAGE_VALUE";
+/// `--kv-l3-disk-page-value`.
+pub const KV_L3_DISK_PAGE_VALUE: &str = "MOONGATE_KV_L3_DISK_PAGE_VALUE";
+/// `--kv-host-page-value`.
+pub const KV_HOST_PAGE_VALUE: &str = "MOONGATE_KV_HOST_PAGE_VALUE";
 /// `--kv-l3-key-format`.
 pub const KV_L3_KEY_FORMAT: &str = "MOONGATE_KV_L3_KEY_FORMAT";
 /// `--router-temperature`.

@@ -375,6 +375,16 @@ pub struct ServeConfig {
     /// costs 1 - v of computing it; 0: the store is not looked at).
     #[arg(long, env = env::KV_L3_PAGE_VALUE, default_value_t = ServeConfig::default().kv_l3_page_value)]
     pub kv_l3_page_value: f64,
+    /// `kv_aware`: what a store page that lies only on a storage node's disk tier is worth
+    /// against one in a worker's GPU cache (it is read back from disk into memory before
+    /// it can be loaded, so below `--kv-l3-page-value`).
+    #[arg(long, env = env::KV_L3_DISK_PAGE_VALUE, default_value_t = ServeConfig::default().kv_l3_disk_page_value)]
+    pub kv_l3_disk_page_value: f64,
+    /// `kv_aware`: what a page in a worker's host memory (SGLang HiCache's L2, events with
+    /// a medium other than the GPU's) is worth against one in its GPU cache (it is loaded,
+    /// not computed).
+    #[arg(long, env = env::KV_HOST_PAGE_VALUE, default_value_t = ServeConfig::default().kv_host_page_value)]
+    pub kv_host_page_value: f64,
     /// `kv_aware`: the store object that says a page is in L3, `{hash}` standing for the
     /// page's HiCache hash (64 hex digits). HiCache's Mooncake backend writes
     /// `{hash}_{tp_rank}_k` and `_v` for MHA models and `{hash}__k` for MLA ones, after a
@@ -586,6 +596,8 @@ impl Default for ServeConfig {
             kv_load_weight: 0.0,
             kv_no_predictions: false,
             kv_l3_page_value: 0.5,
+            kv_l3_disk_page_value: 0.25,
+            kv_host_page_value: 0.5,
             kv_l3_key_format: "{hash}_0_k".into(),
             router_temperature: 0.0,
             kv_events_endpoint: None,

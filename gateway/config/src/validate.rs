@@ -184,6 +184,13 @@ impl ServeConfig {
             ("kv_load_weight", self.kv_load_weight, 0.0, 1e6),
             ("least_load_kv_weight", self.least_load_kv_weight, 0.0, 1e6),
             ("kv_l3_page_value", self.kv_l3_page_value, 0.0, 1.0),
+            (
+                "kv_l3_disk_page_value",
+                self.kv_l3_disk_page_value,
+                0.0,
+                1.0,
+            ),
+            ("kv_host_page_value", self.kv_host_page_value, 0.0, 1.0),
             ("router_temperature", self.router_temperature, 0.0, 1e6),
             (
                 "pd_min_uncached_ratio",

@@ -1,7 +1,8 @@
 //! Routing decisions counted since the process started: one relaxed atomic per label,
 //! read by `/cluster` (the console) and written to `/metrics` as the
 //! `moongate_gateway_{cache_aware,kv_aware,sticky}_decisions_total`, `..._pd_paths_total`
-//! and `kv_aware` token counters when it is scraped. One count, two readers: the
+//! and `kv_aware`'s token counters (prompt tokens, cached tokens by tier) when it is
+//! scraped. One count, two readers: the
 //! Prometheus recorder's counters cannot be read back, so these are the counts and the
 //! recorder is told their values at each rendering.
 
@@ -10,14 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use openapi::console::PolicyTally;
 
-use crate::outcome::{Decision, KvDecision, PdPath, StickyDecision};
+use crate::outcome::{Decision, KvDecision, PdPath, StickyDecision, Tiers};
 
 static CACHE_AWARE: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static KV_AWARE: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 static STICKY: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static PD_PATHS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
-/// `kv_aware`'s prompt tokens routed on events, and those the chosen workers held.
-static KV_TOKENS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+/// `kv_aware`'s prompt tokens routed on events, then those the chosen workers held, by
+/// tier in [`Tiers::labelled`]'s order.
+static KV_TOKENS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 /// Records one `cache_aware` decision.
 #[inline]
@@ -31,12 +33,41 @@ pub fn kv_aware_decision(d: KvDecision) {
     KV_AWARE[d as usize].fetch_add(1, Ordering::Relaxed);
 }
 
-/// Records the prompt tokens of a request `kv_aware` routed on events, and how many of
-/// them the chosen worker held cached (host and store pages at their weights).
+/// Records the prompt tokens of a request `kv_aware` routed on events, and what the
+/// chosen worker held of them, by tier.
 #[inline]
-pub fn kv_aware_tokens(prompt: u64, cached: u64) {
+pub fn kv_aware_tokens(prompt: u64, tiers: &Tiers) {
     KV_TOKENS[0].fetch_add(prompt, Ordering::Relaxed);
-    KV_TOKENS[1].fetch_add(cached.min(prompt), Ordering::Relaxed);
+    for (c, (_, n)) in KV_TOKENS[1..].iter().zip(tiers.labelled()) {
+        if n > 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `kv_aware`'s prompt tokens routed on events since the process started, and what the
+/// chosen workers held of them by tier (a bench subtracts two readings).
+pub fn kv_aware_token_counts() -> (u64, Tiers) {
+    let n = |i: usize| KV_TOKENS[i].load(Ordering::Relaxed);
+    let tiers = Tiers {
+        device: n(1),
+        host: n(2),
+        store: n(3),
+        store_disk: n(4),
+        estimated: n(5),
+    };
+    (n(0), tiers)
+}
+
+/// `kv_aware`'s prompt tokens routed on events, and the cached ones by tier label.
+fn kv_tokens() -> (u64, Vec<(&'static str, u64)>) {
+    let labels = Tiers::default().labelled().map(|(l, _)| l);
+    let by_tier = labels
+        .iter()
+        .zip(&KV_TOKENS[1..])
+        .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
+        .collect();
+    (KV_TOKENS[0].load(Ordering::Relaxed), by_tier)
 }
 
 /// Records one `manual` (sticky session) decision.
@@ -66,6 +97,7 @@ fn tally(policy: &str, labels: &[&str], counts: &[u64], hits: u64, of: u64) -> P
             .map(|(l, &n)| (l.to_string(), n))
             .collect::<BTreeMap<_, _>>(),
         hit_rate: (of > 0).then(|| hits as f64 / of as f64),
+        cached_tokens: BTreeMap::new(),
     }
 }
 
@@ -76,7 +108,19 @@ pub fn tallies() -> Vec<PolicyTally> {
     let kv = load(&KV_AWARE);
     let sticky = load(&STICKY);
     let pd = load(&PD_PATHS);
-    let [prompt, cached] = [0, 1].map(|i| KV_TOKENS[i].load(Ordering::Relaxed));
+    let (prompt, by_tier) = kv_tokens();
+    let cached = by_tier.iter().map(|(_, n)| n).sum();
+    let mut kv_aware = tally(
+        "kv_aware",
+        &KvDecision::ALL.map(KvDecision::as_str),
+        &kv,
+        cached,
+        prompt,
+    );
+    kv_aware.cached_tokens = by_tier
+        .into_iter()
+        .map(|(l, n)| (l.to_string(), n))
+        .collect();
     vec![
         tally(
             "cache_aware",
@@ -85,13 +129,7 @@ pub fn tallies() -> Vec<PolicyTally> {
             ca[Decision::Hit as usize],
             ca.iter().sum(),
         ),
-        tally(
-            "kv_aware",
-            &KvDecision::ALL.map(KvDecision::as_str),
-            &kv,
-            cached,
-            prompt,
-        ),
+        kv_aware,
         tally(
             "manual",
             &StickyDecision::ALL.map(StickyDecision::as_str),
@@ -140,9 +178,12 @@ pub(super) fn publish() {
             }
         }
     }
-    let [prompt, cached] = [0, 1].map(|i| KV_TOKENS[i].load(Ordering::Relaxed));
+    let (prompt, by_tier) = kv_tokens();
     if prompt > 0 {
         metrics::counter!("moongate_gateway_kv_aware_prompt_tokens_total").absolute(prompt);
-        metrics::counter!("moongate_gateway_kv_aware_cached_tokens_total").absolute(cached);
+        for (tier, n) in by_tier {
+            metrics::counter!("moongate_gateway_kv_aware_cached_tokens_total", "tier" => tier)
+                .absolute(n);
+        }
     }
 }

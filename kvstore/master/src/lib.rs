@@ -41,7 +41,7 @@ pub mod server;
 
 pub use background::{publish_gauges, run_background};
 pub use ha::HaConfig;
-pub use master::{Master, MasterConfig, MasterError};
+pub use master::{Held, Master, MasterConfig, MasterError};
 pub use metadata::MetadataStore;
 pub use rest::router;
 pub use server::MasterServer;

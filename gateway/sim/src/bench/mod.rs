@@ -463,6 +463,8 @@ async fn run_one(
         gws.push(gw);
     }
     ready(&gws, sims.len()).await?;
+    // What kv_aware expected at routing (process-wide counts: this run's is the difference).
+    let routed_before = gateway::metrics::kv_aware_token_counts();
     let urls: Vec<String> = gws
         .iter()
         .map(|g| format!("{}/generate", g.url()))
@@ -553,6 +555,7 @@ async fn run_one(
     let ttfts = samples.iter().map(|s| s.ttft_ms).collect();
     let errors = *errors.lock();
     let mut summary = Summary::of(run.name.clone(), &samples, errors, secs);
+    summary.routed_on = routed_on(routed_before, gateway::metrics::kv_aware_token_counts());
     if cfg.kv_store {
         let prompt: u64 = samples.iter().map(|s| s.prompt).sum();
         summary.store_hit_rate = Some(loaded as f64 / prompt.max(1) as f64);
@@ -561,6 +564,22 @@ async fn run_one(
         summary.store_disk = disk;
     }
     Ok((summary, ttfts))
+}
+
+/// Each tier's share of the prompt tokens `kv_aware` routed on events between two
+/// readings of its counts (none when it routed none).
+fn routed_on(
+    (p0, t0): (u64, gateway::outcome::Tiers),
+    (p1, t1): (u64, gateway::outcome::Tiers),
+) -> Option<std::collections::BTreeMap<String, f64>> {
+    let prompt = p1.checked_sub(p0).filter(|&p| p > 0)? as f64;
+    Some(
+        t1.labelled()
+            .iter()
+            .zip(t0.labelled())
+            .map(|((l, n1), (_, n0))| (l.to_string(), n1.saturating_sub(n0) as f64 / prompt))
+            .collect(),
+    )
 }
 
 /// What one request measured.

@@ -56,6 +56,11 @@ pub struct Summary {
     /// read back from there into memory for another worker (or promoted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_disk: Option<[u64; 2]>,
+    /// `kv_aware`: each tier's share of the prompt tokens, as the gateway expected them
+    /// cached at the worker it chose (`device`, `host`, `store`, `store_disk`,
+    /// `estimated`); `hit_rate` is what the workers found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_on: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -99,6 +104,7 @@ impl Summary {
             store_evicted: None,
             store_lookup_ms: None,
             store_disk: None,
+            routed_on: None,
         }
     }
 }
@@ -143,6 +149,13 @@ pub fn table(rows: &[Summary]) -> String {
             }
             note.push(')');
             out.insert_str(out.len() - 1, &note);
+        }
+        if let Some(tiers) = &r.routed_on {
+            let shares: Vec<String> = ["device", "host", "store", "store_disk", "estimated"]
+                .iter()
+                .filter_map(|t| Some(format!("{t} {:.1}%", tiers.get(*t)? * 100.0)))
+                .collect();
+            out.push_str(&format!("  routed on: {}\n", shares.join(", ")));
         }
     }
     out

@@ -15,7 +15,9 @@
 //!   hashes come from a memo of the pages met before ([`hash::DigestMemo`]): a shared
 //!   prefix is hashed once.
 //! - **Score.** For each candidate, its cached prefix in pages (device pages, plus pages
-//!   in host memory or storage at [`HOST_PAGE_VALUE`] each) gives the tokens left to
+//!   in host memory at `--kv-host-page-value` each, then pages of the store at
+//!   `--kv-l3-page-value`, or `--kv-l3-disk-page-value` for those only on a disk tier:
+//!   [`Tiers`]) gives the tokens left to
 //!   prefill; cost = `--kv-overlap-weight` × (tokens to prefill + `--kv-backlog-weight` ×
 //!   the worker's prefill backlog) + `--kv-load-weight` × requests in flight × mean prompt
 //!   tokens (Dynamo's prefill-blocks-plus-decode-blocks cost, in tokens; the load term
@@ -59,6 +61,7 @@ use crate::client::HttpClient;
 use crate::config::ServeConfig;
 use crate::metrics;
 use crate::outcome::KvDecision;
+pub use crate::outcome::Tiers;
 use crate::workers::Worker;
 use index::{KvIndex, MAX_SLOTS, SlotSet};
 use predict::{Predicted, Prediction};
@@ -67,9 +70,6 @@ use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
 use store::{KeyFormat, Probe, StoreSource};
 
-/// What a page held in host memory or storage is worth against one on the device (it
-/// must be loaded, which costs less than computing it).
-pub const HOST_PAGE_VALUE: f64 = 0.5;
 /// How long `/get_server_info` may take when looking for a worker's events endpoint.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -88,8 +88,12 @@ pub struct KvAwareConfig {
     pub temperature: f64,
     /// Every worker's endpoint, `{host}` for the worker's host.
     pub events_endpoint: Option<String>,
+    /// What a page in a worker's host memory is worth against one on its device.
+    pub host_page_value: f64,
     /// What a page in the store is worth against one on the device (0: not looked at).
     pub l3_page_value: f64,
+    /// What a page only on a disk tier of the store is worth.
+    pub l3_disk_page_value: f64,
     /// How the store names a page.
     pub l3_keys: KeyFormat,
     /// The fallback's settings.
@@ -111,7 +115,9 @@ impl From<&ServeConfig> for KvAwareConfig {
             predict: !c.kv_no_predictions,
             temperature: c.router_temperature,
             events_endpoint: c.kv_events_endpoint.clone(),
+            host_page_value: c.kv_host_page_value,
             l3_page_value: c.kv_l3_page_value,
+            l3_disk_page_value: c.kv_l3_disk_page_value,
             l3_keys: KeyFormat::new(&c.kv_l3_key_format),
             fallback: CacheAwareConfig::from(c),
         }
@@ -122,19 +128,21 @@ impl From<&ServeConfig> for KvAwareConfig {
 /// events), and the prompt's page hashes per page size met.
 struct Scan {
     cached: Vec<Option<f64>>,
+    /// Each candidate's cached prefix by tier (default for one without events).
+    tiers: Vec<Tiers>,
     slots: Vec<Option<usize>>,
     page_hashes: HashMap<u32, Vec<hash::BlockHash>>,
 }
 
 /// A decision: the worker, how it was made, its tokens to compute, its slot with the
-/// prompt's page hashes there, and the prompt's tokens when events decided, else 0 (see
-/// [`KvAware::decide_charged`]).
+/// prompt's page hashes there, and when events decided the prompt's tokens and what the
+/// worker holds of them by tier (see [`KvAware::decide_charged`]).
 type Decided<'a> = (
     &'a Arc<Worker>,
     KvDecision,
     u64,
     Option<(usize, Vec<hash::BlockHash>)>,
-    u64,
+    Option<(u64, Tiers)>,
 );
 
 /// What the subscriber tasks share with the policy.
@@ -273,7 +281,8 @@ impl KvAware {
     }
 
     /// How many of `tokens` each candidate holds cached (device pages; host pages at
-    /// [`HOST_PAGE_VALUE`]; then pages in the store at `--kv-l3-page-value`), `None` for
+    /// `--kv-host-page-value`; then pages in the store at `--kv-l3-page-value`, or
+    /// `--kv-l3-disk-page-value` on a disk tier), `None` for
     /// a candidate without events.
     pub fn cached_tokens(&self, candidates: &[&Arc<Worker>], tokens: &[u32]) -> Vec<Option<f64>> {
         self.scan(candidates, tokens).cached
@@ -295,6 +304,7 @@ impl KvAware {
                 .collect()
         };
         let mut out = vec![None; candidates.len()];
+        let mut tiers = vec![Tiers::default(); candidates.len()];
         let mut page_hashes: HashMap<u32, Vec<hash::BlockHash>> = HashMap::new();
         // Workers may differ in page size: one match per page size.
         let mut sizes: Vec<u32> = slots
@@ -331,19 +341,32 @@ impl KvAware {
             };
             let master = self.store.get().and_then(|s| s.master());
             let mut probe = master.map(|m| Probe::new(m, &self.cfg.l3_keys, &digests));
+            let cfg = &self.cfg;
             for (i, s) in slots.iter().enumerate() {
                 if let Some(s) = s.filter(|s| mask & (1 << s) != 0) {
-                    let mut pages = f64::from(o.depth[s]) + HOST_PAGE_VALUE * f64::from(o.host[s]);
-                    if let Some(p) = probe.as_mut() {
-                        let stored = p.run_from((o.depth[s] + o.host[s]) as usize);
-                        pages += self.cfg.l3_page_value * f64::from(stored);
-                    }
+                    let run = probe
+                        .as_mut()
+                        .map(|p| p.run_from((o.depth[s] + o.host[s]) as usize))
+                        .unwrap_or_default();
+                    let pages = f64::from(o.depth[s])
+                        + cfg.host_page_value * f64::from(o.host[s])
+                        + cfg.l3_page_value * f64::from(run.memory)
+                        + cfg.l3_disk_page_value * f64::from(run.disk);
                     out[i] = Some(pages * f64::from(ps));
+                    let tokens = |pages: u32| u64::from(pages) * u64::from(ps);
+                    tiers[i] = Tiers {
+                        device: tokens(o.depth[s]),
+                        host: tokens(o.host[s]),
+                        store: tokens(run.memory),
+                        store_disk: tokens(run.disk),
+                        estimated: 0,
+                    };
                 }
             }
         }
         Scan {
             cached: out,
+            tiers,
             slots,
             page_hashes,
         }
@@ -358,10 +381,22 @@ impl KvAware {
         candidates: &[&'a Arc<Worker>],
         key: Option<&[u8]>,
     ) -> (&'a Arc<Worker>, u64, Option<Prediction>) {
-        let (w, d, uncached, pages, prompt) = self.decide_charged(candidates, key);
+        let (w, d, uncached, pages, held) = self.decide_charged(candidates, key);
         metrics::kv_aware_decision(d);
-        if prompt > 0 {
-            metrics::kv_aware_tokens(prompt, prompt.saturating_sub(uncached));
+        if let Some((prompt, tiers)) = held {
+            metrics::kv_aware_tokens(prompt, &tiers);
+            tracing::debug!(
+                worker = %w.url().as_str(),
+                decision = d.as_str(),
+                prompt,
+                device = tiers.device,
+                host = tiers.host,
+                store = tiers.store,
+                store_disk = tiers.store_disk,
+                estimated = tiers.estimated,
+                to_prefill = uncached,
+                "kv_aware decision"
+            );
         }
         let prediction = pages
             .filter(|(_, hashes)| self.cfg.predict && !hashes.is_empty())
@@ -406,11 +441,12 @@ impl KvAware {
                 KvDecision::Fallback,
                 0,
                 None,
-                0,
+                None,
             );
         };
         let Scan {
             mut cached,
+            mut tiers,
             slots,
             mut page_hashes,
         } = self.scan(candidates, &tokens);
@@ -421,15 +457,19 @@ impl KvAware {
                 KvDecision::Fallback,
                 0,
                 None,
-                0,
+                None,
             );
         }
         let key = key.unwrap_or_default();
         if mixed {
             self.warn_fallback(candidates, &cached);
             let est = self.fallback.estimate(candidates, key);
-            for (c, e) in cached.iter_mut().zip(est) {
-                c.get_or_insert(e * tokens.len() as f64);
+            for ((c, t), e) in cached.iter_mut().zip(&mut tiers).zip(est) {
+                if c.is_none() {
+                    let tokens = e * tokens.len() as f64;
+                    *c = Some(tokens);
+                    t.estimated = tokens as u64;
+                }
             }
         }
         let n = tokens.len() as f64;
@@ -468,7 +508,7 @@ impl KvAware {
             },
             uncached[i] as u64,
             pages,
-            tokens.len() as u64,
+            Some((tokens.len() as u64, tiers[i])),
         )
     }
 

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kvmaster::Master;
+use kvmaster::{Held, Master};
 
 use sglang::kv_events::hash::PageDigest;
 
@@ -69,8 +69,17 @@ pub struct Probe<'a> {
     master: Arc<Master>,
     keys: &'a KeyFormat,
     digests: &'a [PageDigest],
-    seen: Vec<Option<bool>>,
+    seen: Vec<Option<Option<Held>>>,
     name: String,
+}
+
+/// A run of pages the store holds: how many lie in memory, how many only on a disk tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Run {
+    /// Pages in a storage node's memory.
+    pub memory: u32,
+    /// Pages only on a storage node's disk tier (read back into memory before a load).
+    pub disk: u32,
 }
 
 impl<'a> Probe<'a> {
@@ -85,25 +94,26 @@ impl<'a> Probe<'a> {
         }
     }
 
-    /// How many pages from page `start` on the store holds, in a row.
-    pub fn run_from(&mut self, start: usize) -> u32 {
-        let mut n = 0;
+    /// The pages from page `start` on the store holds, in a row, by tier.
+    pub fn run_from(&mut self, start: usize) -> Run {
+        let mut run = Run::default();
         for i in start..self.digests.len() {
             let held = match self.seen[i] {
                 Some(h) => h,
                 None => {
                     self.keys.write(&self.digests[i], &mut self.name);
-                    let h = self.master.readable(&self.name);
+                    let h = self.master.held(&self.name);
                     self.seen[i] = Some(h);
                     h
                 }
             };
-            if !held {
-                break;
+            match held {
+                Some(Held::Memory) => run.memory += 1,
+                Some(Held::Disk) => run.disk += 1,
+                None => break,
             }
-            n += 1;
         }
-        n
+        run
     }
 }
 

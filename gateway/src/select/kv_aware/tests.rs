@@ -206,3 +206,59 @@ fn a_routed_prefix_is_predicted_on_its_worker_until_the_request_ends() {
     let (_, _, none) = kv.pick(&all, Some(b"thello"));
     assert!(none.is_none());
 }
+
+/// `ids`' pages from page `from` on, stored in `medium` (their hashes chained from the
+/// start of `ids`).
+fn stored_in(ids: &[u32], ps: usize, from: usize, medium: &str) -> EventBatch {
+    let mut b = stored(ids, ps);
+    if let KvEvent::BlockStored {
+        block_hashes,
+        medium: m,
+        ..
+    } = &mut b.events[0]
+    {
+        block_hashes.drain(..from);
+        *m = Some(medium.to_owned());
+    }
+    b
+}
+
+#[test]
+fn host_pages_count_at_their_value_and_decisions_report_each_tier() {
+    let cfg = KvAwareConfig {
+        host_page_value: 0.25,
+        ..KvAwareConfig::default()
+    };
+    let (kv, ws, sinks) = following(2, cfg);
+    let prompt: Vec<u32> = (0..64).collect();
+    // Worker 0: one page on its GPU, the next two in its host memory.
+    sinks[0].apply(&stored(&prompt[..16], 16));
+    sinks[0].apply(&stored_in(&prompt[..48], 16, 1, "CPU_PINNED"));
+    sinks[1].apply(&stored(&[7; 16], 16));
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    assert_eq!(
+        kv.cached_tokens(&all, &prompt),
+        [Some(16.0 + 0.25 * 32.0), Some(0.0)]
+    );
+    let (w, d, uncached, _, held) = kv.decide_charged(&all, Some(&key(&prompt)));
+    assert!(Arc::ptr_eq(w, &ws[0]));
+    assert_eq!((d, uncached), (KvDecision::Events, 40));
+    let tiers = Tiers {
+        device: 16,
+        host: 32,
+        ..Tiers::default()
+    };
+    assert_eq!(held, Some((64, tiers)));
+    // Worth nothing, host pages no longer hold the prompt on worker 0 against a tie.
+    let (kv, ws, sinks) = following(
+        2,
+        KvAwareConfig {
+            host_page_value: 0.0,
+            ..KvAwareConfig::default()
+        },
+    );
+    sinks[0].apply(&stored_in(&prompt[..48], 16, 0, "CPU_PINNED"));
+    sinks[1].apply(&stored(&[7; 16], 16));
+    let all: Vec<&Arc<Worker>> = ws.iter().collect();
+    assert_eq!(kv.cached_tokens(&all, &prompt), [Some(0.0), Some(0.0)]);
+}

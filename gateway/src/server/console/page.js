@@ -123,10 +123,15 @@
       const parts = Object.entries(t.decisions).filter(([, n]) => n > 0)
         .map(([k, n]) => k + ' ' + count(n)).join(' · ');
       const hit = t.hit_rate === undefined ? '–' : bar(t.hit_rate, pct(t.hit_rate));
-      return [t.policy, t.in_use ? 'yes' : '', count(total), hit, parts || '–'];
+      // kv_aware: each tier's share of the prompt tokens routed.
+      const tiers = Object.entries(t.cached_tokens || {});
+      const cached = tiers.reduce((a, [, n]) => a + n, 0);
+      const byTier = tiers.filter(([, n]) => n > 0)
+        .map(([k, n]) => k + ' ' + pct(t.hit_rate * n / cached)).join(' · ');
+      return [t.policy, t.in_use ? 'yes' : '', count(total), hit, byTier || '–', parts || '–'];
     });
-    fill($('routing'), [['policy'], ['in use'], ['decisions', 1], ['hit rate'], ['by decision']],
-      rows, '');
+    fill($('routing'), [['policy'], ['in use'], ['decisions', 1], ['hit rate'], ['hits by tier'],
+      ['by decision']], rows, '');
   }
 
   function drawMaster(m) {

@@ -81,6 +81,16 @@ struct Shard {
     reads: [AtomicU64; 3],
 }
 
+/// Where a complete object lies, for a look that reads nothing ([`Master::held`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// In a segment's memory: a reader copies it at once.
+    Memory,
+    /// Only on its segment owner's disk tier (or being read back from it): a reader waits
+    /// for it to be loaded into memory first.
+    Disk,
+}
+
 /// How a read (a replica lookup) was answered: the master's read counters.
 #[derive(Clone, Copy, Debug)]
 enum Read {

@@ -7,7 +7,7 @@
 use super::journal::{Change, Record};
 use super::object::{Object, ReplicaLocation, Replicas, ReplicateConfig};
 use super::segment::Segment;
-use super::{ClientId, Discarded, Master, MasterError, MasterResult};
+use super::{ClientId, Discarded, Held, Master, MasterError, MasterResult};
 use std::sync::Arc;
 
 /// Answer of `get_replicas`: where to read, and for how long the read is protected.
@@ -421,18 +421,30 @@ impl Master {
         Ok(readable)
     }
 
-    /// Whether a readable object exists, without granting a lease or counting a request:
-    /// a look for routing (a gateway asking which prompt pages the store holds), not a
-    /// read. A malformed key is simply absent.
+    /// Whether a readable object exists (in memory or on a disk tier), without granting a
+    /// lease or counting a request: a look for routing (a gateway asking which prompt pages
+    /// the store holds), not a read. A malformed key is simply absent.
     pub fn readable(&self, key: &str) -> bool {
-        if self.check_key(key).is_err() {
-            return false;
-        }
+        self.held(key).is_some()
+    }
+
+    /// Where a complete object lies ([`Held`]), without granting a lease or counting a
+    /// request (a look for routing); `None` when it is absent, unfinished or on no mounted
+    /// segment. A malformed key is simply absent.
+    pub fn held(&self, key: &str) -> Option<Held> {
+        self.check_key(key).ok()?;
         let hash = self.hash(key);
         let shard = self.lock_shard(self.shard_of(hash));
-        shard
-            .find(hash, key)
-            .is_some_and(|i| shard.get(i).is_readable())
+        let o = shard.get(shard.find(hash, key)?);
+        if (o.is_on_disk() || o.is_loading()) && o.is_complete() {
+            // `replicas[0]` is the disk's segment.
+            o.replicas.as_slice()[0]
+                .segment
+                .is_mounted()
+                .then_some(Held::Disk)
+        } else {
+            o.is_readable().then_some(Held::Memory)
+        }
     }
 
     /// Removes a readable object. Refused while a read lease is live unless `force`; an

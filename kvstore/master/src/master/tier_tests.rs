@@ -624,6 +624,8 @@ fn reads_are_counted_by_the_tier_that_answers_them() {
     clock.advance(m.config().lease_ttl_ms);
     m.tick();
     assert_eq!((m.stats().disk_offloads, m.stats().disk_loads), (1, 0));
+    assert_eq!(m.held("k"), Some(Held::Disk));
+    assert!(m.readable("k"));
     // On disk: a read starts the load, a read while it runs waits on it; both are disk
     // reads. Loaded, the value is read from memory again.
     assert!(matches!(m.lookup("k").unwrap(), Lookup::Loading));
@@ -633,6 +635,9 @@ fn reads_are_counted_by_the_tier_that_answers_them() {
     m.get_replicas("k").unwrap();
     assert_eq!(counts(&m), (2, 2, 1));
     assert_eq!((m.stats().disk_offloads, m.stats().disk_loads), (1, 1));
+    // A look for routing says where it lies, and reads nothing.
+    assert_eq!(m.held("k"), Some(Held::Memory));
+    assert_eq!(m.held("absent"), None);
     let seg = openapi::master::Segment::from(m.segments().remove(0));
     assert_eq!((seg.disk_bytes, seg.disk_write_through), (1 << 30, false));
 }

@@ -146,6 +146,10 @@ pub struct BenchConfig {
     /// `--kv-l3-page-value`; used with `--kv-store`).
     #[arg(long, default_value_t = ServeConfig::default().kv_l3_page_value)]
     pub kv_l3_page_value: f64,
+    /// `kv_aware`'s value of a store page only on a disk tier (the gateway's
+    /// `--kv-l3-disk-page-value`; used with `--kv-store-disk`).
+    #[arg(long, default_value_t = ServeConfig::default().kv_l3_disk_page_value)]
+    pub kv_l3_disk_page_value: f64,
     /// Give the workers an L3 tier on a KV master this bench hosts (SGLang HiCache's
     /// storage backend on Moongate's store).
     #[arg(long)]
@@ -374,6 +378,7 @@ fn gateway_config(cfg: &BenchConfig, run: &Run, sims: &[SimHandle]) -> ServeConf
         kv_load_weight: cfg.kv_load_weight,
         kv_no_predictions: cfg.kv_no_predictions,
         kv_l3_page_value: cfg.kv_l3_page_value,
+        kv_l3_disk_page_value: cfg.kv_l3_disk_page_value,
         ..ServeConfig::default()
     };
     match cfg.pd {

@@ -214,6 +214,31 @@ fn demo_prints_examples_serves_them_and_exits_on_ctrl_c() {
 }
 
 #[test]
+fn demo_outlives_a_reader_that_went_away() {
+    use std::io::{BufRead, BufReader};
+    let mut child = moongate()
+        .args(["demo", "--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn moongate demo");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a line");
+    // `moongate demo | head -1`: the pipe is closed now.
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("gateway url")
+        .to_string();
+    let resp = http_get(url.trim_start_matches("http://"), "/liveness");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // It says "stopping" on its way out, to nobody: a clean exit all the same.
+    signal_and_expect_clean_exit(&mut child, "-TERM");
+}
+
+#[test]
 fn store_and_sim_worker_print_their_validated_settings() {
     let out = print_config(
         moongate()

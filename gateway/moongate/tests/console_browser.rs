@@ -47,8 +47,7 @@ fn demo() -> (Demo, String, Vec<String>) {
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut first = String::new();
     out.read_line(&mut first).expect("the demo's first line");
-    // The rest is drained: the demo prints its examples next, and a closed pipe would fail
-    // its writes.
+    // The rest is read and dropped, as a terminal would take it.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let urls: Vec<String> = first
         .split(|c: char| c.is_whitespace() || "(),".contains(c))

@@ -306,14 +306,14 @@ Ctrl-C stops the demo. KV moves:
 pub async fn run(cfg: DemoConfig) -> anyhow::Result<()> {
     let stop = gateway::listen::shutdown_signal();
     let demo = Demo::start(cfg).await?;
-    println!("{}", demo.instructions());
+    say(&demo.instructions());
     if let Some(mut moves) = demo.kv_moves() {
         tokio::spawn(async move {
             loop {
                 match moves.recv().await {
-                    Ok(e) => println!("{}", describe(&e)),
+                    Ok(e) => say(&describe(&e)),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        println!("({n} KV moves not shown)")
+                        say(&format!("({n} KV moves not shown)"))
                     }
                     Err(_) => return,
                 }
@@ -321,9 +321,16 @@ pub async fn run(cfg: DemoConfig) -> anyhow::Result<()> {
         });
     }
     stop.await;
-    println!("stopping");
+    say("stopping");
     demo.shutdown().await;
     Ok(())
+}
+
+/// Prints `text` and a newline to stdout. A reader that went away (`moongate demo | head
+/// -1`) does not stop the demo: `println!` would panic on the closed pipe.
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 /// One line about one room's KV move.

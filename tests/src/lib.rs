@@ -458,6 +458,19 @@ pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
         .expect("JSON body")
 }
 
+/// `GET url` with `Authorization: Bearer key`, the answer as JSON (panics on a transport
+/// error or non-JSON body).
+pub async fn get_json_as(c: &reqwest::Client, url: &str, key: &str) -> serde_json::Value {
+    c.get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON body")
+}
+
 /// `POST url` with a JSON body, the answer as JSON (panics on a transport error or non-JSON body).
 pub async fn post_json(
     c: &reqwest::Client,

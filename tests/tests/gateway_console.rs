@@ -7,7 +7,7 @@
 use base64::Engine;
 use gateway::config::{PolicyKind, Secret};
 use kvclient::{ClientConfig, StoreClient};
-use moongate_tests::{Backend, post, start_regular_gateway};
+use moongate_tests::{Backend, get_json_as, post, start_regular_gateway};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -61,15 +61,7 @@ async fn cluster_shows_workers_routing_and_the_master_behind_the_admin_key() {
             200
         );
     }
-    let view: Value = c
-        .get(&cluster)
-        .bearer_auth("console-admin")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = get_json_as(&c, &cluster, "console-admin").await;
     assert_eq!(view["gateway"]["mode"], "regular");
     assert_eq!(view["gateway"]["policies"], json!(["cache_aware"]));
     let urls: Vec<&str> = view["workers"]

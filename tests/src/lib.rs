@@ -449,21 +449,18 @@ async fn infer(State(s): State<Arc<Shared>>, req: Request) -> Response {
 
 /// `GET url`, the body as JSON (panics on a transport error or non-JSON body).
 pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
-    c.get(url)
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON body")
+    json_answer(c.get(url)).await
 }
 
 /// `GET url` with `Authorization: Bearer key`, the answer as JSON (panics on a transport
 /// error or non-JSON body).
 pub async fn get_json_as(c: &reqwest::Client, url: &str, key: &str) -> serde_json::Value {
-    c.get(url)
-        .bearer_auth(key)
-        .send()
+    json_answer(c.get(url).bearer_auth(key)).await
+}
+
+/// Sends `req` and reads its answer as JSON (panics on a transport error or non-JSON body).
+async fn json_answer(req: reqwest::RequestBuilder) -> serde_json::Value {
+    req.send()
         .await
         .expect("GET")
         .json()

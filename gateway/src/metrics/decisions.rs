@@ -60,14 +60,9 @@ pub fn kv_aware_token_counts() -> (u64, Tiers) {
 }
 
 /// `kv_aware`'s prompt tokens routed on events, and the cached ones by tier label.
-fn kv_tokens() -> (u64, Vec<(&'static str, u64)>) {
-    let labels = Tiers::default().labelled().map(|(l, _)| l);
-    let by_tier = labels
-        .iter()
-        .zip(&KV_TOKENS[1..])
-        .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
-        .collect();
-    (KV_TOKENS[0].load(Ordering::Relaxed), by_tier)
+fn kv_tokens() -> (u64, [(&'static str, u64); 5]) {
+    let (prompt, tiers) = kv_aware_token_counts();
+    (prompt, tiers.labelled())
 }
 
 /// Records one `manual` (sticky session) decision.
@@ -82,99 +77,102 @@ pub fn pd_path(p: PdPath) {
     PD_PATHS[p as usize].fetch_add(1, Ordering::Relaxed);
 }
 
-fn load(counts: &[AtomicU64]) -> Vec<u64> {
-    counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+/// A family of decisions: the console's name for it, its Prometheus counter and label,
+/// its counts and their labels, in the same order.
+struct Family {
+    policy: &'static str,
+    metric: &'static str,
+    label: &'static str,
+    counts: &'static [AtomicU64],
+    labels: Vec<&'static str>,
 }
 
-/// A family of decisions: its counts by label, and its hit rate (`hits` over `of`).
-fn tally(policy: &str, labels: &[&str], counts: &[u64], hits: u64, of: u64) -> PolicyTally {
-    PolicyTally {
-        policy: policy.to_string(),
-        in_use: false,
-        decisions: labels
+impl Family {
+    fn counts(&self) -> Vec<u64> {
+        self.counts
             .iter()
-            .zip(counts)
-            .map(|(l, &n)| (l.to_string(), n))
-            .collect::<BTreeMap<_, _>>(),
-        hit_rate: (of > 0).then(|| hits as f64 / of as f64),
-        cached_tokens: BTreeMap::new(),
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 }
 
-/// Every family's counts now (`in_use` is left false: the caller knows the policies in
-/// force).
-pub fn tallies() -> Vec<PolicyTally> {
-    let ca = load(&CACHE_AWARE);
-    let kv = load(&KV_AWARE);
-    let sticky = load(&STICKY);
-    let pd = load(&PD_PATHS);
-    let (prompt, by_tier) = kv_tokens();
-    let cached = by_tier.iter().map(|(_, n)| n).sum();
-    let mut kv_aware = tally(
-        "kv_aware",
-        &KvDecision::ALL.map(KvDecision::as_str),
-        &kv,
-        cached,
-        prompt,
-    );
-    kv_aware.cached_tokens = by_tier
-        .into_iter()
-        .map(|(l, n)| (l.to_string(), n))
-        .collect();
-    vec![
-        tally(
-            "cache_aware",
-            &Decision::ALL.map(Decision::as_str),
-            &ca,
-            ca[Decision::Hit as usize],
-            ca.iter().sum(),
-        ),
-        kv_aware,
-        tally(
-            "manual",
-            &StickyDecision::ALL.map(StickyDecision::as_str),
-            &sticky,
-            sticky[StickyDecision::Hit as usize],
-            sticky.iter().sum(),
-        ),
-        tally("pd", &PdPath::ALL.map(PdPath::as_str), &pd, 0, 0),
+/// Every family, in the console's order.
+fn families() -> [Family; 4] {
+    [
+        Family {
+            policy: "cache_aware",
+            metric: "moongate_gateway_cache_aware_decisions_total",
+            label: "decision",
+            counts: &CACHE_AWARE,
+            labels: Decision::ALL.map(Decision::as_str).to_vec(),
+        },
+        Family {
+            policy: "kv_aware",
+            metric: "moongate_gateway_kv_aware_decisions_total",
+            label: "decision",
+            counts: &KV_AWARE,
+            labels: KvDecision::ALL.map(KvDecision::as_str).to_vec(),
+        },
+        Family {
+            policy: "manual",
+            metric: "moongate_gateway_sticky_decisions_total",
+            label: "decision",
+            counts: &STICKY,
+            labels: StickyDecision::ALL.map(StickyDecision::as_str).to_vec(),
+        },
+        Family {
+            policy: "pd",
+            metric: "moongate_gateway_pd_paths_total",
+            label: "path",
+            counts: &PD_PATHS,
+            labels: PdPath::ALL.map(PdPath::as_str).to_vec(),
+        },
     ]
+}
+
+/// Every family's counts now (`in_use` is left false: the caller knows the policies in
+/// force). Hit rates: `cache_aware`'s and `manual`'s hits over their decisions,
+/// `kv_aware`'s cached prompt tokens (every tier) over its prompt tokens; `pd` has none.
+pub fn tallies() -> Vec<PolicyTally> {
+    let (prompt, by_tier) = kv_tokens();
+    families()
+        .into_iter()
+        .map(|f| {
+            let counts = f.counts();
+            let all: u64 = counts.iter().sum();
+            let (hits, of) = match f.policy {
+                "cache_aware" => (counts[Decision::Hit as usize], all),
+                "manual" => (counts[StickyDecision::Hit as usize], all),
+                "kv_aware" => (by_tier.iter().map(|(_, n)| n).sum(), prompt),
+                _ => (0, 0),
+            };
+            let cached_tokens = match f.policy {
+                "kv_aware" => by_tier.iter().map(|(l, n)| (l.to_string(), *n)).collect(),
+                _ => BTreeMap::new(),
+            };
+            PolicyTally {
+                policy: f.policy.to_string(),
+                in_use: false,
+                decisions: f
+                    .labels
+                    .iter()
+                    .zip(&counts)
+                    .map(|(l, &n)| (l.to_string(), n))
+                    .collect(),
+                hit_rate: (of > 0).then(|| hits as f64 / of as f64),
+                cached_tokens,
+            }
+        })
+        .collect()
 }
 
 /// Tells the process's recorder the counts (a family's series appear once it has
 /// counted something, as they did when the recorder counted them itself).
 pub(super) fn publish() {
-    let families: [(&str, &str, &[AtomicU64], Vec<&'static str>); 4] = [
-        (
-            "moongate_gateway_cache_aware_decisions_total",
-            "decision",
-            &CACHE_AWARE,
-            Decision::ALL.map(Decision::as_str).to_vec(),
-        ),
-        (
-            "moongate_gateway_kv_aware_decisions_total",
-            "decision",
-            &KV_AWARE,
-            KvDecision::ALL.map(KvDecision::as_str).to_vec(),
-        ),
-        (
-            "moongate_gateway_sticky_decisions_total",
-            "decision",
-            &STICKY,
-            StickyDecision::ALL.map(StickyDecision::as_str).to_vec(),
-        ),
-        (
-            "moongate_gateway_pd_paths_total",
-            "path",
-            &PD_PATHS,
-            PdPath::ALL.map(PdPath::as_str).to_vec(),
-        ),
-    ];
-    for (name, label, counts, labels) in families {
-        for (c, l) in counts.iter().zip(labels) {
-            let n = c.load(Ordering::Relaxed);
+    for f in families() {
+        for (n, l) in f.counts().into_iter().zip(&f.labels) {
             if n > 0 {
-                metrics::counter!(name, label => l).absolute(n);
+                metrics::counter!(f.metric, f.label => *l).absolute(n);
             }
         }
     }

@@ -103,10 +103,10 @@ pub fn view(st: &AppState) -> ClusterView {
     let workers: Vec<WorkerRow> = set.iter().map(|w| row(w)).collect();
     let router = st.router();
     let pd = st.pd_router();
-    let mut policies = vec![router.policy().kind().to_string()];
-    if let Some(pd) = &pd {
-        policies = pd.policies().iter().map(|p| p.kind().to_string()).collect();
-    }
+    let policies: Vec<String> = match &pd {
+        Some(pd) => pd.policies().iter().map(|p| p.kind().to_string()).collect(),
+        None => vec![router.policy().kind().to_string()],
+    };
     let mut routing = crate::metrics::tallies();
     for t in &mut routing {
         t.in_use = match t.policy.as_str() {

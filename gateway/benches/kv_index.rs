@@ -10,17 +10,20 @@
 //!   Target: >= 200 k matches per second at 1 M blocks, one core.
 //! - `store`: looking a 32-page prompt up in a KV master holding 1 M objects, page by
 //!   page, as `kv_aware` does for the pages past a worker's cached prefix (all found: the
-//!   most lookups a prompt costs).
+//!   most lookups a prompt costs); and in a view of the same pages followed from the
+//!   master's events (a gateway that does not host the master).
 //!
 //! Reference in the same run: one `HashMap` insert per block (the floor of any index).
+
+mod common;
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway::select::kv_aware::index::KvIndex;
-use gateway::select::kv_aware::store::{KeyFormat, Probe};
-use kvmaster::master::{ClientId, ReplicateConfig, SegmentSpec};
-use kvmaster::{Master, MasterConfig};
+use gateway::select::kv_aware::store::{KeyFormat, Lookup, Probe, StoreView};
+use kvmaster::MasterConfig;
+use kvmaster::master::{ClientId, ReplicateConfig};
 use sglang::kv_events::hash;
 use sglang::kv_events::wire::{EventBatch, KvEvent};
 
@@ -189,21 +192,8 @@ fn matching(c: &mut Criterion) {
 }
 
 fn store(c: &mut Criterion) {
-    let master = std::sync::Arc::new(Master::new(MasterConfig::default()).expect("master"));
+    let master = common::master(MasterConfig::default());
     let owner = ClientId::from_u128(1);
-    master
-        .mount_segment(
-            owner,
-            SegmentSpec {
-                name: "s".into(),
-                base: 1 << 40,
-                size: 1 << 40,
-                endpoint: "node".into(),
-                disk_bytes: 0,
-                disk_write_through: false,
-            },
-        )
-        .expect("mount");
     let keys = KeyFormat::new("{hash}_0_k");
     let put = |d: &hash::PageDigest| {
         let mut name = String::new();
@@ -232,7 +222,25 @@ fn store(c: &mut Criterion) {
     g.bench_function("probe_1m_objects_32_pages", |b| {
         b.iter(|| {
             k = (k + 1) % prompts.len();
-            let mut p = Probe::new(master.clone(), &keys, &prompts[k]);
+            let mut p = Probe::new(Lookup::Master(master.clone()), &keys, &prompts[k]);
+            black_box(p.run_from(0))
+        })
+    });
+    // The same pages in a view followed from the master's events (another gateway's).
+    let view = std::sync::Arc::new(StoreView::default());
+    let (_, held) = master.held_all();
+    let snapshot: Vec<_> = held
+        .into_iter()
+        .map(|(key, _)| openapi::master::ObjectEvent {
+            key,
+            held: Some(openapi::master::HeldTier::Memory),
+        })
+        .collect();
+    view.replace(&keys, &snapshot);
+    g.bench_function("probe_view_1m_pages_32_pages", |b| {
+        b.iter(|| {
+            k = (k + 1) % prompts.len();
+            let mut p = Probe::new(Lookup::View(view.clone()), &keys, &prompts[k]);
             black_box(p.run_from(0))
         })
     });

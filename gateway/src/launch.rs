@@ -19,6 +19,8 @@ use crate::auth::KeySet;
 use crate::config::{ConfigError, ServeConfig};
 use crate::listen::{ClientLimits, DeadlineBody, accept_loop, shutdown_signal};
 use crate::master::HostedMaster;
+use crate::select::kv_aware::follow::FollowedStore;
+use crate::select::kv_aware::store::{KeyFormat, StoreSource};
 use crate::server::{self, AppState};
 
 /// A running gateway (for `serve`, the demo and tests).
@@ -32,6 +34,9 @@ pub struct Gateway {
     master_task: Option<JoinHandle<()>>,
     /// Where Mooncake's master HTTP service listens (`--mooncake-http-port`), if it does.
     pub mooncake_addr: Option<SocketAddr>,
+    /// Where the store's KV events are published (`--master-kv-events-endpoint`, its port
+    /// resolved), if they are.
+    pub kv_events_endpoint: Option<String>,
 }
 
 impl Gateway {
@@ -90,9 +95,7 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
         // Alone, `/metrics` refreshes its gauges; an HA leader's tick does that instead.
         state.host_master(h.master().clone());
     }
-    if let Some(h) = &hosted {
-        state.use_store(Arc::new(h.clone()));
-    }
+    use_store(&state, hosted.as_ref())?;
     // Last before serving: its watch tasks stop with the gateway's token, which a failure
     // from here on cancels.
     let cancel = state.cancel_token().clone();
@@ -127,6 +130,17 @@ pub async fn spawn(cfg: ServeConfig, listener: TcpListener) -> anyhow::Result<Ga
                 }
             }
         }
+        if let Some(at) = cfg.master.kv_events_endpoint.clone() {
+            let keys = KeyFormat::new(&cfg.kv_l3_key_format);
+            let stop = gw.state.cancel_token().clone();
+            match crate::master::kv_events::spawn(&h, &at, keys, stop).await {
+                Ok((bound, _task)) => gw.kv_events_endpoint = Some(bound),
+                Err(e) => {
+                    gw.state.cancel_token().cancel();
+                    return Err(e);
+                }
+            }
+        }
         gw.master_task = Some(h.spawn_background(gw.state.cancel_token().clone()));
     }
     Ok(gw)
@@ -139,6 +153,33 @@ fn hosted_master(cfg: &ServeConfig) -> anyhow::Result<Option<HostedMaster>> {
     }
     let hosted = HostedMaster::new(cfg.master.clone(), &cfg.ha).context("KV master settings")?;
     Ok(Some(hosted))
+}
+
+/// Shows `kv_aware` the store: the hosted master's, and, without one answering here (an
+/// HA member that follows, `--kv-l3-master-url`), the view a task keeps of the master
+/// that answers ([`FollowedStore`]).
+fn use_store(state: &AppState, hosted: Option<&HostedMaster>) -> anyhow::Result<()> {
+    let cfg = state.config();
+    let follows = cfg.kv_l3_master_url.is_some() || hosted.is_some_and(HostedMaster::is_ha);
+    let hosted: Option<Arc<dyn StoreSource>> = hosted.map(|h| Arc::new(h.clone()) as _);
+    if !follows || cfg.kv_l3_page_value <= 0.0 {
+        if let Some(h) = hosted {
+            state.use_store(h);
+        }
+        return Ok(());
+    }
+    let store = Arc::new(FollowedStore::new(hosted, cfg.kv_l3_master_url.clone()));
+    let key = cfg
+        .store_secret()
+        .context("the store key, to follow the KV master's events")?;
+    tokio::spawn(store.clone().run(
+        state.client().clone(),
+        KeyFormat::new(&cfg.kv_l3_key_format),
+        key,
+        state.cancel_token().clone(),
+    ));
+    state.use_store(store);
+    Ok(())
 }
 
 /// The hosted master's routes behind the store and admin keys (none without a master).
@@ -211,6 +252,7 @@ pub async fn spawn_with(
         grace,
         master_task: None,
         mooncake_addr: None,
+        kv_events_endpoint: None,
     })
 }
 

@@ -14,8 +14,10 @@
 //! `--tls-cert-file`).
 //!
 //! Either command serves Mooncake's master HTTP service on `--mooncake-http-port`
-//! ([`mooncake`]).
+//! ([`mooncake`]), and publishes the store's object events on ZMQ in SGLang's KV-event
+//! format on `--master-kv-events-endpoint` ([`kv_events`]).
 
+pub mod kv_events;
 pub mod mooncake;
 
 use std::sync::Arc;
@@ -38,6 +40,8 @@ use utoipa::OpenApi;
 use utoipa::openapi::OpenApi as Document;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+use crate::select::kv_aware::store::KeyFormat;
 
 use crate::auth::{Auth, KeySet, Plane, Refusal, Rejection};
 use crate::config::MasterHostConfig;
@@ -296,6 +300,7 @@ pub fn document(cfg: MasterHostConfig) -> anyhow::Result<Document> {
 pub struct MasterProcess {
     addr: std::net::SocketAddr,
     mooncake_addr: Option<std::net::SocketAddr>,
+    kv_events_endpoint: Option<String>,
     mooncake: Option<JoinHandle<std::io::Result<()>>>,
     tls: bool,
     master: Arc<Master>,
@@ -315,6 +320,12 @@ impl MasterProcess {
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.addr
+    }
+
+    /// Where the store's KV events are published (`--master-kv-events-endpoint`, its port
+    /// resolved), if they are.
+    pub fn kv_events_endpoint(&self) -> Option<&str> {
+        self.kv_events_endpoint.as_deref()
     }
 
     /// Where Mooncake's master HTTP service listens (`--mooncake-http-port`), if it does.
@@ -380,6 +391,13 @@ pub async fn spawn_master(
         }
         None => (None, None),
     };
+    let kv_events_endpoint = match &cfg.master.kv_events_endpoint {
+        Some(at) => {
+            let keys = KeyFormat::new(&cfg.kv_l3_key_format);
+            Some(kv_events::spawn(&hosted, at, keys, stop.clone()).await?.0)
+        }
+        None => None,
+    };
     let svc = ServiceExt::<Request<DeadlineBody<Incoming>>>::boxed_clone(app);
     let serving = tokio::spawn(crate::listen::accept_loop(
         listener,
@@ -393,6 +411,7 @@ pub async fn spawn_master(
     Ok(MasterProcess {
         addr,
         mooncake_addr,
+        kv_events_endpoint,
         mooncake,
         tls: tls.is_some(),
         master: hosted.master,

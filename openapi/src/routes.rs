@@ -320,10 +320,11 @@ pub mod master {
         BatchClientKeysRequest, BatchExistsResponse, BatchKeyResponse, BatchKeysRequest,
         BatchPutCommitRequest, BatchPutCommitResponse, BatchPutStartRequest, BatchPutStartResponse,
         BatchRemoveRequest, BatchReplicasResponse, Client, ClientList, ClientRequest,
-        DeleteObjectsQuery, ExistsResponse, HaStatus, KeyPage, ListObjectsQuery, MasterStats,
-        MetadataQuery, ObjectInfo, PingResponse, PutStartRequest, PutStartResponse, RemountRequest,
-        RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse, ReplicasQuery,
-        ReplicasResponse, Segment, SegmentList, SegmentSpec, TierExchange, TierTasks,
+        DeleteObjectsQuery, EventsQuery, ExistsResponse, HaStatus, KeyPage, ListObjectsQuery,
+        MasterStats, MetadataQuery, ObjectInfo, PingResponse, PutStartRequest, PutStartResponse,
+        RemountRequest, RemoveQuery, RemovedResponse, ReplicaClearRequest, ReplicaClearResponse,
+        ReplicasQuery, ReplicasResponse, Segment, SegmentList, SegmentSpec, StoreEvents,
+        TierExchange, TierTasks,
     };
 
     routes! {
@@ -421,6 +422,10 @@ pub mod master {
         /// value goes there any more (Mooncake's `unmount_local_disk_segment`).
         DetachDisk = Post "/api/v1/segments/{name}/tier/detach", Store, "master_detach_disk",
             ClientRequest => RemovedResponse;
+        /// What the store holds, as changes to follow: a snapshot first, then every
+        /// stored, moved and removed key in order (long-polled with `wait_ms`).
+        Events = Get "/api/v1/events", Store, "master_events",
+            () with EventsQuery => StoreEvents;
         /// This master's role in an HA cluster (answered by every master itself).
         HaStatusRoute = Get "/api/v1/ha", Store, "master_ha_status", () => HaStatus;
         /// A transfer-metadata entry (Mooncake's HTTP metadata interface).

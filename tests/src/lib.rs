@@ -12,6 +12,7 @@
 //! - [`tls`]: a TLS front that makes any backend an `https://` worker (test certificates
 //!   in `tests/fixtures/tls`).
 //! - [`attack`]: a hostile host against a transfer port (raw frames, a blind handshake).
+//! - [`store_sims`]: simulated workers with HiCache's L3 on a Moongate store.
 //! - `browser` (feature `browser`): headless Chromium, the DOM after a page's scripts ran,
 //!   screenshots.
 //!
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 pub mod attack;
 #[cfg(feature = "browser")]
 pub mod browser;
+pub mod store_sims;
 pub mod tls;
 
 /// A gateway configuration suited to tests: loopback, port 0, fast health checks.

@@ -9,18 +9,13 @@ use gateway::config::PolicyKind;
 use gateway::launch::Gateway;
 use gateway::workers::Worker;
 use kvclient::{ClientConfig, StoreClient};
+use moongate_tests::store_sims::{PAGE, start_sim as start, store_sim as config};
 use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
 use serde_json::{Value, json};
 use sglang::hicache::{KeyLayout, page_hashes};
-use sglang::kv_events::KvEventsConfig;
 use sim::config::WritePolicy;
 use sim::l3::L3Stats;
 use sim::{self, SimConfig, SimHandle};
-use tokio::net::TcpListener;
-
-/// Tokens per page, and pages each worker's GPU cache holds.
-const PAGE: usize = 4;
-const POOL_PAGES: u64 = 8;
 
 /// A worker whose prefix cache holds [`POOL_PAGES`] pages, with L3 on `master` writing
 /// the pages it evicts (`write-back`).
@@ -31,34 +26,6 @@ async fn sim_with_store(master: &str) -> SimHandle {
 /// [`sim_with_store`] with the write policy `policy`.
 async fn sim_writing(master: &str, policy: WritePolicy) -> SimHandle {
     start(config(master, policy)).await
-}
-
-async fn start(cfg: SimConfig) -> SimHandle {
-    sim::spawn(cfg, TcpListener::bind("127.0.0.1:0").await.unwrap())
-        .await
-        .unwrap()
-}
-
-/// The settings of [`sim_writing`].
-fn config(master: &str, policy: WritePolicy) -> SimConfig {
-    SimConfig {
-        port: 0,
-        model: "m".into(),
-        model_shape: sim::ModelShape::Tiny,
-        page_size: PAGE as u32,
-        kv_pool_size: POOL_PAGES * (PAGE as u64) * 128,
-        kv_transport: sim::config::KvTransport::Tcp,
-        kv_store: Some(master.to_owned()),
-        kv_store_write_policy: policy,
-        kv_store_segment_size: 1 << 20,
-        kv_store_buffer_size: 1 << 20,
-        kv_events_config: Some(KvEventsConfig {
-            endpoint: "tcp://127.0.0.1:0".into(),
-            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            ..KvEventsConfig::default()
-        }),
-        ..SimConfig::default()
-    }
 }
 
 fn cached(answer: &Value) -> u64 {

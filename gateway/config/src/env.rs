@@ -163,6 +163,8 @@ pub const KV_L3_DISK_PAGE_VALUE: &str = "MOONGATE_KV_L3_DISK_PAGE_VALUE";
 pub const KV_HOST_PAGE_VALUE: &str = "MOONGATE_KV_HOST_PAGE_VALUE";
 /// `--kv-l3-key-format`.
 pub const KV_L3_KEY_FORMAT: &str = "MOONGATE_KV_L3_KEY_FORMAT";
+/// `--kv-l3-master-url`.
+pub const KV_L3_MASTER_URL: &str = "MOONGATE_KV_L3_MASTER_URL";
 /// `--router-temperature`.
 pub const ROUTER_TEMPERATURE: &str = "MOONGATE_ROUTER_TEMPERATURE";
 /// `--kv-events-endpoint`.

@@ -391,6 +391,12 @@ pub struct ServeConfig {
     /// deployment prefix when one is set.
     #[arg(long, env = env::KV_L3_KEY_FORMAT, default_value_t = ServeConfig::default().kv_l3_key_format)]
     pub kv_l3_key_format: String,
+    /// `kv_aware`: the KV master (comma-separated: an HA cluster's masters) whose store
+    /// this gateway follows through its object events when it hosts no master that
+    /// answers (`--disable-master`, or a second gateway of one deployment). A gateway that
+    /// hosts an HA member follows its leader without it.
+    #[arg(long, env = env::KV_L3_MASTER_URL)]
+    pub kv_l3_master_url: Option<String>,
     /// `kv_aware`: softmax temperature over the workers' costs (0: the cheapest always).
     #[arg(long, env = env::ROUTER_TEMPERATURE, default_value_t = ServeConfig::default().router_temperature)]
     pub router_temperature: f64,
@@ -599,6 +605,7 @@ impl Default for ServeConfig {
             kv_l3_disk_page_value: 0.25,
             kv_host_page_value: 0.5,
             kv_l3_key_format: "{hash}_0_k".into(),
+            kv_l3_master_url: None,
             router_temperature: 0.0,
             kv_events_endpoint: None,
             tokenizer_path: None,

@@ -87,6 +87,11 @@ pub struct MasterHostConfig {
     /// Address `--mooncake-http-port` binds.
     #[arg(long, env = env::MOONCAKE_HTTP_HOST, default_value_t = MasterHostConfig::default().mooncake_http_host)]
     pub mooncake_http_host: String,
+    /// The store object that says a page is in the store, `{hash}` standing for the page's
+    /// HiCache hash (as `serve`'s): which keys `--master-kv-events-endpoint` publishes as
+    /// pages.
+    #[arg(long, env = env::KV_L3_KEY_FORMAT, default_value_t = MasterHostConfig::default().kv_l3_key_format)]
+    pub kv_l3_key_format: String,
     /// The master (`[master]` in the TOML file).
     #[command(flatten)]
     pub master: MasterConfig,
@@ -118,6 +123,7 @@ impl Default for MasterHostConfig {
             busy_poll_us: serve.busy_poll_us,
             mooncake_http_port: serve.mooncake_http_port,
             mooncake_http_host: serve.mooncake_http_host,
+            kv_l3_key_format: serve.kv_l3_key_format,
             master: serve.master,
             ha: serve.ha,
         }
@@ -150,6 +156,7 @@ impl MasterHostConfig {
         {
             errs.push("mooncake_http_port must differ from port".to_string());
         }
+        errs.extend(validate::key_format_problem(&self.kv_l3_key_format));
         errs.extend(security::master_problems(self));
         errs.extend(
             trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())

@@ -71,12 +71,19 @@ fn cors_problems(origins: &[String]) -> Vec<String> {
 /// The store key: `explicit`, else derived from the transfer secret (`secret_file`, else
 /// `MOONGATE_TRANSFER_SECRET_FILE`, else the per-user file, made on first use).
 fn store_key(explicit: &Option<Secret>, secret_file: Option<&Path>) -> anyhow::Result<KeySet> {
+    Ok(KeySet::single(
+        store_secret(explicit, secret_file)?.expose(),
+    ))
+}
+
+/// The store key itself, to send (see [`store_key`]).
+fn store_secret(explicit: &Option<Secret>, secret_file: Option<&Path>) -> anyhow::Result<Secret> {
     if let Some(k) = explicit {
-        return Ok(KeySet::single(k.expose()));
+        return Ok(k.clone());
     }
     let secret = trust::ClusterSecret::resolve(secret_file)
         .context("the store key is derived from the transfer secret (or give --store-api-key)")?;
-    Ok(KeySet::single(&secret.store_api_key()))
+    Ok(Secret::new(secret.store_api_key()))
 }
 
 /// The keys in force for an admin key, `--insecure-open-admin`, client keys and a store
@@ -123,6 +130,12 @@ impl ServeConfig {
     /// creates the transfer secret file unless the key is explicit.
     pub fn store_key(&self) -> anyhow::Result<KeySet> {
         store_key(&self.store_api_key, self.transfer_secret_file.as_deref())
+    }
+
+    /// The store key itself, as this gateway sends it to a master it follows
+    /// (`--kv-l3-master-url`, or an HA member's leader).
+    pub fn store_secret(&self) -> anyhow::Result<Secret> {
+        store_secret(&self.store_api_key, self.transfer_secret_file.as_deref())
     }
 }
 

@@ -4,6 +4,12 @@ use kvmaster::MasterConfig;
 
 use super::{ConfigError, PrefillSpec, ServeConfig, WorkerUrl, security};
 
+/// What is wrong with `--kv-l3-key-format`'s `format`, if anything.
+pub(super) fn key_format_problem(format: &str) -> Option<String> {
+    (format.matches("{hash}").count() != 1)
+        .then(|| format!("kv_l3_key_format must hold {{hash}} once, got {format:?}"))
+}
+
 impl ServeConfig {
     /// Checks every value; lists all problems, not just the first.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -11,11 +17,16 @@ impl ServeConfig {
         if self.host.trim().is_empty() {
             errs.push("host must not be empty".to_string());
         }
-        if self.kv_l3_key_format.matches("{hash}").count() != 1 {
-            errs.push(format!(
-                "kv_l3_key_format must hold {{hash}} once, got {:?}",
-                self.kv_l3_key_format
-            ));
+        errs.extend(key_format_problem(&self.kv_l3_key_format));
+        for url in self.kv_l3_master_url.iter().flat_map(|l| l.split(',')) {
+            let ok = url.trim().parse::<http::Uri>().is_ok_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+            });
+            if !ok {
+                errs.push(format!(
+                    "kv_l3_master_url: {url:?} is not http(s)://host:port"
+                ));
+            }
         }
         let mut seen = std::collections::HashSet::new();
         let prefill = self.prefill_specs();

@@ -384,6 +384,7 @@ async fn openapi_document_describes_every_route() {
         ("/api/v1/segments/{name}/tier/detach", "post"),
         ("/api/v1/batch/replica-descs", "post"),
         ("/api/v1/batch/release-reads", "post"),
+        ("/api/v1/events", "get"),
         ("/metadata", "get"),
         ("/metadata", "put"),
         ("/metadata", "delete"),

@@ -50,6 +50,15 @@ def test_flags_map_onto_moongate_master():
     assert ("--master-disk-offload-on-evict", "true") in zip(*[iter(args)] * 2)
     assert ("--master-disk-promote-after", "3") in zip(*[iter(args)] * 2)
     assert any(n.startswith("--enable_offload has no effect") for n in notes), notes
+    # KV events: published on a loopback endpoint.
+    args, notes = mm.translate(["--enable_kv_events", "--kv_events_bind_endpoint",
+                                "tcp://127.0.0.1:5557", "--kv_events_backend_id=pool-a",
+                                "--kv_events_queue_capacity=1024"])
+    assert ("--master-kv-events-endpoint", "tcp://127.0.0.1:5557") in zip(*[iter(args)] * 2)
+    assert ("--master-events-buffer", "1024") in zip(*[iter(args)] * 2)
+    assert any(n.startswith("--kv_events_backend_id has no effect") for n in notes), notes
+    assert "--master-kv-events-endpoint" not in mm.translate(
+        ["--kv_events_bind_endpoint=tcp://127.0.0.1:1"])[0]
 
 
 @pytest.mark.parametrize("argv,why", [
@@ -59,6 +68,8 @@ def test_flags_map_onto_moongate_master():
     (["--dynamic_replication_mode=enforce"], "no dynamic replication"),
     (["--ha_backend_type=redis"], "etcd is Moongate's one HA backend"),
     (["--enable_ha"], "needs --etcd_endpoints"),
+    (["--enable_kv_events"], "needs --kv_events_bind_endpoint"),
+    (["--enable_kv_events", "--kv_events_bind_endpoint=tcp://0.0.0.0:5557"], "loopback only"),
     (["--bogus=1"], "unknown command line flag 'bogus'"),
     (["--default_kv_lease_ttl=5d"], "not milliseconds or a duration"),
     (["--client_ttl=ten"], "not a number"),

@@ -14,9 +14,11 @@
 //! client decodes it from the envelope ([`MasterError::from_wire`]).
 
 mod error;
+pub mod events;
 mod tier;
 
 pub use error::{MasterError, MasterResult};
+pub use events::{EventsQuery, HeldTier, ObjectEvent, StoreEvents};
 pub use tier::{DiskRecord, TierDone, TierExchange, TierTask, TierTaskKind, TierTasks};
 
 /// Where the masters of an HA cluster live in etcd, as far as clients need to know: each

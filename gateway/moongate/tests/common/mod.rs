@@ -9,6 +9,11 @@ mod sim_helpers;
 #[allow(unused_imports)]
 pub use sim_helpers::*;
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(feature = "etcd")]
+pub mod ha;
+
 use serde_json::Value;
 
 use std::io::{BufRead, BufReader};

@@ -21,7 +21,9 @@
 //! `--kv-store` gives the workers SGLang HiCache's L3 on Moongate's store: the bench hosts
 //! a KV master, each worker contributes `--kv-store-size` of memory to it, writes the
 //! pages it evicts there and loads prefixes found there instead of computing them
-//! ([`crate::l3`]); the gateways' `kv_aware` counts the pages the store holds.
+//! ([`crate::l3`]); the gateways' `kv_aware` counts the pages the store holds: the first
+//! gateway looks at the master in memory, the others (`--gateways`) follow its object
+//! events over HTTP (`--kv-l3-master-url`).
 //!
 //! # Layout
 //! - [`trace`]: the trace format, the token ids synthesized from its block hashes, and a
@@ -457,12 +459,17 @@ async fn run_one(
     };
     let sims = start_sims(cfg, url.as_deref(), &disks).await?;
     let mut gws = Vec::with_capacity(cfg.gateways);
-    for _ in 0..cfg.gateways {
-        let sc = gateway_config(cfg, run, &sims);
+    for i in 0..cfg.gateways {
+        let mut sc = gateway_config(cfg, run, &sims);
+        // The first gateway looks at the master in memory, as one hosting it does; the
+        // others follow its object events over HTTP, as replicas in other processes do.
+        if i > 0 {
+            sc.kv_l3_master_url = url.clone();
+        }
         sc.validate()?;
         let l = TcpListener::bind("127.0.0.1:0").await?;
         let gw = gateway::launch::spawn(sc, l).await?;
-        if let Some(m) = &master {
+        if let Some(m) = master.as_ref().filter(|_| i == 0) {
             gw.state().use_store(Arc::new(m.master().clone()));
         }
         gws.push(gw);

@@ -35,15 +35,18 @@
 //! - **Predicted pages.** A request routed on events predicts its prompt's pages on the
 //!   worker it went to until it ends ([`predict`]): the requests sharing a new prefix that
 //!   arrive before the worker's events find it there.
-//! - **Store.** With the KV master hosted here ([`KvAware::use_store`]), the pages that
-//!   continue a candidate's cached prefix in the master's store (SGLang HiCache's L3,
-//!   [`store`]) count `--kv-l3-page-value` each: any worker can load them.
+//! - **Store.** The pages that continue a candidate's cached prefix in the KV master's
+//!   store (SGLang HiCache's L3, [`store`]) count `--kv-l3-page-value` each: any worker
+//!   can load them. The master hosted here answers while it serves
+//!   ([`KvAware::use_store`]); otherwise a view of the serving master's object events
+//!   ([`follow`]).
 //! - **Fallback.** A worker without events (none yet, no endpoint, more than
 //!   [`index::MAX_SLOTS`] workers) is scored with its `cache_aware` tree's estimate
 //!   instead, and said so once in the log; with no events at all, or no token ids,
 //!   `cache_aware` decides. So it does for a request in a cache namespace (LoRA adapter,
 //!   `cache_salt`, `extra_key`): its tree keeps namespaces apart, the index cannot.
 
+pub mod follow;
 pub mod index;
 pub mod predict;
 pub mod store;
@@ -68,7 +71,7 @@ use predict::{Predicted, Prediction};
 use sglang::kv_events::hash;
 use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
-use store::{KeyFormat, Probe, StoreSource};
+use store::{KeyFormat, Lookup, Probe, StoreSource};
 
 /// How long `/get_server_info` may take when looking for a worker's events endpoint.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -339,8 +342,12 @@ impl KvAware {
                     .read()
                     .overlap(hashes, mask, MAX_SLOTS, |h| predicted.slots(h))
             };
-            let master = self.store.get().and_then(|s| s.master());
-            let mut probe = master.map(|m| Probe::new(m, &self.cfg.l3_keys, &digests));
+            let lookup = self.store.get().and_then(|s| {
+                s.master()
+                    .map(Lookup::Master)
+                    .or_else(|| s.view().map(Lookup::View))
+            });
+            let mut probe = lookup.map(|l| Probe::new(l, &self.cfg.l3_keys, &digests));
             let cfg = &self.cfg;
             for (i, s) in slots.iter().enumerate() {
                 if let Some(s) = s.filter(|s| mask & (1 << s) != 0) {

@@ -65,6 +65,10 @@ pub mod env {
     pub const DISK_PROMOTE_AFTER: &str = "MOONGATE_MASTER_DISK_PROMOTE_AFTER";
     /// `--master-disk-load-wait-ms`.
     pub const DISK_LOAD_WAIT_MS: &str = "MOONGATE_MASTER_DISK_LOAD_WAIT_MS";
+    /// `--master-events-buffer`.
+    pub const EVENTS_BUFFER: &str = "MOONGATE_MASTER_EVENTS_BUFFER";
+    /// `--master-kv-events-endpoint`.
+    pub const KV_EVENTS_ENDPOINT: &str = "MOONGATE_MASTER_KV_EVENTS_ENDPOINT";
 }
 
 /// Configuration of the KV-cache master. Durations are in milliseconds. Defaults follow
@@ -206,6 +210,21 @@ pub struct MasterConfig {
     #[arg(id = "master.disk_promote_after", long = "master-disk-promote-after", env = env::DISK_PROMOTE_AFTER, value_name = "READS",
         default_value_t = MasterConfig::default().disk_promote_after)]
     pub disk_promote_after: u32,
+    /// Object events (stored, moved between memory and disk, removed) kept for the
+    /// gateways and indexers that follow the store (`GET /api/v1/events`, the gateway's
+    /// `--enable-kv-events` publisher); a subscriber further behind takes a snapshot.
+    /// 0: no events (a router that does not host this master cannot see the store).
+    #[arg(id = "master.events_buffer", long = "master-events-buffer", env = env::EVENTS_BUFFER, value_name = "EVENTS",
+        default_value_t = MasterConfig::default().events_buffer)]
+    pub events_buffer: usize,
+    /// Publish the store's object events on a ZMQ PUB socket bound here, in SGLang's
+    /// KV-event format (`BlockStored` / `BlockRemoved` with medium `cpu` or `disk`, one
+    /// event per page key of `--kv-l3-key-format`'s shape): Mooncake's `--enable_kv_events`
+    /// with `--kv_events_bind_endpoint`. Loopback only (`tcp://127.0.0.1:PORT`): ZMQ here
+    /// has no authentication, and routers on other hosts follow `GET /api/v1/events` with
+    /// the store key instead. Absent: not published.
+    #[arg(id = "master.kv_events_endpoint", long = "master-kv-events-endpoint", env = env::KV_EVENTS_ENDPOINT, value_name = "TCP_ENDPOINT")]
+    pub kv_events_endpoint: Option<String>,
 }
 
 impl Default for MasterConfig {
@@ -238,6 +257,8 @@ impl Default for MasterConfig {
             disk_load_wait_ms: 5_000,
             disk_offload_on_evict: false,
             disk_promote_after: 2,
+            events_buffer: 65_536,
+            kv_events_endpoint: None,
         }
     }
 }
@@ -287,13 +308,62 @@ impl MasterConfig {
         if self.max_key_bytes == 0 || self.max_batch_items == 0 || self.max_name_bytes == 0 {
             return bad("max_key_bytes, max_batch_items and max_name_bytes must be positive");
         }
+        if let Some(e) = &self.kv_events_endpoint {
+            if !loopback_tcp(e) {
+                return bad(
+                    "kv_events_endpoint must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT or \
+                     tcp://localhost:PORT: ZMQ publishes unauthenticated; routers elsewhere \
+                     follow GET /api/v1/events with the store key",
+                );
+            }
+            if self.events_buffer == 0 {
+                return bad("kv_events_endpoint needs events_buffer above 0");
+            }
+        }
         Ok(())
     }
+}
+
+/// Whether `endpoint` is `tcp://` to a loopback address with a port.
+fn loopback_tcp(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("tcp://") else {
+        return false;
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    port.parse::<u16>().is_ok()
+        && (host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_events_bind_loopback_only() {
+        for ok in ["tcp://127.0.0.1:5557", "tcp://[::1]:0", "tcp://localhost:9"] {
+            assert!(loopback_tcp(ok), "{ok}");
+        }
+        for bad in [
+            "tcp://0.0.0.0:5557",
+            "tcp://*:5557",
+            "tcp://10.0.0.1:1",
+            "ipc:///x",
+            "tcp://127.0.0.1",
+        ] {
+            assert!(!loopback_tcp(bad), "{bad}");
+        }
+        let c = MasterConfig {
+            kv_events_endpoint: Some("tcp://*:5557".into()),
+            ..MasterConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
 
     #[test]
     fn defaults_are_valid_and_round_trip() {

@@ -19,12 +19,15 @@
 //! - `restore`: a master rebuilt from durable records ([`Master::restore`]).
 //! - `reserve`: space reserved ahead of puts, so a put can be one commit request.
 //! - `tier`: the disk tier: offload on eviction, reads back from disk, the owners' tasks.
+//! - `feed`: every change of what is held under a key, in order, for subscribers
+//!   ([`Master::events_since`]).
 //!
 //! # Concurrency
 //! Object metadata is split over `config.shards` shards by key hash, each behind its own
 //! mutex; segments sit in one read-mostly table; each segment's allocator has its own
 //! mutex. Lock order, never reversed: clients -> shard -> reservations -> segment table ->
-//! allocator -> discarded list; the disk tier's own locks come after a shard's (or with none
+//! allocator -> discarded list; the feed's ring comes after a shard (it is pushed to while
+//! the shard is locked) and nothing is taken under it; the disk tier's own locks come after a shard's (or with none
 //! held), never the other way. Nobody holds the segment table while taking a shard lock.
 
 mod admin;
@@ -33,6 +36,7 @@ mod clients;
 mod clock;
 mod config;
 mod evict;
+mod feed;
 mod journal;
 mod object;
 mod ops;
@@ -53,6 +57,7 @@ pub use clients::{ClientStatus, ClientView, PingReply};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use config::MasterConfig;
 pub use evict::{EvictReport, TickReport};
+pub use feed::{MAX_EVENTS_PER_CALL, ObjectEvent, Since};
 pub use journal::{
     Apply, Change, Durable, Journal, ObjectRecord, Record, ReplicaRecord, SegmentRecord,
 };
@@ -135,6 +140,7 @@ pub struct Master {
     metadata: crate::metadata::MetadataStore,
     journal: Option<Arc<dyn Journal>>,
     tiers: tier::Tiers,
+    feed: Option<feed::Feed>,
 }
 
 impl std::fmt::Debug for Master {
@@ -173,6 +179,7 @@ impl Master {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
             .max(1);
+        let feed = (config.events_buffer > 0).then(|| feed::Feed::new(config.events_buffer));
         Ok(Self {
             shard_mask: config.shards - 1,
             align_shift: config.alignment.trailing_zeros(),
@@ -197,6 +204,7 @@ impl Master {
             evicted_bytes: AtomicU64::new(0),
             journal,
             tiers: tier::Tiers::default(),
+            feed,
         })
     }
 
@@ -254,6 +262,8 @@ impl Master {
         ShardGuard {
             inner: self.shards[i].inner.lock(),
             len: &self.shards[i].len,
+            feed: self.feed.as_ref(),
+            touched: feed::Touched::default(),
         }
     }
 
@@ -263,16 +273,44 @@ impl Master {
     }
 }
 
-/// A locked shard that keeps the lock-free length in step.
+/// A locked shard that keeps the lock-free length in step and, with a feed, tells it
+/// what changed: every way to change an object goes through here ([`Self::get_mut`],
+/// [`Self::insert`], [`Self::remove`]), which notes the object's state before, and the
+/// unlock reports the ones that changed ([`feed`]).
 struct ShardGuard<'a> {
     inner: MutexGuard<'a, ShardInner>,
     len: &'a AtomicUsize,
+    feed: Option<&'a feed::Feed>,
+    touched: feed::Touched,
+}
+
+impl Drop for ShardGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(feed) = self.feed
+            && !self.touched.is_empty()
+        {
+            // Still under the shard lock: each key's events keep their order.
+            feed.push(&self.inner, &mut self.touched);
+        }
+    }
 }
 
 impl ShardGuard<'_> {
+    /// The object at `idx`, to change.
+    fn get_mut(&mut self, idx: u32) -> &mut Object {
+        if self.feed.is_some() {
+            let inner = &self.inner;
+            self.touched.note(idx, || feed::state_of(inner.get(idx)));
+        }
+        self.inner.slot_mut(idx)
+    }
+
     fn insert(&mut self, hash: u64, obj: Object, master: &Master) -> u32 {
         let idx = self.inner.insert(hash, obj, |k| master.hash_bytes(k));
         self.len.store(self.inner.len(), Ordering::Relaxed);
+        if self.feed.is_some() {
+            self.touched.inserted(idx);
+        }
         idx
     }
 
@@ -280,6 +318,9 @@ impl ShardGuard<'_> {
     fn insert_new(&mut self, hash: u64, obj: Object, master: &Master) -> Result<u32, Box<Object>> {
         let idx = self.inner.insert_new(hash, obj, |k| master.hash_bytes(k))?;
         self.len.store(self.inner.len(), Ordering::Relaxed);
+        if self.feed.is_some() {
+            self.touched.inserted(idx);
+        }
         Ok(idx)
     }
 
@@ -290,6 +331,9 @@ impl ShardGuard<'_> {
     fn remove(&mut self, hash: u64, idx: u32) -> Object {
         let obj = self.inner.remove(hash, idx);
         self.len.store(self.inner.len(), Ordering::Relaxed);
+        if self.feed.is_some() {
+            self.touched.removed(idx, &obj);
+        }
         obj
     }
 }
@@ -307,6 +351,8 @@ impl std::ops::DerefMut for ShardGuard<'_> {
     }
 }
 
+#[cfg(test)]
+mod feed_tests;
 #[cfg(test)]
 mod journal_tests;
 #[cfg(test)]

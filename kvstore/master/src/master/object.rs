@@ -417,7 +417,14 @@ impl ShardInner {
         self.slots[idx as usize].as_ref().expect("live slot")
     }
 
-    pub(crate) fn get_mut(&mut self, idx: u32) -> &mut Object {
+    /// The object at `idx`, if the slot is live.
+    pub(crate) fn try_get(&self, idx: u32) -> Option<&Object> {
+        self.slots.get(idx as usize)?.as_ref()
+    }
+
+    /// Not through a shard guard: the feed would not see the change (see
+    /// `ShardGuard::get_mut`).
+    pub(crate) fn slot_mut(&mut self, idx: u32) -> &mut Object {
         self.slots[idx as usize].as_mut().expect("live slot")
     }
 

@@ -30,11 +30,11 @@ fn put(m: &Master, key: &str, len: u64) {
     m.put_end(client(7), key).unwrap();
 }
 
-fn tasks(m: &Master, done: &[TierDone]) -> Vec<TierTask> {
+pub(super) fn tasks(m: &Master, done: &[TierDone]) -> Vec<TierTask> {
     m.tier_exchange(client(1), "d", done, &[], &[]).unwrap().0
 }
 
-fn ok(t: &TierTask) -> TierDone {
+pub(super) fn ok(t: &TierTask) -> TierDone {
     TierDone {
         kind: t.kind,
         key: t.key.clone(),

@@ -26,6 +26,7 @@
 //! | `POST /api/v1/batch/replica-descs` | store | replica descriptions (memory and disk; no lease, nothing read back) |
 //! | `POST /api/v1/batch/release-reads` | store | a reader is done with memory copies of values on disk |
 //! | `POST /api/v1/batch/replica-clear` | store | a client clears its own objects' replicas (on one segment or all) |
+//! | `GET /api/v1/events` | store | routers follow what the store holds (every key, as it is stored, moved, removed) |
 //! | `POST /api/v1/segments/{name}/tier` | store | a segment's owner takes its disk-tier tasks; the master refuses another client's segment (`ILLEGAL_CLIENT`) |
 //! | `GET/PUT/DELETE /metadata?key=` | store | transfer engines publish and look up segment descriptors |
 //! | `GET /api/v1/clients`, `GET /api/v1/clients/{id}` | admin | every client of the cluster |
@@ -40,11 +41,13 @@
 //! - `batch`: batch forms of every object operation.
 //! - `tier`: the disk tier: reads that wait for a value coming back from disk, and the
 //!   segment owners' exchange of tasks.
+//! - `events`: the object events routers follow (a snapshot, then changes, long-polled).
 //! - `metadata`: the Mooncake-compatible transfer-metadata store at `/metadata`.
 //! - [`mooncake`]: Mooncake's master HTTP service (its metrics port), a router of its own.
 
 mod batch;
 mod cluster;
+mod events;
 pub mod limits;
 mod metadata;
 pub mod mooncake;
@@ -110,6 +113,7 @@ pub fn store_router(master: Arc<Master>) -> OpenApiRouter {
         .routes(routes!(batch::replica_clear))
         .routes(routes!(tier::exchange))
         .routes(routes!(tier::detach))
+        .routes(routes!(events::events))
         .routes(routes!(
             metadata::get_metadata,
             metadata::put_metadata,

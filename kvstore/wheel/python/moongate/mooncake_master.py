@@ -48,7 +48,11 @@ MAPPED = {
     "cluster_id": ("str", "--cluster-id"),
     "offload_on_evict": ("bool", "--master-disk-offload-on-evict"),
     "promotion_admission_threshold": ("int", "--master-disk-promote-after"),
+    "kv_events_queue_capacity": ("int", "--master-events-buffer"),
 }
+
+# KV events: published on the bind endpoint when enabled (`translate` pairs the two).
+KV_EVENTS = ("enable_kv_events", "kv_events_bind_endpoint")
 
 # Mooncake's defaults for the mapped flags where they differ from Moongate's: a drop-in
 # behaves as ``mooncake_master`` does when a flag is left out.
@@ -89,6 +93,19 @@ IGNORED = {
     "promotion_max_per_heartbeat": (
         "owners take their disk tasks (16 at once) with their own long poll, not the heartbeat"
     ),
+    "kv_events_backend_id": "a subscriber knows which master it subscribed to",
+    "kv_events_model_name": "not emitted on events (as Mooncake's, deprecated)",
+    "kv_events_tenant_id": "Moongate's master has no tenants",
+    "kv_events_additional_salt": "not emitted on events (as Mooncake's, deprecated)",
+    "kv_events_lora_name": "not emitted on events (as Mooncake's, deprecated)",
+    "kv_events_block_size": "not emitted on events (as Mooncake's, deprecated)",
+    "kv_events_dp_rank": "not emitted on events (as Mooncake's, deprecated)",
+    "kv_events_emit_legacy_compat": (
+        "events are SGLang's own format (BlockStored, BlockRemoved), always"
+    ),
+    "kv_events_emit_object_key": (
+        "events name each page by its block hash, in SGLang's format, not by object key"
+    ),
 }
 
 REFUSED = {
@@ -97,7 +114,6 @@ REFUSED = {
         "Moongate writes values to disk at completion or at eviction, not by force"
     ),
     "enable_cxl": "Moongate has no CXL segments",
-    "enable_kv_events": "Moongate's master publishes no KV events yet",
     "enable_multi_tenants": "Moongate's master has no tenants",
     "enable_snapshot": "Moongate's master persists through HA on etcd (--enable_ha), not snapshots",
     "enable_snapshot_restore": "Moongate's master persists through HA on etcd, not snapshots",
@@ -129,12 +145,29 @@ def _number(name, value, kind):
         raise FlagError(f"--{name}: {value!r} is not a number") from None
 
 
+def _kv_events(flags):
+    """``--master-kv-events-endpoint`` for ``--enable_kv_events`` with its bind endpoint."""
+    if not boolean("enable_kv_events", flags.get("enable_kv_events", "false")):
+        return []
+    endpoint = flags.get("kv_events_bind_endpoint", "").strip()
+    if not endpoint:
+        raise FlagError("--enable_kv_events needs --kv_events_bind_endpoint")
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if not endpoint.startswith("tcp://") or host not in ("127.0.0.1", "::1", "localhost"):
+        raise FlagError(
+            f"--kv_events_bind_endpoint={endpoint}: Moongate publishes KV events on loopback "
+            "only (ZMQ carries no authentication here); routers on other hosts follow "
+            "GET /api/v1/events with the store key")
+    return ["--master-kv-events-endpoint", endpoint]
+
+
 def parse(argv):
     """Mooncake's flags in ``argv`` as {name: value string}, gflags' syntax."""
-    known = set(MAPPED) | set(IGNORED) | set(REFUSED) | set(REFUSED_UNLESS)
+    known = set(MAPPED) | set(IGNORED) | set(REFUSED) | set(REFUSED_UNLESS) | set(KV_EVENTS)
     bools = {n for n, (k, _) in MAPPED.items() if k == "bool"} | {
-        n for n in set(REFUSED) | set(IGNORED)
-        if n.startswith(("enable_", "allow_", "offload_", "promotion_", "rpc_enable"))
+        n for n in set(REFUSED) | set(IGNORED) | set(KV_EVENTS)
+        if n.startswith(("enable_", "allow_", "offload_", "promotion_", "rpc_enable",
+                         "kv_events_emit_"))
     }
     return parse_flags(argv, known, bools)
 
@@ -182,6 +215,7 @@ def translate(argv):
             args += [target, ",".join(urls)]
         else:
             args += [target, value]
+    args += _kv_events(flags)
     if "--ha" in args and "--etcd-endpoints" not in args:
         raise FlagError("--enable_ha needs --etcd_endpoints (Moongate's HA runs on etcd)")
     return args, notes

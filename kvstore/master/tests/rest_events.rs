@@ -127,6 +127,14 @@ async fn a_follower_behind_the_events_kept_starts_over_and_no_feed_is_an_error()
     .await;
     let r = off.call("GET", "/api/v1/events", None).await;
     assert_error(&r, 400, "INVALID_PARAMS", -600);
-    let r = s.call("GET", "/api/v1/events?from=x", None).await;
-    assert_eq!(r.0, 400);
+    for bad in [
+        "from=x",
+        "max=0",
+        "max=65537",
+        "wait_ms=30001",
+        "from=9223372036854775808",
+    ] {
+        let r = s.call("GET", &format!("/api/v1/events?{bad}"), None).await;
+        assert_eq!(r.0, 400, "{bad}: {r:?}");
+    }
 }

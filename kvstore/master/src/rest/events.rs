@@ -61,11 +61,22 @@ pub async fn events(
     ApiQuery(q): ApiQuery<wire::EventsQuery>,
 ) -> ApiResult<Json<wire::StoreEvents>> {
     let epoch = m.events_epoch();
-    let max = q
-        .max
-        .unwrap_or(MAX_EVENTS_PER_CALL)
-        .clamp(1, MAX_EVENTS_PER_CALL);
-    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0).min(wire::events::MAX_WAIT_MS));
+    let max = q.max.unwrap_or(MAX_EVENTS_PER_CALL);
+    let wait_ms = q.wait_ms.unwrap_or(0);
+    // The document's integers are int64: a position past i64::MAX names nothing here.
+    let int64 = [q.epoch, q.from, q.cursor]
+        .iter()
+        .flatten()
+        .all(|&n| i64::try_from(n).is_ok());
+    if !(1..=MAX_EVENTS_PER_CALL).contains(&max) || wait_ms > wire::events::MAX_WAIT_MS || !int64 {
+        let e = MasterError::InvalidParams(format!(
+            "max must be within 1..={MAX_EVENTS_PER_CALL}, wait_ms at most {}, epoch, from \
+             and cursor int64",
+            wire::events::MAX_WAIT_MS
+        ));
+        return observed("events", Err(e)).map(Json);
+    }
+    let wait = Duration::from_millis(wait_ms);
     let ours = q.epoch == Some(epoch);
     let r = match (q.from.filter(|_| ours), q.cursor) {
         (Some(from), Some(cursor)) => snapshot(&m, from, cursor, max).await,

@@ -11,7 +11,8 @@ while IFS='=' read -r name _; do
   if [[ $name == MOONGATE_* ]]; then unset "$name"; fi
 done < <(env)
 
-cargo build -q -p moongate
+# MOONGATE_FEATURES: build with the features .ci/run tests with (reuses its build).
+cargo build -q -p moongate ${MOONGATE_FEATURES:+--features "$MOONGATE_FEATURES"}
 
 # write SUBCOMMAND FILE WHERE: the header, then the subcommand's --print-config output.
 write() {

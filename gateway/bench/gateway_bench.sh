@@ -5,6 +5,9 @@
 #   gateway/bench/gateway_bench.sh                       # build release, 3 rounds x 10 s per target and scenario
 #   DURATION=5 ROUNDS=1 gateway/bench/gateway_bench.sh   # quick look
 #   COMPARE_BIN=/tmp/old/moongate gateway/bench/gateway_bench.sh   # A/B: a second gateway ("gateway_b") in the same run
+#   TRACES=1 gateway/bench/gateway_bench.sh              # A/B: a second gateway exporting every request's
+#                                                # span (--otlp-traces-endpoint, 100% sampled) to a
+#                                                # sink on CPU_AUX ("gateway_traced"), and its CPU ratio
 #   CLIENT_KEYS=1 gateway/bench/gateway_bench.sh         # A/B: a second gateway with --client-api-keys-file
 #                                                # ("gateway_keys", sent a valid key), and its CPU ratio
 #   KV_AWARE=1 gateway/bench/gateway_bench.sh            # A/B: gateways on cache_aware ("cache_aware") and on
@@ -100,6 +103,23 @@ if [ "${KV_AWARE:-0}" = 1 ]; then
   done
   TARGETS="$TARGETS cache_aware:$GWC_PORT kv_aware:$GWV_PORT"
 fi
+if [ "${TRACES:-0}" = 1 ]; then
+  GWT_PORT=$((BASE_PORT + 9)); SINK=$((BASE_PORT + 11))
+  # An OTLP/HTTP sink: reads each export and answers 200 (what a collector does first).
+  start otlp_sink "$CPU_AUX" python3 -c '
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()' "$SINK"
+  start gateway_traced "$CPU_SUT" "$BIN" serve --host 127.0.0.1 --port "$GWT_PORT" --policy round_robin \
+    --log-level warn --otlp-traces-endpoint "http://127.0.0.1:$SINK/v1/traces" \
+    --worker-urls "http://127.0.0.1:$W1" "http://127.0.0.1:$W2"
+  wait_ok "http://127.0.0.1:$GWT_PORT/readiness"
+  TARGETS="$TARGETS gateway_traced:$GWT_PORT"
+fi
 CLIENT_KEY=""
 if [ "${CLIENT_KEYS:-0}" = 1 ]; then
   GWK_PORT=$((BASE_PORT + 4))
@@ -164,4 +184,7 @@ print(f'$sc: CPU per request $3 = {statistics.median(pairs):.3f} (median of per-
 if [ -n "${GWV_PORT:-}" ]; then cpu_ratio cache_aware kv_aware "kv_aware / cache_aware"; fi
 if [ -n "${GWK_PORT:-}" ]; then
   cpu_ratio gateway gateway_keys "with client keys / without" "target <= 1.05"
+fi
+if [ -n "${GWT_PORT:-}" ]; then
+  cpu_ratio gateway gateway_traced "with traces exported / without" "target <= 1.15"
 fi

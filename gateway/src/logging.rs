@@ -13,8 +13,14 @@
 //! ...: method, path, request id, the chosen worker, the answer's status), parented on the
 //! client's W3C `traceparent` when it sends one, and each upstream request carries the
 //! span's own `traceparent`, so a worker that traces (SGLang with OpenTelemetry) continues
-//! the same trace. The span ends with the response head; a stream's body is not part of
-//! it. With traces off no span is created on the request path.
+//! the same trace. The span lasts until the answer's body is sent, and says when its first
+//! chunk (a stream's first token) and its end went out after the head
+//! (`body.first_chunk_ms`, `body.duration_ms`). Every call of the hosted KV master's REST
+//! API gets one too, named by its route's operation id (`master_put_start`: keys stay out
+//! of span names), parented on the store client's span when that client traces (`kvclient`
+//! sends its `traceparent`), and so do the store client's calls and the transfer engine's
+//! batches in a process that exports traces (TRACE-level spans of targets `kvclient` and
+//! `transfer`). With traces off no span is created on the request path.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,10 +125,24 @@ pub fn init_logging(
                 .build(),
         )
         .build();
-    // Moongate's own spans only, whatever `--log-level` keeps on stderr.
+    // Moongate's own spans only, whatever `--log-level` keeps on stderr: the gateway's
+    // (INFO), and the TRACE-level spans of the store client's master calls and the
+    // transfer engine's batches, made only for this layer (off, they cost a disabled
+    // callsite's check).
+    // Without source locations, thread ids and busy/idle times: per-span attributes and a
+    // clock read on every enter and exit (a streamed body's span is entered per chunk)
+    // that cost more than the span itself and say nothing a request needs.
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("moongate"))
-        .with_filter(Targets::new().with_target("gateway", tracing::Level::INFO));
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(
+            Targets::new()
+                .with_target("gateway", tracing::Level::INFO)
+                .with_target("kvclient", tracing::Level::TRACE)
+                .with_target("transfer", tracing::Level::TRACE),
+        );
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
@@ -147,8 +167,10 @@ pub(crate) fn log_span(request_id: &http::HeaderValue) -> tracing::Span {
     )
 }
 
-/// The server span of one inference request, parented on the client's `traceparent`.
+/// The server span of one inference request (named `name`: the method and path, or a
+/// master route's operation id), parented on the client's `traceparent`.
 pub(crate) fn request_span(
+    name: &str,
     method: &http::Method,
     path: &str,
     headers: &http::HeaderMap,
@@ -157,14 +179,20 @@ pub(crate) fn request_span(
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     let span = tracing::info_span!(
         "request",
-        otel.name = %format_args!("{method} {path}"),
+        otel.name = name,
         otel.kind = "server",
         http.request.method = %method,
-        url.path = path,
+        url.path = tracing::field::Empty,
         request_id = request_id.to_str().unwrap_or(""),
         worker = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
+        body.first_chunk_ms = tracing::field::Empty,
+        body.duration_ms = tracing::field::Empty,
     );
+    if !name.starts_with("master_") {
+        // A master route's path holds object keys: its span says the route alone.
+        span.record("url.path", path);
+    }
     let parent = opentelemetry::global::get_text_map_propagator(|p| {
         p.extract(&opentelemetry_http::HeaderExtractor(headers))
     });

@@ -224,7 +224,15 @@ pub fn master_app(hosted: &HostedMaster, auth: &Auth) -> (Router, Document) {
         .merge(hosted.routes(auth))
         .merge(own);
     let (router, doc) = docs::documented(api, auth);
-    (router.fallback(not_found), doc)
+    // Each master call in its span: continuing the caller's trace when traces are on.
+    let traced = tower_http::trace::TraceLayer::new_for_http()
+        .make_span_with(crate::server::front::RequestSpan)
+        .on_request(())
+        .on_response(())
+        .on_body_chunk(())
+        .on_eos(())
+        .on_failure(());
+    (router.fallback(not_found).layer(traced), doc)
 }
 
 async fn not_found(req: Request) -> Response {

@@ -120,6 +120,34 @@ impl Route {
     pub fn params(&self) -> usize {
         self.path.matches('{').count()
     }
+
+    /// Whether a request `method path` (the path without its query) is this route: the
+    /// same segments, a `{param}` standing for any one non-empty segment.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        if !method.eq_ignore_ascii_case(self.method.as_str()) {
+            return false;
+        }
+        let mut want = self.path.split('/');
+        let mut got = path.split('/');
+        loop {
+            match (want.next(), got.next()) {
+                (None, None) => return true,
+                (Some(w), Some(g)) if w.starts_with('{') && !g.is_empty() => {}
+                (Some(w), Some(g)) if w == g => {}
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// The operation id of the route among `routes` that `method path` is (see
+/// [`Route::matches`]): a name for the request without its parameters (keys stay out of
+/// span names and labels).
+pub fn operation_of(routes: &[Route], method: &str, path: &str) -> Option<&'static str> {
+    routes
+        .iter()
+        .find(|r| r.matches(method, path))
+        .map(|r| r.operation_id)
 }
 
 /// Appends `s` percent-encoded as one path segment (RFC 3986 unreserved bytes kept).
@@ -502,6 +530,21 @@ mod tests {
         let mut s = String::new();
         <master::Stats as Endpoint>::ROUTE.fill(&mut s, &[]);
         assert_eq!(s, "/api/v1/stats");
+    }
+
+    #[test]
+    fn a_request_is_named_by_its_route_without_its_parameters() {
+        let op = |m, p| operation_of(master::ALL, m, p);
+        assert_eq!(
+            op("POST", "/api/v1/objects/a%2Fb/put-start"),
+            Some("master_put_start")
+        );
+        assert_eq!(op("get", "/api/v1/objects/k"), Some("master_get_object"));
+        assert_eq!(op("GET", "/api/v1/objects"), Some("master_list_objects"));
+        assert_eq!(op("GET", "/api/v1/events"), Some("master_events"));
+        assert_eq!(op("PUT", "/api/v1/objects/k/put-start"), None);
+        assert_eq!(op("POST", "/api/v1/objects//put-start"), None);
+        assert_eq!(op("GET", "/api/v1/objects/k/extra/more"), None);
     }
 
     #[test]

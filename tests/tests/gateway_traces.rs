@@ -3,36 +3,11 @@
 //! the client's `traceparent`, and sends the worker a `traceparent` of the same trace whose
 //! parent is the gateway's span. Its own process: the tracing subscriber is global.
 
-use std::sync::Arc;
-
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::routing::post;
 use gateway::config::{LogLevel, ServeConfig};
-use moongate_tests::{Backend, eventually, fast_config, start_gateway};
-use parking_lot::Mutex;
+use moongate_tests::{
+    Backend, eventually, fast_config, otlp_collector as collector, start_gateway,
+};
 use serde_json::json;
-
-/// An OTLP/HTTP collector: keeps every `POST /v1/traces` body.
-async fn collector() -> (String, Arc<Mutex<Vec<Bytes>>>) {
-    let bodies: Arc<Mutex<Vec<Bytes>>> = Arc::default();
-    let app = Router::new()
-        .route(
-            "/v1/traces",
-            post(
-                |State(b): State<Arc<Mutex<Vec<Bytes>>>>, body: Bytes| async move {
-                    b.lock().push(body);
-                    ""
-                },
-            ),
-        )
-        .with_state(bodies.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, bodies)
-}
 
 fn hex_bytes(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -103,6 +78,9 @@ fn request_spans_are_exported_and_the_trace_continues_at_the_worker() {
     );
     assert!(contains(&exported, b"POST /v1/chat/completions"));
     assert!(contains(&exported, b"trace-me"), "the request id attribute");
+    // The body is timed on the span: its first chunk and its end after the head.
+    assert!(contains(&exported, b"body.first_chunk_ms"));
+    assert!(contains(&exported, b"body.duration_ms"));
     assert!(contains(&exported, b"moongate"), "the service name");
     traces.shutdown();
 }

@@ -57,6 +57,10 @@ pub struct MasterHostConfig {
     /// Log JSON lines instead of text.
     #[arg(long, env = env::LOG_JSON)]
     pub log_json: bool,
+    /// OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`): export a span
+    /// per master call, continuing the caller's `traceparent` (as `serve`'s). Off when unset.
+    #[arg(long, env = env::OTLP_TRACES_ENDPOINT)]
+    pub otlp_traces_endpoint: Option<String>,
     /// Seconds to let in-flight requests finish on shutdown.
     #[arg(long, env = env::SHUTDOWN_GRACE_PERIOD_SECS, default_value_t = MasterHostConfig::default().shutdown_grace_period_secs)]
     pub shutdown_grace_period_secs: u64,
@@ -115,6 +119,7 @@ impl Default for MasterHostConfig {
             transfer_secret_file: serve.transfer_secret_file,
             log_level: serve.log_level,
             log_json: serve.log_json,
+            otlp_traces_endpoint: serve.otlp_traces_endpoint,
             shutdown_grace_period_secs: serve.shutdown_grace_period_secs,
             worker_threads: serve.worker_threads,
             client_header_timeout_secs: serve.client_header_timeout_secs,
@@ -157,6 +162,7 @@ impl MasterHostConfig {
             errs.push("mooncake_http_port must differ from port".to_string());
         }
         errs.extend(validate::key_format_problem(&self.kv_l3_key_format));
+        errs.extend(validate::otlp_problem(self.otlp_traces_endpoint.as_deref()));
         errs.extend(security::master_problems(self));
         errs.extend(
             trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())

@@ -4,6 +4,17 @@ use kvmaster::MasterConfig;
 
 use super::{ConfigError, PrefillSpec, ServeConfig, WorkerUrl, security};
 
+/// What is wrong with `--otlp-traces-endpoint`'s `url`, if anything.
+pub(super) fn otlp_problem(url: Option<&str>) -> Option<String> {
+    let url = url?;
+    match url.parse::<http::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => None,
+        _ => Some(format!(
+            "otlp_traces_endpoint {url:?} is not an http(s):// URL"
+        )),
+    }
+}
+
 /// What is wrong with `--kv-l3-key-format`'s `format`, if anything.
 pub(super) fn key_format_problem(format: &str) -> Option<String> {
     (format.matches("{hash}").count() != 1)
@@ -146,15 +157,7 @@ impl ServeConfig {
             trust::tls::server_files(self.tls_cert_file.as_deref(), self.tls_key_file.as_deref())
                 .err(),
         );
-        if let Some(url) = &self.otlp_traces_endpoint {
-            match url.parse::<http::Uri>() {
-                Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
-                }
-                _ => errs.push(format!(
-                    "otlp_traces_endpoint {url:?} is not an http(s):// URL"
-                )),
-            }
-        }
+        errs.extend(otlp_problem(self.otlp_traces_endpoint.as_deref()));
         errs.extend(master_problem(&self.master));
         if !self.disable_master {
             errs.extend(self.ha.problems());

@@ -179,8 +179,16 @@ pub fn run() -> anyhow::Result<()> {
                 print!("{}", cfg.to_toml());
                 return Ok(());
             }
-            gateway::logging::init_logging(cfg.log_level, cfg.log_json, None)?;
-            runtime(cfg.runtime_threads())?.block_on(gateway::master::run_master(cfg))
+            let traces = gateway::logging::init_logging(
+                cfg.log_level,
+                cfg.log_json,
+                cfg.otlp_traces_endpoint.as_deref(),
+            )?;
+            let served = runtime(cfg.runtime_threads())?.block_on(gateway::master::run_master(cfg));
+            if let Some(t) = traces {
+                t.shutdown();
+            }
+            served
         }
         Command::Openapi(args) => {
             let text = openapi_document(args.of)?;

@@ -8,7 +8,8 @@
 //!    and [`RequestId`] extension from then on (forwarded to workers), echoed on the answer.
 //! 3. The request's span (`tower_http::trace`, [`RequestSpan`]): every log line written
 //!    while the request is served, its response body included, carries the id; an
-//!    inference request with traces on gets the OpenTelemetry server span.
+//!    inference request or a hosted master call with traces on gets the OpenTelemetry
+//!    server span.
 //! 4. Metrics ([`Record`]): count by route and status, time to the response head, the
 //!    status on the span, a debug log line.
 //! 5. The one entry ([`Entry`]): a `POST` to an inference route is checked against the
@@ -77,8 +78,8 @@ impl Front {
                     .make_span_with(RequestSpan)
                     .on_request(())
                     .on_response(())
-                    .on_body_chunk(())
-                    .on_eos(())
+                    .on_body_chunk(BodyTiming::default())
+                    .on_eos(BodyTiming::default())
                     .on_failure(()),
             )
             .layer(RecordLayer)
@@ -186,7 +187,8 @@ fn inference_route(path: &str) -> Option<Endpoint> {
 }
 
 /// The span each request is served in: the OpenTelemetry server span of an inference
-/// request when traces are on, else the plain log span (both carry the request id).
+/// request or a master call when traces are on, else the plain log span (both carry the
+/// request id).
 #[derive(Clone, Copy, Debug)]
 pub struct RequestSpan;
 
@@ -195,10 +197,44 @@ impl<B> MakeSpan<B> for RequestSpan {
         let empty = HeaderValue::from_static("");
         let id = req.extensions().get::<RequestId>().map_or(&empty, |r| &r.0);
         let path = req.uri().path();
-        if crate::logging::traces_enabled() && endpoint(path, req.method()).is_some() {
-            crate::logging::request_span(req.method(), path, req.headers(), id)
+        if !crate::logging::traces_enabled() {
+            return crate::logging::log_span(id);
+        }
+        let method = req.method();
+        if endpoint(path, method).is_some() {
+            let name = format!("{method} {path}");
+            crate::logging::request_span(&name, method, path, req.headers(), id)
+        } else if let Some(op) =
+            openapi::routes::operation_of(openapi::routes::master::ALL, method.as_str(), path)
+        {
+            crate::logging::request_span(op, method, path, req.headers(), id)
         } else {
             crate::logging::log_span(id)
+        }
+    }
+}
+
+/// Times a response's body on its span when traces are on: the first chunk after the head
+/// (`body.first_chunk_ms`: a stream's first token) and the whole body (`body.duration_ms`:
+/// its last). Off, a relaxed load per chunk.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BodyTiming {
+    seen: bool,
+}
+
+impl<B> tower_http::trace::OnBodyChunk<B> for BodyTiming {
+    fn on_body_chunk(&mut self, _: &B, latency: Duration, span: &tracing::Span) {
+        if !self.seen && crate::logging::traces_enabled() {
+            self.seen = true;
+            span.record("body.first_chunk_ms", latency.as_secs_f64() * 1000.0);
+        }
+    }
+}
+
+impl tower_http::trace::OnEos for BodyTiming {
+    fn on_eos(self, _: Option<&http::HeaderMap>, body: Duration, span: &tracing::Span) {
+        if crate::logging::traces_enabled() {
+            span.record("body.duration_ms", body.as_secs_f64() * 1000.0);
         }
     }
 }

@@ -8,6 +8,9 @@
 //! TLS failure, timeout, undecodable body) is [`StoreError::Rpc`]. A call polls for its
 //! answer for up to `rpc_busy_poll_us` before it sleeps ([`transfer::busy_poll`]).
 //!
+//! In a process that exports traces, each call is a client span named by its route's
+//! operation id and carries its `traceparent`, which the master continues.
+//!
 //! Every call carries the store key (`Authorization: Bearer`), but for the admin plane's
 //! ([`MasterRpc::remove_all`]), which carries the admin key when one is configured. Keys go
 //! to the configured master URLs only: hyper's client follows no redirect, and this one
@@ -36,6 +39,7 @@ use openapi::master as wire;
 use openapi::routes::master as route;
 use openapi::routes::{Endpoint, Plane};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::caller::LocalClients;
 use super::error::{StoreError, StoreResult};
@@ -136,6 +140,20 @@ fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
         .map_err(|_| StoreError::InvalidArgument(format!("{name} is not a valid header value")))?;
     v.set_sensitive(true);
     Ok(v)
+}
+
+/// Writes the current span's W3C `traceparent` into `headers` when it is exported (the
+/// master continues the trace); nothing otherwise.
+fn traceparent(headers: &mut http::HeaderMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    let cx = span.context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers))
+    });
 }
 
 /// A body that is empty or JSON; `()` decodes from an empty (204) answer.
@@ -294,7 +312,17 @@ impl MasterRpc {
             openapi::routes::Method::Patch => Method::PATCH,
             openapi::routes::Method::Delete => Method::DELETE,
         };
-        self.send_on(E::ROUTE.plane, method, path, body).await
+        // A client span per call, for a process that exports traces (TRACE: no other
+        // layer wants it; otherwise a disabled callsite's check).
+        let span = tracing::trace_span!(
+            target: "kvclient::rpc",
+            "master call",
+            otel.name = E::ROUTE.operation_id,
+            otel.kind = "client",
+        );
+        self.send_on(E::ROUTE.plane, method, path, body)
+            .instrument(span)
+            .await
     }
 
     async fn send_on<T: Answer>(
@@ -386,6 +414,9 @@ impl MasterRpc {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         req = req.header(header::AUTHORIZATION, self.auth(plane).clone());
+        if let Some(headers) = req.headers_mut() {
+            traceparent(headers);
+        }
         let req = req
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| self.fail(e))?;

@@ -463,10 +463,12 @@ impl TransferEngine {
                 }
                 Offer::Collected => {
                     self.inner.counters.add(t.kind(), len);
+                    state.carried_by(t.kind().as_str());
                     return;
                 }
                 Offer::Queue(queued) => {
                     self.inner.counters.add(t.kind(), len);
+                    state.carried_by(t.kind().as_str());
                     queued.await;
                     return;
                 }

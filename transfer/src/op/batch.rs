@@ -119,6 +119,10 @@ pub(crate) struct BatchState {
     notify: Notify,
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
+    /// The batch's span, in a process that exports traces (TRACE, target `transfer`: no
+    /// other layer wants it): from the submit to the last request settled, with its bytes,
+    /// requests, peer and transport. `None` otherwise (no lock taken for it).
+    span: Option<Mutex<Option<tracing::Span>>>,
 }
 
 impl BatchState {
@@ -133,6 +137,15 @@ impl BatchState {
                 }),
             })
             .collect();
+        let span = tracing::trace_span!(
+            target: "transfer",
+            "transfer batch",
+            requests = requests.len(),
+            bytes = requests.iter().map(|r| r.len as u64).sum::<u64>(),
+            peer = requests.first().map_or("", |r| r.segment.name()),
+            transport = tracing::field::Empty,
+        );
+        let span = (!span.is_disabled() && !requests.is_empty()).then(|| Mutex::new(Some(span)));
         Arc::new(Self {
             remaining: AtomicUsize::new(requests.len()),
             requests,
@@ -140,7 +153,17 @@ impl BatchState {
             notify: Notify::new(),
             deadline: Instant::now() + timeout,
             timeout,
+            span,
         })
+    }
+
+    /// Names a transport that carries the batch on its span (with several, the last named).
+    pub(crate) fn carried_by(&self, transport: &'static str) {
+        if let Some(span) = &self.span
+            && let Some(s) = span.lock().as_ref()
+        {
+            s.record("transport", transport);
+        }
     }
 
     /// Sets how many slices request `idx` was cut into (before any is dispatched).
@@ -200,6 +223,10 @@ impl BatchState {
 
     fn settled_one(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(span) = &self.span {
+                // The batch's span ends with its last request.
+                drop(span.lock().take());
+            }
             self.notify.notify_waiters();
         }
     }

@@ -66,6 +66,17 @@ pub(crate) enum Kind {
 impl Kind {
     /// How many kinds there are (`Tcp` is the last).
     pub(crate) const COUNT: usize = Kind::Tcp as usize + 1;
+
+    /// Its name, lower case (`tcp`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::Ipc => "ipc",
+            Kind::Shm => "shm",
+            Kind::Rdma => "rdma",
+            Kind::Tcp => "tcp",
+        }
+    }
 }
 
 /// Where a request goes, as the engine resolved it.

@@ -98,14 +98,30 @@ pub struct PolicyTally {
     pub cached_tokens: BTreeMap<String, u64>,
 }
 
-/// The KV master this gateway hosts.
+/// A gateway's view of the store, followed from the master's object events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StoreViewSummary {
+    /// Pages in the view.
+    pub pages: u64,
+    /// Events applied since start (snapshot entries included).
+    pub events: u64,
+    /// Snapshots taken since start (one per master instance followed, and after a gap).
+    pub snapshots: u64,
+}
+
+/// The KV master this gateway hosts, or follows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MasterView {
-    /// `alone`, or in an HA cluster `leader`, `follower` or `candidate`.
+    /// `alone`, or in an HA cluster `leader`, `follower` or `candidate`; `follows` for a
+    /// gateway hosting none that follows a master's events (`--kv-l3-master-url`).
     pub role: String,
-    /// With HA: the leader's URL, when one is known.
+    /// With HA: the leader's URL, when one is known; the master followed, with `follows`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
+    /// What this gateway's `kv_aware` sees of the store through the master's object events,
+    /// while no master answers here (absent where one does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<StoreViewSummary>,
     /// Totals, where the master answers here (alone, or leading); a follower's console
     /// shows the leader's on the leader's own gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,7 +10,7 @@ use gateway::launch::Gateway;
 use gateway::select::kv_aware::store::KeyFormat;
 use gateway::workers::Worker;
 use moongate_tests::store_sims;
-use moongate_tests::{eventually, fast_config, generate_ids as generate, start_gateway};
+use moongate_tests::{eventually, fast_config, generate_ids as generate, get_json, start_gateway};
 use serde_json::json;
 use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
@@ -157,6 +157,12 @@ async fn a_gateway_without_the_master_counts_the_store_through_its_events() {
     assert!(pages().len() < held);
     eventually("the view follows the removals", same).await;
     assert!(master.events_next().unwrap() > seen);
+    // The console says so: the gateway follows the master, with its view.
+    let cluster = get_json(&c, &format!("{}/cluster", follower.url())).await;
+    assert_eq!(cluster["master"]["role"], "follows", "{cluster}");
+    assert_eq!(cluster["master"]["leader_url"], hosting.url());
+    assert!(cluster["master"]["view"]["snapshots"].as_u64() >= Some(1));
+    assert!(cluster["master"]["view"]["events"].as_u64() >= Some(held as u64));
     a.shutdown().await;
     b.shutdown().await;
     follower.shutdown().await;

@@ -270,7 +270,7 @@ impl StoreSource for FollowedStore {
     fn role(&self) -> (&'static str, Option<String>) {
         match &self.hosted {
             Some(h) => h.role(),
-            None => ("none", self.configured.clone()),
+            None => ("follows", self.configured.clone()),
         }
     }
 

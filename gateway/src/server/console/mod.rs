@@ -21,7 +21,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use http::{HeaderValue, header};
-use openapi::console::{ClusterView, GatewayView, MasterView, ReportedLoad, WorkerRow};
+use openapi::console::{
+    ClusterView, GatewayView, MasterView, ReportedLoad, StoreViewSummary, WorkerRow,
+};
 use sha2::{Digest, Sha256};
 
 use super::AppState;
@@ -128,9 +130,18 @@ pub fn view(st: &AppState) -> ClusterView {
         master: st.store().map(|source| {
             let (role, leader_url) = source.role();
             let master = source.master();
+            let view = source.view().filter(|_| master.is_none()).map(|v| {
+                let (events, snapshots) = v.counts();
+                StoreViewSummary {
+                    pages: v.len() as u64,
+                    events,
+                    snapshots,
+                }
+            });
             MasterView {
                 role: role.to_string(),
                 leader_url,
+                view,
                 stats: master.as_ref().map(|m| m.stats()),
                 segments: master
                     .map(|m| m.segments().into_iter().map(Into::into).collect())

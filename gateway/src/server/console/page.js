@@ -142,8 +142,13 @@
     role.textContent = m.role + (m.leader_url && m.role !== 'leader' ? ' → ' + m.leader_url : '');
     role.className = 'pill ' + (m.role === 'candidate' ? 'warn' : 'ok');
     const s = m.stats;
+    const v = m.view;
     if (!s) {
-      cards($('master-cards'), [['answers', 'on the leader', m.leader_url || 'no leader known']]);
+      const here = [['answers', m.role === 'follows' ? 'elsewhere' : 'on the leader',
+        m.leader_url || 'no leader known']];
+      if (v) here.push(['store view', count(v.pages) + ' pages',
+        count(v.events) + ' events, ' + count(v.snapshots) + ' snapshots']);
+      cards($('master-cards'), here);
     } else {
       const reads = s.reads_from_memory + s.reads_from_disk + s.read_misses;
       const hits = reads ? (s.reads_from_memory + s.reads_from_disk) / reads : null;
@@ -165,7 +170,7 @@
       g.disk_bytes ? bytes(g.disk_bytes) + (g.disk_write_through ? ', write-through' : ', on eviction') : 'none',
     ]);
     fill($('segments'), [['segment'], ['endpoint'], ['memory'], ['allocations', 1], ['disk tier']],
-      rows, s ? 'no segments mounted' : 'segments are listed by the leader');
+      rows, s ? 'no segments mounted' : 'segments are listed where the master answers');
   }
 
   function draw(v) {

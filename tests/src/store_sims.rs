@@ -40,3 +40,20 @@ pub async fn start_sim(cfg: SimConfig) -> SimHandle {
         .await
         .expect("start the simulated worker")
 }
+
+/// Registers `sims` with the gateway `gw` (`POST /workers`) and waits until all are ready.
+pub async fn register(c: &reqwest::Client, gw: &gateway::launch::Gateway, sims: &[&SimHandle]) {
+    for s in sims {
+        let r = c
+            .post(format!("{}/workers", gw.url()))
+            .json(&serde_json::json!({"url": s.url()}))
+            .send()
+            .await
+            .expect("POST /workers");
+        assert_eq!(r.status(), 201);
+    }
+    crate::eventually("workers ready", || {
+        gw.state().registry().counts().0 == sims.len()
+    })
+    .await;
+}

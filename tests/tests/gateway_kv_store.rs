@@ -225,16 +225,7 @@ async fn kv_aware_counts_the_pages_in_the_hosted_store() {
         sim_with_store(&gw.url()).await,
     );
     let c = reqwest::Client::new();
-    for s in [&a, &b] {
-        let r = c
-            .post(format!("{}/workers", gw.url()))
-            .json(&json!({"url": s.url()}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-    }
-    eventually("workers ready", || gw.state().registry().counts().0 == 2).await;
+    moongate_tests::store_sims::register(&c, &gw, &[&a, &b]).await;
     let router = gw.state().router();
     let kv = router.policy().kv_aware().expect("kv_aware");
     eventually("both workers followed", || kv.followed() == 2).await;

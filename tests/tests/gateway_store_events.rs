@@ -11,7 +11,6 @@ use gateway::select::kv_aware::store::KeyFormat;
 use gateway::workers::Worker;
 use moongate_tests::store_sims;
 use moongate_tests::{eventually, fast_config, generate_ids as generate, get_json, start_gateway};
-use serde_json::json;
 use sglang::kv_events::subscribe::{self, EventSink, Source};
 use sglang::kv_events::wire::{EventBatch, KvEvent};
 use sim::SimHandle;
@@ -43,22 +42,6 @@ fn workers(gw: &Gateway) -> Vec<Arc<Worker>> {
     ws
 }
 
-async fn register(c: &reqwest::Client, gw: &Gateway, sims: &[&SimHandle]) {
-    for s in sims {
-        let r = c
-            .post(format!("{}/workers", gw.url()))
-            .json(&json!({"url": s.url()}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-    }
-    eventually("workers ready", || {
-        gw.state().registry().counts().0 == sims.len()
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_gateway_without_the_master_counts_the_store_through_its_events() {
     let kv_aware = || ServeConfig {
@@ -79,7 +62,7 @@ async fn a_gateway_without_the_master_counts_the_store_through_its_events() {
     );
     let c = reqwest::Client::new();
     for gw in [&hosting, &follower] {
-        register(&c, gw, &[&a, &b]).await;
+        store_sims::register(&c, gw, &[&a, &b]).await;
         let router = gw.state().router();
         let kv = router.policy().kv_aware().expect("kv_aware");
         eventually("both workers followed", || kv.followed() == 2).await;

@@ -167,10 +167,18 @@ pub(crate) fn log_span(request_id: &http::HeaderValue) -> tracing::Span {
     )
 }
 
-/// The server span of one inference request (named `name`: the method and path, or a
-/// master route's operation id), parented on the client's `traceparent`.
+/// The server span a request is served in, parented on the client's `traceparent`.
+pub(crate) enum Served {
+    /// An inference request: named by its method and path.
+    Inference,
+    /// A call of the KV master's REST API: named by its route's operation id, without its
+    /// path (which holds object keys).
+    Master(&'static str),
+}
+
+/// The server span of one request `served` names (see [`Served`]).
 pub(crate) fn request_span(
-    name: &str,
+    served: Served,
     method: &http::Method,
     path: &str,
     headers: &http::HeaderMap,
@@ -179,7 +187,7 @@ pub(crate) fn request_span(
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     let span = tracing::info_span!(
         "request",
-        otel.name = name,
+        otel.name = tracing::field::Empty,
         otel.kind = "server",
         http.request.method = %method,
         url.path = tracing::field::Empty,
@@ -189,9 +197,14 @@ pub(crate) fn request_span(
         body.first_chunk_ms = tracing::field::Empty,
         body.duration_ms = tracing::field::Empty,
     );
-    if !name.starts_with("master_") {
-        // A master route's path holds object keys: its span says the route alone.
-        span.record("url.path", path);
+    match served {
+        Served::Inference => {
+            span.record("otel.name", format_args!("{method} {path}"));
+            span.record("url.path", path);
+        }
+        Served::Master(op) => {
+            span.record("otel.name", op);
+        }
     }
     let parent = opentelemetry::global::get_text_map_propagator(|p| {
         p.extract(&opentelemetry_http::HeaderExtractor(headers))

@@ -40,6 +40,8 @@ use tower::{Layer, ServiceBuilder};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::{MakeSpan, TraceLayer};
 
+use crate::logging::Served;
+
 use super::{AppState, inference};
 use crate::auth::{self, Plane};
 use crate::error::GatewayError;
@@ -201,13 +203,14 @@ impl<B> MakeSpan<B> for RequestSpan {
             return crate::logging::log_span(id);
         }
         let method = req.method();
-        if endpoint(path, method).is_some() {
-            let name = format!("{method} {path}");
-            crate::logging::request_span(&name, method, path, req.headers(), id)
-        } else if let Some(op) =
+        let served = if endpoint(path, method).is_some() {
+            Some(Served::Inference)
+        } else {
             openapi::routes::operation_of(openapi::routes::master::ALL, method.as_str(), path)
-        {
-            crate::logging::request_span(op, method, path, req.headers(), id)
+                .map(Served::Master)
+        };
+        if let Some(served) = served {
+            crate::logging::request_span(served, method, path, req.headers(), id)
         } else {
             crate::logging::log_span(id)
         }

@@ -699,7 +699,7 @@ fn master_rpc(config: &ClientConfig, engine: &TransferEngine) -> StoreResult<Mas
     )?
     .with_busy_poll(config.rpc_busy_poll());
     for base in rpc.bases() {
-        if rpc::in_the_clear_off_host(base) {
+        if trust::tls::in_the_clear_off_host(base) {
             tracing::warn!(
                 master = %base,
                 "the store key goes to a master on another host over plain HTTP; give it an https:// URL"

@@ -119,21 +119,6 @@ pub(crate) fn master_urls(list: &str) -> StoreResult<Vec<String>> {
     Ok(urls)
 }
 
-/// Whether the (checked) master URL `base` is plain HTTP to a host other than this one:
-/// its keys would cross a network unencrypted.
-pub(crate) fn in_the_clear_off_host(base: &str) -> bool {
-    let Ok(uri) = base.parse::<http::Uri>() else {
-        return false;
-    };
-    let host = uri.host().unwrap_or_default();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    uri.scheme_str() == Some("http") && !loopback
-}
-
 /// `Bearer <key>`, marked sensitive, or an error naming the setting.
 fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
     let mut v = HeaderValue::try_from(format!("Bearer {}", key.expose()))
@@ -729,21 +714,6 @@ mod tests {
         assert!(rpc("http://m:1", "k", Some("bad\nkey")).is_err());
         let shown = format!("{both:?}");
         assert!(!shown.contains("store-1") && !shown.contains("admin-1"));
-    }
-
-    #[test]
-    fn plain_http_off_this_host_is_noticed() {
-        for off in ["http://10.0.0.1:30000", "http://master:30000/p"] {
-            assert!(in_the_clear_off_host(off), "{off}");
-        }
-        for fine in [
-            "https://10.0.0.1:30000",
-            "http://127.0.0.1:30000",
-            "http://[::1]:30000",
-            "http://localhost:30000",
-        ] {
-            assert!(!in_the_clear_off_host(fine), "{fine}");
-        }
     }
 
     #[test]

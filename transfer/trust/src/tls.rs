@@ -150,9 +150,39 @@ pub fn server_files(
     }
 }
 
+/// Whether `url` is plain HTTP to a host other than this one: a key sent there would
+/// cross a network unencrypted (an unparsable URL: false, its use fails elsewhere).
+pub fn in_the_clear_off_host(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    uri.scheme_str() == Some("http") && !loopback
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_http_off_this_host_is_noticed() {
+        for off in ["http://10.0.0.1:30000", "http://master:30000/p"] {
+            assert!(in_the_clear_off_host(off), "{off}");
+        }
+        for fine in [
+            "https://10.0.0.1:30000",
+            "http://127.0.0.1:30000",
+            "http://[::1]:30000",
+            "http://localhost:30000",
+        ] {
+            assert!(!in_the_clear_off_host(fine), "{fine}");
+        }
+    }
 
     #[test]
     fn a_ca_file_must_hold_a_certificate() {

@@ -60,6 +60,13 @@ impl Poller {
         if bases.is_empty() {
             return Err("no master URL".into());
         }
+        for base in bases
+            .iter()
+            .filter(|b| trust::tls::in_the_clear_off_host(b))
+        {
+            tracing::warn!(master = %base,
+                "the store key goes to a master on another host over plain HTTP; give it an https:// URL");
+        }
         let mut bearer = HeaderValue::try_from(format!("Bearer {}", key.expose()))
             .map_err(|_| "the store key is not a valid header value".to_owned())?;
         bearer.set_sensitive(true);

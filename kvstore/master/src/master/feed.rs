@@ -77,27 +77,22 @@ struct Slot {
 #[derive(Debug, Default)]
 struct Ring {
     slots: Vec<Slot>,
-    /// Index in `slots` of the oldest event.
+    /// Index in `slots` of the oldest event (0 until the ring is full).
     head: usize,
-    /// Events kept.
-    len: usize,
     /// Sequence number of the oldest event.
     first: u64,
 }
 
 impl Ring {
     fn next(&self) -> u64 {
-        self.first + self.len as u64
+        self.first + self.slots.len() as u64
     }
 
     fn push(&mut self, capacity: usize, key: &str, held: Option<Held>, was: Option<Held>) {
+        // Slots are only ever added until the ring is full: every slot holds an event.
         let at = if self.slots.len() < capacity {
             self.slots.push(Slot::default());
-            self.len += 1;
             self.slots.len() - 1
-        } else if self.len < capacity {
-            self.len += 1;
-            (self.head + self.len - 1) % capacity
         } else {
             // Full: the oldest slot takes the new event.
             let at = self.head;
@@ -209,7 +204,7 @@ impl Master {
             return Since::Gone { oldest: ring.first };
         }
         let skip = usize::try_from(from - ring.first).unwrap_or(usize::MAX);
-        let events: Vec<ObjectEvent> = (skip..ring.len)
+        let events: Vec<ObjectEvent> = (skip..ring.slots.len())
             .take(max)
             .map(|i| {
                 let s = ring.get(i);

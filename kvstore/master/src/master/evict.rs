@@ -3,14 +3,17 @@
 //!
 //! Eviction (Mooncake's BatchEvict, near-LRU): when allocated / capacity passes the high
 //! watermark, or an allocation failed, free a share of the allocated bytes. Candidates
-//! are complete objects without a live lease and not hard-pinned, oldest lease end first,
-//! each shard giving up its proportional share. Soft-pinned objects are taken only in a
-//! second pass, and only if the first pass fell short of the lower bound.
+//! are complete objects without a live lease and not hard-pinned, oldest lease end first
+//! across all shards (to within 1% of their age: see `Master::age_cut`). Soft-pinned
+//! objects are taken only in a second pass, and only if the first fell short of the lower
+//! bound.
 
 use std::sync::atomic::Ordering;
 
-use super::Master;
+use hdrhistogram::Histogram;
+
 use super::object::Object;
+use super::{Master, ShardGuard};
 
 /// What one eviction round freed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -196,22 +199,10 @@ impl Master {
             return report;
         }
         let start = self.evict_cursor.fetch_add(1, Ordering::Relaxed) % self.shards.len();
-        self.evict_pass(start, target, total, now, Class::Unpinned, &mut report);
-        if report.evicted_bytes < lower {
+        self.evict_pass(start, target, now, Class::Unpinned, &mut report);
+        if report.evicted_bytes < lower && self.config.allow_evict_soft_pinned {
             let need = lower - report.evicted_bytes;
-            let before = report.evicted_bytes;
-            self.evict_pass(start, need, total, now, Class::Unpinned, &mut report);
-            let got = report.evicted_bytes - before;
-            if got < need && self.config.allow_evict_soft_pinned {
-                self.evict_pass(
-                    start,
-                    need - got,
-                    total,
-                    now,
-                    Class::SoftPinned,
-                    &mut report,
-                );
-            }
+            self.evict_pass(start, need, now, Class::SoftPinned, &mut report);
         }
         self.note_round(report.evicted_objects, now);
         if report.evicted_objects > 0 {
@@ -225,85 +216,141 @@ impl Master {
         report
     }
 
+    /// Frees about `goal` bytes of class `class`, oldest lease end first across every
+    /// shard: a first scan finds the age that cuts `goal` bytes off the old end
+    /// ([`Master::age_cut`]), a second takes every candidate older than it. Of the
+    /// candidates in the cut's own bucket (ages within 1% of each other), each shard gives
+    /// up its share, oldest first.
     fn evict_pass(
         &self,
         start: usize,
         goal: u64,
-        total: usize,
         now: u64,
         class: Class,
         report: &mut EvictReport,
     ) {
+        let Some(cut) = self.age_cut(goal, now, class) else {
+            return;
+        };
         let n = self.shards.len();
-        let mut seen = 0usize;
-        let mut freed = 0u64;
+        let (mut edge_seen, mut edge_freed) = (0u64, 0u64);
+        let mut old = Vec::new();
+        let mut edge = Vec::new();
         for k in 0..n {
             let mut shard = self.lock_shard((start + k) % n);
-            seen = (seen + shard.len()).min(total);
-            let ideal = (u128::from(goal) * seen as u128).div_ceil(total as u128) as u64;
-            let want = ideal.saturating_sub(freed);
-            if want == 0 {
+            old.clear();
+            edge.clear();
+            for i in shard.indices() {
+                let o = shard.get(i);
+                if !evictable(o, now, class) {
+                    continue;
+                }
+                let age = now.saturating_sub(o.lease_until);
+                if age >= cut.old_from {
+                    old.push(i);
+                } else if age >= cut.edge_from {
+                    edge_seen += o.footprint();
+                    edge.push((o.lease_until, i));
+                }
+            }
+            for &i in &old {
+                let freed = self.evict_one(&mut shard, i, report);
+                report.evicted_bytes += freed;
+            }
+            if edge.is_empty() {
                 continue;
             }
-            let mut bytes = 0u64;
-            let mut candidates: Vec<(u64, u32)> = shard
-                .indices()
-                .filter_map(|i| {
-                    let o = shard.get(i);
-                    evictable(o, now, class).then(|| {
-                        bytes += o.footprint();
-                        (o.lease_until, i)
-                    })
-                })
-                .collect();
-            // Only the oldest are taken: sort those (enough to free `want` at the
-            // candidates' mean size, and a margin), the rest only if they fall short.
-            let mut sorted = oldest_prefix(candidates.len(), want, bytes);
-            if sorted < candidates.len() {
-                candidates.select_nth_unstable(sorted);
+            // This shard's share of the edge: what the shards so far hold of it, in
+            // proportion, less what they gave.
+            let seen = edge_seen.min(cut.edge_bytes);
+            let ideal = (u128::from(cut.edge_take) * u128::from(seen))
+                .div_ceil(u128::from(cut.edge_bytes.max(1))) as u64;
+            let want = ideal.saturating_sub(edge_freed);
+            edge.sort_unstable();
+            let mut got = 0;
+            for &(_, i) in &edge {
+                if got >= want {
+                    break;
+                }
+                got += self.evict_one(&mut shard, i, report);
             }
-            candidates[..sorted].sort_unstable();
-            let (mut got, mut next) = (0, 0);
-            while got < want && next < candidates.len() {
-                if next == sorted {
-                    candidates[sorted..].sort_unstable();
-                    sorted = candidates.len();
-                }
-                let (_, i) = candidates[next];
-                next += 1;
-                report.evicted_objects += 1;
-                let o = shard.get_mut(i);
-                if o.has_disk_copy() {
-                    got += self.drop_to_disk(o);
-                    continue;
-                }
-                if let Some(offloaded) = self.offload_on_evict(o) {
-                    got += offloaded;
-                    report.offloaded_objects += 1;
-                    continue;
-                }
-                let hash = self.hash_bytes(shard.get(i).key.as_bytes());
-                let obj = shard.remove(hash, i);
-                got += obj.footprint();
-                self.retire(obj);
-            }
-            freed += got;
+            edge_freed += got;
+            report.evicted_bytes += got;
         }
-        report.evicted_bytes += freed;
+    }
+
+    /// Where to cut `goal` bytes of evictable objects off the old end, from a histogram
+    /// of the bytes they hold by age (ms since their lease ended), or `None` when there
+    /// are none. A histogram keeps the scan's memory fixed (a few thousand buckets, not
+    /// one entry per object) and its buckets within 1% of the age they hold.
+    fn age_cut(&self, goal: u64, now: u64, class: Class) -> Option<AgeCut> {
+        // Ages past 2^40 ms (35 years) count as that old.
+        let mut ages = Histogram::<u64>::new_with_max(1 << 40, 2).expect("valid bounds");
+        for s in 0..self.shards.len() {
+            let shard = self.lock_shard(s);
+            for i in shard.indices() {
+                let o = shard.get(i);
+                if evictable(o, now, class) {
+                    ages.saturating_record_n(now.saturating_sub(o.lease_until), o.footprint());
+                }
+            }
+        }
+        if ages.is_empty() {
+            return None;
+        }
+        let buckets: Vec<(u64, u64)> = ages
+            .iter_recorded()
+            .map(|b| (b.value_iterated_to(), b.count_at_value()))
+            .collect();
+        let mut older = 0u64;
+        for &(age, bytes) in buckets.iter().rev() {
+            if older.saturating_add(bytes) >= goal {
+                return Some(AgeCut {
+                    old_from: ages.next_non_equivalent(age),
+                    edge_from: ages.lowest_equivalent(age),
+                    edge_take: goal - older,
+                    edge_bytes: bytes,
+                });
+            }
+            older += bytes;
+        }
+        // Fewer bytes than the goal: all of them.
+        Some(AgeCut {
+            old_from: 0,
+            edge_from: 0,
+            edge_take: 0,
+            edge_bytes: 0,
+        })
+    }
+
+    /// Evicts object `i` of a locked shard: dropped to its disk copy, offloaded to disk,
+    /// or removed. Returns the segment bytes it frees (now or once offloaded).
+    fn evict_one(&self, shard: &mut ShardGuard<'_>, i: u32, report: &mut EvictReport) -> u64 {
+        report.evicted_objects += 1;
+        let o = shard.get_mut(i);
+        if o.has_disk_copy() {
+            return self.drop_to_disk(o);
+        }
+        if let Some(offloaded) = self.offload_on_evict(o) {
+            report.offloaded_objects += 1;
+            return offloaded;
+        }
+        let hash = self.hash_bytes(shard.get(i).key.as_bytes());
+        let obj = shard.remove(hash, i);
+        let freed = obj.footprint();
+        self.retire(obj);
+        freed
     }
 }
 
-/// How many of `n` candidates holding `bytes` in all to sort first when `want` bytes are
-/// to be freed: their share at the mean size, a quarter more and 16 over (objects differ
-/// in size), or all of them.
-fn oldest_prefix(n: usize, want: u64, bytes: u64) -> usize {
-    if bytes <= want {
-        return n;
-    }
-    let share = (u128::from(want) * n as u128).div_ceil(u128::from(bytes));
-    usize::try_from(share)
-        .map_or(n, |k| k.saturating_add(k / 4).saturating_add(16))
-        .min(n)
+/// A cut by age (ms since the lease ended): every candidate at least `old_from` old goes;
+/// of those from `edge_from` up to it (one histogram bucket holding `edge_bytes`),
+/// `edge_take` bytes, oldest first.
+struct AgeCut {
+    old_from: u64,
+    edge_from: u64,
+    edge_take: u64,
+    edge_bytes: u64,
 }
 
 /// Eviction never takes an object with a live lease, a hard pin, an unfinished put, or

@@ -352,6 +352,8 @@ impl std::ops::DerefMut for ShardGuard<'_> {
 }
 
 #[cfg(test)]
+mod evict_tests;
+#[cfg(test)]
 mod feed_tests;
 #[cfg(test)]
 mod journal_tests;

@@ -20,7 +20,9 @@
 //! of span names), parented on the store client's span when that client traces (`kvclient`
 //! sends its `traceparent`), and so do the store client's calls and the transfer engine's
 //! batches in a process that exports traces (TRACE-level spans of targets `kvclient` and
-//! `transfer`). With traces off no span is created on the request path.
+//! `transfer`), and a simulated worker's requests and store loads (`sim::l3`). Every
+//! exported span names its process (`process.pid`): one trace crosses several. With
+//! traces off no span is created on the request path.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,6 +124,11 @@ pub fn init_logging(
         .with_resource(
             opentelemetry_sdk::Resource::builder()
                 .with_service_name("moongate")
+                // Which process: a trace crosses several, all named "moongate".
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "process.pid",
+                    i64::from(std::process::id()),
+                ))
                 .build(),
         )
         .build();
@@ -137,10 +144,15 @@ pub fn init_logging(
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        // Nothing here reads OpenTelemetry's own current context (a span's context is
+        // taken from the span, `OpenTelemetrySpanExt::context`), so entering a span need
+        // not attach it: that was a context clone and a thread-local push per poll.
+        .with_context_activation(false)
         .with_filter(
             Targets::new()
                 .with_target("gateway", tracing::Level::INFO)
                 .with_target("kvclient", tracing::Level::TRACE)
+                .with_target("sim::l3", tracing::Level::TRACE)
                 .with_target("transfer", tracing::Level::TRACE),
         );
     opentelemetry::global::set_text_map_propagator(
@@ -168,7 +180,7 @@ pub(crate) fn log_span(request_id: &http::HeaderValue) -> tracing::Span {
 }
 
 /// The server span a request is served in, parented on the client's `traceparent`.
-pub(crate) enum Served {
+pub enum Served {
     /// An inference request: named by its method and path.
     Inference,
     /// A call of the KV master's REST API: named by its route's operation id, without its
@@ -177,7 +189,7 @@ pub(crate) enum Served {
 }
 
 /// The server span of one request `served` names (see [`Served`]).
-pub(crate) fn request_span(
+pub fn request_span(
     served: Served,
     method: &http::Method,
     path: &str,

@@ -39,8 +39,11 @@ use tokio_util::sync::CancellationToken;
 pub mod attack;
 #[cfg(feature = "browser")]
 pub mod browser;
+pub mod otlp;
 pub mod store_sims;
 pub mod tls;
+
+pub use otlp::collector as otlp_collector;
 
 /// A gateway configuration suited to tests: loopback, port 0, fast health checks.
 pub fn fast_config() -> ServeConfig {
@@ -773,27 +776,4 @@ pub fn non_loopback_ip() -> Option<std::net::IpAddr> {
         }
     }
     None
-}
-
-/// An OTLP/HTTP collector on a loopback port: its `/v1/traces` URL, and every body posted
-/// there.
-pub async fn otlp_collector() -> (String, Arc<parking_lot::Mutex<Vec<bytes::Bytes>>>) {
-    use axum::extract::State;
-    let bodies: Arc<parking_lot::Mutex<Vec<bytes::Bytes>>> = Arc::default();
-    let app = axum::Router::new()
-        .route(
-            "/v1/traces",
-            axum::routing::post(
-                |State(b): State<Arc<parking_lot::Mutex<Vec<bytes::Bytes>>>>,
-                 body: bytes::Bytes| async move {
-                    b.lock().push(body);
-                    ""
-                },
-            ),
-        )
-        .with_state(bodies.clone());
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/v1/traces", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, bodies)
 }

@@ -8,24 +8,9 @@ use std::collections::HashMap;
 
 use gateway::config::{LogLevel, ServeConfig};
 use kvclient::{ClientConfig, Protocol, StoreClient};
+use moongate_tests::otlp::{Span, attr, spans};
 use moongate_tests::{fast_config, otlp_collector, start_gateway};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
 use tracing::Instrument;
-
-fn attr(s: &Span, key: &str) -> Option<String> {
-    s.attributes
-        .iter()
-        .find(|a| a.key == key)
-        .and_then(|a| a.value.as_ref()?.value.as_ref())
-        .map(|v| match v {
-            Value::StringValue(s) => s.clone(),
-            Value::IntValue(i) => i.to_string(),
-            other => format!("{other:?}"),
-        })
-}
 
 #[test]
 fn a_store_clients_calls_the_masters_answers_and_the_batch_form_one_trace() {
@@ -64,17 +49,7 @@ fn a_store_clients_calls_the_masters_answers_and_the_batch_form_one_trace() {
         gw.shutdown().await;
     });
     traces.flush();
-    let spans: Vec<Span> = bodies
-        .lock()
-        .iter()
-        .flat_map(|b| {
-            ExportTraceServiceRequest::decode(b.as_ref())
-                .expect("an OTLP export")
-                .resource_spans
-        })
-        .flat_map(|r| r.scope_spans)
-        .flat_map(|s| s.spans)
-        .collect();
+    let spans: Vec<Span> = spans(&bodies.lock()).into_iter().map(|e| e.span).collect();
     let caller = spans
         .iter()
         .find(|s| s.name == "caller")

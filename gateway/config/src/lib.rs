@@ -42,6 +42,7 @@ use clap::ArgMatches;
 use kvmaster::MasterConfig;
 use serde::{Deserialize, Serialize};
 pub use trust::Secret;
+pub use validate::otlp_problem;
 
 pub use discovery::{ALL_NAMESPACES, DiscoveryConfig, parse_label};
 pub use master::MasterHostConfig;

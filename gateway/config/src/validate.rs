@@ -4,8 +4,9 @@ use kvmaster::MasterConfig;
 
 use super::{ConfigError, PrefillSpec, ServeConfig, WorkerUrl, security};
 
-/// What is wrong with `--otlp-traces-endpoint`'s `url`, if anything.
-pub(super) fn otlp_problem(url: Option<&str>) -> Option<String> {
+/// What is wrong with `--otlp-traces-endpoint`'s `url` (an `http://` or `https://` URL
+/// with a host), if anything.
+pub fn otlp_problem(url: Option<&str>) -> Option<String> {
     let url = url?;
     match url.parse::<http::Uri>() {
         Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => None,

@@ -218,8 +218,15 @@ pub fn run() -> anyhow::Result<()> {
                 sim.validate().map_err(anyhow::Error::msg)?;
                 return print_toml(&sim);
             }
-            gateway::logging::init(config::LogLevel::Info);
-            runtime(0)?.block_on(sim::run(sim))
+            let traces = gateway::logging::init_with_traces(
+                config::LogLevel::Info,
+                sim.otlp_traces_endpoint.as_deref(),
+            )?;
+            let served = runtime(0)?.block_on(sim::run(sim));
+            if let Some(t) = traces {
+                t.shutdown();
+            }
+            served
         }
         Command::Store(StoreArgs { print_config, node }) => {
             if print_config {

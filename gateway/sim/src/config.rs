@@ -210,6 +210,12 @@ pub struct SimConfig {
     /// L3: most bytes the disk tier holds (suffixes K, M, G, T).
     #[arg(long, default_value = kvclient::DEFAULT_DISK_CAPACITY, value_parser = parse_size)]
     pub kv_store_disk_capacity: u64,
+    /// OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`; SGLang's flag,
+    /// whose gRPC form is not served): export a span per inference request, continuing
+    /// the router's `traceparent`, with the store client's calls and loads under it.
+    /// Off when unset.
+    #[arg(long)]
+    pub otlp_traces_endpoint: Option<String>,
     /// Prefill compute time per uncached prompt token (regular workers: one prefill at a
     /// time, in arrival order, before the time to first token; PD prefill: per token of
     /// the room before the KV is ready).
@@ -270,6 +276,7 @@ impl Default for SimConfig {
             kv_store_disk_path: None,
             kv_store_disk_capacity: parse_size(kvclient::DEFAULT_DISK_CAPACITY)
                 .expect("the default disk capacity parses"),
+            otlp_traces_endpoint: None,
             prefill_compute_per_token: parse_default(DEFAULT_PREFILL_COMPUTE_PER_TOKEN),
             kv_transport: KvTransport::Auto,
             kv_listen: None,
@@ -340,6 +347,9 @@ impl SimConfig {
                     return Err("dp_size over 1 with kv_events_config needs fixed ports (rank r publishes on port + r)".to_owned());
                 }
             }
+        }
+        if let Some(p) = gateway::config::otlp_problem(self.otlp_traces_endpoint.as_deref()) {
+            return Err(p);
         }
         if self.kv_store.is_none() && self.kv_store_disk_path.is_some() {
             return Err("kv_store_disk_path needs kv_store".to_owned());

@@ -165,9 +165,20 @@ impl L3 {
     /// Loads the pages of `digests` the store holds in a row from the first: how many
     /// were loaded (and checked).
     pub async fn load(&self, digests: &[PageDigest]) -> usize {
+        use tracing::Instrument;
         if digests.is_empty() {
             return 0;
         }
+        // A span for a process that exports traces (TRACE: no other subscriber takes it),
+        // around the store client's own: the request's time spent on the store.
+        let span = tracing::trace_span!(target: "sim::l3", "kv_load", pages = digests.len(),
+            loaded_pages = tracing::field::Empty);
+        let loaded = self.load_in(digests).instrument(span.clone()).await;
+        span.record("loaded_pages", loaded);
+        loaded
+    }
+
+    async fn load_in(&self, digests: &[PageDigest]) -> usize {
         let t = Instant::now();
         add(&self.counters.lookups, 1);
         let pages: Vec<PageHash> = digests.iter().map(|d| PageHash(*d)).collect();

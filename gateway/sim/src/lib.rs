@@ -148,6 +148,7 @@ pub fn router_with(st: Arc<state::SimState>) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(serve::traced))
         .with_state(st)
 }
 

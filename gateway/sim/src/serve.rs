@@ -1,6 +1,8 @@
 //! The accept loop: HTTP/1.1 (what SGLang's uvicorn speaks) with TCP_NODELAY on every
 //! connection, and a shutdown that drains open requests for a grace period, then cuts
 //! whatever is still open (a stream that would run for an hour must not hold it up).
+//! With traces on (`--otlp-traces-endpoint`), each inference request is served in a span
+//! ([`traced`]).
 
 use std::time::Duration;
 
@@ -11,6 +13,31 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
+
+/// Serves an inference request (`/v1/...`, `/generate`) in a server span continuing the
+/// router's `traceparent`, so the store client's calls and loads it makes are part of the
+/// router's trace, as SGLang's `--enable-trace` continues it; other routes (health and
+/// load polls) and everything with traces off pass straight through.
+pub async fn traced(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use gateway::logging::{Served, request_span, traces_enabled};
+    use tracing::Instrument;
+    let path = req.uri().path();
+    if !traces_enabled() || !(path.starts_with("/v1/") || path == "/generate") {
+        return next.run(req).await;
+    }
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .cloned()
+        .unwrap_or(http::HeaderValue::from_static(""));
+    let span = request_span(Served::Inference, req.method(), path, req.headers(), &id);
+    let answer = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", answer.status().as_u16());
+    answer
+}
 
 /// Pause after an accept error (e.g. out of file descriptors) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);

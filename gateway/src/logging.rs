@@ -27,8 +27,6 @@
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -47,22 +45,21 @@ pub fn traces_enabled() -> bool {
 
 /// The trace export pipeline; [`Traces::shutdown`] flushes what is still buffered.
 pub struct Traces {
-    provider: SdkTracerProvider,
+    exporter: otlp::Exporter,
 }
 
 impl Traces {
     /// Flushes the buffered spans and stops the exporter (blocking: call it outside the
     /// async runtime, or from `spawn_blocking`).
     pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
-            eprintln!("moongate: flushing traces failed: {e}");
-        }
+        self.flush();
+        self.exporter.shutdown();
     }
 
     /// Exports every finished span now (blocking, as [`Traces::shutdown`]).
     pub fn flush(&self) {
-        if let Err(e) = self.provider.force_flush() {
-            eprintln!("moongate: flushing traces failed: {e}");
+        if !self.exporter.flush() {
+            eprintln!("moongate: flushing traces timed out");
         }
     }
 }
@@ -83,9 +80,8 @@ pub fn init_with_traces(
 
 /// Installs the global subscriber, writing JSON lines when `json`, and, when
 /// `otlp_endpoint` is given (an OTLP/HTTP traces URL such as
-/// `http://collector:4318/v1/traces`), the OpenTelemetry exporter and the W3C trace-context
-/// propagator. Call it before entering the tokio runtime (the exporter runs on its own
-/// thread with a blocking HTTP client).
+/// `http://collector:4318/v1/traces`), the span exporter ([`otlp`]: its own thread and
+/// blocking HTTP client).
 pub fn init_logging(
     level: LogLevel,
     json: bool,
@@ -113,50 +109,18 @@ pub fn init_logging(
         let _ = tracing_subscriber::registry().with(fmt).try_init();
         return Ok(None);
     };
-    use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(endpoint)
-        .build()
+    let (otel, exporter) = otlp::pipeline(otlp::ExportConfig::new(endpoint))
         .map_err(|e| anyhow::anyhow!("OTLP exporter for {endpoint}: {e}"))?;
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(
-            opentelemetry_sdk::Resource::builder()
-                .with_service_name("moongate")
-                // Which process: a trace crosses several, all named "moongate".
-                .with_attribute(opentelemetry::KeyValue::new(
-                    "process.pid",
-                    i64::from(std::process::id()),
-                ))
-                .build(),
-        )
-        .build();
     // Moongate's own spans only, whatever `--log-level` keeps on stderr: the gateway's
-    // (INFO), and the TRACE-level spans of the store client's master calls and the
-    // transfer engine's batches, made only for this layer (off, they cost a disabled
-    // callsite's check).
-    // Without source locations, thread ids and busy/idle times: per-span attributes and a
-    // clock read on every enter and exit (a streamed body's span is entered per chunk)
-    // that cost more than the span itself and say nothing a request needs.
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("moongate"))
-        .with_location(false)
-        .with_threads(false)
-        .with_tracked_inactivity(false)
-        // Nothing here reads OpenTelemetry's own current context (a span's context is
-        // taken from the span, `OpenTelemetrySpanExt::context`), so entering a span need
-        // not attach it: that was a context clone and a thread-local push per poll.
-        .with_context_activation(false)
-        .with_filter(
-            Targets::new()
-                .with_target("gateway", tracing::Level::INFO)
-                .with_target("kvclient", tracing::Level::TRACE)
-                .with_target("sim::l3", tracing::Level::TRACE)
-                .with_target("transfer", tracing::Level::TRACE),
-        );
-    opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    // (INFO), and the TRACE-level spans of the store client's master calls, the transfer
+    // engine's batches and a simulated worker's store loads, made only for this layer
+    // (off, they cost a disabled callsite's check).
+    let otel = otel.with_filter(
+        Targets::new()
+            .with_target("gateway", tracing::Level::INFO)
+            .with_target("kvclient", tracing::Level::TRACE)
+            .with_target("sim::l3", tracing::Level::TRACE)
+            .with_target("transfer", tracing::Level::TRACE),
     );
     tracing_subscriber::registry()
         .with(fmt)
@@ -164,7 +128,7 @@ pub fn init_logging(
         .try_init()
         .map_err(|e| anyhow::anyhow!("installing the tracing subscriber: {e}"))?;
     TRACES.store(true, Ordering::Relaxed);
-    Ok(Some(Traces { provider }))
+    Ok(Some(Traces { exporter }))
 }
 
 /// The span a request is served in when traces are off or it is not an inference request
@@ -196,12 +160,11 @@ pub fn request_span(
     headers: &http::HeaderMap,
     request_id: &http::HeaderValue,
 ) -> tracing::Span {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
     let span = tracing::info_span!(
         "request",
         otel.name = tracing::field::Empty,
         otel.kind = "server",
-        http.request.method = %method,
+        http.request.method = method.as_str(),
         url.path = tracing::field::Empty,
         request_id = request_id.to_str().unwrap_or(""),
         worker = tracing::field::Empty,
@@ -218,21 +181,23 @@ pub fn request_span(
             span.record("otel.name", op);
         }
     }
-    let parent = opentelemetry::global::get_text_map_propagator(|p| {
-        p.extract(&opentelemetry_http::HeaderExtractor(headers))
-    });
-    let _ = span.set_parent(parent);
+    if let Some(parent) = headers
+        .get("traceparent")
+        .and_then(|v| otlp::SpanContext::parse(v.as_bytes()))
+    {
+        otlp::set_remote_parent(&span, parent);
+    }
     span
 }
 
 /// Writes the current span's `traceparent` (and `tracestate`) into an upstream request to
 /// `worker`, and names the worker on the span.
 pub(crate) fn propagate(headers: &mut http::HeaderMap, worker: &str) {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
     let span = tracing::Span::current();
     span.record("worker", worker);
-    let cx = span.context();
-    opentelemetry::global::get_text_map_propagator(|p| {
-        p.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers))
-    });
+    if let Some(cx) = otlp::span_context(&span)
+        && let Ok(v) = http::HeaderValue::from_bytes(cx.traceparent().as_bytes())
+    {
+        headers.insert("traceparent", v);
+    }
 }

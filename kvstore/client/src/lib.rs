@@ -88,6 +88,7 @@ pub use config::{
 };
 pub use error::{StoreError, StoreResult};
 pub use heartbeat::ClientHealth;
+pub use rpc::traced_by;
 pub use session::{Held, Range, Writable};
 
 use heartbeat::HealthState;

@@ -127,18 +127,35 @@ fn bearer(name: &str, key: &Secret) -> StoreResult<HeaderValue> {
     Ok(v)
 }
 
-/// Writes the current span's W3C `traceparent` into `headers` when it is exported (the
-/// master continues the trace); nothing otherwise.
-fn traceparent(headers: &mut http::HeaderMap) {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    let span = tracing::Span::current();
-    if span.is_disabled() {
-        return;
+tokio::task_local! {
+    /// The trace a caller outside `tracing` runs its calls in (see [`traced_by`]).
+    static CALLER_TRACE: otlp::SpanContext;
+}
+
+/// Runs `fut` with `caller` (when given) as the parent of its master calls: each carries
+/// `caller`'s `traceparent` unless a span of this process that is exported encloses it.
+/// For callers whose tracing is their own, such as a Python process with OpenTelemetry
+/// (the wheel reads its current span), so that the master's spans join their trace.
+pub async fn traced_by<F: Future>(caller: Option<otlp::SpanContext>, fut: F) -> F::Output {
+    match caller {
+        Some(cx) => CALLER_TRACE.scope(cx, fut).await,
+        None => fut.await,
     }
-    let cx = span.context();
-    opentelemetry::global::get_text_map_propagator(|p| {
-        p.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers))
-    });
+}
+
+/// Writes a W3C `traceparent` into `headers`: the current span's when it is exported,
+/// else the caller's ([`traced_by`]); nothing otherwise. The master continues the trace.
+fn traceparent(headers: &mut http::HeaderMap) {
+    let span = tracing::Span::current();
+    let cx = match span.is_disabled() {
+        true => None,
+        false => otlp::span_context(&span),
+    };
+    if let Some(cx) = cx.or_else(|| CALLER_TRACE.try_with(|c| *c).ok())
+        && let Ok(v) = http::HeaderValue::from_bytes(cx.traceparent().as_bytes())
+    {
+        headers.insert("traceparent", v);
+    }
 }
 
 /// A body that is empty or JSON; `()` decodes from an empty (204) answer.

@@ -1,4 +1,5 @@
-//! The process's tokio runtime, blocking on it with the GIL released, and logging.
+//! The process's tokio runtime, blocking on it with the GIL released (a call's master
+//! requests continue the caller's OpenTelemetry trace when it has one), and logging.
 //!
 //! One multi-threaded runtime serves every engine and store of the process; it starts on
 //! first use (so a process that forks before using Moongate gives each child its own).
@@ -15,6 +16,9 @@ use std::future::Future;
 use std::sync::OnceLock;
 
 use pyo3::Python;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
 use tokio::runtime::Runtime;
 
 /// Environment variable with the number of runtime worker threads (default: up to 4).
@@ -52,7 +56,8 @@ where
     F: Future + Send,
     F::Output: Send,
 {
-    py.detach(|| runtime().block_on(fut))
+    let caller = caller_trace(py);
+    py.detach(|| runtime().block_on(kvclient::traced_by(caller, fut)))
 }
 
 thread_local! {
@@ -77,11 +82,47 @@ where
     F: Future + Send,
     F::Output: Send,
 {
+    let caller = caller_trace(py);
     py.detach(|| {
         HERE.with(|here| match here {
-            Some(rt) => rt.block_on(kvclient::caller_driven(fut)),
-            None => runtime().block_on(fut),
+            Some(rt) => rt.block_on(kvclient::caller_driven(kvclient::traced_by(caller, fut))),
+            None => runtime().block_on(kvclient::traced_by(caller, fut)),
         })
+    })
+}
+
+/// The caller's current OpenTelemetry span, when the process uses OpenTelemetry's Python
+/// API (`opentelemetry.trace` is imported) and a valid span is current: the parent of the
+/// call's master requests, whose spans then join the caller's trace. Nothing is imported
+/// here; a process without OpenTelemetry pays one dictionary lookup per call.
+fn caller_trace(py: Python<'_>) -> Option<otlp::SpanContext> {
+    static MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    let modules = MODULES
+        .get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+            Ok(py
+                .import("sys")?
+                .getattr("modules")?
+                .cast_into::<PyDict>()?
+                .unbind())
+        })
+        .ok()?
+        .bind(py);
+    let trace = modules.get_item("opentelemetry.trace").ok()??;
+    let cx = trace
+        .call_method0("get_current_span")
+        .ok()?
+        .call_method0("get_span_context")
+        .ok()?;
+    if !cx.getattr("is_valid").ok()?.is_truthy().ok()? {
+        return None;
+    }
+    let trace_id: u128 = cx.getattr("trace_id").ok()?.extract().ok()?;
+    let span_id: u64 = cx.getattr("span_id").ok()?.extract().ok()?;
+    let flags: u8 = cx.getattr("trace_flags").ok()?.extract().ok()?;
+    Some(otlp::SpanContext {
+        trace_id: trace_id.to_be_bytes(),
+        span_id: span_id.to_be_bytes(),
+        sampled: flags & 1 == 1,
     })
 }
 

@@ -641,3 +641,16 @@ fn reads_are_counted_by_the_tier_that_answers_them() {
     let seg = openapi::master::Segment::from(m.segments().remove(0));
     assert_eq!((seg.disk_bytes, seg.disk_write_through), (1 << 30, false));
 }
+
+#[test]
+fn a_gone_segments_tasks_are_given_up_at_the_next_tick() {
+    // Its owner died with an offload in flight: nothing will report it, and its bytes,
+    // counted as being freed, would hold eviction back until the task timeout.
+    let (m, _clock) = with_disk();
+    put(&m, "k", 1000);
+    assert_eq!(m.evict(SEG, SEG).offloaded_objects, 1);
+    assert!(m.tier_stats().offloading_bytes > 0);
+    m.remove_client(client(1)).unwrap();
+    m.tick();
+    assert_eq!(m.tier_stats().offloading_bytes, 0);
+}

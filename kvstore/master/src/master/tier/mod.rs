@@ -635,14 +635,23 @@ impl Master {
         true
     }
 
-    /// The tick's share: tasks past their timeout are given up, and offloads that waited
-    /// for a lease to end are finished.
+    /// The tick's share: tasks past their timeout, or whose segment is gone (its owner
+    /// died: nothing will report them), are given up, and offloads that waited for a
+    /// lease to end are finished. A task of a gone segment must not wait out its timeout:
+    /// its bytes count as being freed, which holds eviction back meanwhile.
     pub(crate) fn tier_tick(&self, now: u64) {
+        let mounted: std::collections::HashSet<Arc<str>> = self
+            .segments
+            .read()
+            .list
+            .iter()
+            .map(|s| s.name_arc().clone())
+            .collect();
         let expired: Vec<(TaskId, Inflight)> = {
             let mut inflight = self.tiers.inflight.lock();
             let keys: Vec<_> = inflight
                 .iter()
-                .filter(|(_, t)| t.deadline <= now)
+                .filter(|((seg, _), t)| t.deadline <= now || !mounted.contains(seg))
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.into_iter()

@@ -146,6 +146,10 @@ pub struct MetaInfo {
     /// Prompt tokens served from the prefix cache.
     #[serde(default)]
     pub cached_tokens: u64,
+    /// Where the cached tokens came from, with HiCache on and some cached (SGLang's
+    /// scheduler; `null` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens_details: Option<CachedTokensDetails>,
     /// Version of the weights that produced the output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
@@ -168,6 +172,24 @@ pub struct MetaInfo {
     #[serde(flatten)]
     #[schema(ignore)]
     pub extra: Extra,
+}
+
+/// `meta_info.cached_tokens_details`: a request's cached prompt tokens by the tier that held
+/// them (SGLang HiCache: GPU, host memory, and the L3 storage backend when one is on).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CachedTokensDetails {
+    /// Tokens found in GPU memory.
+    #[serde(default)]
+    pub device: u64,
+    /// Tokens loaded from host memory (HiCache L2).
+    #[serde(default)]
+    pub host: u64,
+    /// Tokens loaded from the storage backend (L3), when one is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<u64>,
+    /// The storage backend's class name (`MooncakeStore`), when one is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_backend: Option<String>,
 }
 
 /// SGLang's logprob entry, written as the array `[logprob, token_id, text]`: `logprob` is

@@ -85,11 +85,26 @@ async fn evicted_pages_come_back_from_the_store_on_any_worker() {
     q.extend([5, 5]);
     let r = generate(&c, &b.url(), &q).await;
     assert_eq!(cached(&r), 32, "{r}");
+    // SGLang's breakdown says where they came from.
+    let details = &r["meta_info"]["cached_tokens_details"];
+    assert_eq!(
+        (&details["device"], &details["storage"]),
+        (&0.into(), &32.into()),
+        "{r}"
+    );
+    assert_eq!(details["storage_backend"], "MooncakeStore");
     let s = store_stats(&b);
     assert_eq!((s.lookups, s.loaded_pages, s.load_failures), (1, 8, 0));
     assert_eq!(s.loaded_bytes, 8 * (PAGE as u64) * 128);
     // Now in B's GPU cache: no second load.
-    assert_eq!(cached(&generate(&c, &b.url(), &q).await), 32);
+    let r = generate(&c, &b.url(), &q).await;
+    assert_eq!(cached(&r), 32);
+    let details = &r["meta_info"]["cached_tokens_details"];
+    assert_eq!(
+        (&details["device"], &details["storage"]),
+        (&32.into(), &0.into()),
+        "{r}"
+    );
     assert_eq!(store_stats(&b).loaded_pages, 8);
 
     // A evicted it, and loads it back too.

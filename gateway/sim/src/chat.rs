@@ -24,7 +24,7 @@ use super::error::SimError;
 use super::job::{self, Extensions, Job, PromptInfo};
 use super::model::Token;
 use super::pd::{self, KvItem};
-use super::state::{SimState, unix_now};
+use super::state::{Cached, SimState, unix_now};
 use super::stream::{
     Answer, Clock, Steps, advance, continuous_usage, longest, push_done, push_event, respond,
 };
@@ -263,8 +263,8 @@ impl Answer for Chat {
         &self.ids
     }
 
-    fn prefilled(&mut self, cached: Vec<u64>, _clock: Clock) {
-        self.cached = Some(cached.iter().sum());
+    fn prefilled(&mut self, cached: Vec<Cached>, _clock: Clock) {
+        self.cached = Some(cached.iter().map(|c| c.tokens).sum());
     }
 }
 

@@ -11,7 +11,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use openapi::openai::Extra;
-use openapi::sglang::{GenerateRequest, GenerateResponse, MetaInfo, SamplingParams, TokenLogprob};
+use openapi::sglang::{
+    CachedTokensDetails, GenerateRequest, GenerateResponse, MetaInfo, SamplingParams, TokenLogprob,
+};
 use openapi::shapes::{InputIds, OneOrMany};
 
 use super::engine::{self, Sequence};
@@ -19,7 +21,7 @@ use super::error::SimError;
 use super::job::{self, Job, PromptInfo};
 use super::model;
 use super::pd::{self, KvItem};
-use super::state::SimState;
+use super::state::{Cached, SimState};
 use super::stream::{Answer, Clock, Steps, longest, push_done, push_event, respond};
 use sglang::tokenizer::Tokenizer;
 
@@ -60,7 +62,7 @@ struct Generation {
     prompts: Vec<PromptEntry>,
     /// Each prompt's ids (for the prefix cache) and its cached part.
     ids: Vec<Arc<[u32]>>,
-    cached: Vec<u64>,
+    cached: Vec<Cached>,
     rids: Vec<String>,
     seqs: Vec<Sequence>,
 }
@@ -210,7 +212,7 @@ fn prepare(st: &SimState, body: &[u8], clock: Clock) -> Result<Generation, SimEr
         n: n as usize,
         text_in_logprobs: req.return_text_in_logprobs.unwrap_or(false),
         clock,
-        cached: vec![0; prompts.len()],
+        cached: vec![Cached::default(); prompts.len()],
         ids: if st.caches_prefixes() {
             tokens
         } else {
@@ -270,7 +272,8 @@ impl Generation {
             finish_reason: done.then(|| seq.finish.sglang()),
             prompt_tokens: prompt.info.tokens,
             completion_tokens: k as u64,
-            cached_tokens: self.cached[o / self.n],
+            cached_tokens: self.cached[o / self.n].tokens,
+            cached_tokens_details: details(self.cached[o / self.n]),
             weight_version: Some("default".to_owned()),
             e2e_latency: done
                 .then(|| (self.clock.done_at(seq.len()) - self.clock.start).as_secs_f64()),
@@ -348,7 +351,7 @@ impl Answer for Generation {
         &self.ids
     }
 
-    fn prefilled(&mut self, cached: Vec<u64>, clock: Clock) {
+    fn prefilled(&mut self, cached: Vec<Cached>, clock: Clock) {
         self.cached = cached;
         self.clock = clock;
     }
@@ -383,4 +386,17 @@ impl Steps for Generation {
         }
         push_done(out);
     }
+}
+
+/// SGLang's `cached_tokens_details` for a prompt: with the store on (HiCache with an L3
+/// backend) and anything cached, the tokens found on the GPU and those loaded from the
+/// store (this worker has no host tier); `None` otherwise, as SGLang answers.
+fn details(c: Cached) -> Option<CachedTokensDetails> {
+    let storage = c.from_store.filter(|_| c.tokens > 0)?;
+    Some(CachedTokensDetails {
+        device: c.tokens - storage,
+        host: 0,
+        storage: Some(storage),
+        storage_backend: Some("MooncakeStore".to_owned()),
+    })
 }

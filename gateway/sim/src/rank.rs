@@ -17,6 +17,15 @@ use super::prefix::{Admission, PrefixCache, PrefixStats};
 use sglang::kv_events::hash::{self, PageDigest};
 use sglang::kv_events::publish::Publisher;
 
+/// A prompt's cached tokens, and how many of them were loaded from the store (L3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cached {
+    /// Prompt tokens not computed (found in the prefix cache or loaded).
+    pub tokens: u64,
+    /// Of those, tokens loaded from the store; `None` without one (`--kv-store`).
+    pub from_store: Option<u64>,
+}
+
 /// One rank (see the module doc).
 #[derive(Debug)]
 pub struct Rank {
@@ -104,9 +113,13 @@ impl Rank {
         page_size: u32,
         l3: Option<&L3>,
         prompts: &[Arc<[u32]>],
-    ) -> (Vec<u64>, Option<PrefixHold>, Release) {
+    ) -> (Vec<Cached>, Option<PrefixHold>, Release) {
         let Some(cache) = &self.prefix else {
-            return (vec![0; prompts.len()], None, Release::none());
+            return (
+                vec![Cached::default(); prompts.len()],
+                None,
+                Release::none(),
+            );
         };
         let digests: Vec<Vec<PageDigest>> = prompts
             .iter()
@@ -137,7 +150,13 @@ impl Rank {
         if let Some(l3) = l3 {
             l3.spill(to_store);
         }
-        let cached = held.iter().map(|a| a.cached_tokens).collect();
+        let cached = held
+            .iter()
+            .map(|a| Cached {
+                tokens: a.cached_tokens,
+                from_store: l3.map(|_| a.loaded_tokens),
+            })
+            .collect();
         (cached, Some(PrefixHold(cache.clone(), held)), release)
     }
 

@@ -16,7 +16,7 @@ use super::model;
 use super::outbox::Release;
 use super::pd::PdState;
 use super::prefix::PrefixStats;
-pub use super::rank::{InflightGuard, PrefixHold, Rank};
+pub use super::rank::{Cached, InflightGuard, PrefixHold, Rank};
 use sglang::kv_events::publish::Publisher;
 use sglang::tokenizer::Tokenizer;
 
@@ -136,7 +136,7 @@ impl SimState {
         &self,
         rank: &Rank,
         prompts: &[Arc<[u32]>],
-    ) -> (Vec<u64>, Option<PrefixHold>, Release) {
+    ) -> (Vec<Cached>, Option<PrefixHold>, Release) {
         rank.admit(self.cfg.page_size, self.l3.as_deref(), prompts)
             .await
     }

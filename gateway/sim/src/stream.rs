@@ -24,7 +24,7 @@ use super::engine::Sequence;
 use super::error::{SimError, json_bytes};
 use super::model::Token;
 use super::pd::KvItem;
-use super::state::{InflightGuard, Rank, SimState};
+use super::state::{Cached, InflightGuard, Rank, SimState};
 
 /// Streams with no delays and at most this many steps are written as one buffer.
 const ONE_SHOT_MAX_STEPS: usize = 64;
@@ -90,9 +90,9 @@ pub trait Answer: Steps + Sized {
     /// The token ids of each prompt, for the prefix cache (filled only when the worker
     /// caches prefixes).
     fn prompt_ids(&self) -> &[Arc<[u32]>];
-    /// How many tokens of each prompt the prefix cache held, and the clock once the
-    /// prefill is scheduled.
-    fn prefilled(&mut self, cached: Vec<u64>, clock: Clock);
+    /// How many tokens of each prompt the prefix cache held (and the store gave), and the
+    /// clock once the prefill is scheduled.
+    fn prefilled(&mut self, cached: Vec<Cached>, clock: Clock);
 }
 
 /// Runs a generation request: `prepare` parses it and runs the model; the answer is then
@@ -166,7 +166,7 @@ async fn prefill<A: Answer>(
     }
     let (cached, hold, release) = st.admit(rank, ids).await;
     let total: u64 = ids.iter().map(|p| p.len() as u64).sum();
-    let uncached = total.saturating_sub(cached.iter().sum());
+    let uncached = total.saturating_sub(cached.iter().map(|c| c.tokens).sum());
     if let Some(h) = hold {
         guard.hold(h);
     }

@@ -44,6 +44,11 @@ async fn repeated_prompts_report_cached_tokens() {
         second["meta_info"]["cached_tokens"], 8,
         "two whole pages of four"
     );
+    // Without a store (HiCache off), SGLang gives no breakdown.
+    assert!(
+        second["meta_info"].get("cached_tokens_details").is_none(),
+        "{second}"
+    );
     let chat = json!({"messages": [{"role": "user", "content": "one two three four five six"}]});
     let mut cached = Vec::new();
     for _ in 0..2 {

@@ -221,6 +221,7 @@ mod tests {
             store_evicted: None,
             store_lookup_ms: None,
             store_disk: None,
+            ttft_by_tier: None,
             routed_on: None,
         }
     }

@@ -516,6 +516,7 @@ async fn run_one(
                     samples.lock().push(Sample {
                         prompt: m.prompt,
                         cached: m.cached,
+                        from_store: m.from_store,
                         ttft_ms: ms(m.ttft),
                         e2e_ms: ms(m.e2e),
                     });
@@ -574,6 +575,7 @@ async fn run_one(
         summary.store_evicted = evicted;
         summary.store_lookup_ms = Some(micros as f64 / 1000.0 / lookups.max(1) as f64);
         summary.store_disk = disk;
+        summary.ttft_by_tier = Some(report::ttft_by_tier(&samples));
     }
     Ok((summary, ttfts))
 }
@@ -598,6 +600,7 @@ fn routed_on(
 struct Measured {
     prompt: u64,
     cached: u64,
+    from_store: u64,
     ttft: Duration,
     e2e: Duration,
 }
@@ -651,6 +654,9 @@ async fn one(
     Ok(Measured {
         prompt: meta["prompt_tokens"].as_u64().unwrap_or(r.input_length),
         cached: meta["cached_tokens"].as_u64().unwrap_or(0),
+        from_store: meta["cached_tokens_details"]["storage"]
+            .as_u64()
+            .unwrap_or(0),
         ttft: ttft.unwrap_or(e2e),
         e2e,
     })

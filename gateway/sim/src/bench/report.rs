@@ -13,6 +13,9 @@ pub struct Sample {
     pub prompt: u64,
     /// Of which cached on the worker that computed it.
     pub cached: u64,
+    /// Of the cached, tokens the worker loaded from the store (its
+    /// `meta_info.cached_tokens_details.storage`; 0 without a store).
+    pub from_store: u64,
     /// Time to first token, ms (on the trace's clock).
     pub ttft_ms: f64,
     /// Time to the last token, ms (on the trace's clock).
@@ -61,6 +64,47 @@ pub struct Summary {
     /// `estimated`); `hit_rate` is what the workers found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routed_on: Option<std::collections::BTreeMap<String, f64>>,
+    /// With `--kv-store`: requests and their mean TTFT by the deepest tier their prompt
+    /// needed: `computed` (nothing cached), `device` (cached on the worker's GPU only),
+    /// `store` (pages loaded from the store).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_by_tier: Option<std::collections::BTreeMap<String, TierTtft>>,
+}
+
+/// Requests of one tier and their time to first token ([`Summary::ttft_by_tier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TierTtft {
+    /// Requests.
+    pub requests: usize,
+    /// Their mean time to first token.
+    pub ttft_mean_ms: f64,
+}
+
+/// [`Summary::ttft_by_tier`] of `samples`.
+pub fn ttft_by_tier(samples: &[Sample]) -> std::collections::BTreeMap<String, TierTtft> {
+    let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+    for s in samples {
+        let tier = match (s.cached, s.from_store) {
+            (0, _) => "computed",
+            (_, 0) => "device",
+            _ => "store",
+        };
+        let e = by.entry(tier.to_owned()).or_default();
+        e.0 += 1;
+        e.1 += s.ttft_ms;
+    }
+    by.into_iter()
+        .map(|(t, (n, sum))| {
+            let ttft_mean_ms = sum / n as f64;
+            (
+                t,
+                TierTtft {
+                    requests: n,
+                    ttft_mean_ms,
+                },
+            )
+        })
+        .collect()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -105,6 +149,7 @@ impl Summary {
             store_lookup_ms: None,
             store_disk: None,
             routed_on: None,
+            ttft_by_tier: None,
         }
     }
 }
@@ -156,6 +201,13 @@ pub fn table(rows: &[Summary]) -> String {
                 .filter_map(|t| Some(format!("{t} {:.1}%", tiers.get(*t)? * 100.0)))
                 .collect();
             out.push_str(&format!("  routed on: {}\n", shares.join(", ")));
+        }
+        if let Some(tiers) = &r.ttft_by_tier {
+            let parts: Vec<String> = tiers
+                .iter()
+                .map(|(t, x)| format!("{t} {} at {:.0} ms", x.requests, x.ttft_mean_ms))
+                .collect();
+            out.push_str(&format!("  TTFT by tier: {}\n", parts.join(", ")));
         }
     }
     out
@@ -228,6 +280,7 @@ mod tests {
             .map(|i| Sample {
                 prompt: 100,
                 cached: 25,
+                from_store: u64::try_from(i % 2).unwrap() * 10,
                 ttft_ms: f64::from(i),
                 e2e_ms: f64::from(2 * i),
             })
@@ -237,6 +290,25 @@ mod tests {
         assert!((r.hit_rate - 0.25).abs() < 1e-9);
         assert_eq!((r.ttft_p50_ms, r.ttft_p99_ms), (51.0, 99.0));
         assert!((r.throughput_rps - 10.0).abs() < 1e-9);
+        // Odd requests loaded from the store (mean TTFT of 1, 3, ..., 99), even ones not.
+        let tiers = ttft_by_tier(&s);
+        assert_eq!(tiers.keys().collect::<Vec<_>>(), ["device", "store"]);
+        assert_eq!(
+            (tiers["store"].requests, tiers["store"].ttft_mean_ms),
+            (50, 50.0)
+        );
+        assert_eq!(
+            (tiers["device"].requests, tiers["device"].ttft_mean_ms),
+            (50, 51.0)
+        );
+        let r = Summary {
+            ttft_by_tier: Some(tiers),
+            ..r
+        };
+        assert!(
+            table(std::slice::from_ref(&r))
+                .contains("TTFT by tier: device 50 at 51 ms, store 50 at 50 ms")
+        );
         assert!(table(&[r]).contains("25.0%"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cdf.png");

@@ -73,6 +73,8 @@ pub fn attr(s: &Span, key: &str) -> Option<String> {
         .map(|v| match v {
             Value::StringValue(s) => s.clone(),
             Value::IntValue(i) => i.to_string(),
+            Value::BoolValue(b) => b.to_string(),
+            Value::DoubleValue(d) => d.to_string(),
             other => format!("{other:?}"),
         })
 }

@@ -70,6 +70,7 @@ async fn a_node_and_a_client_use_a_tls_master_with_the_store_key_of_their_secret
     let node_cfg = StoreNodeConfig {
         client: client_cfg(&url, &secret, 8 << 20),
         http_listen: "127.0.0.1:0".parse().unwrap(),
+        otlp_traces_endpoint: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let node = tokio::spawn(kvclient::node::run(node_cfg, String::new, async move {

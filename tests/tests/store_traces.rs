@@ -24,9 +24,15 @@ fn a_store_clients_calls_the_masters_answers_and_the_batch_form_one_trace() {
         .unwrap()
         .expect("traces on");
     rt.block_on(async {
+        // Short read leases: the value read is evicted to disk soon after.
+        let base = fast_config();
         let gw = start_gateway(ServeConfig {
             otlp_traces_endpoint: Some(url.clone()),
-            ..fast_config()
+            master: kvmaster::MasterConfig {
+                lease_ttl_ms: 200,
+                ..base.master.clone()
+            },
+            ..base
         })
         .await;
         // A node holding the values, and a client without memory of its own writing them,
@@ -35,11 +41,31 @@ fn a_store_clients_calls_the_masters_answers_and_the_batch_form_one_trace() {
             protocol: Protocol::Tcp,
             ..ClientConfig::local(&gw.url(), size)
         };
-        let node = StoreClient::connect(tcp(1 << 20)).await.unwrap();
+        // The node has a disk tier: a value evicted there is loaded back for a reader.
+        let disk = tempfile::tempdir().unwrap();
+        let node = StoreClient::connect(ClientConfig {
+            disk_path: Some(disk.path().to_owned()),
+            ..tcp(1 << 20)
+        })
+        .await
+        .unwrap();
         let writer = StoreClient::connect(tcp(0)).await.unwrap();
         let caller = tracing::trace_span!(target: "kvclient::caller", "caller");
+        let master = gw.master().expect("the gateway hosts the master").clone();
         async {
             writer.put("traced/key", &[7u8; 4096]).await.unwrap();
+            assert_eq!(writer.get("traced/key").await.unwrap().len(), 4096);
+            // Evicted to the node's disk (written there, its memory freed) ...
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while master.held("traced/key") != Some(kvmaster::master::Held::Disk) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never evicted to disk"
+                );
+                master.evict(1 << 20, 1 << 20);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            // ... and read again: the node loads it, in this trace.
             assert_eq!(writer.get("traced/key").await.unwrap().len(), 4096);
         }
         .instrument(caller)
@@ -85,6 +111,18 @@ fn a_store_clients_calls_the_masters_answers_and_the_batch_form_one_trace() {
         );
         assert_eq!(attr(server, "url.path"), None, "no key in a master span");
     }
+    // The node's disk load is in the reader's trace, under the read's call of the master.
+    let load = named("disk load");
+    let load = load
+        .first()
+        .expect("the node's disk load in the reader's trace");
+    assert_eq!(attr(load, "bytes").as_deref(), Some("4096"));
+    assert_eq!(attr(load, "ok").as_deref(), Some("true"));
+    let read = by_id[load.parent_span_id.as_slice()];
+    assert!(
+        read.name.ends_with("get_replicas") && read.kind == 3,
+        "{read:?}"
+    );
     // The write and the read each moved the value in one batch to or from the node.
     let batches = named("transfer batch");
     assert!(batches.len() >= 2, "{batches:?}");

@@ -7,13 +7,7 @@ use super::{ConfigError, PrefillSpec, ServeConfig, WorkerUrl, security};
 /// What is wrong with `--otlp-traces-endpoint`'s `url` (an `http://` or `https://` URL
 /// with a host), if anything.
 pub fn otlp_problem(url: Option<&str>) -> Option<String> {
-    let url = url?;
-    match url.parse::<http::Uri>() {
-        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => None,
-        _ => Some(format!(
-            "otlp_traces_endpoint {url:?} is not an http(s):// URL"
-        )),
-    }
+    otlp::endpoint_problem(url?)
 }
 
 /// What is wrong with `--kv-l3-key-format`'s `format`, if anything.

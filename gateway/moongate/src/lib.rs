@@ -237,13 +237,19 @@ pub fn run() -> anyhow::Result<()> {
                 };
                 return print_toml(&shown);
             }
-            gateway::logging::init(config::LogLevel::Info);
+            let traces = gateway::logging::init_with_traces(
+                config::LogLevel::Info,
+                node.otlp_traces_endpoint.as_deref(),
+            )?;
             let metrics = gateway::metrics::install();
-            runtime(0)?.block_on(async move {
+            let served = runtime(0)?.block_on(async move {
                 let shutdown = gateway::listen::shutdown_signal();
                 kvclient::node::run(node, move || metrics.render(), shutdown).await
-            })?;
-            Ok(())
+            });
+            if let Some(t) = traces {
+                t.shutdown();
+            }
+            Ok(served?)
         }
     }
 }

@@ -57,6 +57,8 @@ pub mod env {
     pub const MASTER_CA_CERT: &str = "MOONGATE_STORE_MASTER_CA_CERT";
     /// `--http-listen` (storage node).
     pub const HTTP_LISTEN: &str = "MOONGATE_STORE_HTTP_LISTEN";
+    /// `--otlp-traces-endpoint` (storage node).
+    pub const OTLP_TRACES_ENDPOINT: &str = "MOONGATE_STORE_OTLP_TRACES_ENDPOINT";
 }
 
 /// Default master URL: the gateway's default address, which hosts the master.

@@ -47,6 +47,11 @@ pub struct StoreNodeConfig {
     /// Address of the node's `/health` and `/metrics`.
     #[arg(long, env = env::HTTP_LISTEN, default_value = DEFAULT_HTTP_LISTEN)]
     pub http_listen: SocketAddr,
+    /// OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`): export a span
+    /// per disk load (in the reader's trace when its read sent a `traceparent`), per
+    /// transfer batch and per master call. Off when unset.
+    #[arg(long, env = env::OTLP_TRACES_ENDPOINT)]
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 impl Default for StoreNodeConfig {
@@ -54,6 +59,7 @@ impl Default for StoreNodeConfig {
         Self {
             client: ClientConfig::default(),
             http_listen: DEFAULT_HTTP_LISTEN.parse().expect("default address parses"),
+            otlp_traces_endpoint: None,
         }
     }
 }
@@ -66,6 +72,13 @@ impl StoreNodeConfig {
             return Err(StoreError::InvalidArgument(
                 "a storage node needs --segment-size > 0".into(),
             ));
+        }
+        if let Some(problem) = self
+            .otlp_traces_endpoint
+            .as_deref()
+            .and_then(otlp::endpoint_problem)
+        {
+            return Err(StoreError::InvalidArgument(problem));
         }
         Ok(())
     }

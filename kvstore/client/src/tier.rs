@@ -269,6 +269,7 @@ async fn run_concurrently(owner: &Owner, tasks: Vec<TierTask>) -> Vec<(TierDone,
             let disk = owner.disk.clone();
             async move {
                 let (kind, key, id) = (t.kind, t.key.clone(), t.id);
+                let span = load_span(&t);
                 let (ok, gone) =
                     match tokio::task::spawn_blocking(move || one(&memory, &disk, t)).await {
                         Ok(r) => r,
@@ -277,12 +278,32 @@ async fn run_concurrently(owner: &Owner, tasks: Vec<TierTask>) -> Vec<(TierDone,
                             (false, Vec::new())
                         }
                     };
+                span.record("ok", ok);
                 (TierDone { kind, key, ok, id }, gone)
             }
         })
         .buffer_unordered(QUEUE_DEPTH)
         .collect()
         .await
+}
+
+/// A load's span, for a process that exports traces (TRACE: otherwise a disabled
+/// callsite's check): in its reader's trace when the read sent one (the master passes it
+/// on in the task), so the reader sees the disk read its get waited for.
+fn load_span(t: &TierTask) -> tracing::Span {
+    if t.kind != TierTaskKind::Load {
+        return tracing::Span::none();
+    }
+    let span = tracing::trace_span!(target: "kvclient::tier", "disk load", bytes = t.length,
+        ok = tracing::field::Empty);
+    if let Some(cx) = t
+        .traceparent
+        .as_deref()
+        .and_then(|v| otlp::SpanContext::parse(v.as_bytes()))
+    {
+        otlp::set_remote_parent(&span, cx);
+    }
+    span
 }
 
 /// One task, on a blocking thread: whether it succeeded, and records dropped for room.

@@ -45,6 +45,10 @@ pub struct TierTask {
     /// same key (removed and put again meanwhile) settles nothing of this one.
     #[serde(default)]
     pub id: u64,
+    /// A load's reader's W3C `traceparent`, when its read sent one: an owner that exports
+    /// traces runs the load in a span of the reader's trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// A task the owner finished.

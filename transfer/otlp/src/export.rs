@@ -94,6 +94,18 @@ impl Queue {
     }
 }
 
+/// What is wrong with `url` as an OTLP/HTTP traces endpoint (it must be an `http://` or
+/// `https://` URL with a host), if anything: the check every `--otlp-traces-endpoint`
+/// flag makes.
+pub fn endpoint_problem(url: &str) -> Option<String> {
+    match url.parse::<http::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => None,
+        _ => Some(format!(
+            "otlp_traces_endpoint {url:?} is not an http(s):// URL"
+        )),
+    }
+}
+
 /// The export pipeline's handle: flush it, shut it down (which flushes).
 pub struct Exporter {
     queue: Arc<Queue>,
@@ -113,14 +125,13 @@ pub enum Error {
 
 impl Exporter {
     pub(crate) fn start(cfg: ExportConfig) -> Result<(Arc<Queue>, Self), Error> {
+        if endpoint_problem(&cfg.endpoint).is_some() {
+            return Err(Error::Endpoint(cfg.endpoint.clone()));
+        }
         let url: http::Uri = cfg
             .endpoint
             .parse()
-            .ok()
-            .filter(|u: &http::Uri| {
-                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
-            })
-            .ok_or_else(|| Error::Endpoint(cfg.endpoint.clone()))?;
+            .map_err(|_| Error::Endpoint(cfg.endpoint.clone()))?;
         let tls = trust::tls::trust_roots(None).map_err(Error::Start)?;
         let queue = Arc::new(Queue {
             state: Mutex::new(State::default()),

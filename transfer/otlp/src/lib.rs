@@ -27,7 +27,7 @@ pub mod layer;
 mod span;
 
 pub use context::{SpanContext, TraceParent};
-pub use export::{Error, ExportConfig, Exporter};
+pub use export::{Error, ExportConfig, Exporter, endpoint_problem};
 pub use layer::{OtlpLayer, set_remote_parent, span_context};
 
 /// Starts the export thread for `cfg`: the layer to install (with a per-layer filter) and

@@ -67,7 +67,7 @@ pub use ops::{MAX_PREFERRED, ReplicaSet};
 pub use reserve::Reservation;
 pub use restore::{Restored, Snapshot};
 pub use segment::{Segment, SegmentSpec, SegmentView};
-pub use tier::{Described, Lookup, TierStats};
+pub use tier::{Described, Lookup, TierStats, with_reader_trace};
 pub use uuid::Uuid as ClientId;
 
 use clients::ClientTable;

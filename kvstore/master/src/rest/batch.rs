@@ -149,10 +149,14 @@ pub async fn put_revoke(
 pub async fn replicas_of(
     State(m): State<Arc<Master>>,
     ApiQuery(q): ApiQuery<wire::ReplicasQuery>,
+    headers: http::HeaderMap,
     ApiJson(req): ApiJson<wire::BatchKeysRequest>,
 ) -> ApiResult<Json<wire::BatchReplicasResponse>> {
     let results = match super::reader(&q) {
-        Ok(reader) => super::tier::read_batch(&m, &req.keys, reader).await,
+        Ok(reader) => {
+            let read = super::tier::read_batch(&m, &req.keys, reader);
+            crate::master::with_reader_trace(super::traceparent(&headers), read).await
+        }
         Err(e) => Err(e),
     };
     let results = observed("batch_get_replicas", results)?;

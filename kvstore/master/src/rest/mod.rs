@@ -379,6 +379,12 @@ fn set_replicas(set: &ReplicaSet) -> Vec<wire::Replica> {
     out
 }
 
+/// The caller's `traceparent` header, when it sent one as text (a read passes it on to
+/// the loads it starts: [`crate::master::with_reader_trace`]).
+fn traceparent(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("traceparent")?.to_str().ok()
+}
+
 /// The reader a read lookup names (`?reader=`), if any.
 fn reader(q: &wire::ReplicasQuery) -> MasterResult<Option<ClientId>> {
     q.reader.as_deref().map(client_id).transpose()

@@ -89,9 +89,13 @@ pub async fn get_replicas(
     State(m): State<Arc<Master>>,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<wire::ReplicasQuery>,
+    headers: http::HeaderMap,
 ) -> ApiResult<Json<wire::ReplicasResponse>> {
     let set = match super::reader(&q) {
-        Ok(reader) => super::tier::read(&m, &key, reader).await,
+        Ok(reader) => {
+            let read = super::tier::read(&m, &key, reader);
+            crate::master::with_reader_trace(super::traceparent(&headers), read).await
+        }
         Err(e) => Err(e),
     };
     observed("get_replicas", set).map(|set| {

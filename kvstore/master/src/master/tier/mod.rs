@@ -44,7 +44,7 @@ use openapi::master::{DiskRecord, TierDone, TierTask, TierTaskKind};
 mod detach;
 mod read;
 
-pub use read::{Described, Lookup};
+pub use read::{Described, Lookup, with_reader_trace};
 
 /// A task's identity: the segment and the key.
 type TaskId = (Arc<str>, Box<str>);
@@ -265,6 +265,7 @@ impl Master {
                 address: 0,
                 length: 0,
                 id: 0,
+                traceparent: None,
             },
             0,
         );
@@ -304,6 +305,7 @@ impl Master {
             length: o.length,
             // Numbered when queued.
             id: 0,
+            traceparent: None,
         }
     }
 

@@ -363,6 +363,10 @@ fn start_load(o: &mut Object, key: &str, seg: &Arc<Segment>, alloc: Allocation) 
         length: o.length,
         // Numbered when queued.
         id: 0,
+        traceparent: READER_TRACE
+            .try_with(|t| t.as_deref().map(str::to_owned))
+            .ok()
+            .flatten(),
     };
     o.replicas = Replicas::One(Replica {
         segment: seg.clone(),
@@ -370,6 +374,21 @@ fn start_load(o: &mut Object, key: &str, seg: &Arc<Segment>, alloc: Allocation) 
     });
     o.set_tier(TierState::Loading);
     task
+}
+
+tokio::task_local! {
+    /// The `traceparent` of the read being served (see [`with_reader_trace`]).
+    static READER_TRACE: Option<Arc<str>>;
+}
+
+/// Runs `fut`, a read, with its caller's `traceparent` (when it sent a plausible one: up to
+/// 64 visible ASCII bytes; the owner parses it): the loads it starts carry it to the owner
+/// of the disk ([`TierTask::traceparent`]), whose load then joins the reader's trace.
+pub async fn with_reader_trace<F: Future>(traceparent: Option<&str>, fut: F) -> F::Output {
+    let tp = traceparent
+        .filter(|t| t.len() <= 64 && t.bytes().all(|b| b.is_ascii_graphic()))
+        .map(Arc::from);
+    READER_TRACE.scope(tp, fut).await
 }
 
 enum Found {

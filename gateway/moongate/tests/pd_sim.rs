@@ -8,10 +8,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::SimProc;
 use gateway::config::ServeConfig;
 use gateway::launch::Gateway;
 use serde_json::{Value, json};
@@ -313,78 +314,11 @@ async fn no_page_leaks_after_a_thousand_requests() {
     Arc::try_unwrap(gw).unwrap().shutdown().await;
 }
 
-/// A `moongate sim-worker` child process (killed when dropped) and its bound addresses.
-struct Proc {
-    child: Child,
-    http: String,
-    bootstrap: Option<u16>,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    fn start(mode: &str, extra: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moongate"))
-            .args([
-                "sim-worker",
-                "--mode",
-                mode,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ])
-            .args([
-                "--bootstrap-port",
-                "0",
-                "--model-shape",
-                "tiny",
-                "--page-size",
-                "4",
-            ])
-            .args([
-                "--kv-pool-size",
-                "32K",
-                "--kv-transport",
-                "tcp",
-                "--kv-timeout",
-                "5s",
-            ])
-            .args(extra)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn moongate sim-worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let word = |after: &str| {
-            line.split_whitespace()
-                .skip_while(|w| *w != after)
-                .nth(1)
-                .map(str::to_owned)
-        };
-        Proc {
-            http: format!(
-                "http://{}",
-                word("http").unwrap_or_else(|| panic!("no http in {line:?}"))
-            ),
-            bootstrap: word("bootstrap").and_then(|b| b.rsplit_once(':')?.1.parse().ok()),
-            child,
-        }
-    }
-
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
+/// A `moongate sim-worker` child process with the pool and KV timeout of these tests.
+fn sim_proc(mode: &str, extra: &[&str]) -> SimProc {
+    let mut args = vec!["--kv-pool-size", "32K", "--kv-timeout", "5s"];
+    args.extend_from_slice(extra);
+    SimProc::start(mode, &args)
 }
 
 /// A generate request for a `tokens`-token prompt with the bootstrap fields of one room.
@@ -397,7 +331,7 @@ fn with_room(tokens: usize, boot: u16, room: u64) -> Value {
 #[tokio::test]
 async fn a_killed_prefill_fails_the_decodes_wait_within_seconds() {
     // The prefill computes for 2 s; it dies after the decode registered its pages.
-    let mut prefill = Proc::start("prefill", &["--prefill-compute-per-token", "100ms"]);
+    let mut prefill = sim_proc("prefill", &["--prefill-compute-per-token", "100ms"]);
     let d = common::start(pd_cfg(SimMode::Decode)).await;
     let body = with_room(20, prefill.bootstrap.unwrap(), 42);
     let c = reqwest::Client::new();
@@ -435,7 +369,7 @@ async fn a_killed_decode_makes_the_prefill_free_the_room() {
         ..pd_cfg(SimMode::Prefill)
     })
     .await;
-    let mut decode = Proc::start("decode", &["--heartbeat-interval", "200ms"]);
+    let mut decode = sim_proc("decode", &["--heartbeat-interval", "200ms"]);
     let body = with_room(20, p.bootstrap_addr().unwrap().port(), 7);
     let c = reqwest::Client::new();
     let to_decode = tokio::spawn(
@@ -465,7 +399,7 @@ async fn through_the_gateway_a_dead_or_unreachable_decode_is_named_and_nothing_l
     })
     .await;
     let boot = p.bootstrap_addr().unwrap().port();
-    let mut decode = Proc::start("decode", &["--heartbeat-interval", "200ms"]);
+    let mut decode = sim_proc("decode", &["--heartbeat-interval", "200ms"]);
     let gw = gateway_with(&[(p.url(), boot)], &[decode.http.clone()], true).await;
     let c = reqwest::Client::new();
     let req = c

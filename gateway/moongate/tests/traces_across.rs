@@ -9,77 +9,13 @@
 mod common;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 
-use common::Proc;
+use common::{Proc, SimProc};
 use moongate_tests::otlp::{Exported, attr, spans};
 
 /// The caller's trace and span ids (the `traceparent` the test sends).
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER: &str = "00f067aa0ba902b7";
-
-/// A `moongate sim-worker` child process exporting traces (SIGTERM on drop: its spans
-/// are flushed at exit).
-struct Worker {
-    child: Child,
-    http: String,
-    bootstrap: Option<String>,
-}
-
-impl Worker {
-    fn start(mode: &str, otlp: &str, extra: &[&str]) -> Worker {
-        let mut child = common::moongate()
-            .args([
-                "sim-worker",
-                "--mode",
-                mode,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ])
-            .args([
-                "--bootstrap-port",
-                "0",
-                "--model-shape",
-                "tiny",
-                "--page-size",
-                "4",
-            ])
-            .args(["--kv-pool-size", "64K", "--kv-transport", "tcp"])
-            .args(["--otlp-traces-endpoint", otlp])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn moongate sim-worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        Worker {
-            http: format!(
-                "http://{}",
-                common::word_after(&line, "http").unwrap_or_else(|| panic!("{line:?}"))
-            ),
-            bootstrap: common::word_after(&line, "bootstrap")
-                .and_then(|b| Some(b.rsplit_once(':')?.1.to_owned())),
-            child,
-        }
-    }
-
-    /// SIGTERM, and waits for the exit (the exporter flushes on the way out).
-    fn stop(mut self) {
-        terminate(&mut self.child);
-    }
-}
-
-fn terminate(child: &mut Child) {
-    let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let _ = child.wait();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pd_request_is_one_trace_across_gateway_workers_and_master() {
@@ -103,12 +39,14 @@ async fn a_pd_request_is_one_trace_across_gateway_workers_and_master() {
         "--otlp-traces-endpoint",
         &otlp,
     ]));
-    let prefill = Worker::start(
-        "prefill",
-        &otlp,
-        &["--kv-store", &master.base, "--transfer-secret-file", secret],
-    );
-    let decode = Worker::start("decode", &otlp, &["--transfer-secret-file", secret]);
+    let traced = |mode, store: &[&str]| {
+        let mut args = vec!["--kv-pool-size", "64K", "--transfer-secret-file", secret];
+        args.extend_from_slice(&["--otlp-traces-endpoint", &otlp]);
+        args.extend_from_slice(store);
+        SimProc::start(mode, &args)
+    };
+    let prefill = traced("prefill", &["--kv-store", &master.base]);
+    let decode = traced("decode", &[]);
     let gateway = Proc::start(common::moongate().args([
         "serve",
         "--host",
@@ -119,7 +57,7 @@ async fn a_pd_request_is_one_trace_across_gateway_workers_and_master() {
         "--pd-disaggregation",
         "--prefill",
         &prefill.http,
-        prefill.bootstrap.as_deref().expect("a bootstrap port"),
+        &prefill.bootstrap.expect("a bootstrap port").to_string(),
         "--decode",
         &decode.http,
         "--otlp-traces-endpoint",

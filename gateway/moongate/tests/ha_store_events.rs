@@ -30,13 +30,7 @@ fn page(i: u64) -> String {
 
 /// A gateway following `masters`, hosting none.
 fn gateway(masters: &str) -> Proc {
-    Proc::start(common::moongate().args([
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--disable-master",
+    Proc::start(common::serve_no_master().args([
         "--kv-l3-master-url",
         masters,
         "--store-api-key",

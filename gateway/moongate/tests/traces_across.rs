@@ -47,13 +47,7 @@ async fn a_pd_request_is_one_trace_across_gateway_workers_and_master() {
     };
     let prefill = traced("prefill", &["--kv-store", &master.base]);
     let decode = traced("decode", &[]);
-    let gateway = Proc::start(common::moongate().args([
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--disable-master",
+    let gateway = Proc::start(common::serve_no_master().args([
         "--pd-disaggregation",
         "--prefill",
         &prefill.http,

@@ -32,6 +32,21 @@ pub fn moongate() -> std::process::Command {
     c
 }
 
+/// `moongate serve` on 127.0.0.1, any free port, hosting no master: the gateway of the
+/// process tests, which add their own flags.
+pub fn serve_no_master() -> std::process::Command {
+    let mut c = moongate();
+    c.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--disable-master",
+    ]);
+    c
+}
+
 /// The first line `child` prints on stdout (its ready line; empty if it exited first).
 pub fn ready_line(child: &mut std::process::Child) -> String {
     use std::io::BufRead;
